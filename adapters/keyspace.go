@@ -1,0 +1,41 @@
+// Package adapters implements the app's ports with real technology: Redis read models and Lua
+// scripts, the Watermill publisher and marshaller, the event-stream reader.
+package adapters
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// KeySpace names every Redis key the service uses, under one prefix (default "checkins").
+type KeySpace struct {
+	Prefix string
+}
+
+// Stream is the event stream: the system of record.
+func (k KeySpace) Stream() string { return k.Prefix + ":events" }
+
+// PoisonStream holds events a projection could not handle, with the reason.
+func (k KeySpace) PoisonStream() string { return k.Stream() + ":poison" }
+
+// Idempotency is the record of a checkinId accepted by the API.
+func (k KeySpace) Idempotency(checkinID string) string { return k.Prefix + ":idem:" + checkinID }
+
+// Projections is the hash of projection name -> version serving reads (and rebuild state).
+func (k KeySpace) Projections() string { return k.Prefix + ":projections" }
+
+// ProjectionPrefix is the common prefix of every key of one projection version.
+func (k KeySpace) ProjectionPrefix(name string, version int) string {
+	return fmt.Sprintf("%s:p:%s:v%d:", k.Prefix, name, version)
+}
+
+// ProjectionKey is one key of a projection version. The slot is the hash tag, so an update's
+// keys and its dedupe set live in one Redis Cluster slot.
+func (k KeySpace) ProjectionKey(name string, version int, slot, key string) string {
+	return k.ProjectionPrefix(name, version) + "{" + slot + "}:" + key
+}
+
+// Group is the consumer group of a projection version.
+func (k KeySpace) Group(name string, version int) string {
+	return name + ".v" + strconv.Itoa(version)
+}

@@ -1,0 +1,177 @@
+package adapters
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/domain"
+)
+
+// Fields a poison entry adds to the original entry's fields (which it keeps unchanged).
+const (
+	PoisonFieldStream     = "poison:stream"
+	PoisonFieldEntryID    = "poison:entry_id"
+	PoisonFieldProjection = "poison:projection"
+	PoisonFieldError      = "poison:error"
+	PoisonFieldAttempts   = "poison:attempts"
+	PoisonFieldFailedAt   = "poison:failed_at"
+)
+
+// PoisonEntry is one event a projection gave up on.
+type PoisonEntry struct {
+	ID         string            `json:"id"` // entry ID in the poison stream
+	Stream     string            `json:"stream"`
+	EntryID    string            `json:"entryId"` // original entry ID in Stream
+	Projection string            `json:"projection"`
+	Error      string            `json:"error"`
+	Attempts   int               `json:"attempts"`
+	FailedAt   time.Time         `json:"failedAt"`
+	Fields     map[string]string `json:"fields"` // the original entry, unchanged
+}
+
+// PoisonQueue is the Redis stream of parked events for one event stream.
+type PoisonQueue struct {
+	client redis.UniversalClient
+	stream string
+}
+
+// NewPoisonQueue uses keys.PoisonStream().
+func NewPoisonQueue(client redis.UniversalClient, keys KeySpace) *PoisonQueue {
+	return &PoisonQueue{client: client, stream: keys.PoisonStream()}
+}
+
+// Stream is the poison stream's key.
+func (q *PoisonQueue) Stream() string { return q.stream }
+
+// Park adds e to the queue and returns its ID.
+func (q *PoisonQueue) Park(ctx context.Context, e PoisonEntry) (string, error) {
+	values := make([]any, 0, 2*(len(e.Fields)+6))
+	for k, v := range e.Fields {
+		if strings.HasPrefix(k, "poison:") {
+			continue // a replayed poison entry parked again keeps only the newest reason
+		}
+		values = append(values, k, v)
+	}
+	values = append(values,
+		PoisonFieldStream, e.Stream, PoisonFieldEntryID, e.EntryID, PoisonFieldProjection, e.Projection,
+		PoisonFieldError, e.Error, PoisonFieldAttempts, strconv.Itoa(e.Attempts),
+		PoisonFieldFailedAt, strconv.FormatInt(e.FailedAt.UnixMilli(), 10))
+	id, err := q.client.XAdd(ctx, &redis.XAddArgs{Stream: q.stream, Values: values}).Result()
+	if err != nil {
+		return "", fmt.Errorf("park event %s of %s in %s: %w", e.EntryID, e.Projection, q.stream, err)
+	}
+	return id, nil
+}
+
+// List returns up to count entries after the cursor ("" from the start), oldest first, and the
+// cursor to continue ("" when done).
+func (q *PoisonQueue) List(ctx context.Context, cursor string, count int64) ([]PoisonEntry, string, error) {
+	start := "-"
+	if cursor != "" {
+		if !entryIDPattern.MatchString(cursor) {
+			return nil, "", &domain.ValidationError{Code: domain.CodeInvalid, Field: "cursor", Message: fmt.Sprintf("is not a poison entry ID: %q", cursor)}
+		}
+		start = "(" + cursor
+	}
+	xs, err := q.client.XRangeN(ctx, q.stream, start, "+", count).Result()
+	if err != nil {
+		return nil, "", err
+	}
+	out := make([]PoisonEntry, len(xs))
+	for i, x := range xs {
+		out[i] = toPoisonEntry(x)
+	}
+	next := ""
+	if int64(len(xs)) == count && count > 0 {
+		next = xs[len(xs)-1].ID
+	}
+	return out, next, nil
+}
+
+// Get returns one entry; domain.ErrNotFound when it is not there.
+func (q *PoisonQueue) Get(ctx context.Context, id string) (PoisonEntry, error) {
+	if !entryIDPattern.MatchString(id) {
+		return PoisonEntry{}, &domain.ValidationError{Code: domain.CodeInvalid, Field: "id", Message: fmt.Sprintf("is not a poison entry ID: %q", id)}
+	}
+	xs, err := q.client.XRangeN(ctx, q.stream, id, id, 1).Result()
+	if err != nil {
+		return PoisonEntry{}, err
+	}
+	if len(xs) == 0 {
+		return PoisonEntry{}, fmt.Errorf("poison entry %s: %w", id, domain.ErrNotFound)
+	}
+	return toPoisonEntry(xs[0]), nil
+}
+
+// Delete removes one entry; domain.ErrNotFound when it was not there.
+func (q *PoisonQueue) Delete(ctx context.Context, id string) error {
+	if !entryIDPattern.MatchString(id) {
+		return &domain.ValidationError{Code: domain.CodeInvalid, Field: "id", Message: fmt.Sprintf("is not a poison entry ID: %q", id)}
+	}
+	n, err := q.client.XDel(ctx, q.stream, id).Result()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("poison entry %s: %w", id, domain.ErrNotFound)
+	}
+	return nil
+}
+
+// Len is the number of parked entries.
+func (q *PoisonQueue) Len(ctx context.Context) (int64, error) {
+	return q.client.XLen(ctx, q.stream).Result()
+}
+
+// CountByProjection counts parked entries per projection (a full scan, in chunks).
+func (q *PoisonQueue) CountByProjection(ctx context.Context) (map[string]int64, error) {
+	out := map[string]int64{}
+	cursor := ""
+	for {
+		es, next, err := q.List(ctx, cursor, 1000)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range es {
+			out[e.Projection]++
+		}
+		if next == "" {
+			return out, nil
+		}
+		cursor = next
+	}
+}
+
+func toPoisonEntry(x redis.XMessage) PoisonEntry {
+	e := PoisonEntry{ID: x.ID, Fields: map[string]string{}}
+	for k, v := range x.Values {
+		s, _ := v.(string)
+		switch k {
+		case PoisonFieldStream:
+			e.Stream = s
+		case PoisonFieldEntryID:
+			e.EntryID = s
+		case PoisonFieldProjection:
+			e.Projection = s
+		case PoisonFieldError:
+			e.Error = s
+		case PoisonFieldAttempts:
+			e.Attempts, _ = strconv.Atoi(s)
+		case PoisonFieldFailedAt:
+			ms, _ := strconv.ParseInt(s, 10, 64)
+			e.FailedAt = time.UnixMilli(ms).UTC()
+		default:
+			e.Fields[k] = s
+		}
+	}
+	return e
+}
+
+// ErrPoisonQueue wraps failures to park, so callers can tell them from handler failures.
+var ErrPoisonQueue = errors.New("poison queue")

@@ -1,0 +1,110 @@
+package adapters
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+)
+
+// Stream entry layout written by FlatMarshaller:
+//
+//	_watermill_message_uuid  the Watermill message UUID
+//	type, checkinId, ...     the event's own flat fields, readable with plain XRANGE
+//	meta:<key>               Watermill metadata (correlation_id, ...)
+const (
+	MetaFieldPrefix = "meta:"
+	// MetaDecodeError is set on a message whose entry could not be decoded; the projection
+	// machinery parks such messages in the poison queue instead of ending the subscription.
+	MetaDecodeError = "decode_error"
+)
+
+// FlatMarshaller writes a message whose payload is a flat JSON object of strings (an event's
+// Fields) as one stream field per key, so `redis-cli XRANGE` shows the event as it is. Its
+// Unmarshal never fails: one bad entry must not end a subscription (stock watermill-redisstream
+// stops consuming on an unmarshal error), so a bad entry comes out flagged with MetaDecodeError.
+type FlatMarshaller struct{}
+
+var _ redisstream.MarshallerUnmarshaller = FlatMarshaller{}
+
+// Marshal implements redisstream.Marshaller.
+func (FlatMarshaller) Marshal(_ string, msg *message.Message) (map[string]any, error) {
+	var fields map[string]string
+	if err := json.Unmarshal(msg.Payload, &fields); err != nil {
+		return nil, fmt.Errorf("flat marshaller: payload of message %s must be a JSON object of strings: %w", msg.UUID, err)
+	}
+	values := make(map[string]any, len(fields)+len(msg.Metadata)+1)
+	for k, v := range fields {
+		if k == redisstream.UUIDHeaderKey || strings.HasPrefix(k, MetaFieldPrefix) {
+			return nil, fmt.Errorf("flat marshaller: payload field %q is reserved", k)
+		}
+		values[k] = v
+	}
+	for k, v := range msg.Metadata {
+		values[MetaFieldPrefix+k] = v
+	}
+	values[redisstream.UUIDHeaderKey] = msg.UUID
+	return values, nil
+}
+
+// Unmarshal implements redisstream.Unmarshaller.
+func (FlatMarshaller) Unmarshal(values map[string]any) (*message.Message, error) {
+	fields := make(map[string]string, len(values))
+	md := message.Metadata{}
+	var id string
+	var problems []string
+	for k, v := range values {
+		s, ok := v.(string)
+		if !ok {
+			problems = append(problems, fmt.Sprintf("field %q is not a string", k))
+			continue
+		}
+		switch {
+		case k == redisstream.UUIDHeaderKey:
+			id = s
+		case strings.HasPrefix(k, MetaFieldPrefix):
+			md[strings.TrimPrefix(k, MetaFieldPrefix)] = s
+		default:
+			fields[k] = s
+		}
+	}
+	if id == "" {
+		// Entries written by hand (redis-cli XADD) have no UUID; they are still events if their
+		// fields are valid, and the checkinId, not the UUID, is what projections dedupe on.
+		id = uuid.NewString()
+	}
+	payload, err := json.Marshal(fields)
+	if err != nil {
+		problems = append(problems, err.Error())
+	}
+	msg := message.NewMessage(id, payload)
+	msg.Metadata = md
+	if len(problems) > 0 {
+		sort.Strings(problems)
+		msg.Metadata.Set(MetaDecodeError, strings.Join(problems, "; "))
+	}
+	return msg, nil
+}
+
+// DecodeFields returns the flat event fields carried by a message from FlatMarshaller.
+func DecodeFields(msg *message.Message) (map[string]string, error) {
+	if reason := msg.Metadata.Get(MetaDecodeError); reason != "" {
+		return nil, fmt.Errorf("undecodable stream entry: %s", reason)
+	}
+	var fields map[string]string
+	if err := json.Unmarshal(msg.Payload, &fields); err != nil {
+		return nil, fmt.Errorf("undecodable stream entry: payload is not a flat JSON object of strings: %w", err)
+	}
+	return fields, nil
+}
+
+// Metadata the batched subscriber (adapters/batchsub) puts on every message; the same values as
+// its constants, repeated here so ports need not depend on which subscriber runs.
+const (
+	MetaStream  = "_stream"
+	MetaEntryID = "_entry_id"
+)

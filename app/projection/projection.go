@@ -1,0 +1,143 @@
+// Package projection holds the read models kept from the event stream. A projection is a type
+// with a stable Name and handlers for the events it wants; the shared machinery (subscription,
+// consumer group, retry, poison queue, dedupe, metrics, backfill) comes from ports and adapters.
+//
+// Writes go through Store as Updates: every Update names the entity (slot) it touches and the
+// event it comes from, and the store applies it atomically at most once per (projection, slot,
+// event). A projection author cannot forget idempotency, and every update stays in one Redis
+// Cluster hash slot.
+package projection
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/checkins/checkins/domain"
+)
+
+// Projection is a read model fed by events. Name names its consumer group and its keys: never
+// change it once shipped.
+type Projection interface {
+	Name() string
+}
+
+// CheckinRecordedHandler is implemented by projections that want CheckinRecorded events.
+type CheckinRecordedHandler interface {
+	OnCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, s Store) error
+}
+
+// Store applies updates to one projection's read model (its current version).
+type Store interface {
+	// Apply runs u atomically. It returns false when u.EventID was already applied to u.Slot,
+	// in which case nothing changed.
+	Apply(ctx context.Context, u *Update) (bool, error)
+}
+
+// Reader reads one projection's read model (the version that currently serves reads).
+type Reader interface {
+	HGetAll(ctx context.Context, slot, key string) (map[string]string, error)
+	HMGet(ctx context.Context, slot, key string, fields ...string) ([]string, error) // "" for missing
+	// ZRevRange returns members from the highest score down, ranks start..stop inclusive.
+	ZRevRange(ctx context.Context, slot, key string, start, stop int64) ([]Scored, error)
+}
+
+// Scored is one sorted-set member.
+type Scored struct {
+	Member string
+	Score  float64
+}
+
+// OpKind is one primitive of an update. Each is applied by the store's script in order.
+type OpKind string
+
+// The primitives. Each is deterministic and, combined with dedupe, order-insensitive where the
+// projections below need it.
+const (
+	OpHIncrBy     OpKind = "hincrby"     // key field delta
+	OpHSet        OpKind = "hset"        // key field value
+	OpHMaxBy      OpKind = "hmaxby"      // key field value tiefield tie [field value]...: set all if (value, tie) > current
+	OpHRound      OpKind = "hround"      // key dst num den: dst = floor(num/den + 0.5)
+	OpZAdd        OpKind = "zadd"        // key score member
+	OpZIncrBy     OpKind = "zincrby"     // key delta member
+	OpZKeepTop    OpKind = "zkeeptop"    // key n: keep the n highest-scored members
+	OpZRatioAtMin OpKind = "zratioatmin" // zkey member hkey num den min: zkey[member] = num/den when den >= min
+)
+
+// Op is one primitive with its logical key (a name within the update's slot) and arguments.
+type Op struct {
+	Kind OpKind
+	Keys []string
+	Args []string
+}
+
+// Update is one atomic, idempotent change to the keys of one slot.
+type Update struct {
+	Slot    string // the entity the keys belong to, e.g. "user:42"; all keys share its hash slot
+	EventID string // the business ID of the event (checkinId)
+	Ops     []Op
+}
+
+// NewUpdate starts an update of slot for the event eventID.
+func NewUpdate(slot, eventID string) *Update {
+	return &Update{Slot: slot, EventID: eventID}
+}
+
+func (u *Update) add(kind OpKind, keys []string, args ...string) *Update {
+	u.Ops = append(u.Ops, Op{Kind: kind, Keys: keys, Args: args})
+	return u
+}
+
+// HIncrBy adds delta to hash field.
+func (u *Update) HIncrBy(key, field string, delta int64) *Update {
+	return u.add(OpHIncrBy, []string{key}, field, strconv.FormatInt(delta, 10))
+}
+
+// HSet sets a hash field.
+func (u *Update) HSet(key, field, value string) *Update {
+	return u.add(OpHSet, []string{key}, field, value)
+}
+
+// HMaxBy sets field=value and the extra fields when (value, tie) is greater than what the hash
+// holds in field and tieField: the greatest wins whatever order events arrive in, and equal
+// values are settled by tie so every ordering gives the same result.
+func (u *Update) HMaxBy(key, field string, value int64, tieField, tie string, extra ...string) *Update {
+	if len(extra)%2 != 0 {
+		panic(fmt.Sprintf("projection: HMaxBy extra must be field/value pairs, got %d strings", len(extra)))
+	}
+	args := append([]string{field, strconv.FormatInt(value, 10), tieField, tie}, extra...)
+	return u.add(OpHMaxBy, []string{key}, args...)
+}
+
+// HRound stores floor(num/den + 0.5) of two fields of the hash into dst.
+func (u *Update) HRound(key, dst, num, den string) *Update {
+	return u.add(OpHRound, []string{key}, dst, num, den)
+}
+
+// ZAdd sets member's score.
+func (u *Update) ZAdd(key string, score float64, member string) *Update {
+	return u.add(OpZAdd, []string{key}, strconv.FormatFloat(score, 'f', -1, 64), member)
+}
+
+// ZIncrBy adds delta to member's score.
+func (u *Update) ZIncrBy(key string, delta float64, member string) *Update {
+	return u.add(OpZIncrBy, []string{key}, strconv.FormatFloat(delta, 'f', -1, 64), member)
+}
+
+// ZKeepTop trims the sorted set to its n highest-scored members.
+func (u *Update) ZKeepTop(key string, n int) *Update {
+	return u.add(OpZKeepTop, []string{key}, strconv.Itoa(n))
+}
+
+// ZRatioAtMin sets zkey[member] = hkey.num / hkey.den once hkey.den >= min.
+func (u *Update) ZRatioAtMin(zkey, member, hkey, num, den string, min int64) *Update {
+	return u.add(OpZRatioAtMin, []string{zkey, hkey}, member, num, den, strconv.FormatInt(min, 10))
+}
+
+// ParseInt reads a stored integer field; "" is 0.
+func ParseInt(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	return strconv.ParseInt(s, 10, 64)
+}

@@ -1,0 +1,56 @@
+package projection
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/checkins/checkins/domain"
+)
+
+// UserStats counts each user's check-ins and remembers the latest one.
+type UserStats struct{}
+
+// UserStatsView is the read model of one user.
+type UserStatsView struct {
+	UserID      int64 `json:"userId"`
+	NumCheckins int64 `json:"numCheckins"`
+	LastCheckin int64 `json:"lastCheckin"`
+	LastSeenAt  int64 `json:"lastSeenAt"`
+}
+
+// Name implements Projection.
+func (UserStats) Name() string { return "users" }
+
+// OnCheckinRecorded counts the check-in once and moves lastCheckin forward only.
+func (UserStats) OnCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, s Store) error {
+	u := NewUpdate(userSlot(e.UserID), e.ID).
+		HIncrBy("stats", "numCheckins", 1).
+		HMaxBy("stats", "lastCheckin", e.Timestamp, "lastCheckinId", e.ID,
+			"lastSeenAt", strconv.FormatInt(e.LocationID, 10))
+	_, err := s.Apply(ctx, u)
+	return err
+}
+
+// Get reads one user's statistics; domain.ErrNotFound when the user never checked in.
+func (UserStats) Get(ctx context.Context, r Reader, userID int64) (UserStatsView, error) {
+	h, err := r.HGetAll(ctx, userSlot(userID), "stats")
+	if err != nil {
+		return UserStatsView{}, err
+	}
+	if len(h) == 0 {
+		return UserStatsView{}, fmt.Errorf("user %d: %w", userID, domain.ErrNotFound)
+	}
+	v := UserStatsView{UserID: userID}
+	for _, f := range []struct {
+		name string
+		dst  *int64
+	}{{"numCheckins", &v.NumCheckins}, {"lastCheckin", &v.LastCheckin}, {"lastSeenAt", &v.LastSeenAt}} {
+		if *f.dst, err = ParseInt(h[f.name]); err != nil {
+			return UserStatsView{}, fmt.Errorf("user %d field %s: %w", userID, f.name, err)
+		}
+	}
+	return v, nil
+}
+
+func userSlot(id int64) string { return "user:" + strconv.FormatInt(id, 10) }

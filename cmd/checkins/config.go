@@ -1,0 +1,205 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is read and validated once, here; nothing else reads the environment.
+type Config struct {
+	RedisURL        string
+	HTTPAddr        string
+	LogLevel        slog.Level
+	KeyPrefix       string
+	RequestTimeout  time.Duration
+	DrainTimeout    time.Duration
+	Projections     []string // empty: all
+	Subscriber      string   // batched | watermill
+	ConsumerName    string
+	ClaimIdle       time.Duration
+	ClaimInterval   time.Duration
+	NackDelay       time.Duration
+	BatchSize       int
+	MaxInFlight     int
+	HandlerTimeout  time.Duration
+	RetryInitial    time.Duration
+	RetryMultiplier float64
+	RetryMax        time.Duration
+	RetryAttempts   int
+	IdempotencyTTL  time.Duration
+}
+
+// setting is one configuration value: an environment variable and a flag of the same meaning.
+type setting struct {
+	env, flag, def, usage string
+	set                   func(c *Config, v string) error
+}
+
+func settings() []setting {
+	dur := func(dst func(*Config) *time.Duration, min time.Duration) func(*Config, string) error {
+		return func(c *Config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return fmt.Errorf("not a duration like 500ms or 30s: %q", v)
+			}
+			if d < min {
+				return fmt.Errorf("must be at least %s, got %s", min, d)
+			}
+			*dst(c) = d
+			return nil
+		}
+	}
+	integer := func(dst func(*Config) *int, min int) func(*Config, string) error {
+		return func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return fmt.Errorf("not an integer: %q", v)
+			}
+			if n < min {
+				return fmt.Errorf("must be at least %d, got %d", min, n)
+			}
+			*dst(c) = n
+			return nil
+		}
+	}
+	return []setting{
+		{"REDIS_URL", "redis-url", "", "Redis URL, redis://[:password@]host:port/db or rediss:// for TLS; empty with serve: embedded in-memory Redis", func(c *Config, v string) error {
+			if v == "" {
+				c.RedisURL = ""
+				return nil
+			}
+			u, err := url.Parse(v)
+			if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
+				return fmt.Errorf("must look like redis://[:password@]host:port/db (or rediss://), got %q", redact(v))
+			}
+			if db := strings.Trim(u.Path, "/"); db != "" {
+				if _, err := strconv.Atoi(db); err != nil {
+					return fmt.Errorf("database must be a number, got %q", db)
+				}
+			}
+			c.RedisURL = v
+			return nil
+		}},
+		{"HTTP_ADDR", "http-addr", ":8080", "HTTP listen address", func(c *Config, v string) error {
+			if _, _, err := net.SplitHostPort(v); err != nil {
+				return fmt.Errorf("must be host:port or :port, got %q", v)
+			}
+			c.HTTPAddr = v
+			return nil
+		}},
+		{"LOG_LEVEL", "log-level", "info", "debug, info, warn or error", func(c *Config, v string) error {
+			return c.LogLevel.UnmarshalText([]byte(v))
+		}},
+		{"KEY_PREFIX", "key-prefix", "checkins", "prefix of every Redis key (stream: <prefix>:events)", func(c *Config, v string) error {
+			if v == "" || strings.ContainsAny(v, " {}") {
+				return fmt.Errorf("must be non-empty without spaces or braces, got %q", v)
+			}
+			c.KeyPrefix = v
+			return nil
+		}},
+		{"REQUEST_TIMEOUT", "request-timeout", "5s", "longest an HTTP request may take (503 beyond it when Redis does not answer)", dur(func(c *Config) *time.Duration { return &c.RequestTimeout }, time.Millisecond)},
+		{"DRAIN_TIMEOUT", "drain-timeout", "30s", "on SIGTERM/SIGINT: how long in-flight requests and handlers may take to finish", dur(func(c *Config) *time.Duration { return &c.DrainTimeout }, 0)},
+		{"PROJECTIONS", "projections", "", "comma-separated projections to run (default: all)", func(c *Config, v string) error {
+			c.Projections = nil
+			for _, p := range strings.Split(v, ",") {
+				if p = strings.TrimSpace(p); p != "" {
+					c.Projections = append(c.Projections, p)
+				}
+			}
+			return nil
+		}},
+		{"SUBSCRIBER", "subscriber", "batched", "stream subscriber: batched (reads and acks in batches) or watermill (stock watermill-redisstream)", func(c *Config, v string) error {
+			if v != "batched" && v != "watermill" {
+				return fmt.Errorf("must be batched or watermill, got %q", v)
+			}
+			c.Subscriber = v
+			return nil
+		}},
+		{"CONSUMER_NAME", "consumer-name", "", "consumer name in the groups (default: hostname-pid-random; must be unique per process)", func(c *Config, v string) error {
+			c.ConsumerName = v
+			return nil
+		}},
+		{"CLAIM_IDLE", "claim-idle", "30s", "a pending event idle this long in another (crashed) consumer is taken over", dur(func(c *Config) *time.Duration { return &c.ClaimIdle }, time.Millisecond)},
+		{"CLAIM_INTERVAL", "claim-interval", "5s", "how often to look for such events", dur(func(c *Config) *time.Duration { return &c.ClaimInterval }, time.Millisecond)},
+		{"NACK_DELAY", "nack-delay", "1s", "wait before an event whose handling failed transiently is delivered again", dur(func(c *Config) *time.Duration { return &c.NackDelay }, time.Millisecond)},
+		{"BATCH_SIZE", "batch-size", "500", "entries read (XREADGROUP COUNT) and acked per round trip", integer(func(c *Config) *int { return &c.BatchSize }, 1)},
+		{"MAX_IN_FLIGHT", "max-in-flight", "1000", "events handled concurrently per projection", integer(func(c *Config) *int { return &c.MaxInFlight }, 1)},
+		{"HANDLER_TIMEOUT", "handler-timeout", "10s", "longest one handler attempt may take", dur(func(c *Config) *time.Duration { return &c.HandlerTimeout }, time.Millisecond)},
+		{"RETRY_INITIAL_INTERVAL", "retry-initial-interval", "100ms", "first wait between handler attempts", dur(func(c *Config) *time.Duration { return &c.RetryInitial }, time.Millisecond)},
+		{"RETRY_MULTIPLIER", "retry-multiplier", "2", "each wait is the previous times this (with jitter)", func(c *Config, v string) error {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || f < 1 {
+				return fmt.Errorf("must be a number >= 1, got %q", v)
+			}
+			c.RetryMultiplier = f
+			return nil
+		}},
+		{"RETRY_MAX_INTERVAL", "retry-max-interval", "5s", "longest wait between attempts", dur(func(c *Config) *time.Duration { return &c.RetryMax }, time.Millisecond)},
+		{"RETRY_MAX_ATTEMPTS", "retry-max-attempts", "5", "attempts before an event is parked in the poison queue", integer(func(c *Config) *int { return &c.RetryAttempts }, 1)},
+		{"IDEMPOTENCY_TTL", "idempotency-ttl", "24h", "how long a checkinId is remembered for safe retries and 409 on reuse", dur(func(c *Config) *time.Duration { return &c.IdempotencyTTL }, time.Second)},
+	}
+}
+
+// parseConfig fills Config from defaults, then the environment, then flags; the first invalid
+// value fails with a message naming the variable.
+func parseConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (Config, []string, error) {
+	var c Config
+	ss := settings()
+	flagVals := map[string]*string{}
+	for _, s := range ss {
+		if err := s.set(&c, s.def); err != nil {
+			return Config{}, nil, fmt.Errorf("default of %s: %w", s.env, err)
+		}
+		usage := fmt.Sprintf("%s (env %s)", s.usage, s.env)
+		flagVals[s.flag] = fs.String(s.flag, "", usage)
+	}
+	if err := fs.Parse(args); err != nil {
+		return Config{}, nil, err
+	}
+	explicit := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	for _, s := range ss {
+		if v, ok := lookup(getenv, s.env); ok {
+			if err := s.set(&c, v); err != nil {
+				return Config{}, nil, fmt.Errorf("invalid %s: %w", s.env, err)
+			}
+		}
+		if explicit[s.flag] {
+			if err := s.set(&c, *flagVals[s.flag]); err != nil {
+				return Config{}, nil, fmt.Errorf("invalid --%s (%s): %w", s.flag, s.env, err)
+			}
+		}
+	}
+	if c.RetryMax < c.RetryInitial {
+		return Config{}, nil, fmt.Errorf("invalid RETRY_MAX_INTERVAL: %s is below RETRY_INITIAL_INTERVAL %s", c.RetryMax, c.RetryInitial)
+	}
+	if c.ConsumerName == "" {
+		host, _ := os.Hostname()
+		c.ConsumerName = fmt.Sprintf("%s-%d-%d", host, os.Getpid(), time.Now().UnixNano()%100000)
+	}
+	return c, fs.Args(), nil
+}
+
+func lookup(getenv func(string) string, key string) (string, bool) {
+	v := getenv(key)
+	return v, v != ""
+}
+
+// redact hides a password in a URL for messages and logs.
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
+	}
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
+}

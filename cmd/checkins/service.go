@@ -1,0 +1,228 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/alicebob/miniredis/v2"
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/batchsub"
+	"github.com/checkins/checkins/app"
+	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/app/query"
+	"github.com/checkins/checkins/ports"
+)
+
+// Service is the wired process: API, projections, or both.
+type Service struct {
+	cfg      Config
+	log      *slog.Logger
+	keys     adapters.KeySpace
+	client   *redis.Client // API, queries, stores, poison queue
+	closers  []func() error
+	http     *ports.HTTPServer
+	router   *ports.ProjectionRouter
+	listener net.Listener
+}
+
+// Mode selects what the process runs.
+type Mode struct {
+	API, Projections bool
+}
+
+// startEmbeddedRedis gives `serve` a Redis when REDIS_URL is unset, so the service runs on a
+// machine with nothing but Go. Data lives in memory only.
+func startEmbeddedRedis(log *slog.Logger) (string, func(), error) {
+	m := miniredis.NewMiniRedis()
+	if err := m.StartAddr("127.0.0.1:0"); err != nil {
+		return "", nil, fmt.Errorf("embedded redis: %w", err)
+	}
+	log.Warn("REDIS_URL is not set: using an EMBEDDED IN-MEMORY Redis. All check-ins are lost when this process exits. Set REDIS_URL for real use.",
+		"embedded_addr", m.Addr())
+	return "redis://" + m.Addr() + "/0", m.Close, nil
+}
+
+// NewService builds clients and wires adapters into the app and ports.
+func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*Service, error) {
+	s := &Service{cfg: cfg, log: log, keys: adapters.KeySpace{Prefix: cfg.KeyPrefix}}
+	if cfg.RedisURL == "" {
+		return nil, errors.New("REDIS_URL is required (only `serve` may run on the embedded Redis)")
+	}
+	newClient := func(pool int) (*redis.Client, error) {
+		return adapters.NewRedisClient(adapters.ClientOptions{URL: cfg.RedisURL, DialTimeout: 2 * time.Second,
+			ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second, PoolSize: pool})
+	}
+	var err error
+	if s.client, err = newClient(0); err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, s.client.Close)
+	pingCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if err := s.client.Ping(pingCtx).Err(); err != nil {
+		// Not fatal: the service starts, answers 503 and /readyz says why, and recovers by itself.
+		log.Warn("redis is not reachable yet", "redis_url", redact(cfg.RedisURL), "error", err)
+	}
+	wlog := watermill.NewSlogLogger(log)
+
+	var application app.Application
+	application.Queries = app.Queries{
+		Checkins:  query.NewCheckins(adapters.NewEventLog(s.client, s.keys)),
+		Users:     app.UserQueries{Reader: adapters.NewProjectionReader(s.client, s.keys, "users")},
+		Locations: app.LocationQueries{Reader: adapters.NewProjectionReader(s.client, s.keys, "locations")},
+	}
+	if mode.API {
+		// Watermill's Publisher.Close closes its client, so it gets one of its own.
+		pubClient, err := newClient(0)
+		if err != nil {
+			return nil, err
+		}
+		pub, err := adapters.NewEventPublisher(pubClient, s.keys, wlog)
+		if err != nil {
+			return nil, err
+		}
+		s.closers = append(s.closers, pub.Close)
+		idem := adapters.NewIdempotencyStore(s.client, s.keys, cfg.IdempotencyTTL)
+		rec, err := command.NewRecordCheckinHandler(pub, idem, time.Now, uuid.NewString, log)
+		if err != nil {
+			return nil, err
+		}
+		application.Commands.RecordCheckin = rec
+	}
+	if mode.Projections {
+		projs, err := selectProjections(cfg)
+		if err != nil {
+			return nil, err
+		}
+		versions := adapters.NewProjectionVersions(s.client, s.keys)
+		var targets []ports.ProjectionTarget
+		for _, p := range projs {
+			v, err := versions.Current(pingCtx, p.Name())
+			if err != nil && !ports.IsTransient(err) {
+				return nil, err
+			}
+			targets = append(targets, ports.ProjectionTarget{Projection: p, Version: max(v, 1)})
+		}
+		subClient, err := newClient(4 * len(targets))
+		if err != nil {
+			return nil, err
+		}
+		s.closers = append(s.closers, subClient.Close)
+		s.router, err = ports.NewProjectionRouter(ports.ProjectionRouterConfig{
+			Keys: s.keys, Targets: targets, Redis: s.client,
+			NewSubscriber: func(group string) (message.Subscriber, error) {
+				return s.newSubscriber(group, subClient, newClient, wlog)
+			},
+			Retry: ports.RetryPolicy{InitialInterval: cfg.RetryInitial, Multiplier: cfg.RetryMultiplier,
+				MaxInterval: cfg.RetryMax, MaxAttempts: cfg.RetryAttempts},
+			HandlerTimeout: cfg.HandlerTimeout, CloseTimeout: cfg.DrainTimeout, Logger: log,
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	s.http = ports.NewHTTPServer(application, s, ports.HTTPConfig{RequestTimeout: cfg.RequestTimeout}, log)
+	if err := s.wireOps(); err != nil {
+		return nil, err
+	}
+	if err := s.wireProjections(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Service) newSubscriber(group string, shared *redis.Client, newClient func(int) (*redis.Client, error), wlog watermill.LoggerAdapter) (message.Subscriber, error) {
+	switch s.cfg.Subscriber {
+	case "watermill":
+		// The stock subscriber closes its client on Close: one client each.
+		c, err := newClient(0)
+		if err != nil {
+			return nil, err
+		}
+		return redisstream.NewSubscriber(redisstream.SubscriberConfig{
+			Client: c, Unmarshaller: adapters.FlatMarshaller{}, Consumer: s.cfg.ConsumerName, ConsumerGroup: group,
+			OldestId: "0", NackResendSleep: s.cfg.NackDelay, ClaimInterval: s.cfg.ClaimInterval, MaxIdleTime: s.cfg.ClaimIdle,
+			CheckConsumersInterval: s.cfg.ClaimInterval, ConsumerTimeout: 10 * time.Minute,
+		}, wlog)
+	default:
+		return batchsub.NewSubscriber(batchsub.Config{
+			Client: shared, ConsumerGroup: group, Consumer: s.cfg.ConsumerName, Unmarshaller: adapters.FlatMarshaller{},
+			OldestID: "0", BatchSize: int64(s.cfg.BatchSize), MaxInFlight: s.cfg.MaxInFlight,
+			ClaimInterval: s.cfg.ClaimInterval, ClaimMinIdle: s.cfg.ClaimIdle, NackDelay: s.cfg.NackDelay,
+			DrainTimeout: s.cfg.DrainTimeout, Logger: wlog,
+		})
+	}
+}
+
+// Ready implements ports.Readiness: Redis answers and, in a projector, the router consumes.
+func (s *Service) Ready(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if err := s.client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis unreachable: %w", err)
+	}
+	if s.router != nil && !s.router.Running() {
+		return errors.New("projection router is not running")
+	}
+	return nil
+}
+
+// Listen binds the HTTP address (before Run, so callers learn the port).
+func (s *Service) Listen() (net.Addr, error) {
+	l, err := net.Listen("tcp", s.cfg.HTTPAddr)
+	if err != nil {
+		return nil, fmt.Errorf("HTTP_ADDR %s: %w", s.cfg.HTTPAddr, err)
+	}
+	s.listener = l
+	return l.Addr(), nil
+}
+
+// Run serves until ctx ends, then shuts down gracefully within DrainTimeout: stop accepting
+// requests, finish in-flight ones and in-flight handlers, ack what finished.
+func (s *Service) Run(ctx context.Context) error {
+	defer s.close()
+	g, gctx := errgroup.WithContext(ctx)
+	if s.listener == nil {
+		if _, err := s.Listen(); err != nil {
+			return err
+		}
+	}
+	srv := &http.Server{Handler: s.http.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	g.Go(func() error {
+		s.log.Info("http listening", "addr", s.listener.Addr().String())
+		if err := srv.Serve(s.listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("http server: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
+		defer cancel()
+		return srv.Shutdown(sctx)
+	})
+	if s.router != nil {
+		g.Go(func() error { return s.router.Run(gctx) })
+	}
+	err := g.Wait()
+	s.log.Info("stopped", "error", err)
+	return err
+}
+
+func (s *Service) close() {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		_ = s.closers[i]()
+	}
+}

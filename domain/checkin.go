@@ -1,0 +1,110 @@
+package domain
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+	"time"
+)
+
+// Limits of a valid check-in.
+const (
+	MinStarRating    = 0
+	MaxStarRating    = 5
+	MaxCheckinIDLen  = 128
+	MaxFutureSkew    = 5 * time.Minute
+	DefaultPageLimit = 100
+	MaxPageLimit     = 1000
+)
+
+// Checkin is a person checking in at a place with a star rating.
+type Checkin struct {
+	ID         string // business ID, unique, client-supplied or generated
+	UserID     int64
+	LocationID int64
+	StarRating int
+	Timestamp  int64 // when it happened, ms since epoch
+}
+
+// CheckinInput is what a client may send; nil means absent.
+type CheckinInput struct {
+	CheckinID  *string
+	UserID     *int64
+	LocationID *int64
+	StarRating *int64
+	Timestamp  *int64
+}
+
+// NewCheckin validates input; now is used for the default timestamp and the future bound, and
+// newID supplies a checkinId when the client sent none.
+func NewCheckin(in CheckinInput, now time.Time, newID func() string) (Checkin, error) {
+	if in.UserID == nil {
+		return Checkin{}, invalid(CodeRequired, "userId", "is required")
+	}
+	if *in.UserID < 1 {
+		return Checkin{}, invalid(CodeOutOfRange, "userId", "must be an integer >= 1, got %d", *in.UserID)
+	}
+	if in.LocationID == nil {
+		return Checkin{}, invalid(CodeRequired, "locationId", "is required")
+	}
+	if *in.LocationID < 1 {
+		return Checkin{}, invalid(CodeOutOfRange, "locationId", "must be an integer >= 1, got %d", *in.LocationID)
+	}
+	if in.StarRating == nil {
+		return Checkin{}, invalid(CodeRequired, "starRating", "is required")
+	}
+	if *in.StarRating < MinStarRating || *in.StarRating > MaxStarRating {
+		return Checkin{}, invalid(CodeOutOfRange, "starRating", "must be an integer from %d to %d, got %d", MinStarRating, MaxStarRating, *in.StarRating)
+	}
+	c := Checkin{UserID: *in.UserID, LocationID: *in.LocationID, StarRating: int(*in.StarRating), Timestamp: now.UnixMilli()}
+	if in.Timestamp != nil {
+		if *in.Timestamp < 1 {
+			return Checkin{}, invalid(CodeOutOfRange, "timestamp", "must be milliseconds since the epoch (>= 1), got %d", *in.Timestamp)
+		}
+		if limit := now.Add(MaxFutureSkew).UnixMilli(); *in.Timestamp > limit {
+			return Checkin{}, invalid(CodeOutOfRange, "timestamp", "is %d ms in the future; at most %s ahead is accepted", *in.Timestamp-now.UnixMilli(), MaxFutureSkew)
+		}
+		c.Timestamp = *in.Timestamp
+	}
+	if in.CheckinID != nil {
+		if err := ValidateCheckinID(*in.CheckinID); err != nil {
+			return Checkin{}, err
+		}
+		c.ID = *in.CheckinID
+	} else {
+		c.ID = newID()
+	}
+	return c, nil
+}
+
+// ValidateCheckinID accepts 1-128 characters of letters, digits and . _ : -
+func ValidateCheckinID(id string) error {
+	if id == "" {
+		return invalid(CodeRequired, "checkinId", "must not be empty")
+	}
+	if len(id) > MaxCheckinIDLen {
+		return invalid(CodeOutOfRange, "checkinId", "must be at most %d characters, got %d", MaxCheckinIDLen, len(id))
+	}
+	for _, r := range id {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.' || r == ':'
+		if !ok {
+			return invalid(CodeInvalid, "checkinId", "may contain only letters, digits and . _ : - (got %q)", r)
+		}
+	}
+	return nil
+}
+
+// Fingerprint identifies what the client asked for, so a retry of the same request is told apart
+// from a different check-in reusing the checkinId. An absent timestamp stays absent: a retry a
+// second later without one is still the same request.
+func (in CheckinInput) Fingerprint() string {
+	h := sha256.New()
+	for _, v := range []*int64{in.UserID, in.LocationID, in.StarRating, in.Timestamp} {
+		if v == nil {
+			h.Write([]byte("-|"))
+			continue
+		}
+		h.Write([]byte(strconv.FormatInt(*v, 10) + "|"))
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}

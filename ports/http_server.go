@@ -1,0 +1,192 @@
+// Package ports is how the world drives the app: the Echo HTTP server, the Watermill router that
+// feeds projections, and the CLI's operational verbs.
+package ports
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/labstack/echo/v4"
+
+	"github.com/checkins/checkins/app"
+	"github.com/checkins/checkins/domain"
+)
+
+// MaxBodyBytes is the largest request body accepted (413 above).
+const MaxBodyBytes = 16 << 10
+
+// HeaderCorrelationID carries the correlation ID in and out of HTTP.
+const HeaderCorrelationID = "X-Correlation-ID"
+
+// Readiness reports whether the process can serve: Redis reachable, router running.
+type Readiness interface {
+	Ready(ctx context.Context) error
+}
+
+// HTTPConfig configures the HTTP server.
+type HTTPConfig struct {
+	RequestTimeout time.Duration // bounds every request, including waiting for Redis
+}
+
+// HTTPServer is the REST API.
+type HTTPServer struct {
+	app   app.Application
+	ready Readiness
+	cfg   HTTPConfig
+	log   *slog.Logger
+	echo  *echo.Echo
+}
+
+// NewHTTPServer registers all routes; extra lets other ports add theirs (ops, metrics).
+func NewHTTPServer(a app.Application, ready Readiness, cfg HTTPConfig, log *slog.Logger) *HTTPServer {
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = 5 * time.Second
+	}
+	s := &HTTPServer{app: a, ready: ready, cfg: cfg, log: log, echo: echo.New()}
+	e := s.echo
+	e.HideBanner, e.HidePort = true, true
+	e.HTTPErrorHandler = s.handleError
+	e.Use(s.correlation, s.timeout, s.accessLog)
+	e.POST("/checkins", s.postCheckin)
+	e.GET("/checkins/latest", s.getLatestCheckin)
+	e.GET("/checkins", s.listCheckins)
+	e.GET("/users/:id", s.getUser)
+	e.GET("/locations/:id", s.getLocation)
+	e.GET("/healthz", s.healthz)
+	e.GET("/readyz", s.readyz)
+	return s
+}
+
+// Echo exposes the router so other ports can add routes before serving.
+func (s *HTTPServer) Echo() *echo.Echo { return s.echo }
+
+// Handler is the http.Handler of the API.
+func (s *HTTPServer) Handler() http.Handler { return s.echo }
+
+type ctxKeyCorrelation struct{}
+
+// CorrelationID returns the request's correlation ID.
+func CorrelationID(ctx context.Context) string {
+	s, _ := ctx.Value(ctxKeyCorrelation{}).(string)
+	return s
+}
+
+func (s *HTTPServer) correlation(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		id := c.Request().Header.Get(HeaderCorrelationID)
+		if id == "" || len(id) > 128 {
+			id = uuid.NewString()
+		}
+		c.Response().Header().Set(HeaderCorrelationID, id)
+		c.SetRequest(c.Request().WithContext(context.WithValue(c.Request().Context(), ctxKeyCorrelation{}, id)))
+		return next(c)
+	}
+}
+
+func (s *HTTPServer) timeout(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.RequestTimeout)
+		defer cancel()
+		c.SetRequest(c.Request().WithContext(ctx))
+		return next(c)
+	}
+}
+
+func (s *HTTPServer) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		start := time.Now()
+		err := next(c)
+		if err != nil {
+			c.Error(err)
+		}
+		status := c.Response().Status
+		if status >= 500 || s.log.Enabled(c.Request().Context(), slog.LevelDebug) {
+			s.log.Log(c.Request().Context(), levelFor(status), "http request",
+				"method", c.Request().Method, "path", c.Path(), "status", status,
+				"duration_ms", time.Since(start).Milliseconds(), "correlation_id", CorrelationID(c.Request().Context()))
+		}
+		return nil
+	}
+}
+
+func levelFor(status int) slog.Level {
+	if status >= 500 {
+		return slog.LevelWarn
+	}
+	return slog.LevelDebug
+}
+
+// APIError is the JSON error body: {"error": {"code", "message", "field"}}.
+type APIError struct {
+	Status  int    `json:"-"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Field   string `json:"field,omitempty"`
+}
+
+func (e *APIError) Error() string { return e.Message }
+
+type errorBody struct {
+	Error *APIError `json:"error"`
+}
+
+func apiError(status int, code, field, msg string) *APIError {
+	return &APIError{Status: status, Code: code, Field: field, Message: msg}
+}
+
+// handleError is the only place errors become statuses and JSON bodies.
+func (s *HTTPServer) handleError(err error, c echo.Context) {
+	if c.Response().Committed {
+		return
+	}
+	ae := s.toAPIError(c, err)
+	if ae.Status >= 500 {
+		s.log.WarnContext(c.Request().Context(), "request failed", "path", c.Path(), "status", ae.Status, "error", err,
+			"correlation_id", CorrelationID(c.Request().Context()))
+	}
+	_ = c.JSON(ae.Status, errorBody{Error: ae})
+}
+
+func (s *HTTPServer) toAPIError(c echo.Context, err error) *APIError {
+	var ae *APIError
+	var ve *domain.ValidationError
+	var he *echo.HTTPError
+	switch {
+	case errors.As(err, &ae):
+		return ae
+	case errors.As(err, &ve):
+		return apiError(http.StatusBadRequest, ve.Code, ve.Field, ve.Error())
+	case errors.Is(err, domain.ErrConflict):
+		return apiError(http.StatusConflict, domain.CodeConflict, "checkinId", err.Error())
+	case errors.Is(err, domain.ErrNotFound):
+		return apiError(http.StatusNotFound, domain.CodeNotFound, "", err.Error())
+	case errors.Is(err, domain.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
+		return apiError(http.StatusServiceUnavailable, domain.CodeUnavailable, "", "storage is unavailable, retry later")
+	case errors.As(err, &he):
+		msg, _ := he.Message.(string)
+		if msg == "" {
+			msg = http.StatusText(he.Code)
+		}
+		return apiError(he.Code, strings.ReplaceAll(strings.ToLower(http.StatusText(he.Code)), " ", "_"), "", msg)
+	default:
+		return apiError(http.StatusInternalServerError, "internal", "", "internal error")
+	}
+}
+
+func (s *HTTPServer) healthz(c echo.Context) error {
+	return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *HTTPServer) readyz(c echo.Context) error {
+	if s.ready != nil {
+		if err := s.ready.Ready(c.Request().Context()); err != nil {
+			return c.JSON(http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": err.Error()})
+		}
+	}
+	return c.JSON(http.StatusOK, map[string]string{"status": "ready"})
+}
