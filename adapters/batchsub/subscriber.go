@@ -1,0 +1,329 @@
+// Package batchsub is a high-throughput Watermill message.Subscriber over Redis Streams
+// consumer groups.
+//
+// The stock watermill-redisstream subscriber reads one entry at a time, keeps one message in
+// flight and XACKs each one separately. This one reads in batches (XREADGROUP COUNT BatchSize),
+// hands out up to MaxInFlight messages without waiting for their acks (Watermill's router runs
+// each received message in its own goroutine, so that is where the concurrency comes from) and
+// batches the XACKs. It keeps the at-least-once guarantees of a consumer group:
+//
+//   - an entry is XACKed only after its message was acked;
+//   - a nacked message is redelivered in-process after NackDelay;
+//   - entries that a crashed consumer left pending are taken over (XAUTOCLAIM) after ClaimMinIdle;
+//   - Close (or the end of Subscribe's ctx) drains: no new reads, entries already read are still
+//     delivered and their acks awaited and flushed (DrainTimeout). A message nacked during the
+//     drain is not retried in-process; it stays in this consumer's PEL for XAUTOCLAIM;
+//   - Redis outages are ridden out with backoff, and a consumer group lost with the data
+//     (restart without persistence) is recreated.
+//
+// Every message's context carries the values of Subscribe's ctx and is cancelled only when a
+// drain times out, not when the message is acked (see TestMessageContext).
+//
+// Because several messages are in flight at once, handlers observe them concurrently and must be
+// idempotent; the output channel itself yields entries in stream order (redeliveries and
+// taken-over entries come later).
+//
+// One Subscriber subscribes a given topic at most once at a time (ErrAlreadySubscribed): all its
+// subscriptions share one consumer name, and two concurrent subscriptions of the same stream
+// would redeliver each other's pending entries.
+//
+// Each subscription keeps one pooled connection busy in a blocking XREADGROUP; size the client's
+// pool for the number of topics plus a few.
+package batchsub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+)
+
+// Metadata keys set on every delivered message.
+const (
+	MetaStream       = "_stream"          // stream the entry came from
+	MetaEntryID      = "_entry_id"        // Redis stream entry ID (e.g. "1700000000000-0")
+	MetaDeliveries   = "_deliveries"      // delivery count as Redis reports it (XPENDING/XAUTOCLAIM), "1" for a first read
+	MetaUnmarshalErr = "_unmarshal_error" // set when the Unmarshaller failed; the raw fields follow under MetaRawPrefix
+	// MetaRawPrefix prefixes the raw fields of an entry that could not be unmarshalled
+	// ("_raw.payload", ...), so a downstream middleware can park the entry in a poison queue.
+	MetaRawPrefix = "_raw."
+)
+
+// Defaults applied by NewSubscriber to zero Config fields.
+const (
+	DefaultOldestID                 = "0"
+	DefaultBatchSize          int64 = 500
+	DefaultMaxInFlight              = 1000
+	DefaultBlockTime                = 100 * time.Millisecond
+	DefaultClaimInterval            = 5 * time.Second
+	DefaultClaimMinIdle             = 30 * time.Second
+	DefaultNackDelay                = time.Second
+	DefaultAckFlushInterval         = 2 * time.Millisecond
+	DefaultConsumerIdleRemove       = 10 * time.Minute
+	DefaultDrainTimeout             = 30 * time.Second
+)
+
+// Sentinel errors.
+var (
+	// ErrClosed is returned by Subscribe after Close.
+	ErrClosed = errors.New("batchsub: subscriber closed")
+	// ErrAlreadySubscribed is returned when the topic already has a live subscription on this
+	// Subscriber (see the package comment).
+	ErrAlreadySubscribed = errors.New("batchsub: topic already subscribed by this subscriber")
+	// ErrUnflushedAcks is returned by Close when acks could not be written to Redis in time. The
+	// entries stay pending in the group and will be redelivered to some consumer.
+	ErrUnflushedAcks = errors.New("batchsub: acks could not be flushed to redis")
+)
+
+// Config configures a Subscriber. Zero values take the defaults above.
+type Config struct {
+	Client        redis.UniversalClient    // NOT closed by Close (unlike the stock subscriber) - caller owns it
+	ConsumerGroup string                   // required
+	Consumer      string                   // default: hostname-pid-shortrandom, must be unique per process
+	Unmarshaller  redisstream.Unmarshaller // default redisstream.DefaultMarshallerUnmarshaller{}
+	OldestID      string                   // where a new group starts; default "0" (whole history)
+	BatchSize     int64                    // XREADGROUP / XAUTOCLAIM COUNT, default 500
+	// MaxInFlight bounds the entries read from Redis and not yet acked: queued for delivery,
+	// handed out, or nacked and waiting for their redelivery (a nacked message keeps its slot, so
+	// a stream of failing messages cannot pull in unbounded work). Reading stops while full.
+	// Acked entries waiting for their XACK flush are not counted, except that reading also stops
+	// when more than MaxInFlight of them pile up (XACKs failing). Default 1000.
+	MaxInFlight   int
+	BlockTime     time.Duration // XREADGROUP BLOCK, default 100ms
+	ClaimInterval time.Duration // how often to look for idle pending entries of other consumers, default 5s
+	ClaimMinIdle  time.Duration // an entry pending this long in another consumer is taken over (XAUTOCLAIM), default 30s
+	NackDelay     time.Duration // a Nacked message is redelivered in-process after this delay, default 1s
+	// AckFlushInterval is the XACK batching window, default 2ms; acks also flush when BatchSize
+	// are queued.
+	AckFlushInterval time.Duration
+	// ConsumerIdleRemove: consumers of the group idle longer than this with 0 pending are deleted
+	// (XGROUP DELCONSUMER), default 10m; 0 keeps the default, negative disables.
+	ConsumerIdleRemove time.Duration
+	// DrainTimeout: on Close (or when Subscribe's ctx ends), how long to keep delivering
+	// already-read entries and waiting for their acks, default 30s.
+	DrainTimeout time.Duration
+	Logger       watermill.LoggerAdapter
+}
+
+func (c *Config) setDefaults() {
+	if c.Consumer == "" {
+		c.Consumer = defaultConsumerName()
+	}
+	if c.Unmarshaller == nil {
+		c.Unmarshaller = redisstream.DefaultMarshallerUnmarshaller{}
+	}
+	if c.OldestID == "" {
+		c.OldestID = DefaultOldestID
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.BlockTime == 0 {
+		c.BlockTime = DefaultBlockTime
+	}
+	if c.ClaimInterval == 0 {
+		c.ClaimInterval = DefaultClaimInterval
+	}
+	if c.ClaimMinIdle == 0 {
+		c.ClaimMinIdle = DefaultClaimMinIdle
+	}
+	if c.NackDelay == 0 {
+		c.NackDelay = DefaultNackDelay
+	}
+	if c.AckFlushInterval == 0 {
+		c.AckFlushInterval = DefaultAckFlushInterval
+	}
+	if c.ConsumerIdleRemove == 0 {
+		c.ConsumerIdleRemove = DefaultConsumerIdleRemove
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.Client == nil {
+		errs = append(errs, errors.New("Client is required"))
+	}
+	if c.ConsumerGroup == "" {
+		errs = append(errs, errors.New("ConsumerGroup is required"))
+	}
+	if c.BatchSize < 0 {
+		errs = append(errs, fmt.Errorf("BatchSize must not be negative, got %d", c.BatchSize))
+	}
+	if c.MaxInFlight < 0 {
+		errs = append(errs, fmt.Errorf("MaxInFlight must not be negative, got %d", c.MaxInFlight))
+	}
+	// A negative delay would mean "no delay"; NackDelay in particular must never allow a hot
+	// redelivery loop, so negatives are rejected rather than interpreted.
+	for _, d := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"BlockTime", c.BlockTime}, {"ClaimInterval", c.ClaimInterval}, {"ClaimMinIdle", c.ClaimMinIdle},
+		{"NackDelay", c.NackDelay}, {"AckFlushInterval", c.AckFlushInterval}, {"DrainTimeout", c.DrainTimeout},
+	} {
+		if d.d < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", d.name, d.d))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("batchsub: invalid config: %w", err)
+	}
+	return nil
+}
+
+func defaultConsumerName() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	// The random suffix keeps two subscribers of one process (or a restarted process that got
+	// the same pid) from sharing a PEL.
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), watermill.NewShortUUID()[:8])
+}
+
+// Subscriber implements message.Subscriber over Redis Streams consumer groups.
+type Subscriber struct {
+	cfg    Config
+	logger watermill.LoggerAdapter
+	// delIfIdle deletes a consumer only if it has nothing pending, atomically, so a consumer
+	// that picked up entries since XINFO CONSUMERS never loses them from the PEL.
+	delIfIdle *redis.Script
+
+	mu        sync.Mutex
+	closed    bool
+	closing   chan struct{}       // closed when Close starts: every subscription drains
+	closeDone chan struct{}       // closed when Close has finished
+	topics    map[string]struct{} // topics with a live subscription
+	errs      []error             // errors of finished subscriptions, returned by Close
+	wg        sync.WaitGroup      // live subscriptions
+}
+
+// delIfIdleScript: KEYS[1] stream, ARGV[1] group, ARGV[2] consumer. Returns -1 when the
+// consumer still has pending entries, else the XGROUP DELCONSUMER reply.
+const delIfIdleScript = `
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])
+if #p > 0 then return -1 end
+return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+`
+
+// NewSubscriber validates cfg and fills in defaults.
+func NewSubscriber(cfg Config) (*Subscriber, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	return &Subscriber{
+		cfg:       cfg,
+		logger:    cfg.Logger,
+		delIfIdle: redis.NewScript(delIfIdleScript),
+		closing:   make(chan struct{}),
+		closeDone: make(chan struct{}),
+		topics:    make(map[string]struct{}),
+	}, nil
+}
+
+// ConsumerName is the consumer name this subscriber uses in its group.
+func (s *Subscriber) ConsumerName() string { return s.cfg.Consumer }
+
+// Subscribe creates the consumer group if it is missing and starts consuming topic. The
+// returned channel is closed after the subscription has drained, which happens when ctx is done
+// or Close is called.
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if topic == "" {
+		return nil, errors.New("batchsub: empty topic")
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if _, busy := s.topics[topic]; busy {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%w: %q", ErrAlreadySubscribed, topic)
+	}
+	s.topics[topic] = struct{}{}
+	s.wg.Add(1) // under mu with closed == false, so Close's Wait cannot have started
+	s.mu.Unlock()
+
+	if _, err := s.createGroup(ctx, topic); err != nil {
+		s.unregister(topic, nil)
+		s.wg.Done()
+		return nil, fmt.Errorf("batchsub: subscribe %q: %w", topic, err)
+	}
+
+	sub := newSubscription(ctx, s, topic)
+	s.logger.Info("Subscribed to redis stream", sub.fields)
+	go sub.run(ctx)
+	return sub.out, nil
+}
+
+// Close drains every subscription (see Config.DrainTimeout), flushes the pending XACKs and
+// closes the output channels. It is idempotent and safe to call concurrently with Subscribe.
+// The redis client is not closed.
+func (s *Subscriber) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		<-s.closeDone
+		return nil
+	}
+	s.closed = true
+	close(s.closing)
+	s.mu.Unlock()
+
+	s.wg.Wait()
+
+	s.mu.Lock()
+	err := errors.Join(s.errs...)
+	s.errs = nil
+	s.mu.Unlock()
+	close(s.closeDone)
+	s.logger.Debug("Redis stream subscriber closed", watermill.LogFields{"consumer": s.cfg.Consumer})
+	return err
+}
+
+// unregister frees topic for a new subscription and records the error of the finished one
+// for Close. The caller still owes s.wg.Done.
+func (s *Subscriber) unregister(topic string, err error) {
+	s.mu.Lock()
+	delete(s.topics, topic)
+	if err != nil {
+		s.errs = append(s.errs, err)
+	}
+	s.mu.Unlock()
+}
+
+// createGroup creates the consumer group (and the stream) unless it exists, and reports
+// whether it had to create it.
+func (s *Subscriber) createGroup(ctx context.Context, topic string) (bool, error) {
+	err := s.cfg.Client.XGroupCreateMkStream(ctx, topic, s.cfg.ConsumerGroup, s.cfg.OldestID).Err()
+	switch {
+	case err == nil:
+		return true, nil
+	case strings.HasPrefix(err.Error(), "BUSYGROUP"):
+		return false, nil
+	default:
+		return false, fmt.Errorf("create consumer group %q: %w", s.cfg.ConsumerGroup, err)
+	}
+}
+
+func isNoGroup(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOGROUP")
+}
