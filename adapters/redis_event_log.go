@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 
@@ -24,6 +25,23 @@ func NewEventLog(client redis.UniversalClient, keys KeySpace) *EventLog {
 }
 
 var entryIDPattern = regexp.MustCompile(`^[0-9]+-[0-9]+$`)
+
+// parseEntryID accepts only IDs Redis accepts too (both parts fit uint64), so a bad cursor is a
+// 400, not a Redis error; it returns the time part.
+func parseEntryID(id string) (uint64, bool) {
+	if !entryIDPattern.MatchString(id) {
+		return 0, false
+	}
+	msPart, seqPart, _ := strings.Cut(id, "-")
+	ms, err := strconv.ParseUint(msPart, 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	if _, err := strconv.ParseUint(seqPart, 10, 64); err != nil {
+		return 0, false
+	}
+	return ms, true
+}
 
 // Latest implements query.EventLog. Entries that are not valid check-ins (anyone can XADD) are
 // skipped, looking back a bounded number of entries.
@@ -51,10 +69,14 @@ func (l *EventLog) Latest(ctx context.Context) (query.RecordedCheckin, error) {
 func (l *EventLog) Range(ctx context.Context, fromMs, toMs int64, cursor string, limit int) (query.CheckinPage, error) {
 	start := strconv.FormatInt(fromMs, 10)
 	if cursor != "" {
-		if !entryIDPattern.MatchString(cursor) {
+		ms, ok := parseEntryID(cursor)
+		if !ok {
 			return query.CheckinPage{}, &domain.ValidationError{Code: domain.CodeInvalid, Field: "cursor", Message: fmt.Sprintf("is not a cursor returned by this API: %q", cursor)}
 		}
-		start = "(" + cursor
+		// A cursor from another query must not widen this one below from.
+		if ms >= uint64(fromMs) {
+			start = "(" + cursor
+		}
 	}
 	end := strconv.FormatInt(toMs, 10)
 	page := query.CheckinPage{Checkins: []query.RecordedCheckin{}}

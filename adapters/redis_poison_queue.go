@@ -18,6 +18,7 @@ const (
 	PoisonFieldStream     = "poison:stream"
 	PoisonFieldEntryID    = "poison:entry_id"
 	PoisonFieldProjection = "poison:projection"
+	PoisonFieldGroup      = "poison:group" // consumer group (projection version) that failed
 	PoisonFieldError      = "poison:error"
 	PoisonFieldAttempts   = "poison:attempts"
 	PoisonFieldFailedAt   = "poison:failed_at"
@@ -29,6 +30,7 @@ type PoisonEntry struct {
 	Stream     string            `json:"stream"`
 	EntryID    string            `json:"entryId"` // original entry ID in Stream
 	Projection string            `json:"projection"`
+	Group      string            `json:"group,omitempty"` // consumer group, e.g. users.v1
 	Error      string            `json:"error"`
 	Attempts   int               `json:"attempts"`
 	FailedAt   time.Time         `json:"failedAt"`
@@ -39,11 +41,12 @@ type PoisonEntry struct {
 type PoisonQueue struct {
 	client redis.UniversalClient
 	stream string
+	repark *redis.Script
 }
 
 // NewPoisonQueue uses keys.PoisonStream().
 func NewPoisonQueue(client redis.UniversalClient, keys KeySpace) *PoisonQueue {
-	return &PoisonQueue{client: client, stream: keys.PoisonStream()}
+	return &PoisonQueue{client: client, stream: keys.PoisonStream(), repark: redis.NewScript(reparkScript)}
 }
 
 // Stream is the poison stream's key.
@@ -51,7 +54,72 @@ func (q *PoisonQueue) Stream() string { return q.stream }
 
 // Park adds e to the queue and returns its ID.
 func (q *PoisonQueue) Park(ctx context.Context, e PoisonEntry) (string, error) {
-	values := make([]any, 0, 2*(len(e.Fields)+6))
+	id, err := q.client.XAdd(ctx, &redis.XAddArgs{Stream: q.stream, Values: poisonValues(e)}).Result()
+	if err != nil {
+		return "", fmt.Errorf("park event %s of %s in %s: %w", e.EntryID, e.Projection, q.stream, err)
+	}
+	return id, nil
+}
+
+// reparkScript replaces a poison entry by a new one atomically, and only if the old one is still
+// there: two operators replaying the same entry at once cannot duplicate it.
+const reparkScript = `
+if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return false end
+return redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
+`
+
+// Repark replaces the entry e.ID by e (with its new error, attempts and time) and returns the
+// new ID; domain.ErrNotFound when e.ID is no longer in the queue. Stream entries cannot be
+// updated in place, so the entry gets a new ID at the end of the queue.
+func (q *PoisonQueue) Repark(ctx context.Context, e PoisonEntry) (string, error) {
+	args := append([]any{e.ID}, poisonValues(e)...)
+	id, err := q.repark.Run(ctx, q.client, []string{q.stream}, args...).Text()
+	if errors.Is(err, redis.Nil) {
+		return "", fmt.Errorf("poison entry %s: %w", e.ID, domain.ErrNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("re-park poison entry %s: %w", e.ID, err)
+	}
+	return id, nil
+}
+
+// LastID is the ID of the newest entry, "" when the queue is empty. Bulk operations stop there,
+// so entries parked (or re-parked) while they run are left for the next run.
+func (q *PoisonQueue) LastID(ctx context.Context) (string, error) {
+	xs, err := q.client.XRevRangeN(ctx, q.stream, "+", "-", 1).Result()
+	if err != nil || len(xs) == 0 {
+		return "", err
+	}
+	return xs[0].ID, nil
+}
+
+// Range returns up to count entries with after < ID <= until, oldest first ("" after: from the start).
+func (q *PoisonQueue) Range(ctx context.Context, after, until string, count int64) ([]PoisonEntry, error) {
+	start := "-"
+	if after != "" {
+		start = "(" + after
+	}
+	xs, err := q.client.XRangeN(ctx, q.stream, start, until, count).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]PoisonEntry, len(xs))
+	for i, x := range xs {
+		out[i] = toPoisonEntry(x)
+	}
+	return out, nil
+}
+
+// DeleteIDs removes entries and returns how many were there.
+func (q *PoisonQueue) DeleteIDs(ctx context.Context, ids ...string) (int64, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	return q.client.XDel(ctx, q.stream, ids...).Result()
+}
+
+func poisonValues(e PoisonEntry) []any {
+	values := make([]any, 0, 2*(len(e.Fields)+7))
 	for k, v := range e.Fields {
 		if strings.HasPrefix(k, "poison:") {
 			continue // a replayed poison entry parked again keeps only the newest reason
@@ -60,13 +128,10 @@ func (q *PoisonQueue) Park(ctx context.Context, e PoisonEntry) (string, error) {
 	}
 	values = append(values,
 		PoisonFieldStream, e.Stream, PoisonFieldEntryID, e.EntryID, PoisonFieldProjection, e.Projection,
+		PoisonFieldGroup, e.Group,
 		PoisonFieldError, e.Error, PoisonFieldAttempts, strconv.Itoa(e.Attempts),
 		PoisonFieldFailedAt, strconv.FormatInt(e.FailedAt.UnixMilli(), 10))
-	id, err := q.client.XAdd(ctx, &redis.XAddArgs{Stream: q.stream, Values: values}).Result()
-	if err != nil {
-		return "", fmt.Errorf("park event %s of %s in %s: %w", e.EntryID, e.Projection, q.stream, err)
-	}
-	return id, nil
+	return values
 }
 
 // List returns up to count entries after the cursor ("" from the start), oldest first, and the
@@ -159,6 +224,8 @@ func toPoisonEntry(x redis.XMessage) PoisonEntry {
 			e.EntryID = s
 		case PoisonFieldProjection:
 			e.Projection = s
+		case PoisonFieldGroup:
+			e.Group = s
 		case PoisonFieldError:
 			e.Error = s
 		case PoisonFieldAttempts:

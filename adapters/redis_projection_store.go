@@ -67,10 +67,11 @@ var applyLua = redis.NewScript(applyScript)
 
 // ProjectionStore applies one projection version's updates with applyScript.
 type ProjectionStore struct {
-	client  redis.UniversalClient
-	keys    KeySpace
-	name    string
-	version int
+	pipeline *AutoPipeline // nil: one round trip per Apply
+	client   redis.UniversalClient
+	keys     KeySpace
+	name     string
+	version  int
 }
 
 // NewProjectionStore is the store of projection name at version.
@@ -81,13 +82,27 @@ func NewProjectionStore(client redis.UniversalClient, keys KeySpace, name string
 	return &ProjectionStore{client: client, keys: keys, name: name, version: version}, nil
 }
 
+// WithAutoPipeline sends Apply calls through p, batching concurrent ones into pipelines.
+func (s *ProjectionStore) WithAutoPipeline(p *AutoPipeline) *ProjectionStore {
+	s.pipeline = p
+	return s
+}
+
 // Apply implements projection.Store.
 func (s *ProjectionStore) Apply(ctx context.Context, u *projection.Update) (bool, error) {
 	keys, args, err := s.encode(u)
 	if err != nil {
 		return false, err
 	}
-	n, err := applyLua.Run(ctx, s.client, keys, args...).Int()
+	var n int64
+	if s.pipeline != nil {
+		var v any
+		if v, err = s.pipeline.Run(ctx, applyLua, keys, args...); err == nil {
+			n, _ = v.(int64)
+		}
+	} else {
+		n, err = applyLua.Run(ctx, s.client, keys, args...).Int64()
+	}
 	if err != nil {
 		return false, fmt.Errorf("projection %s v%d apply %s to %s: %w", s.name, s.version, u.EventID, u.Slot, err)
 	}
@@ -121,6 +136,11 @@ func (s *ProjectionStore) ApplyBatch(ctx context.Context, us []*projection.Updat
 	return nil
 }
 
+var knownOps = map[projection.OpKind]bool{
+	projection.OpHIncrBy: true, projection.OpHSet: true, projection.OpHMaxBy: true, projection.OpHRound: true,
+	projection.OpZAdd: true, projection.OpZIncrBy: true, projection.OpZKeepTop: true, projection.OpZRatioAtMin: true,
+}
+
 func (s *ProjectionStore) encode(u *projection.Update) ([]string, []any, error) {
 	if u.Slot == "" || u.EventID == "" {
 		return nil, nil, fmt.Errorf("projection %s: update needs a slot and an event ID (got slot %q, event %q)", s.name, u.Slot, u.EventID)
@@ -129,6 +149,11 @@ func (s *ProjectionStore) encode(u *projection.Update) ([]string, []any, error) 
 	index := map[string]int{}
 	args := []any{u.EventID, len(u.Ops)}
 	for _, op := range u.Ops {
+		// The script refuses unknown kinds too, but only per update: checking here keeps a
+		// batch from applying the updates before a bad one.
+		if !knownOps[op.Kind] {
+			return nil, nil, fmt.Errorf("projection %s: unknown op %q", s.name, op.Kind)
+		}
 		args = append(args, string(op.Kind), len(op.Keys), len(op.Args))
 		for _, k := range op.Keys {
 			if k == "" || k == "seen" {

@@ -33,14 +33,19 @@ var _ redisstream.MarshallerUnmarshaller = FlatMarshaller{}
 
 // Marshal implements redisstream.Marshaller.
 func (FlatMarshaller) Marshal(_ string, msg *message.Message) (map[string]any, error) {
-	var fields map[string]string
-	if err := json.Unmarshal(msg.Payload, &fields); err != nil {
-		return nil, fmt.Errorf("flat marshaller: payload of message %s must be a JSON object of strings: %w", msg.UUID, err)
+	fields, ok := parseFlatObject(msg.Payload)
+	if !ok {
+		if err := json.Unmarshal(msg.Payload, &fields); err != nil {
+			return nil, fmt.Errorf("flat marshaller: payload of message %s must be a JSON object of strings: %w", msg.UUID, err)
+		}
+	}
+	if fields == nil { // JSON null decodes without error
+		return nil, fmt.Errorf("flat marshaller: payload of message %s must be a JSON object of strings, got null", msg.UUID)
 	}
 	values := make(map[string]any, len(fields)+len(msg.Metadata)+1)
 	for k, v := range fields {
 		if k == redisstream.UUIDHeaderKey || strings.HasPrefix(k, MetaFieldPrefix) {
-			return nil, fmt.Errorf("flat marshaller: payload field %q is reserved", k)
+			return nil, fmt.Errorf("flat marshaller: payload field %q of message %s is reserved", k, msg.UUID)
 		}
 		values[k] = v
 	}
@@ -95,11 +100,63 @@ func DecodeFields(msg *message.Message) (map[string]string, error) {
 	if reason := msg.Metadata.Get(MetaDecodeError); reason != "" {
 		return nil, fmt.Errorf("undecodable stream entry: %s", reason)
 	}
+	if fields, ok := parseFlatObject(msg.Payload); ok {
+		return fields, nil
+	}
 	var fields map[string]string
 	if err := json.Unmarshal(msg.Payload, &fields); err != nil {
 		return nil, fmt.Errorf("undecodable stream entry: payload is not a flat JSON object of strings: %w", err)
 	}
 	return fields, nil
+}
+
+// parseFlatObject is the fast path for what FlatMarshaller.Unmarshal produces: a JSON object of
+// plain strings without escapes. Reflection-based decoding was the largest cost per event in the
+// projectors' profile; anything unusual falls back to encoding/json (ok == false).
+func parseFlatObject(b []byte) (map[string]string, bool) {
+	if len(b) < 2 || b[0] != '{' || b[len(b)-1] != '}' {
+		return nil, false
+	}
+	out := make(map[string]string, 10)
+	i, n := 1, len(b)-1
+	str := func() (string, bool) {
+		if i >= n || b[i] != '"' {
+			return "", false
+		}
+		start := i + 1
+		for j := start; j < n; j++ {
+			switch c := b[j]; {
+			case c == '"':
+				i = j + 1
+				return string(b[start:j]), true
+			case c == '\\' || c < 0x20:
+				return "", false
+			}
+		}
+		return "", false
+	}
+	if i == n {
+		return out, true
+	}
+	for {
+		k, ok := str()
+		if !ok || i >= n || b[i] != ':' {
+			return nil, false
+		}
+		i++
+		v, ok := str()
+		if !ok {
+			return nil, false
+		}
+		out[k] = v
+		if i == n {
+			return out, true
+		}
+		if b[i] != ',' {
+			return nil, false
+		}
+		i++
+	}
 }
 
 // Metadata the batched subscriber (adapters/batchsub) puts on every message; the same values as

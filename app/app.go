@@ -26,6 +26,10 @@ type Queries struct {
 	Checkins  query.Checkins
 	Users     UserQueries
 	Locations LocationQueries
+	// Projection read models added with the leaderboards, recent and daily projections.
+	Leaderboards LeaderboardQueries
+	Recent       RecentCheckinQueries
+	Daily        DailyCheckinQueries
 }
 
 // UserQueries read the users projection.
@@ -46,4 +50,40 @@ type LocationQueries struct {
 // Stats is one location's statistics.
 func (q LocationQueries) Stats(ctx context.Context, locationID int64) (projection.LocationStatsView, error) {
 	return projection.LocationStats{}.Get(ctx, q.Reader, locationID)
+}
+
+// LeaderboardQueries read the leaderboards projection.
+type LeaderboardQueries struct {
+	Reader      projection.Reader
+	Leaderboard projection.Leaderboards
+}
+
+// Locations is the location board by projection.ByCheckins or projection.ByRating.
+func (q LeaderboardQueries) Locations(ctx context.Context, by string, limit int) ([]projection.LeaderboardLocation, error) {
+	return q.Leaderboard.TopLocations(ctx, q.Reader, by, limit)
+}
+
+// Users is the user board by check-ins.
+func (q LeaderboardQueries) Users(ctx context.Context, limit int) ([]projection.LeaderboardUser, error) {
+	return q.Leaderboard.TopUsers(ctx, q.Reader, limit)
+}
+
+// RecentCheckinQueries read the recent_checkins projection.
+type RecentCheckinQueries struct {
+	Reader projection.Reader
+}
+
+// OfUser is a user's latest check-ins, newest first.
+func (q RecentCheckinQueries) OfUser(ctx context.Context, userID int64) (projection.RecentCheckinsView, error) {
+	return projection.RecentCheckins{}.Get(ctx, q.Reader, userID)
+}
+
+// DailyCheckinQueries read the daily_checkins projection.
+type DailyCheckinQueries struct {
+	Reader projection.Reader
+}
+
+// OfLocation is a location's check-ins per UTC day from..to (YYYY-MM-DD, inclusive).
+func (q DailyCheckinQueries) OfLocation(ctx context.Context, locationID int64, from, to string) (projection.DailyCheckinsView, error) {
+	return projection.DailyCheckins{}.Get(ctx, q.Reader, locationID, from, to)
 }

@@ -54,7 +54,11 @@ func (e CheckinRecorded) Fields() map[string]string {
 func ParseEvent(f map[string]string) (Event, error) {
 	switch t := f[FieldType]; t {
 	case EventCheckinRecorded:
-		return parseCheckinRecorded(f)
+		e, err := parseCheckinRecorded(f)
+		if err != nil {
+			return nil, err // never a zero event beside an error
+		}
+		return e, nil
 	case "":
 		return nil, invalid(CodeInvalidEvent, FieldType, "missing event type")
 	default:
@@ -93,7 +97,12 @@ func parseCheckinRecorded(f map[string]string) (CheckinRecorded, error) {
 		}
 		recordedAt = v
 	}
-	ref := time.UnixMilli(max(recordedAt, *in.Timestamp))
+	// Without recordedAt (an entry written by hand) there is no reference to bound it by. With
+	// it, max(recordedAt, timestamp) would accept any future timestamp, so recordedAt alone rules.
+	ref := time.UnixMilli(*in.Timestamp)
+	if recordedAt > 0 {
+		ref = time.UnixMilli(recordedAt)
+	}
 	c, err := NewCheckin(in, ref, nil)
 	if err != nil {
 		return CheckinRecorded{}, fmt.Errorf("invalid %s event: %w", EventCheckinRecorded, err)

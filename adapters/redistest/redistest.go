@@ -63,6 +63,8 @@ type Server struct {
 	dir  string
 	opts Options
 	cmd  *exec.Cmd
+	// restarts counts Restart calls: a restarted server must come back on the same port.
+	restarts int
 }
 
 // Available reports whether a redis-server binary can be started.
@@ -104,13 +106,17 @@ func (s *Server) start() {
 	} else {
 		args = append(args, "--appendonly", "no")
 	}
+	if s.restarts == 0 {
+		_ = os.Remove(filepath.Join(s.dir, "redis.log")) // judge this attempt by its own log
+	}
 	cmd := exec.Command("redis-server", args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("redistest: start redis-server: %v", err)
 	}
 	s.cmd = cmd
-	go func() { _ = cmd.Wait() }()
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
@@ -119,8 +125,20 @@ func (s *Server) start() {
 		if err == nil {
 			return
 		}
+		log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+		select {
+		case <-exited:
+			// Another test may have taken the free port between our probe and redis-server's
+			// bind; a first start may move to a new port, a restart must keep its own.
+			if s.restarts == 0 && strings.Contains(string(log), "Address already in use") {
+				s.port = freePort(s.t)
+				s.start()
+				return
+			}
+			s.t.Fatalf("redistest: redis-server on %d exited at start:\n%s", s.port, log)
+		default:
+		}
 		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
 			s.t.Fatalf("redistest: redis-server on %d did not answer: %v\n%s", s.port, err, log)
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -150,6 +168,7 @@ func (s *Server) Stop() {
 // Restart starts the server again on the same port and data directory.
 func (s *Server) Restart() {
 	s.t.Helper()
+	s.restarts++
 	s.start()
 }
 
@@ -175,4 +194,12 @@ func freePort(t testing.TB) int {
 	addr := l.Addr().String()
 	p, _ := strconv.Atoi(addr[strings.LastIndex(addr, ":")+1:])
 	return p
+}
+
+// Signal sends sig to the server process (SIGSTOP/SIGCONT simulate a hung Redis).
+func (s *Server) Signal(sig syscall.Signal) error {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return fmt.Errorf("redistest: server on %d is not running", s.port)
+	}
+	return s.cmd.Process.Signal(sig)
 }

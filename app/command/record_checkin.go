@@ -30,8 +30,8 @@ type IdempotencyStore interface {
 	// Reserve stores rec under its checkinId unless one exists; it returns the existing one, or
 	// nil when rec was stored.
 	Reserve(ctx context.Context, rec IdempotencyRecord) (*IdempotencyRecord, error)
-	// MarkPublished records that the event for checkinId is on the stream.
-	MarkPublished(ctx context.Context, checkinID string) error
+	// MarkPublished records that the event of rec (as reserved) is on the stream.
+	MarkPublished(ctx context.Context, rec IdempotencyRecord) error
 }
 
 // RecordCheckin is the command to accept one check-in.
@@ -91,7 +91,7 @@ func (h *RecordCheckinHandler) Handle(ctx context.Context, cmd RecordCheckin) (R
 	if err := h.publisher.PublishCheckinRecorded(ctx, ev, cmd.CorrelationID); err != nil {
 		return RecordCheckinResult{}, fmt.Errorf("publish %s %q: %w: %w", domain.EventCheckinRecorded, c.ID, domain.ErrUnavailable, err)
 	}
-	if err := h.idem.MarkPublished(ctx, rec.Checkin.ID); err != nil {
+	if err := h.idem.MarkPublished(ctx, rec); err != nil {
 		// The event is stored, which is what the answer promises; a retry would publish a
 		// duplicate that projections ignore.
 		h.log.WarnContext(ctx, "could not mark check-in as published", "checkin_id", rec.Checkin.ID, "error", err)

@@ -1,0 +1,201 @@
+package adapters
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// AutoPipeline coalesces commands of concurrent callers into pipelines: the API handles many
+// requests and the router many events at once, and sending their commands one round trip each
+// costs a write and a read syscall per command on both sides. Commands queue up while a pipeline
+// is in flight and go out together in the next one, so under load one round trip carries up to
+// maxBatch commands, while a lone command still goes out at once.
+//
+// A caller always waits for its command's pipeline: the pipeline's deadline is the earliest
+// deadline of the commands in it (capped at maxWait), so nobody waits longer than its own context
+// allows, and a command is never written to by the pipeline after its caller has returned.
+type AutoPipeline struct {
+	client   redis.UniversalClient
+	queue    chan *pipelineCall
+	maxBatch int
+	maxWait  time.Duration
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	once     sync.Once
+}
+
+type pipelineCall struct {
+	ctx    context.Context
+	cmd    redis.Cmder
+	script *redis.Script // set for EVALSHA calls, to load the script on NOSCRIPT
+	done   chan struct{}
+}
+
+// ErrPipelineClosed is returned for commands sent after Close.
+var ErrPipelineClosed = errors.New("auto pipeline closed")
+
+// NewAutoPipeline starts workers goroutines, each sending pipelines of at most maxBatch commands
+// on client (which must not itself route commands through this pipeline).
+func NewAutoPipeline(client redis.UniversalClient, maxBatch, workers int) *AutoPipeline {
+	maxBatch = max(maxBatch, 1)
+	p := &AutoPipeline{client: client, queue: make(chan *pipelineCall, maxBatch*max(workers, 1)),
+		maxBatch: maxBatch, maxWait: 5 * time.Second, stop: make(chan struct{})}
+	for range max(workers, 1) {
+		p.wg.Add(1)
+		go p.worker()
+	}
+	return p
+}
+
+// Process sends cmd in the next pipeline and waits for its reply (set on cmd, as go-redis does).
+func (p *AutoPipeline) Process(ctx context.Context, cmd redis.Cmder) error {
+	return p.process(ctx, cmd, nil)
+}
+
+// Run sends one EVALSHA of script (loading it if the server lost it) and returns its reply.
+func (p *AutoPipeline) Run(ctx context.Context, script *redis.Script, keys []string, args ...any) (any, error) {
+	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
+	cmdArgs = append(cmdArgs, "evalsha", script.Hash(), len(keys))
+	for _, k := range keys {
+		cmdArgs = append(cmdArgs, k)
+	}
+	cmd := redis.NewCmd(ctx, append(cmdArgs, args...)...)
+	if err := p.process(ctx, cmd, script); err != nil {
+		return nil, err
+	}
+	return cmd.Result()
+}
+
+// Do sends one plain command (e.g. "SET", key, value, "NX"); a nil reply is redis.Nil.
+func (p *AutoPipeline) Do(ctx context.Context, args ...any) (any, error) {
+	cmd := redis.NewCmd(ctx, args...)
+	if err := p.process(ctx, cmd, nil); err != nil {
+		return nil, err
+	}
+	return cmd.Result()
+}
+
+func (p *AutoPipeline) process(ctx context.Context, cmd redis.Cmder, script *redis.Script) error {
+	c := &pipelineCall{ctx: ctx, cmd: cmd, script: script, done: make(chan struct{})}
+	select {
+	case p.queue <- c:
+	case <-p.stop:
+		cmd.SetErr(ErrPipelineClosed)
+		return ErrPipelineClosed
+	case <-ctx.Done():
+		cmd.SetErr(ctx.Err())
+		return ctx.Err()
+	}
+	<-c.done
+	return cmd.Err()
+}
+
+// Close stops the workers after the commands already queued have run.
+func (p *AutoPipeline) Close() error {
+	p.once.Do(func() { close(p.stop) })
+	p.wg.Wait()
+	return nil
+}
+
+// Hook routes every single command of the client it is added to through p (pipelines and
+// blocking reads must not use such a client). Watermill's publisher gets a client with this
+// hook, so the XADDs of concurrent check-ins share round trips while each request still answers
+// only after its own XADD succeeded.
+func (p *AutoPipeline) Hook() redis.Hook { return pipelineHook{p} }
+
+type pipelineHook struct{ p *AutoPipeline }
+
+func (h pipelineHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h pipelineHook) ProcessHook(redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { return h.p.Process(ctx, cmd) }
+}
+
+func (h pipelineHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (p *AutoPipeline) worker() {
+	defer p.wg.Done()
+	batch := make([]*pipelineCall, 0, p.maxBatch)
+	for {
+		select {
+		case c := <-p.queue:
+			batch = append(batch[:0], c)
+		case <-p.stop:
+			for {
+				select {
+				case c := <-p.queue:
+					p.exec([]*pipelineCall{c})
+				default:
+					return
+				}
+			}
+		}
+	fill:
+		for len(batch) < p.maxBatch {
+			select {
+			case c := <-p.queue:
+				batch = append(batch, c)
+			default:
+				break fill
+			}
+		}
+		p.exec(batch)
+	}
+}
+
+func (p *AutoPipeline) exec(batch []*pipelineCall) {
+	deadline := time.Now().Add(p.maxWait)
+	for _, c := range batch {
+		if d, ok := c.ctx.Deadline(); ok && d.Before(deadline) {
+			deadline = d
+		}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	defer func() {
+		for _, c := range batch {
+			close(c.done)
+		}
+	}()
+	send := batch
+	for attempt := 0; ; attempt++ {
+		pipe := p.client.Pipeline()
+		for _, c := range send {
+			_ = pipe.Process(ctx, c.cmd)
+		}
+		_, _ = pipe.Exec(ctx)
+		if attempt > 0 {
+			return
+		}
+		// The server lost its script cache (restart, SCRIPT FLUSH): load the scripts and send
+		// again only the commands that failed with NOSCRIPT (they ran nothing).
+		send = noScript(send)
+		if len(send) == 0 {
+			return
+		}
+		loaded := map[*redis.Script]bool{}
+		for _, c := range send {
+			if c.script != nil && !loaded[c.script] {
+				loaded[c.script] = true
+				_ = c.script.Load(ctx, p.client).Err()
+			}
+			c.cmd.SetErr(nil)
+		}
+	}
+}
+
+func noScript(batch []*pipelineCall) []*pipelineCall {
+	var out []*pipelineCall
+	for _, c := range batch {
+		if err := c.cmd.Err(); err != nil && c.script != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			out = append(out, c)
+		}
+	}
+	return out
+}

@@ -1,0 +1,139 @@
+package adapters_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
+)
+
+// pipelineCounter counts the pipelines a client sends, to prove commands were coalesced.
+type pipelineCounter struct{ pipelines, cmds atomic.Int64 }
+
+func (c *pipelineCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *pipelineCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return next
+}
+func (c *pipelineCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.pipelines.Add(1)
+		c.cmds.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+func TestAutoPipelineHookCoalescesConcurrentCommands(t *testing.T) {
+	t.Parallel()
+	env := redistest.Open(t)
+	exec := redistest.Client(t, env.URL)
+	counter := &pipelineCounter{}
+	exec.AddHook(counter)
+	p := adapters.NewAutoPipeline(exec, 64, 1)
+	t.Cleanup(func() { _ = p.Close() })
+	hooked := redistest.Client(t, env.URL)
+	hooked.AddHook(p.Hook())
+
+	stream := env.Prefix + ":s"
+	const n = 400
+	var wg sync.WaitGroup
+	ids := make([]string, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id, err := hooked.XAdd(context.Background(), &redis.XAddArgs{Stream: stream, Values: []any{"i", i}}).Result()
+			assert.NoError(t, err)
+			ids[i] = id
+		}()
+	}
+	wg.Wait()
+	plain := redistest.Client(t, env.URL)
+	assert.EqualValues(t, n, plain.XLen(context.Background(), stream).Val(), "every XADD is on the stream")
+	for _, id := range ids {
+		assert.NotEmpty(t, id, "each caller got its own entry ID back")
+	}
+	assert.GreaterOrEqual(t, counter.cmds.Load(), int64(n), "every command went through a pipeline")
+	assert.Less(t, counter.pipelines.Load(), int64(n), "concurrent commands shared round trips")
+
+	// Replies and errors reach the right caller.
+	v, err := p.Do(context.Background(), "GET", env.Prefix+":missing")
+	assert.Nil(t, v)
+	assert.ErrorIs(t, err, redis.Nil)
+	_, err = p.Do(context.Background(), "INCR", stream)
+	assert.ErrorContains(t, err, "WRONGTYPE")
+	require.NoError(t, p.Close())
+	_, err = p.Do(context.Background(), "PING")
+	assert.ErrorIs(t, err, adapters.ErrPipelineClosed)
+}
+
+func TestAutoPipelineProjectionStoreIsExactAndSurvivesScriptFlush(t *testing.T) {
+	t.Parallel()
+	env := redistest.Open(t)
+	client := redistest.Client(t, env.URL)
+	p := adapters.NewAutoPipeline(client, 100, 2)
+	t.Cleanup(func() { _ = p.Close() })
+	keys := adapters.KeySpace{Prefix: env.Prefix}
+	store, err := adapters.NewProjectionStore(client, keys, "users", 1)
+	require.NoError(t, err)
+	store.WithAutoPipeline(p)
+	require.NoError(t, client.ScriptFlush(context.Background()).Err())
+
+	const users, perUser = 7, 60
+	var wg sync.WaitGroup
+	for i := range users * perUser {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := domain.Checkin{ID: fmt.Sprintf("c%d", i%(users*perUser/2)), UserID: int64(i%users + 1), LocationID: 3, StarRating: 4, Timestamp: int64(1000 + i)}
+			// Every checkinId is applied twice (i and i+half map to the same ID and user when
+			// users divides half): the second application must change nothing.
+			assert.NoError(t, projection.UserStats{}.OnCheckinRecorded(context.Background(), domain.CheckinRecorded{Checkin: c}, store))
+		}()
+	}
+	wg.Wait()
+	reader := adapters.NewProjectionReader(client, keys, "users")
+	var total int64
+	for u := range users {
+		v, err := projection.UserStats{}.Get(context.Background(), reader, int64(u+1))
+		require.NoError(t, err)
+		total += v.NumCheckins
+	}
+	assert.EqualValues(t, users*perUser/2, total, "each checkinId counted once")
+}
+
+func TestAutoPipelineHonoursTheCallersDeadline(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	// The service's clients honour context deadlines on the socket; so does this one.
+	client, err := adapters.NewRedisClient(adapters.ClientOptions{URL: srv.URL()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = client.Close() })
+	p := adapters.NewAutoPipeline(client, 10, 1)
+	t.Cleanup(func() { _ = p.Close() })
+	require.NoError(t, client.Ping(context.Background()).Err())
+	// A hung server (SIGSTOP): the call must give up at its own deadline, not the pipeline's.
+	require.NoError(t, srv.Signal(syscall.SIGSTOP))
+	t.Cleanup(func() { _ = srv.Signal(syscall.SIGCONT) })
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err = p.Do(ctx, "SET", "k", "v")
+	require.Error(t, err)
+	assert.True(t, ctx.Err() != nil, "the call returned only once its own deadline had passed: %v", err)
+	require.NoError(t, srv.Signal(syscall.SIGCONT))
+	assert.Eventually(t, func() bool {
+		_, err := p.Do(context.Background(), "PING")
+		return err == nil
+	}, 10*time.Second, 50*time.Millisecond, "works again once the server answers")
+}

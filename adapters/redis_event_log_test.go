@@ -1,0 +1,185 @@
+package adapters_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/domain"
+)
+
+// xadd writes fields under an explicit entry ID ("*" for a server-chosen one).
+func xadd(t testing.TB, c *redis.Client, stream, id string, fields map[string]string) string {
+	t.Helper()
+	values := make(map[string]any, len(fields))
+	for k, v := range fields {
+		values[k] = v
+	}
+	got, err := c.XAdd(context.Background(), &redis.XAddArgs{Stream: stream, ID: id, Values: values}).Result()
+	require.NoError(t, err)
+	return got
+}
+
+var garbage = []map[string]string{
+	{"foo": "bar"},
+	{"type": "checkin.recorded.v1", "checkinId": "bad", "userId": "x", "locationId": "1", "starRating": "1", "timestamp": "1"},
+	{"type": "checkin.deleted.v9"},
+	{"_watermill_message_uuid": "u", "payload": `{"userId":1}`},
+}
+
+func TestEventLogLatestSkipsMalformed(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	ctx := context.Background()
+	log := adapters.NewEventLog(env.client, env.keys)
+
+	_, err := log.Latest(ctx)
+	require.ErrorIs(t, err, domain.ErrNotFound, "empty stream")
+
+	stream := env.keys.Stream()
+	xadd(t, env.client, stream, "*", recorded("old", 1, 1, 1, 100).Fields())
+	valid := recorded("ck-1", 42, 7, 3, 1_700_000_000_000)
+	id := xadd(t, env.client, stream, "*", valid.Fields())
+	for _, g := range garbage {
+		xadd(t, env.client, stream, "*", g)
+	}
+	got, err := log.Latest(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, id, got.EntryID)
+	assert.Equal(t, valid, got.CheckinRecorded)
+
+	// Only garbage: not found, not an error.
+	only := env.with("garbage")
+	for _, g := range garbage {
+		xadd(t, env.client, only.keys.Stream(), "*", g)
+	}
+	_, err = adapters.NewEventLog(env.client, only.keys).Latest(ctx)
+	assert.ErrorIs(t, err, domain.ErrNotFound)
+}
+
+// rangeStream writes check-ins at entry times 1000, 1000, 2000, ..., with garbage in between, and
+// returns the IDs of the valid entries per entry time.
+func rangeStream(t testing.TB, env projEnv) map[int64][]string {
+	t.Helper()
+	stream := env.keys.Stream()
+	valid := map[int64][]string{}
+	n := 0
+	for ms := int64(1000); ms <= 10000; ms += 1000 {
+		for seq := range 3 {
+			id := fmt.Sprintf("%d-%d", ms, seq)
+			if seq == 1 {
+				xadd(t, env.client, stream, id, garbage[n%len(garbage)])
+				continue
+			}
+			n++
+			xadd(t, env.client, stream, id, recorded(fmt.Sprintf("ck-%d", n), 1, 1, 1, 5).Fields())
+			valid[ms] = append(valid[ms], id)
+		}
+	}
+	return valid
+}
+
+func TestEventLogRange(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	ctx := context.Background()
+	valid := rangeStream(t, env)
+	log := adapters.NewEventLog(env.client, env.keys)
+	want := func(from, to int64) []string {
+		var out []string
+		for ms := from - from%1000; ms <= to; ms += 1000 {
+			if ms >= from {
+				out = append(out, valid[ms]...)
+			}
+		}
+		return out
+	}
+	ids := func(from, to int64, cursor string, limit int) ([]string, string) {
+		page, err := log.Range(ctx, from, to, cursor, limit)
+		require.NoError(t, err)
+		var out []string
+		for _, c := range page.Checkins {
+			out = append(out, c.EntryID)
+			assert.NotEmpty(t, c.ID)
+		}
+		return out, page.Next
+	}
+
+	got, next := ids(0, 1<<62, "", 1000)
+	assert.Equal(t, want(0, 20000), got, "everything, oldest first, no garbage")
+	assert.Empty(t, next)
+
+	got, _ = ids(3000, 5000, "", 1000)
+	assert.Equal(t, want(3000, 5000), got, "from and to are inclusive entry times")
+	got, _ = ids(3001, 4999, "", 1000)
+	assert.Equal(t, want(4000, 4000), got)
+	got, _ = ids(20000, 30000, "", 1000)
+	assert.Empty(t, got)
+
+	got, next = ids(0, 1<<62, "", 3)
+	assert.Equal(t, want(0, 20000)[:3], got, "limit")
+	assert.NotEmpty(t, next)
+
+	// Walk all pages of every size: each entry exactly once, in order.
+	for limit := 1; limit <= 7; limit++ {
+		var all []string
+		cursor := ""
+		for pages := 0; ; pages++ {
+			require.Less(t, pages, 100, "the cursor does not advance")
+			got, next := ids(2000, 8000, cursor, limit)
+			assert.LessOrEqual(t, len(got), limit)
+			all = append(all, got...)
+			if next == "" {
+				break
+			}
+			cursor = next
+		}
+		assert.Equal(t, want(2000, 8000), all, "limit %d", limit)
+	}
+}
+
+func TestEventLogRangeCursorStaysInRange(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	ctx := context.Background()
+	valid := rangeStream(t, env)
+	log := adapters.NewEventLog(env.client, env.keys)
+	// A cursor from an earlier time range must not widen the query below from.
+	page, err := log.Range(ctx, 5000, 6000, "1000-0", 100)
+	require.NoError(t, err)
+	var got []string
+	for _, c := range page.Checkins {
+		got = append(got, c.EntryID)
+	}
+	assert.Equal(t, append(append([]string{}, valid[5000]...), valid[6000]...), got)
+}
+
+func TestEventLogRangeInvalidCursor(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	rangeStream(t, env)
+	log := adapters.NewEventLog(env.client, env.keys)
+	for _, cursor := range []string{"abc", "1", "1-", "-1", "1-2-3", "+", "(1-0", "99999999999999999999999-0", "1-99999999999999999999999"} {
+		_, err := log.Range(context.Background(), 0, 1<<62, cursor, 10)
+		var ve *domain.ValidationError
+		require.ErrorAs(t, err, &ve, "cursor %q", cursor)
+		assert.Equal(t, "cursor", ve.Field)
+		assert.NotErrorIs(t, err, domain.ErrUnavailable)
+	}
+}
+
+func TestEventLogUnavailable(t *testing.T) {
+	t.Parallel()
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer c.Close()
+	log := adapters.NewEventLog(c, adapters.KeySpace{Prefix: "x"})
+	_, err := log.Latest(context.Background())
+	assert.ErrorIs(t, err, domain.ErrUnavailable)
+	_, err = log.Range(context.Background(), 0, 10, "", 10)
+	assert.ErrorIs(t, err, domain.ErrUnavailable)
+}

@@ -1,0 +1,120 @@
+package adapters
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The projections registry (KeySpace.Projections) beyond the serving version that
+// ProjectionVersions.Current reads: the state of rebuilds, changed only by small scripts so
+// that concurrent rebuild drivers agree.
+
+// Registry fields of projection <name> besides <name>.version (the version serving reads):
+// <name>.building is the version being rebuilt, <name>.retiring the version replaced by the last
+// switch whose keys and group are still to be removed (with <name>.switched_at, ms), and
+// <name>.rebuild the last rebuild's progress as JSON, for status output.
+const (
+	registryBuilding   = ".building"
+	registryRetiring   = ".retiring"
+	registrySwitchedAt = ".switched_at"
+	registryRebuild    = ".rebuild"
+)
+
+// ProjectionVersionState is one projection's entry in the registry.
+type ProjectionVersionState struct {
+	Serving    int
+	Building   int   // 0: no rebuild in progress
+	Retiring   int   // 0: nothing left to clean up
+	SwitchedAt int64 // ms since epoch of the last switch
+	Rebuild    string
+}
+
+// ErrRetiring is returned by BeginBuild while the previous version is still being removed.
+var ErrRetiring = errors.New("the previous rebuild is still removing the old version")
+
+// State reads one projection's registry entry.
+func (v *ProjectionVersions) State(ctx context.Context, name string) (ProjectionVersionState, error) {
+	vals, err := v.client.HMGet(ctx, v.keys.Projections(), name+".version", name+registryBuilding,
+		name+registryRetiring, name+registrySwitchedAt, name+registryRebuild).Result()
+	if err != nil {
+		return ProjectionVersionState{}, err
+	}
+	str := func(i int) string { s, _ := vals[i].(string); return s }
+	st := ProjectionVersionState{Serving: 1, Rebuild: str(4)}
+	for _, f := range []struct {
+		i   int
+		dst *int
+	}{{0, &st.Serving}, {1, &st.Building}, {2, &st.Retiring}} {
+		if s := str(f.i); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 1 {
+				return ProjectionVersionState{}, fmt.Errorf("projection %s: registry field %d holds %q, not a positive integer", name, f.i, s)
+			}
+			*f.dst = n
+		}
+	}
+	st.SwitchedAt, _ = strconv.ParseInt(str(3), 10, 64)
+	return st, nil
+}
+
+var beginBuildLua = redis.NewScript(`
+local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1] .. '.version') or '1')
+local b = redis.call('HGET', KEYS[1], ARGV[1] .. '.building')
+if b then return {cur, tonumber(b), 0} end
+if redis.call('HEXISTS', KEYS[1], ARGV[1] .. '.retiring') == 1 then return {cur, 0, 2} end
+redis.call('HSET', KEYS[1], ARGV[1] .. '.building', cur + 1)
+return {cur, cur + 1, 1}
+`)
+
+// BeginBuild atomically marks version serving+1 as building, unless a build is already in
+// progress (then it returns that one with started false, so a rebuild can be resumed).
+func (v *ProjectionVersions) BeginBuild(ctx context.Context, name string) (serving, building int, started bool, err error) {
+	res, err := beginBuildLua.Run(ctx, v.client, []string{v.keys.Projections()}, name).Int64Slice()
+	if err != nil {
+		return 0, 0, false, fmt.Errorf("projection %s: begin rebuild: %w", name, err)
+	}
+	if res[2] == 2 {
+		return int(res[0]), 0, false, fmt.Errorf("projection %s: %w", name, ErrRetiring)
+	}
+	return int(res[0]), int(res[1]), res[2] == 1, nil
+}
+
+var promoteLua = redis.NewScript(`
+if (redis.call('HGET', KEYS[1], ARGV[1] .. '.version') or '1') ~= ARGV[2] then return 0 end
+if redis.call('HGET', KEYS[1], ARGV[1] .. '.building') ~= ARGV[3] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1] .. '.version', ARGV[3], ARGV[1] .. '.retiring', ARGV[2], ARGV[1] .. '.switched_at', ARGV[4])
+redis.call('HDEL', KEYS[1], ARGV[1] .. '.building')
+return 1
+`)
+
+// Promote switches reads from version from to version to in one step, if the registry still
+// says from serves and to is building (so concurrent drivers switch once).
+func (v *ProjectionVersions) Promote(ctx context.Context, name string, from, to int, at time.Time) (bool, error) {
+	n, err := promoteLua.Run(ctx, v.client, []string{v.keys.Projections()}, name, strconv.Itoa(from), strconv.Itoa(to),
+		strconv.FormatInt(at.UnixMilli(), 10)).Int()
+	if err != nil {
+		return false, fmt.Errorf("projection %s: switch v%d -> v%d: %w", name, from, to, err)
+	}
+	return n == 1, nil
+}
+
+var retiredLua = redis.NewScript(`
+if redis.call('HGET', KEYS[1], ARGV[1] .. '.retiring') ~= ARGV[2] then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1] .. '.retiring')
+return 1
+`)
+
+// Retired records that version's keys and group are gone.
+func (v *ProjectionVersions) Retired(ctx context.Context, name string, version int) error {
+	return retiredLua.Run(ctx, v.client, []string{v.keys.Projections()}, name, strconv.Itoa(version)).Err()
+}
+
+// SetRebuildStatus stores the last rebuild's progress (JSON) for status output.
+func (v *ProjectionVersions) SetRebuildStatus(ctx context.Context, name, status string) error {
+	return v.client.HSet(ctx, v.keys.Projections(), name+registryRebuild, status).Err()
+}

@@ -1,0 +1,135 @@
+package adapters_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/domain"
+)
+
+func sampleFields() map[string]string {
+	return recorded("ck-9", 42, 7, 5, 1_700_000_000_000).Fields()
+}
+
+func TestFlatMarshallerWritesReadableEntries(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	ctx := context.Background()
+	msg, err := adapters.NewEventMessage(sampleFields(), "corr-1")
+	require.NoError(t, err)
+	values, err := adapters.FlatMarshaller{}.Marshal("ignored", msg)
+	require.NoError(t, err)
+
+	stream := env.keys.Stream()
+	require.NoError(t, env.client.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: values}).Err())
+	xs, err := env.client.XRange(ctx, stream, "-", "+").Result()
+	require.NoError(t, err)
+	require.Len(t, xs, 1)
+	// What `redis-cli XRANGE` shows: the event's own fields as plain strings, no blob.
+	want := map[string]any{
+		"type": "checkin.recorded.v1", "checkinId": "ck-9", "userId": "42", "locationId": "7",
+		"starRating": "5", "timestamp": "1700000000000", "recordedAt": "1700000000000",
+		"meta:correlation_id":     "corr-1",
+		redisstream.UUIDHeaderKey: msg.UUID,
+	}
+	assert.Equal(t, want, xs[0].Values)
+
+	got, err := adapters.FlatMarshaller{}.Unmarshal(xs[0].Values)
+	require.NoError(t, err)
+	assert.Equal(t, msg.UUID, got.UUID)
+	assert.Equal(t, "corr-1", got.Metadata.Get(adapters.MetaCorrelationID))
+	assert.Empty(t, got.Metadata.Get(adapters.MetaDecodeError))
+	fields, err := adapters.DecodeFields(got)
+	require.NoError(t, err)
+	assert.Equal(t, sampleFields(), fields)
+	ev, err := domain.ParseEvent(fields)
+	require.NoError(t, err)
+	assert.Equal(t, recorded("ck-9", 42, 7, 5, 1_700_000_000_000), ev)
+}
+
+func TestFlatMarshallerRoundTripMetadata(t *testing.T) {
+	t.Parallel()
+	msg := message.NewMessage("uuid-1", mustJSON(t, map[string]string{"a": "1", "b": ""}))
+	msg.Metadata.Set("correlation_id", "c-1")
+	msg.Metadata.Set("other", "x y")
+	values, err := adapters.FlatMarshaller{}.Marshal("topic", msg)
+	require.NoError(t, err)
+	got, err := adapters.FlatMarshaller{}.Unmarshal(values)
+	require.NoError(t, err)
+	assert.Equal(t, "uuid-1", got.UUID)
+	assert.Equal(t, message.Metadata{"correlation_id": "c-1", "other": "x y"}, got.Metadata)
+	assert.JSONEq(t, `{"a":"1","b":""}`, string(got.Payload))
+}
+
+func TestFlatMarshallerUnmarshalWithoutUUID(t *testing.T) {
+	t.Parallel()
+	// What `redis-cli XADD stream * type ... userId 42 ...` writes: no Watermill UUID. Stock
+	// Watermill ends the subscription on this; ours must not fail.
+	values := map[string]any{}
+	for k, v := range sampleFields() {
+		values[k] = v
+	}
+	msg, err := adapters.FlatMarshaller{}.Unmarshal(values)
+	require.NoError(t, err)
+	assert.NotEmpty(t, msg.UUID)
+	fields, err := adapters.DecodeFields(msg)
+	require.NoError(t, err)
+	assert.Equal(t, sampleFields(), fields)
+
+	other, err := adapters.FlatMarshaller{}.Unmarshal(values)
+	require.NoError(t, err)
+	assert.NotEqual(t, msg.UUID, other.UUID, "each entry gets its own UUID")
+}
+
+func TestFlatMarshallerUnmarshalFlagsUndecodable(t *testing.T) {
+	t.Parallel()
+	msg, err := adapters.FlatMarshaller{}.Unmarshal(map[string]any{"type": "checkin.recorded.v1", "userId": 42})
+	require.NoError(t, err, "a bad entry must not end a subscription")
+	assert.Contains(t, msg.Metadata.Get(adapters.MetaDecodeError), `"userId"`)
+	_, err = adapters.DecodeFields(msg)
+	assert.ErrorContains(t, err, "userId")
+}
+
+func TestFlatMarshallerMarshalRejects(t *testing.T) {
+	t.Parallel()
+	tests := map[string]struct {
+		payload string
+		want    string
+	}{
+		"not JSON":              {`userId=42`, "JSON object of strings"},
+		"JSON array":            {`["a","b"]`, "JSON object of strings"},
+		"JSON string":           {`"a"`, "JSON object of strings"},
+		"JSON null":             {`null`, "JSON object of strings"},
+		"empty payload":         {``, "JSON object of strings"},
+		"number value":          {`{"userId":42}`, "JSON object of strings"},
+		"nested object":         {`{"a":{"b":"c"}}`, "JSON object of strings"},
+		"reserved uuid field":   {`{"_watermill_message_uuid":"x"}`, "reserved"},
+		"reserved meta: prefix": {`{"meta:correlation_id":"x"}`, "reserved"},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			msg := message.NewMessage("uuid-2", []byte(tt.payload))
+			values, err := adapters.FlatMarshaller{}.Marshal("topic", msg)
+			require.Error(t, err)
+			assert.Nil(t, values)
+			assert.Contains(t, err.Error(), tt.want)
+			assert.Contains(t, err.Error(), "uuid-2", "the error names the message")
+		})
+	}
+}
+
+func mustJSON(t testing.TB, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return b
+}

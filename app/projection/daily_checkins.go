@@ -1,0 +1,99 @@
+package projection
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/checkins/checkins/domain"
+)
+
+// MaxDailyRangeDays is the longest range one daily read may cover (a leap year).
+const MaxDailyRangeDays = 366
+
+// DayLayout is how days are written: field names of the daily hash and query parameters.
+const DayLayout = "2006-01-02"
+
+// DailyCheckins counts check-ins per location per UTC day of the check-in's timestamp.
+type DailyCheckins struct{}
+
+// DayCount is the check-ins of one day.
+type DayCount struct {
+	Date     string `json:"date"`
+	Checkins int64  `json:"checkins"`
+}
+
+// DailyCheckinsView is one location's check-ins per day over a range, days without any included.
+type DailyCheckinsView struct {
+	LocationID int64      `json:"locationId"`
+	From       string     `json:"from"`
+	To         string     `json:"to"`
+	Total      int64      `json:"total"`
+	Days       []DayCount `json:"days"`
+}
+
+// Name implements Projection.
+func (DailyCheckins) Name() string { return "daily_checkins" }
+
+// OnCheckinRecorded counts the check-in on its UTC day.
+func (DailyCheckins) OnCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, s Store) error {
+	day := time.UnixMilli(e.Timestamp).UTC().Format(DayLayout)
+	_, err := s.Apply(ctx, NewUpdate(locationSlot(e.LocationID), e.ID).HIncrBy("daily", day, 1))
+	return err
+}
+
+// ParseDayRange validates a from..to range of days (inclusive, YYYY-MM-DD, UTC).
+func ParseDayRange(from, to string) (time.Time, time.Time, error) {
+	parse := func(field, v string) (time.Time, error) {
+		if v == "" {
+			return time.Time{}, &domain.ValidationError{Code: domain.CodeRequired, Field: field, Message: "is required, as YYYY-MM-DD"}
+		}
+		d, err := time.Parse(DayLayout, v)
+		if err != nil {
+			return time.Time{}, &domain.ValidationError{Code: domain.CodeInvalid, Field: field, Message: fmt.Sprintf("must be a date as YYYY-MM-DD, got %q", v)}
+		}
+		return d, nil
+	}
+	f, err := parse("from", from)
+	if err != nil {
+		return time.Time{}, time.Time{}, err
+	}
+	t, err := parse("to", to)
+	if err != nil {
+		return time.Time{}, time.Time{}, err
+	}
+	if t.Before(f) {
+		return time.Time{}, time.Time{}, &domain.ValidationError{Code: domain.CodeOutOfRange, Field: "to", Message: fmt.Sprintf("must not be before from (%s), got %s", from, to)}
+	}
+	if days := int(t.Sub(f).Hours()/24) + 1; days > MaxDailyRangeDays {
+		return time.Time{}, time.Time{}, &domain.ValidationError{Code: domain.CodeOutOfRange, Field: "to",
+			Message: fmt.Sprintf("range covers %d days; at most %d are allowed", days, MaxDailyRangeDays)}
+	}
+	return f, t, nil
+}
+
+// Get reads a location's check-ins for every day from..to (inclusive).
+func (DailyCheckins) Get(ctx context.Context, r Reader, locationID int64, from, to string) (DailyCheckinsView, error) {
+	f, t, err := ParseDayRange(from, to)
+	if err != nil {
+		return DailyCheckinsView{}, err
+	}
+	var days []string
+	for d := f; !d.After(t); d = d.AddDate(0, 0, 1) {
+		days = append(days, d.Format(DayLayout))
+	}
+	vals, err := r.HMGet(ctx, locationSlot(locationID), "daily", days...)
+	if err != nil {
+		return DailyCheckinsView{}, err
+	}
+	v := DailyCheckinsView{LocationID: locationID, From: f.Format(DayLayout), To: t.Format(DayLayout), Days: make([]DayCount, len(days))}
+	for i, day := range days {
+		n, err := ParseInt(vals[i])
+		if err != nil {
+			return DailyCheckinsView{}, fmt.Errorf("location %d day %s: %w", locationID, day, err)
+		}
+		v.Days[i] = DayCount{Date: day, Checkins: n}
+		v.Total += n
+	}
+	return v, nil
+}
