@@ -82,7 +82,8 @@ func decodeCheckin(r *http.Request) (domain.CheckinInput, error) {
 	if err := dec.Decode(&req); err != nil {
 		return domain.CheckinInput{}, jsonError(err)
 	}
-	if dec.More() {
+	// dec.More() misses a trailing ']' or '}'; anything but the end of the body is refused.
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return domain.CheckinInput{}, apiError(http.StatusBadRequest, "malformed_json", "", "request body must be a single JSON object")
 	}
 	if key := r.Header.Get(HeaderIdempotencyKey); key != "" {
@@ -100,6 +101,9 @@ func jsonError(err error) error {
 	var te *json.UnmarshalTypeError
 	var se *json.SyntaxError
 	switch {
+	case errors.As(err, &te) && te.Field == "":
+		// The body itself is not an object (an array, a string...): no field to blame.
+		return apiError(http.StatusBadRequest, "malformed_json", "", "request body must be a JSON object, got JSON "+te.Value)
 	case errors.As(err, &te):
 		return apiError(http.StatusBadRequest, "wrong_type", te.Field,
 			fmt.Sprintf("%s must be %s, got JSON %s", te.Field, jsonTypeName(te.Field), te.Value))

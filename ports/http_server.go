@@ -52,7 +52,9 @@ func NewHTTPServer(a app.Application, ready Readiness, cfg HTTPConfig, log *slog
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
 	e.Use(s.correlation, s.timeout, s.accessLog)
-	e.POST("/checkins", s.postCheckin)
+	if a.Commands.RecordCheckin != nil { // a projector-only process serves reads and health only
+		e.POST("/checkins", s.postCheckin)
+	}
 	e.GET("/checkins/latest", s.getLatestCheckin)
 	e.GET("/checkins", s.listCheckins)
 	e.GET("/users/:id", s.getUser)

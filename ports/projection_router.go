@@ -5,14 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
-	"strconv"
-	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/redis/go-redis/v9"
@@ -46,8 +42,10 @@ type ProjectionTarget struct {
 
 // ProjectionRouterConfig wires the shared machinery every projection gets.
 type ProjectionRouterConfig struct {
-	Keys    adapters.KeySpace
-	Targets []ProjectionTarget
+	// Pipeline, when set, batches the projection updates of concurrent handlers into pipelines.
+	Pipeline *adapters.AutoPipeline
+	Keys     adapters.KeySpace
+	Targets  []ProjectionTarget
 	// Redis is used by the projection stores and the poison queue (not by subscribers).
 	Redis redis.UniversalClient
 	// NewSubscriber returns a fresh subscriber for a consumer group.
@@ -69,6 +67,14 @@ type ProjectionRouter struct {
 	transient map[string]*throttledLog
 	running   atomic.Bool
 	log       *slog.Logger
+
+	// Dynamic handlers (SetTargets): mu guards handlers, transient, subs and retired once the
+	// router runs; runCtx is Run's context, which handlers added later run under.
+	mu      sync.Mutex
+	runCtx  context.Context
+	subs    map[string]message.Subscriber
+	retired map[string]bool
+	stopped chan string
 }
 
 // NewProjectionRouter builds the router; Run starts it.
@@ -85,45 +91,57 @@ func NewProjectionRouter(cfg ProjectionRouterConfig) (*ProjectionRouter, error) 
 	if cfg.CloseTimeout <= 0 {
 		cfg.CloseTimeout = 30 * time.Second
 	}
-	wlog := watermill.NewSlogLogger(cfg.Logger)
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout}, wlog)
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout}, newRouterLogger(cfg.Logger))
 	if err != nil {
 		return nil, err
 	}
 	r := &ProjectionRouter{cfg: cfg, router: router, poison: adapters.NewPoisonQueue(cfg.Redis, cfg.Keys),
-		handlers: map[string]*message.Handler{}, transient: map[string]*throttledLog{}, log: cfg.Logger}
-	seen := map[string]bool{}
+		handlers: map[string]*message.Handler{}, transient: map[string]*throttledLog{}, log: cfg.Logger,
+		subs: map[string]message.Subscriber{}, retired: map[string]bool{}, stopped: make(chan string, 64)}
 	for _, t := range cfg.Targets {
-		name := t.Projection.Name()
-		if !validProjectionName(name) {
-			return nil, fmt.Errorf("projection name %q: use lower-case letters, digits and _ only", name)
-		}
-		group := cfg.Keys.Group(name, t.Version)
-		if seen[group] {
-			return nil, fmt.Errorf("projection %s v%d listed twice", name, t.Version)
-		}
-		seen[group] = true
-		store, err := adapters.NewProjectionStore(cfg.Redis, cfg.Keys, name, t.Version)
-		if err != nil {
+		if err := r.addTarget(t); err != nil {
 			return nil, err
 		}
-		sub, err := cfg.NewSubscriber(group)
-		if err != nil {
-			return nil, fmt.Errorf("subscriber for %s: %w", group, err)
-		}
-		h := router.AddConsumerHandler(group, cfg.Keys.Stream(), sub, r.handlerFunc(t.Projection, store))
-		r.transient[group] = &throttledLog{interval: 10 * time.Second}
-		// The first added is the outermost: poison queue, then retry, then a per-attempt timeout,
-		// then panic recovery innermost, so a panic is retried and parked like any failure.
-		h.AddMiddleware(
-			r.poisonMiddleware(name, group),
-			retryMiddleware(cfg.Retry),
-			timeoutMiddleware(cfg.HandlerTimeout),
-			middleware.Recoverer,
-		)
-		r.handlers[group] = h
 	}
 	return r, nil
+}
+
+// addTarget adds the handler of one projection version; callers hold r.mu once Run started.
+func (r *ProjectionRouter) addTarget(t ProjectionTarget) error {
+	cfg := r.cfg
+	name := t.Projection.Name()
+	if !validProjectionName(name) {
+		return fmt.Errorf("projection name %q: use lower-case letters, digits and _ only", name)
+	}
+	group := cfg.Keys.Group(name, t.Version)
+	if _, dup := r.handlers[group]; dup {
+		return fmt.Errorf("projection %s v%d listed twice", name, t.Version)
+	}
+	store, err := adapters.NewProjectionStore(cfg.Redis, cfg.Keys, name, t.Version)
+	if err != nil {
+		return err
+	}
+	if cfg.Pipeline != nil {
+		store.WithAutoPipeline(cfg.Pipeline)
+	}
+	sub, err := cfg.NewSubscriber(group)
+	if err != nil {
+		return fmt.Errorf("subscriber for %s: %w", group, err)
+	}
+	sub = watchSubscription(sub)
+	h := r.router.AddConsumerHandler(group, cfg.Keys.Stream(), sub, r.handlerFunc(t.Projection, store))
+	r.transient[group] = &throttledLog{interval: 10 * time.Second}
+	// The first added is the outermost: poison queue, then retry, then a per-attempt timeout,
+	// then panic recovery innermost, so a panic is retried and parked like any failure.
+	h.AddMiddleware(
+		r.poisonMiddleware(name, group),
+		retryMiddleware(cfg.Retry),
+		timeoutMiddleware(cfg.HandlerTimeout),
+		middleware.Recoverer,
+	)
+	r.handlers[group] = h
+	r.subs[group] = sub
+	return nil
 }
 
 func validProjectionName(s string) bool {
@@ -143,22 +161,12 @@ func validProjectionName(s string) bool {
 func (r *ProjectionRouter) Run(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stopped := make(chan string, len(r.handlers))
-	for name, h := range r.handlers {
-		go func() {
-			select {
-			case <-h.Started():
-			case <-runCtx.Done():
-				return
-			}
-			r.running.Store(true)
-			select {
-			case <-h.Stopped():
-				stopped <- name
-			case <-runCtx.Done():
-			}
-		}()
+	r.mu.Lock()
+	r.runCtx = runCtx
+	for group, h := range r.handlers {
+		go r.watchHandler(runCtx, group, h)
 	}
+	r.mu.Unlock()
 	errc := make(chan error, 1)
 	go func() { errc <- r.router.Run(runCtx) }()
 	select {
@@ -169,7 +177,7 @@ func (r *ProjectionRouter) Run(ctx context.Context) error {
 			return fmt.Errorf("projection router: %w", err)
 		}
 		return nil
-	case name := <-stopped:
+	case name := <-r.stopped:
 		r.running.Store(false)
 		_ = r.router.Close()
 		<-errc
@@ -181,6 +189,106 @@ func (r *ProjectionRouter) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("projection router: %w", err)
 	}
+}
+
+// watchHandler marks the router running once a handler consumes and reports a handler that
+// stops on its own; a handler retired by SetTargets stops on purpose.
+func (r *ProjectionRouter) watchHandler(ctx context.Context, group string, h *message.Handler) {
+	select {
+	case <-h.Started():
+	case <-ctx.Done():
+		return
+	}
+	r.running.Store(true)
+	r.mu.Lock()
+	ended := subscriptionEnded(r.subs[group])
+	r.mu.Unlock()
+	select {
+	case <-ended:
+		r.mu.Lock()
+		retired := r.retired[group]
+		r.mu.Unlock()
+		if !retired {
+			select {
+			case r.stopped <- group:
+			default:
+			}
+		}
+	case <-ctx.Done():
+	}
+}
+
+// ErrRouterNotRunning is returned by SetTargets before Run started consuming.
+var ErrRouterNotRunning = errors.New("projection router is not running yet")
+
+// SetTargets makes the running router feed exactly targets: it adds (and starts) a handler for
+// each projection version it does not run yet, and stops and forgets the handlers of versions no
+// longer listed. This is how a rebuild's new version starts and a retired one stops without a
+// restart. It returns once retired handlers have stopped.
+func (r *ProjectionRouter) SetTargets(targets []ProjectionTarget) (added, removed []string, err error) {
+	if !r.router.IsRunning() {
+		return nil, nil, ErrRouterNotRunning
+	}
+	stopping, added, removed, err := r.swapTargets(targets)
+	// Wait (without the lock: watchHandler takes it) until retired handlers have finished their
+	// in-flight events and their subscriptions are closed. Only then may the version's group be
+	// destroyed: a subscription still reading would recreate a group it finds missing.
+	for _, rt := range stopping {
+		<-rt.h.Stopped()
+		if cerr := rt.sub.Close(); cerr != nil {
+			r.log.Warn("closing subscriber of retired projection version", "group", rt.group, "error", cerr)
+		}
+		r.log.Info("projection handler stopped: version retired", "group", rt.group)
+	}
+	return added, removed, err
+}
+
+type retiringHandler struct {
+	group string
+	h     *message.Handler
+	sub   message.Subscriber
+}
+
+func (r *ProjectionRouter) swapTargets(targets []ProjectionTarget) (stopping []retiringHandler, added, removed []string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.runCtx == nil || r.runCtx.Err() != nil || r.router.IsClosed() {
+		return nil, nil, nil, ErrRouterNotRunning
+	}
+	want := map[string]bool{}
+	for _, t := range targets {
+		group := r.cfg.Keys.Group(t.Projection.Name(), t.Version)
+		want[group] = true
+		if _, ok := r.handlers[group]; ok {
+			continue
+		}
+		if err := r.addTarget(t); err != nil {
+			return nil, added, nil, err
+		}
+		added = append(added, group)
+	}
+	if len(added) > 0 {
+		if err := r.router.RunHandlers(r.runCtx); err != nil {
+			return nil, added, nil, fmt.Errorf("start handlers %v: %w", added, err)
+		}
+		for _, g := range added {
+			go r.watchHandler(r.runCtx, g, r.handlers[g])
+			r.log.Info("projection handler started", "group", g)
+		}
+	}
+	// Stopping after starting keeps the router from ever having zero handlers, which would close it.
+	for group, h := range r.handlers {
+		if want[group] {
+			continue
+		}
+		r.retired[group] = true
+		h.Stop()
+		stopping = append(stopping, retiringHandler{group, h, r.subs[group]})
+		delete(r.handlers, group)
+		delete(r.subs, group)
+		removed = append(removed, group)
+	}
+	return stopping, added, removed, nil
 }
 
 // Running reports whether every handler is consuming.
@@ -221,81 +329,6 @@ func handleEvent(msg *message.Message, p projection.Projection, store projection
 	return nil
 }
 
-// poisonMiddleware parks an event whose handling failed for good, then acks the original, so
-// nothing behind it stalls. Transient failures (Redis down) are never parked: they are nacked
-// and redelivered after the subscriber's nack delay, logged once per interval.
-func (r *ProjectionRouter) poisonMiddleware(name, group string) message.HandlerMiddleware {
-	return func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			counter := &attemptCounter{}
-			msg.SetContext(context.WithValue(msg.Context(), attemptsKey{}, counter))
-			out, err := h(msg)
-			if err == nil {
-				return out, nil
-			}
-			if msg.Context().Err() != nil {
-				return nil, err // shutting down: leave it pending for whoever runs next
-			}
-			if IsTransient(err) {
-				if ok, n := r.transient[group].allow(); ok {
-					r.log.Warn("projection cannot reach Redis, will retry", "projection", name, "group", group,
-						"error", err, "suppressed", n)
-				}
-				return nil, err
-			}
-			entry := adapters.PoisonEntry{
-				Stream: msg.Metadata.Get(adapters.MetaStream), EntryID: msg.Metadata.Get(adapters.MetaEntryID),
-				Projection: name, Error: err.Error(), Attempts: max(counter.n, 1), FailedAt: time.Now(),
-				Fields: originalFields(msg),
-			}
-			if entry.Stream == "" {
-				entry.Stream = r.cfg.Keys.Stream()
-			}
-			// The message context may be cancelled by a timeout; parking must not depend on it.
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), 5*time.Second)
-			defer cancel()
-			id, perr := r.poison.Park(ctx, entry)
-			if perr != nil {
-				r.log.Error("could not park failed event, will retry", "projection", name, "entry_id", entry.EntryID, "error", perr)
-				return nil, perr
-			}
-			r.cfg.Observer.Handled(name, OutcomePoisoned, 0)
-			r.log.Error("event parked in poison queue", "projection", name, "entry_id", entry.EntryID, "poison_id", id,
-				"attempts", entry.Attempts, "error", err, "correlation_id", msg.Metadata.Get(adapters.MetaCorrelationID))
-			return nil, nil
-		}
-	}
-}
-
-// originalFields rebuilds the stream entry's fields from the message, so the poison entry keeps
-// the event unchanged (including raw fields of an entry that could not be decoded).
-func originalFields(msg *message.Message) map[string]string {
-	out := map[string]string{}
-	raw := false
-	for k, v := range msg.Metadata {
-		if rest, ok := strings.CutPrefix(k, "_raw."); ok {
-			out[rest] = v
-			raw = true
-		}
-	}
-	if raw {
-		return out
-	}
-	if fields, err := adapters.DecodeFields(msg); err == nil {
-		maps.Copy(out, fields)
-	} else {
-		out["payload"] = string(msg.Payload)
-	}
-	for k, v := range msg.Metadata {
-		if strings.HasPrefix(k, "_") || k == adapters.MetaDecodeError {
-			continue
-		}
-		out[adapters.MetaFieldPrefix+k] = v
-	}
-	out[redisstream.UUIDHeaderKey] = msg.UUID
-	return out
-}
-
 // ReplayPoisoned runs one parked event through its projection's handler again, directly against
 // the projection's store (dedupe makes this safe), and removes it from the queue on success.
 func ReplayPoisoned(ctx context.Context, e adapters.PoisonEntry, p projection.Projection, store projection.Store) error {
@@ -313,11 +346,11 @@ func ReplayPoisoned(ctx context.Context, e adapters.PoisonEntry, p projection.Pr
 
 // Groups lists the consumer groups the router feeds.
 func (r *ProjectionRouter) Groups() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	out := make([]string, 0, len(r.handlers))
 	for g := range r.handlers {
 		out = append(out, g)
 	}
 	return out
 }
-
-var _ = strconv.Itoa

@@ -1,0 +1,377 @@
+package ports_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app"
+	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/app/query"
+	"github.com/checkins/checkins/ports"
+)
+
+const apiRequestTimeout = 3 * time.Second
+
+// apiEnv is the real HTTP server on a real listener, wired like cmd/ wires it, on a private
+// redis-server the test may kill.
+type apiEnv struct {
+	redis  *redistest.Server
+	rdb    *redis.Client // the test's own client, for checks behind the API's back
+	keys   adapters.KeySpace
+	url    string
+	client *http.Client
+}
+
+// pingReadiness is ready while Redis answers, as the service's readiness is.
+type pingReadiness struct{ c *redis.Client }
+
+func (r pingReadiness) Ready(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	return r.c.Ping(ctx).Err()
+}
+
+func newAPIEnv(t *testing.T) *apiEnv {
+	t.Helper()
+	srv := redistest.Start(t, redistest.Options{AppendOnly: true})
+	keys := adapters.KeySpace{Prefix: "checkins"}
+	newClient := func() *redis.Client {
+		c, err := adapters.NewRedisClient(adapters.ClientOptions{URL: srv.URL(), DialTimeout: 500 * time.Millisecond,
+			ReadTimeout: time.Second, WriteTimeout: time.Second})
+		require.NoError(t, err)
+		return c
+	}
+	client := newClient()
+	t.Cleanup(func() { _ = client.Close() })
+	pub, err := adapters.NewEventPublisher(newClient(), keys, watermill.NopLogger{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	rec, err := command.NewRecordCheckinHandler(pub, adapters.NewIdempotencyStore(client, keys, time.Hour), time.Now, uuid.NewString, log)
+	require.NoError(t, err)
+	application := app.Application{
+		Commands: app.Commands{RecordCheckin: rec},
+		Queries: app.Queries{
+			Checkins:  query.NewCheckins(adapters.NewEventLog(client, keys)),
+			Users:     app.UserQueries{Reader: adapters.NewProjectionReader(client, keys, "users")},
+			Locations: app.LocationQueries{Reader: adapters.NewProjectionReader(client, keys, "locations")},
+		},
+	}
+	server := ports.NewHTTPServer(application, pingReadiness{client}, ports.HTTPConfig{RequestTimeout: apiRequestTimeout}, log)
+	hs := httptest.NewServer(server.Handler())
+	t.Cleanup(hs.Close)
+	return &apiEnv{
+		redis: srv, rdb: redistest.Client(t, srv.URL()), keys: keys, url: hs.URL,
+		// Generous, so a hang fails the test instead of stalling it; not a timing assertion.
+		client: &http.Client{Timeout: 4 * apiRequestTimeout},
+	}
+}
+
+type apiResponse struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// json decodes the body keeping numbers as json.Number, so a test can tell 42 from "42".
+func (r apiResponse) json(t testing.TB) map[string]any {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(r.body))
+	dec.UseNumber()
+	var m map[string]any
+	require.NoError(t, dec.Decode(&m), "body %s", r.body)
+	return m
+}
+
+type apiErrorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Field   string `json:"field"`
+}
+
+// apiError checks the error envelope strictly: only error, with code and message.
+func (r apiResponse) apiError(t testing.TB) apiErrorBody {
+	t.Helper()
+	assert.Equal(t, "application/json", strings.Split(r.header.Get("Content-Type"), ";")[0])
+	dec := json.NewDecoder(bytes.NewReader(r.body))
+	dec.DisallowUnknownFields()
+	var env struct {
+		Error *apiErrorBody `json:"error"`
+	}
+	require.NoError(t, dec.Decode(&env), "error body %s", r.body)
+	require.NotNil(t, env.Error, "error body %s", r.body)
+	assert.NotEmpty(t, env.Error.Code)
+	assert.NotEmpty(t, env.Error.Message)
+	return *env.Error
+}
+
+func (e *apiEnv) do(t testing.TB, method, path, contentType string, body io.Reader, header map[string]string) apiResponse {
+	t.Helper()
+	req, err := http.NewRequest(method, e.url+path, body)
+	require.NoError(t, err)
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := e.client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return apiResponse{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+func (e *apiEnv) post(t testing.TB, body string, header map[string]string) apiResponse {
+	t.Helper()
+	return e.do(t, http.MethodPost, "/checkins", "application/json", strings.NewReader(body), header)
+}
+
+func (e *apiEnv) get(t testing.TB, path string) apiResponse {
+	t.Helper()
+	return e.do(t, http.MethodGet, path, "", nil, nil)
+}
+
+func (e *apiEnv) xlen(t testing.TB) int64 {
+	t.Helper()
+	n, err := e.rdb.XLen(context.Background(), e.keys.Stream()).Result()
+	require.NoError(t, err)
+	return n
+}
+
+func (e *apiEnv) idemKeys(t testing.TB) []string {
+	t.Helper()
+	ks, err := e.rdb.Keys(context.Background(), e.keys.Idempotency("*")).Result()
+	require.NoError(t, err)
+	return ks
+}
+
+func TestPostCheckinRejectsBadInput(t *testing.T) {
+	t.Parallel()
+	e := newAPIEnv(t)
+	future := time.Now().Add(10 * time.Minute).UnixMilli()
+	big := `{"userId":1,"locationId":1,"starRating":1,"checkinId":"` + strings.Repeat("a", 17<<10) + `"}`
+	tests := []struct {
+		name        string
+		contentType string
+		header      map[string]string
+		body        string
+		status      int
+		code        string // checked when set
+		field       string
+	}{
+		{name: "malformed JSON", body: `{"userId":`, status: 400, code: "malformed_json"},
+		{name: "not JSON", body: `userId=1`, status: 400, code: "malformed_json"},
+		{name: "empty body", body: ``, status: 400, code: "malformed_json"},
+		{name: "JSON array", body: `[{"userId":1}]`, status: 400, code: "malformed_json"},
+		{name: "JSON string", body: `"hi"`, status: 400, code: "malformed_json"},
+		{name: "two objects", body: `{"userId":1,"locationId":1,"starRating":1}{"userId":2}`, status: 400, code: "malformed_json"},
+		{name: "trailing bracket", body: `{"userId":1,"locationId":1,"starRating":1}]`, status: 400, code: "malformed_json"},
+		{name: "trailing garbage", body: `{"userId":1,"locationId":1,"starRating":1} x`, status: 400, code: "malformed_json"},
+		{name: "userId as string", body: `{"userId":"42","locationId":1,"starRating":1}`, status: 400, code: "wrong_type", field: "userId"},
+		{name: "userId float", body: `{"userId":4.5,"locationId":1,"starRating":1}`, status: 400, code: "wrong_type", field: "userId"},
+		{name: "userId exponent", body: `{"userId":1e3,"locationId":1,"starRating":1}`, status: 400, code: "wrong_type", field: "userId"},
+		{name: "userId overflow", body: `{"userId":99999999999999999999,"locationId":1,"starRating":1}`, status: 400, code: "wrong_type", field: "userId"},
+		{name: "userId bool", body: `{"userId":true,"locationId":1,"starRating":1}`, status: 400, code: "wrong_type", field: "userId"},
+		{name: "locationId as string", body: `{"userId":1,"locationId":"7","starRating":1}`, status: 400, code: "wrong_type", field: "locationId"},
+		{name: "starRating float", body: `{"userId":1,"locationId":1,"starRating":4.5}`, status: 400, code: "wrong_type", field: "starRating"},
+		{name: "timestamp as string", body: `{"userId":1,"locationId":1,"starRating":1,"timestamp":"now"}`, status: 400, code: "wrong_type", field: "timestamp"},
+		{name: "checkinId as number", body: `{"userId":1,"locationId":1,"starRating":1,"checkinId":5}`, status: 400, code: "wrong_type", field: "checkinId"},
+		{name: "userId missing", body: `{"locationId":1,"starRating":1}`, status: 400, code: "required", field: "userId"},
+		{name: "userId null", body: `{"userId":null,"locationId":1,"starRating":1}`, status: 400, code: "required", field: "userId"},
+		{name: "locationId missing", body: `{"userId":1,"starRating":1}`, status: 400, code: "required", field: "locationId"},
+		{name: "starRating missing", body: `{"userId":1,"locationId":1}`, status: 400, code: "required", field: "starRating"},
+		{name: "empty object", body: `{}`, status: 400, code: "required", field: "userId"},
+		{name: "userId 0", body: `{"userId":0,"locationId":1,"starRating":1}`, status: 400, code: "out_of_range", field: "userId"},
+		{name: "userId -1", body: `{"userId":-1,"locationId":1,"starRating":1}`, status: 400, code: "out_of_range", field: "userId"},
+		{name: "locationId 0", body: `{"userId":1,"locationId":0,"starRating":1}`, status: 400, code: "out_of_range", field: "locationId"},
+		{name: "starRating 6", body: `{"userId":1,"locationId":1,"starRating":6}`, status: 400, code: "out_of_range", field: "starRating"},
+		{name: "starRating -1", body: `{"userId":1,"locationId":1,"starRating":-1}`, status: 400, code: "out_of_range", field: "starRating"},
+		{name: "timestamp 0", body: `{"userId":1,"locationId":1,"starRating":1,"timestamp":0}`, status: 400, code: "out_of_range", field: "timestamp"},
+		{name: "timestamp in the future", body: fmt.Sprintf(`{"userId":1,"locationId":1,"starRating":1,"timestamp":%d}`, future), status: 400, code: "out_of_range", field: "timestamp"},
+		{name: "checkinId empty", body: `{"userId":1,"locationId":1,"starRating":1,"checkinId":""}`, status: 400, field: "checkinId"},
+		{name: "checkinId bad characters", body: `{"userId":1,"locationId":1,"starRating":1,"checkinId":"a b"}`, status: 400, code: "invalid", field: "checkinId"},
+		{name: "checkinId too long", body: `{"userId":1,"locationId":1,"starRating":1,"checkinId":"` + strings.Repeat("a", 129) + `"}`, status: 400, code: "out_of_range", field: "checkinId"},
+		{name: "unknown field", body: `{"userId":1,"locationId":1,"starRating":1,"rating":5}`, status: 400, code: "unknown_field", field: "rating"},
+		{name: "unknown field first", body: `{"user_id":1}`, status: 400, code: "unknown_field", field: "user_id"},
+		{name: "body over 16 KiB", body: big, status: 413},
+		{name: "text/plain", contentType: "text/plain", body: `{"userId":1,"locationId":1,"starRating":1}`, status: 415},
+		{name: "no Content-Type", contentType: "-", body: `{"userId":1,"locationId":1,"starRating":1}`, status: 415},
+		{name: "form Content-Type", contentType: "application/x-www-form-urlencoded", body: `userId=1`, status: 415},
+		{name: "Idempotency-Key differs from checkinId", header: map[string]string{"Idempotency-Key": "k-1"},
+			body: `{"userId":1,"locationId":1,"starRating":1,"checkinId":"k-2"}`, status: 400, field: "checkinId"},
+		{name: "Idempotency-Key with bad characters", header: map[string]string{"Idempotency-Key": "k 1"},
+			body: `{"userId":1,"locationId":1,"starRating":1}`, status: 400, field: "checkinId"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ct := "application/json"
+			switch tt.contentType {
+			case "-":
+				ct = ""
+			case "":
+			default:
+				ct = tt.contentType
+			}
+			events, reserved := e.xlen(t), len(e.idemKeys(t))
+			resp := e.do(t, http.MethodPost, "/checkins", ct, strings.NewReader(tt.body), tt.header)
+			require.Equal(t, tt.status, resp.status, "body %s", resp.body)
+			ae := resp.apiError(t)
+			assert.Equal(t, tt.field, ae.Field, "message %q", ae.Message)
+			if tt.code != "" {
+				assert.Equal(t, tt.code, ae.Code, "message %q", ae.Message)
+			}
+			if tt.field != "" {
+				assert.Contains(t, ae.Message, tt.field, "the message names the field")
+			}
+			assert.Equal(t, events, e.xlen(t), "a rejected request writes no event")
+			assert.Len(t, e.idemKeys(t), reserved, "a rejected request reserves nothing")
+		})
+	}
+}
+
+func TestPostCheckinAccepts(t *testing.T) {
+	t.Parallel()
+	e := newAPIEnv(t)
+	ts := time.Now().Add(-time.Hour).UnixMilli()
+
+	resp := e.post(t, fmt.Sprintf(`{"checkinId":"ck-1","userId":42,"locationId":7,"starRating":5,"timestamp":%d}`, ts),
+		map[string]string{"X-Correlation-ID": "corr-1"})
+	require.Equal(t, http.StatusAccepted, resp.status, "body %s", resp.body)
+	assert.Equal(t, "corr-1", resp.header.Get("X-Correlation-ID"))
+	body := resp.json(t)
+	assert.Equal(t, map[string]any{
+		"checkinId": "ck-1", "userId": json.Number("42"), "locationId": json.Number("7"),
+		"starRating": json.Number("5"), "timestamp": json.Number(fmt.Sprint(ts)),
+	}, body)
+	require.Equal(t, int64(1), e.xlen(t), "202 means the event is in Redis")
+	xs, err := e.rdb.XRange(context.Background(), e.keys.Stream(), "-", "+").Result()
+	require.NoError(t, err)
+	assert.Equal(t, "corr-1", xs[0].Values["meta:correlation_id"], "the correlation ID flows into the event")
+	assert.Equal(t, "42", xs[0].Values["userId"])
+
+	// Retry: same answer, no second event.
+	again := e.post(t, fmt.Sprintf(`{"checkinId":"ck-1","userId":42,"locationId":7,"starRating":5,"timestamp":%d}`, ts), nil)
+	require.Equal(t, http.StatusAccepted, again.status)
+	assert.Equal(t, body, again.json(t))
+	assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+	assert.Equal(t, int64(1), e.xlen(t))
+
+	// Same checkinId, different body: conflict, nothing written.
+	conflict := e.post(t, fmt.Sprintf(`{"checkinId":"ck-1","userId":42,"locationId":7,"starRating":4,"timestamp":%d}`, ts), nil)
+	require.Equal(t, http.StatusConflict, conflict.status, "body %s", conflict.body)
+	ae := conflict.apiError(t)
+	assert.Equal(t, "conflict", ae.Code)
+	assert.Equal(t, "checkinId", ae.Field)
+	assert.Equal(t, int64(1), e.xlen(t))
+}
+
+func TestPostCheckinDefaultsAndIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	e := newAPIEnv(t)
+	before := time.Now().UnixMilli()
+
+	// No checkinId, no timestamp: both are filled in.
+	resp := e.post(t, `{"userId":1,"locationId":2,"starRating":0}`, nil)
+	require.Equal(t, http.StatusAccepted, resp.status, "body %s", resp.body)
+	body := resp.json(t)
+	id, ok := body["checkinId"].(string)
+	require.True(t, ok, "checkinId is a string: %v", body["checkinId"])
+	assert.NoError(t, uuid.Validate(id))
+	tsNum, ok := body["timestamp"].(json.Number)
+	require.True(t, ok, "timestamp is a number: %v", body["timestamp"])
+	tsVal, err := tsNum.Int64()
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, tsVal, before)
+	assert.Equal(t, json.Number("0"), body["starRating"])
+
+	// Idempotency-Key is the checkinId; a retry without a timestamp answers the first timestamp.
+	key := map[string]string{"Idempotency-Key": "key-1"}
+	first := e.post(t, `{"userId":1,"locationId":2,"starRating":3}`, key)
+	require.Equal(t, http.StatusAccepted, first.status, "body %s", first.body)
+	assert.Equal(t, "key-1", first.json(t)["checkinId"])
+	firstTS, err := first.json(t)["timestamp"].(json.Number).Int64()
+	require.NoError(t, err)
+	// Let the clock pass the first timestamp, so a retry that took "now" again would differ.
+	require.Eventually(t, func() bool { return time.Now().UnixMilli() > firstTS }, time.Second, time.Millisecond)
+	again := e.post(t, `{"userId":1,"locationId":2,"starRating":3}`, key)
+	require.Equal(t, http.StatusAccepted, again.status)
+	assert.Equal(t, first.json(t), again.json(t))
+
+	// The header may repeat the body's checkinId; charset parameters are fine.
+	same := e.do(t, http.MethodPost, "/checkins", "application/json; charset=utf-8",
+		strings.NewReader(`{"checkinId":"key-2","userId":1,"locationId":2,"starRating":3}`), map[string]string{"Idempotency-Key": "key-2"})
+	require.Equal(t, http.StatusAccepted, same.status, "body %s", same.body)
+	assert.Equal(t, "key-2", same.json(t)["checkinId"])
+
+	assert.Equal(t, int64(3), e.xlen(t), "three distinct check-ins, each once")
+}
+
+func TestPostCheckinRedisDown(t *testing.T) {
+	t.Parallel()
+	e := newAPIEnv(t)
+	require.Equal(t, http.StatusAccepted, e.post(t, `{"userId":1,"locationId":2,"starRating":3}`, nil).status)
+	e.redis.Kill()
+
+	for _, body := range []string{`{"userId":1,"locationId":2,"starRating":3}`, `{"checkinId":"x1","userId":1,"locationId":2,"starRating":3}`} {
+		resp := e.post(t, body, nil)
+		require.Equal(t, http.StatusServiceUnavailable, resp.status, "body %s", resp.body)
+		ae := resp.apiError(t)
+		assert.Equal(t, "unavailable", ae.Code)
+		assert.Empty(t, ae.Field)
+	}
+	// Bad input is still told apart from an outage.
+	resp := e.post(t, `{"userId":0,"locationId":2,"starRating":3}`, nil)
+	assert.Equal(t, http.StatusBadRequest, resp.status)
+
+	e.redis.Restart()
+	require.EventuallyWithT(t, func(ct *assert.CollectT) {
+		assert.Equal(ct, http.StatusAccepted, e.post(t, `{"checkinId":"x1","userId":1,"locationId":2,"starRating":3}`, nil).status)
+	}, 10*time.Second, 50*time.Millisecond, "the API recovers by itself")
+}
+
+// A hung Redis (alive, accepting connections, never answering) is worse than a dead one: the
+// request must still end in a 503 by the request timeout instead of hanging.
+func TestPostCheckinRedisHung(t *testing.T) {
+	t.Parallel()
+	e := newAPIEnv(t)
+	require.Equal(t, http.StatusAccepted, e.post(t, `{"userId":1,"locationId":2,"starRating":3}`, nil).status)
+	info, err := e.rdb.InfoMap(context.Background(), "server").Result()
+	require.NoError(t, err)
+	pid, err := strconv.Atoi(info["Server"]["process_id"])
+	require.NoError(t, err)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+
+	resp := e.post(t, `{"checkinId":"hung-1","userId":1,"locationId":2,"starRating":3}`, nil)
+	require.Equal(t, http.StatusServiceUnavailable, resp.status, "body %s", resp.body)
+	assert.Equal(t, "unavailable", resp.apiError(t).Code)
+	resp = e.get(t, "/users/1")
+	require.Equal(t, http.StatusServiceUnavailable, resp.status, "body %s", resp.body)
+
+	require.NoError(t, syscall.Kill(pid, syscall.SIGCONT))
+	require.EventuallyWithT(t, func(ct *assert.CollectT) {
+		assert.Equal(ct, http.StatusAccepted, e.post(t, `{"checkinId":"hung-1","userId":1,"locationId":2,"starRating":3}`, nil).status)
+	}, 10*time.Second, 50*time.Millisecond)
+	assert.Equal(t, int64(2), e.xlen(t), "the timed-out request and its retry make one event")
+}

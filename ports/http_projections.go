@@ -1,0 +1,116 @@
+package ports
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
+)
+
+// RegisterProjectionRoutes adds the read routes of the leaderboards, recent_checkins and
+// daily_checkins projections.
+func (s *HTTPServer) RegisterProjectionRoutes() {
+	e := s.echo
+	e.GET("/leaderboards/locations", s.getLocationLeaderboard)
+	e.GET("/leaderboards/users", s.getUserLeaderboard)
+	e.GET("/users/:id/checkins", s.getUserRecentCheckins)
+	e.GET("/locations/:id/daily", s.getLocationDaily)
+}
+
+type locationBoardResponse struct {
+	By        string `json:"by"`
+	Limit     int    `json:"limit"`
+	Locations any    `json:"locations"`
+}
+
+type userBoardResponse struct {
+	Limit int `json:"limit"`
+	Users any `json:"users"`
+}
+
+func (s *HTTPServer) getLocationLeaderboard(c echo.Context) error {
+	limit, err := queryLimit(c)
+	if err != nil {
+		return err
+	}
+	by := c.QueryParam("by")
+	rows, err := s.app.Queries.Leaderboards.Locations(c.Request().Context(), by, limit)
+	if err != nil {
+		return projectionReadErr(err)
+	}
+	if by == "" {
+		by = "checkins"
+	}
+	return c.JSON(http.StatusOK, locationBoardResponse{By: by, Limit: effectiveLimit(limit), Locations: rows})
+}
+
+func (s *HTTPServer) getUserLeaderboard(c echo.Context) error {
+	limit, err := queryLimit(c)
+	if err != nil {
+		return err
+	}
+	rows, err := s.app.Queries.Leaderboards.Users(c.Request().Context(), limit)
+	if err != nil {
+		return projectionReadErr(err)
+	}
+	return c.JSON(http.StatusOK, userBoardResponse{Limit: effectiveLimit(limit), Users: rows})
+}
+
+func (s *HTTPServer) getUserRecentCheckins(c echo.Context) error {
+	id, err := pathID(c, "userId")
+	if err != nil {
+		return err
+	}
+	v, err := s.app.Queries.Recent.OfUser(c.Request().Context(), id)
+	if err != nil {
+		return projectionReadErr(err)
+	}
+	return c.JSON(http.StatusOK, v)
+}
+
+func (s *HTTPServer) getLocationDaily(c echo.Context) error {
+	id, err := pathID(c, "locationId")
+	if err != nil {
+		return err
+	}
+	v, err := s.app.Queries.Daily.OfLocation(c.Request().Context(), id, c.QueryParam("from"), c.QueryParam("to"))
+	if err != nil {
+		return projectionReadErr(err)
+	}
+	return c.JSON(http.StatusOK, v)
+}
+
+func effectiveLimit(limit int) int {
+	if limit == 0 {
+		return projection.DefaultLeaderboardLimit
+	}
+	return limit
+}
+
+// queryLimit parses ?limit=; 0 when absent, so the query applies its default.
+func queryLimit(c echo.Context) (int, error) {
+	v := c.QueryParam("limit")
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, apiError(http.StatusBadRequest, domain.CodeInvalid, "limit", fmt.Sprintf("limit must be an integer >= 1, got %q", v))
+	}
+	return n, nil
+}
+
+// projectionReadErr keeps validation and not-found errors as they are and turns anything else
+// (Redis unreachable) into unavailability.
+func projectionReadErr(err error) error {
+	var ve *domain.ValidationError
+	if errors.As(err, &ve) {
+		return err
+	}
+	return readErr(err)
+}

@@ -1,0 +1,207 @@
+package ports_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/batchsub"
+	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app"
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
+	"github.com/checkins/checkins/ports"
+)
+
+// gatedProjection counts check-ins, but every handler waits until the gate opens: a consumer
+// that is alive and connected yet makes no progress.
+type gatedProjection struct{ gate chan struct{} }
+
+func (gatedProjection) Name() string { return "gated" }
+
+func (p gatedProjection) OnCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, s projection.Store) error {
+	<-p.gate
+	_, err := s.Apply(ctx, projection.NewUpdate("all", e.ID).HIncrBy("stats", "count", 1))
+	return err
+}
+
+type monitorReadiness struct{ m *ports.ProgressMonitor }
+
+func (r monitorReadiness) Ready(ctx context.Context) error { return r.m.Stalled(ctx) }
+
+// metricValue finds the sample of exactly series (name{labels}) in a text exposition.
+func metricValue(body, series string) (float64, bool) {
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return f, err == nil
+		}
+	}
+	return 0, false
+}
+
+func TestMetricsAndReadinessFollowProgress(t *testing.T) {
+	t.Parallel()
+	env := redistest.Open(t)
+	client := redistest.Client(t, env.URL)
+	keys := adapters.KeySpace{Prefix: env.Prefix}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx := context.Background()
+
+	reg := prometheus.NewRegistry()
+	metrics, err := ports.NewMetrics(reg)
+	require.NoError(t, err)
+	gated := gatedProjection{gate: make(chan struct{})}
+	projs := []projection.Projection{projection.UserStats{}, gated}
+	ops, err := ports.NewProjectionOps(ports.ProjectionOpsConfig{Redis: client, Keys: keys, Projections: projs, Logger: log})
+	require.NoError(t, err)
+	monitor := ports.NewProgressMonitor(client, keys, 300*time.Millisecond, ops.ActiveGroups([]string{"users", "gated"}))
+	reg.MustRegister(ports.NewStreamCollector(monitor, 5*time.Second))
+
+	router, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
+		Keys: keys, Targets: []ports.ProjectionTarget{{Projection: projection.UserStats{}, Version: 1}, {Projection: gated, Version: 1}},
+		Redis: client, Observer: metrics, Logger: log, CloseTimeout: 10 * time.Second,
+		Retry: ports.RetryPolicy{InitialInterval: 5 * time.Millisecond, Multiplier: 1, MaxInterval: 5 * time.Millisecond, MaxAttempts: 2},
+		NewSubscriber: func(group string) (message.Subscriber, error) {
+			return batchsub.NewSubscriber(batchsub.Config{Client: redistest.Client(t, env.URL), ConsumerGroup: group, Consumer: "c1",
+				Unmarshaller: adapters.FlatMarshaller{}, BatchSize: 10, MaxInFlight: 20, BlockTime: 50 * time.Millisecond,
+				DrainTimeout: 5 * time.Second, Logger: watermill.NopLogger{}})
+		},
+	})
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- router.Run(runCtx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Error("router did not stop")
+		}
+	})
+	var gateOnce bool
+	openGate := func() {
+		if !gateOnce {
+			gateOnce = true
+			close(gated.gate)
+		}
+	}
+	t.Cleanup(openGate) // runs before the router's cleanup: in-flight handlers finish
+	require.Eventually(t, router.Running, 10*time.Second, 10*time.Millisecond)
+
+	server := ports.NewHTTPServer(app.Application{}, monitorReadiness{monitor}, ports.HTTPConfig{}, log)
+	server.Echo().Use(metrics.Middleware())
+	server.Echo().GET("/metrics", echo.WrapHandler(ports.MetricsHandler(reg)))
+	hs := httptest.NewServer(server.Handler())
+	t.Cleanup(hs.Close)
+	get := func(path string) (int, string) {
+		resp, err := http.Get(hs.URL + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+
+	const events = 60
+	for i := range events {
+		e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "m" + strconv.Itoa(i), UserID: 1, LocationID: 2, StarRating: 3, Timestamp: 1000 + int64(i)}, RecordedAt: 2000}
+		fields := map[string]any{}
+		for k, v := range e.Fields() {
+			fields[k] = v
+		}
+		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: fields}).Err())
+	}
+	// And one entry that is not an event: both projections park it.
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: map[string]any{"type": "nonsense"}}).Err())
+
+	users := adapters.NewProjectionReader(client, keys, "users")
+	require.Eventually(t, func() bool {
+		v, err := projection.UserStats{}.Get(ctx, users, 1)
+		return err == nil && v.NumCheckins == events
+	}, 15*time.Second, 20*time.Millisecond)
+
+	status, _ := get("/healthz")
+	require.Equal(t, http.StatusOK, status)
+	status, _ = get("/no/such/route/42")
+	require.Equal(t, http.StatusNotFound, status)
+
+	// The gated projection delivered what its in-flight window allows, then made no progress:
+	// after STALL_AFTER (300ms here) /readyz says so and names it.
+	var reason string
+	require.Eventually(t, func() bool {
+		status, body := get("/readyz")
+		if status != http.StatusServiceUnavailable {
+			return false
+		}
+		var r struct{ Status, Reason string }
+		require.NoError(t, json.Unmarshal([]byte(body), &r))
+		reason = r.Reason
+		return true
+	}, 15*time.Second, 50*time.Millisecond)
+	assert.Contains(t, reason, "gated.v1")
+	assert.Contains(t, reason, "stalled")
+	assert.NotContains(t, reason, "users.v1", "the projection that keeps up is not blamed")
+
+	// `checkins projections list` (ProjectionOps.List with STALL_AFTER) flags it too.
+	listOps, err := ports.NewProjectionOps(ports.ProjectionOpsConfig{Redis: client, Keys: keys, Projections: projs,
+		StallAfter: 300 * time.Millisecond, Logger: log})
+	require.NoError(t, err)
+	rep, err := listOps.List(ctx)
+	require.NoError(t, err)
+	stalled := map[string]bool{}
+	for _, v := range rep.Versions {
+		stalled[v.Group] = v.Stalled
+		if v.Stalled {
+			assert.Contains(t, v.State, "STALLED")
+		}
+	}
+	assert.Equal(t, map[string]bool{"users.v1": false, "gated.v1": true}, stalled)
+
+	status, body := get("/metrics")
+	require.Equal(t, http.StatusOK, status)
+	for series, check := range map[string]func(float64) bool{
+		`checkins_projection_events_total{outcome="applied",projection="users"}`:                          func(v float64) bool { return v == events },
+		`checkins_projection_events_total{outcome="poisoned",projection="users"}`:                         func(v float64) bool { return v == 1 },
+		`checkins_projection_handler_duration_seconds_count{projection="users"}`:                          func(v float64) bool { return v >= events },
+		`checkins_http_requests_total{method="GET",route="/healthz",status="200"}`:                        func(v float64) bool { return v == 1 },
+		`checkins_http_requests_total{method="GET",route="/readyz",status="503"}`:                         func(v float64) bool { return v >= 1 },
+		`checkins_http_request_duration_seconds_count{method="GET",route="/healthz",status="200"}`:        func(v float64) bool { return v == 1 },
+		`checkins_projection_lag{group="users.v1",projection="users",version="1"}`:                        func(v float64) bool { return v == 0 },
+		`checkins_projection_pending{group="users.v1",projection="users",version="1"}`:                    func(v float64) bool { return v == 0 },
+		`checkins_projection_lag{group="gated.v1",projection="gated",version="1"}`:                        func(v float64) bool { return v > 0 },
+		`checkins_projection_pending{group="gated.v1",projection="gated",version="1"}`:                    func(v float64) bool { return v > 0 },
+		`checkins_projection_oldest_pending_age_seconds{group="gated.v1",projection="gated",version="1"}`: func(v float64) bool { return v > 0 },
+		`checkins_projection_stalled{group="gated.v1",projection="gated",version="1"}`:                    func(v float64) bool { return v == 1 },
+		`checkins_projection_stalled{group="users.v1",projection="users",version="1"}`:                    func(v float64) bool { return v == 0 },
+		`checkins_http_requests_total{method="GET",route="unmatched",status="404"}`:                       func(v float64) bool { return v == 1 },
+		`checkins_poison_queue_depth`: func(v float64) bool { return v >= 1 },
+		`checkins_redis_up`:           func(v float64) bool { return v == 1 },
+	} {
+		v, ok := metricValue(body, series)
+		if assert.True(t, ok, "missing series %s", series) {
+			assert.True(t, check(v), "%s = %v", series, v)
+		}
+	}
+
+	// Progress resumes: the stall clears by itself.
+	openGate()
+	require.Eventually(t, func() bool { status, _ := get("/readyz"); return status == http.StatusOK }, 15*time.Second, 50*time.Millisecond)
+}

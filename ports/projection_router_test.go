@@ -1,0 +1,488 @@
+package ports_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/batchsub"
+	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
+	"github.com/checkins/checkins/ports"
+)
+
+// behaviour decides what the test projection does with one delivery of an event: attempt counts
+// deliveries of that checkinId from 1.
+type behaviour func(ctx context.Context, checkinID string, attempt int) error
+
+// faultyProjection counts check-ins like a real projection (one idempotent update per event)
+// but fails the way its behaviour says. Its behaviour can be swapped at run time ("fixed").
+type faultyProjection struct {
+	name string
+	mu   sync.Mutex
+	do   behaviour
+	hits map[string]int
+	when map[string][]time.Time
+}
+
+func newFaulty(name string, b behaviour) *faultyProjection {
+	return &faultyProjection{name: name, do: b, hits: map[string]int{}, when: map[string][]time.Time{}}
+}
+
+func (p *faultyProjection) Name() string { return p.name }
+
+func (p *faultyProjection) setBehaviour(b behaviour) {
+	p.mu.Lock()
+	p.do = b
+	p.mu.Unlock()
+}
+
+func (p *faultyProjection) attempts(id string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.hits[id]
+}
+
+func (p *faultyProjection) times(id string) []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]time.Time(nil), p.when[id]...)
+}
+
+func (p *faultyProjection) OnCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, s projection.Store) error {
+	p.mu.Lock()
+	p.hits[e.ID]++
+	n := p.hits[e.ID]
+	p.when[e.ID] = append(p.when[e.ID], time.Now())
+	do := p.do
+	p.mu.Unlock()
+	if do != nil {
+		if err := do(ctx, e.ID, n); err != nil {
+			return err
+		}
+	}
+	_, err := s.Apply(ctx, projection.NewUpdate("all", e.ID).HIncrBy("stats", "count", 1).HIncrBy("stats", "stars", int64(e.StarRating)))
+	return err
+}
+
+// syncBuffer is a log sink the router's goroutines can share.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) count(s string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Count(b.buf.String(), s)
+}
+
+// harness is a running projection router on real Redis, fed by the chosen subscriber.
+type harness struct {
+	t      *testing.T
+	keys   adapters.KeySpace
+	client *redis.Client
+	proj   *faultyProjection
+	logs   *syncBuffer
+	url    string
+}
+
+type harnessOptions struct {
+	subscriber     string // batched | watermill
+	retry          ports.RetryPolicy
+	handlerTimeout time.Duration
+	nackDelay      time.Duration
+}
+
+const testGroup = "faulty.v1"
+
+func startHarness(t *testing.T, p *faultyProjection, o harnessOptions) *harness {
+	t.Helper()
+	env := redistest.Open(t)
+	h := &harness{t: t, keys: adapters.KeySpace{Prefix: env.Prefix}, client: redistest.Client(t, env.URL), proj: p, logs: &syncBuffer{}, url: env.URL}
+	if o.retry.MaxAttempts == 0 {
+		o.retry = ports.RetryPolicy{InitialInterval: 10 * time.Millisecond, Multiplier: 2, MaxInterval: 50 * time.Millisecond, MaxAttempts: 3}
+	}
+	if o.nackDelay == 0 {
+		o.nackDelay = 100 * time.Millisecond
+	}
+	log := slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	wlog := watermill.NewSlogLogger(log)
+	newSub := func(group string) (message.Subscriber, error) {
+		c := redistest.Client(t, env.URL)
+		if o.subscriber == "watermill" {
+			return redisstream.NewSubscriber(redisstream.SubscriberConfig{
+				Client: c, Unmarshaller: adapters.FlatMarshaller{}, Consumer: "c1", ConsumerGroup: group, OldestId: "0",
+				NackResendSleep: o.nackDelay, ClaimInterval: time.Second, MaxIdleTime: 5 * time.Second,
+				BlockTime: 50 * time.Millisecond, DisableIndefiniteInitialBlock: true,
+			}, wlog)
+		}
+		return batchsub.NewSubscriber(batchsub.Config{
+			Client: c, ConsumerGroup: group, Consumer: "c1", Unmarshaller: adapters.FlatMarshaller{},
+			BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: o.nackDelay,
+			ClaimInterval: time.Second, ClaimMinIdle: 5 * time.Second, DrainTimeout: 5 * time.Second, Logger: wlog,
+		})
+	}
+	r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
+		Keys: h.keys, Targets: []ports.ProjectionTarget{{Projection: p, Version: 1}}, Redis: h.client,
+		NewSubscriber: newSub, Retry: o.retry, HandlerTimeout: o.handlerTimeout, CloseTimeout: 10 * time.Second, Logger: log,
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			assert.NoError(t, err, "router Run after a clean stop")
+		case <-time.After(20 * time.Second):
+			t.Error("router did not stop within 20s")
+		}
+	})
+	require.Eventually(t, r.Running, 10*time.Second, 10*time.Millisecond, "router never started")
+	return h
+}
+
+// add writes a check-in event straight to the stream in the publisher's format and returns its entry ID.
+func (h *harness) add(id string, stars int) string {
+	h.t.Helper()
+	e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: id, UserID: 1, LocationID: 2, StarRating: stars, Timestamp: time.Now().UnixMilli()},
+		RecordedAt: time.Now().UnixMilli()}
+	msg, err := adapters.NewEventMessage(e.Fields(), "corr-"+id)
+	require.NoError(h.t, err)
+	values, err := adapters.FlatMarshaller{}.Marshal(h.keys.Stream(), msg)
+	require.NoError(h.t, err)
+	return h.xadd(values)
+}
+
+func (h *harness) xadd(values map[string]any) string {
+	h.t.Helper()
+	entryID, err := h.client.XAdd(context.Background(), &redis.XAddArgs{Stream: h.keys.Stream(), Values: values}).Result()
+	require.NoError(h.t, err)
+	return entryID
+}
+
+func (h *harness) count() int64 {
+	v, err := h.client.HGet(context.Background(), h.keys.ProjectionKey(h.proj.name, 1, "all", "stats"), "count").Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0
+	}
+	require.NoError(h.t, err)
+	return v
+}
+
+func (h *harness) poison() []adapters.PoisonEntry {
+	es, _, err := adapters.NewPoisonQueue(h.client, h.keys).List(context.Background(), "", 1000)
+	require.NoError(h.t, err)
+	return es
+}
+
+func (h *harness) pending() int64 {
+	p, err := h.client.XPending(context.Background(), h.keys.Stream(), testGroup).Result()
+	require.NoError(h.t, err)
+	return p.Count
+}
+
+// settled waits until want events were counted and nothing is pending in the group.
+func (h *harness) settled(want int64) {
+	h.t.Helper()
+	require.Eventually(h.t, func() bool { return h.count() == want && h.pending() == 0 }, 15*time.Second, 20*time.Millisecond,
+		"want count %d and nothing pending; have count %d, pending %d", want, h.count(), h.pending())
+}
+
+var subscribers = []string{"batched", "watermill"}
+
+func TestRouterRetriesAFailingHandlerAndCountsOnce(t *testing.T) {
+	t.Parallel()
+	for _, sub := range subscribers {
+		t.Run(sub, func(t *testing.T) {
+			t.Parallel()
+			p := newFaulty("faulty", func(_ context.Context, id string, attempt int) error {
+				if id == "flaky" && attempt <= 2 {
+					return fmt.Errorf("flaky failure %d", attempt)
+				}
+				return nil
+			})
+			h := startHarness(t, p, harnessOptions{subscriber: sub})
+			h.add("before", 1)
+			h.add("flaky", 2)
+			h.add("after", 3)
+			h.settled(3)
+			assert.Equal(t, 3, p.attempts("flaky"), "failed twice, succeeded on the third attempt")
+			assert.Empty(t, h.poison(), "a handler that eventually succeeds is not parked")
+		})
+	}
+}
+
+func TestRouterParksAnEventAfterMaxAttempts(t *testing.T) {
+	t.Parallel()
+	for _, sub := range subscribers {
+		t.Run(sub, func(t *testing.T) {
+			t.Parallel()
+			p := newFaulty("faulty", func(_ context.Context, id string, _ int) error {
+				if id == "bad" {
+					return errors.New("boom: cannot project this one")
+				}
+				return nil
+			})
+			h := startHarness(t, p, harnessOptions{subscriber: sub})
+			before := time.Now().Add(-time.Second)
+			h.add("one", 1)
+			badID := h.add("bad", 5)
+			for i := range 20 {
+				h.add("later-"+strconv.Itoa(i), 1)
+			}
+			h.settled(21)
+			assert.Equal(t, 3, p.attempts("bad"), "RETRY_MAX_ATTEMPTS attempts, then parked")
+
+			es := h.poison()
+			require.Len(t, es, 1)
+			e := es[0]
+			assert.Equal(t, h.keys.Stream(), e.Stream)
+			assert.Equal(t, badID, e.EntryID, "the original entry ID, whichever subscriber")
+			assert.Equal(t, "faulty", e.Projection)
+			assert.Equal(t, testGroup, e.Group)
+			assert.Contains(t, e.Error, "boom: cannot project this one")
+			assert.Equal(t, 3, e.Attempts)
+			assert.WithinRange(t, e.FailedAt, before, time.Now().Add(time.Second))
+			// The original event, unchanged, field by field.
+			orig, err := h.client.XRange(context.Background(), h.keys.Stream(), badID, badID).Result()
+			require.NoError(t, err)
+			require.Len(t, orig, 1)
+			for k, v := range orig[0].Values {
+				assert.Equal(t, v, e.Fields[k], "field %s of the parked event", k)
+			}
+			assert.Len(t, e.Fields, len(orig[0].Values))
+		})
+	}
+}
+
+func TestRouterParksATimedOutHandler(t *testing.T) {
+	t.Parallel()
+	cases := map[string]behaviour{
+		// Honours its context: the classic case where the message context ends up cancelled.
+		"honours context": func(ctx context.Context, id string, _ int) error {
+			if id != "slow" {
+				return nil
+			}
+			<-ctx.Done()
+			return ctx.Err()
+		},
+		// Ignores its context: it is abandoned at the deadline instead of holding the consumer.
+		"ignores context": func(_ context.Context, id string, _ int) error {
+			if id == "slow" {
+				time.Sleep(2 * time.Second)
+				return errors.New("too late")
+			}
+			return nil
+		},
+	}
+	for name, b := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			p := newFaulty("faulty", b)
+			h := startHarness(t, p, harnessOptions{handlerTimeout: 100 * time.Millisecond,
+				retry: ports.RetryPolicy{InitialInterval: 10 * time.Millisecond, Multiplier: 1, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2}})
+			h.add("slow", 1)
+			h.add("fast", 1)
+			h.settled(1)
+			es := h.poison()
+			require.Len(t, es, 1, "parked although the failure was a timeout (the poison publish must not use the cancelled context)")
+			assert.Equal(t, "slow", es[0].Fields[domain.FieldCheckinID])
+			assert.Contains(t, es[0].Error, "handler timed out after 100ms")
+			assert.Equal(t, 2, es[0].Attempts)
+		})
+	}
+}
+
+func TestRouterParksAPanickingHandler(t *testing.T) {
+	t.Parallel()
+	p := newFaulty("faulty", func(_ context.Context, id string, _ int) error {
+		if id == "panics" {
+			panic("handler bug")
+		}
+		return nil
+	})
+	h := startHarness(t, p, harnessOptions{})
+	h.add("panics", 1)
+	h.add("fine", 1)
+	h.settled(1)
+	es := h.poison()
+	require.Len(t, es, 1)
+	assert.Contains(t, es[0].Error, "handler bug")
+	assert.Equal(t, 3, es[0].Attempts, "a panic is retried like any failure")
+}
+
+func TestRouterParksMalformedEntriesAndKeepsConsuming(t *testing.T) {
+	t.Parallel()
+	garbage := []struct {
+		values map[string]any
+		reason string
+	}{
+		{map[string]any{"hello": "world"}, "missing event type"}, // what `redis-cli XADD s * hello world` writes
+		{map[string]any{"type": "checkin.deleted.v9", "checkinId": "x"}, `unknown event type "checkin.deleted.v9"`},
+		{map[string]any{"type": domain.EventCheckinRecorded, "checkinId": "bad-user", "userId": "abc", "locationId": "1", "starRating": "1", "timestamp": "1"}, "userId"},
+		{map[string]any{"type": domain.EventCheckinRecorded, "checkinId": "bad-stars", "userId": "1", "locationId": "1", "starRating": "9", "timestamp": "1"}, "starRating"},
+		{map[string]any{"_watermill_message_uuid": "u-1", "type": domain.EventCheckinRecorded}, "is missing"},
+	}
+	for _, sub := range subscribers {
+		t.Run(sub, func(t *testing.T) {
+			t.Parallel()
+			p := newFaulty("faulty", nil)
+			h := startHarness(t, p, harnessOptions{subscriber: sub})
+			h.add("first", 1)
+			want := map[string]int{}
+			for i, g := range garbage {
+				want[h.xadd(g.values)] = i
+			}
+			h.add("last", 1)
+			h.settled(2)
+			es := h.poison()
+			require.Len(t, es, len(garbage), "each malformed entry is parked once")
+			for _, e := range es {
+				i, ok := want[e.EntryID]
+				require.True(t, ok, "parked entry %s names its original entry", e.EntryID)
+				assert.Contains(t, e.Error, garbage[i].reason, "parked with the reason")
+				assert.Equal(t, 1, e.Attempts, "a malformed entry is not retried")
+				assert.Len(t, e.Fields, len(garbage[i].values), "the entry is kept as it was written, nothing added")
+				for k, v := range garbage[i].values {
+					assert.Equal(t, v, e.Fields[k])
+				}
+			}
+		})
+	}
+}
+
+func TestRouterNeverParksTransientFailuresAndDoesNotSpin(t *testing.T) {
+	t.Parallel()
+	const failures = 8 // more than max attempts: would be parked if it were not transient
+	p := newFaulty("faulty", func(_ context.Context, id string, attempt int) error {
+		if id == "outage" && attempt <= failures {
+			return fmt.Errorf("dial tcp 127.0.0.1:6379: %w", syscall.ECONNREFUSED)
+		}
+		return nil
+	})
+	nack := 200 * time.Millisecond
+	h := startHarness(t, p, harnessOptions{nackDelay: nack})
+	h.add("outage", 1)
+	h.settled(1)
+	assert.Empty(t, h.poison(), "Redis being unreachable says nothing about the event")
+	assert.Equal(t, failures+1, p.attempts("outage"))
+	// Attempts 3 and 4 are separated by a nack (3 attempts per delivery): no hot loop.
+	ts := p.times("outage")
+	assert.GreaterOrEqual(t, ts[3].Sub(ts[2]), nack, "a nacked event waits NACK_DELAY before it comes back")
+	assert.LessOrEqual(t, h.logs.count("projection cannot reach Redis"), 1, "an outage is logged once per interval, not per attempt")
+	assert.Zero(t, h.logs.count("Handler returned error"), "the router does not log every nack at error level")
+}
+
+// closingSubscriber ends its subscription on its own, as the stock subscriber does after an
+// unmarshal error.
+type closingSubscriber struct{}
+
+func (closingSubscriber) Subscribe(context.Context, string) (<-chan *message.Message, error) {
+	ch := make(chan *message.Message)
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		close(ch)
+	}()
+	return ch, nil
+}
+
+func (closingSubscriber) Close() error { return nil }
+
+func TestRouterRunFailsWhenASubscriptionEndsUnexpectedly(t *testing.T) {
+	t.Parallel()
+	env := redistest.Open(t)
+	r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
+		Keys: adapters.KeySpace{Prefix: env.Prefix}, Targets: []ports.ProjectionTarget{{Projection: newFaulty("faulty", nil), Version: 1}},
+		Redis: redistest.Client(t, env.URL), Retry: ports.DefaultRetryPolicy(), Logger: slog.New(slog.DiscardHandler),
+		NewSubscriber: func(string) (message.Subscriber, error) { return closingSubscriber{}, nil },
+	})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		require.Error(t, err, "a projector that stopped consuming must not look healthy")
+		assert.Contains(t, err.Error(), "stopped")
+	case <-time.After(15 * time.Second):
+		t.Fatal("Run kept running after its only subscription ended")
+	}
+}
+
+func TestRouterNeverDropsAnEventItCannotPark(t *testing.T) {
+	t.Parallel()
+	p := newFaulty("faulty", func(_ context.Context, id string, _ int) error {
+		if id == "bad" {
+			return errors.New("boom")
+		}
+		return nil
+	})
+	h := startHarness(t, p, harnessOptions{})
+	ctx := context.Background()
+	// The poison stream cannot be written (wrong key type): parking fails.
+	require.NoError(t, h.client.Set(ctx, h.keys.PoisonStream(), "not a stream", 0).Err())
+	h.add("bad", 1)
+	h.add("good", 1)
+	require.Eventually(t, func() bool { return h.count() == 1 && p.attempts("bad") >= 6 }, 15*time.Second, 20*time.Millisecond,
+		"the event is retried after a failed park")
+	assert.Equal(t, int64(1), h.pending(), "not acked: it stays pending until it is parked")
+	// Once parking works again, it is parked and acked.
+	require.NoError(t, h.client.Del(ctx, h.keys.PoisonStream()).Err())
+	h.settled(1)
+	es := h.poison()
+	require.Len(t, es, 1)
+	assert.Equal(t, "bad", es[0].Fields[domain.FieldCheckinID])
+}
+
+func TestIsTransient(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"connection refused", fmt.Errorf("apply: %w", &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}), true},
+		{"reset", fmt.Errorf("apply: %w", syscall.ECONNRESET), true},
+		{"client closed", fmt.Errorf("apply: %w", redis.ErrClosed), true},
+		{"pipeline closed", fmt.Errorf("apply: %w", adapters.ErrPipelineClosed), true},
+		{"loading", errors.New("LOADING Redis is loading the dataset in memory"), true},
+		{"read-only replica", errors.New("READONLY You can't write against a read only replica."), true},
+		{"bug", errors.New("index out of range"), false},
+		{"script error", errors.New("ERR Error running script: unknown op"), false},
+		{"invalid event", fmt.Errorf("%w: userId: is missing", ports.ErrPermanent), false},
+		{"timeout", fmt.Errorf("%w after 1s: %w", ports.ErrHandlerTimeout, context.DeadlineExceeded), false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			assert.Equal(t, c.want, ports.IsTransient(c.err))
+		})
+	}
+}
