@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/checkins/checkins/ports"
 )
 
 // Config is read and validated once, here; nothing else reads the environment.
@@ -34,6 +36,17 @@ type Config struct {
 	RetryMax        time.Duration
 	RetryAttempts   int
 	IdempotencyTTL  time.Duration
+
+	// ConsumerIdleRemove: consumers idle this long with nothing pending leave their group.
+	ConsumerIdleRemove time.Duration
+
+	// Projections as an extension point: leaderboards, rebuilds, retention, stall detection.
+	LeaderboardMinCheckins int64
+	ProjectionPoll         time.Duration
+	RetireGrace            time.Duration
+	StallAfter             time.Duration
+	Retention              ports.RetentionPolicy
+	RetentionInterval      time.Duration
 }
 
 // setting is one configuration value: an environment variable and a flag of the same meaning.
@@ -128,6 +141,7 @@ func settings() []setting {
 		}},
 		{"CLAIM_IDLE", "claim-idle", "30s", "a pending event idle this long in another (crashed) consumer is taken over", dur(func(c *Config) *time.Duration { return &c.ClaimIdle }, time.Millisecond)},
 		{"CLAIM_INTERVAL", "claim-interval", "5s", "how often to look for such events", dur(func(c *Config) *time.Duration { return &c.ClaimInterval }, time.Millisecond)},
+		{"CONSUMER_IDLE_REMOVE", "consumer-idle-remove", "10m", "a consumer idle this long with nothing pending (a dead process) is removed from its group", dur(func(c *Config) *time.Duration { return &c.ConsumerIdleRemove }, time.Millisecond)},
 		{"NACK_DELAY", "nack-delay", "1s", "wait before an event whose handling failed transiently is delivered again", dur(func(c *Config) *time.Duration { return &c.NackDelay }, time.Millisecond)},
 		{"BATCH_SIZE", "batch-size", "500", "entries read (XREADGROUP COUNT) and acked per round trip", integer(func(c *Config) *int { return &c.BatchSize }, 1)},
 		{"MAX_IN_FLIGHT", "max-in-flight", "1000", "events handled concurrently per projection", integer(func(c *Config) *int { return &c.MaxInFlight }, 1)},
@@ -144,6 +158,26 @@ func settings() []setting {
 		{"RETRY_MAX_INTERVAL", "retry-max-interval", "5s", "longest wait between attempts", dur(func(c *Config) *time.Duration { return &c.RetryMax }, time.Millisecond)},
 		{"RETRY_MAX_ATTEMPTS", "retry-max-attempts", "5", "attempts before an event is parked in the poison queue", integer(func(c *Config) *int { return &c.RetryAttempts }, 1)},
 		{"IDEMPOTENCY_TTL", "idempotency-ttl", "24h", "how long a checkinId is remembered for safe retries and 409 on reuse", dur(func(c *Config) *time.Duration { return &c.IdempotencyTTL }, time.Second)},
+		{"LEADERBOARD_MIN_CHECKINS", "leaderboard-min-checkins", "5", "check-ins a location needs to enter the rating leaderboard (changing it takes a rebuild of leaderboards)", func(c *Config, v string) error {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 1 {
+				return fmt.Errorf("must be an integer >= 1, got %q", v)
+			}
+			c.LeaderboardMinCheckins = n
+			return nil
+		}},
+		{"PROJECTION_POLL_INTERVAL", "projection-poll-interval", "2s", "how often projectors read the projections registry to start a rebuilt version and stop a retired one", dur(func(c *Config) *time.Duration { return &c.ProjectionPoll }, 10*time.Millisecond)},
+		{"PROJECTION_RETIRE_GRACE", "projection-retire-grace", "10s", "after a rebuild switched reads, wait this long before removing the old version: keep it above PROJECTION_POLL_INTERVAL plus the time in-flight handlers take to finish", dur(func(c *Config) *time.Duration { return &c.RetireGrace }, 0)},
+		{"STALL_AFTER", "stall-after", "60s", "a projection behind the stream that makes no progress this long is reported stalled (/readyz 503)", dur(func(c *Config) *time.Duration { return &c.StallAfter }, 10*time.Millisecond)},
+		{"RETENTION", "retention", "off", "trim the event stream: off, a number of entries (1000000) or an age (720h, 30d); never below what a consumer group still needs", func(c *Config, v string) error {
+			p, err := ports.ParseRetention(v)
+			if err != nil {
+				return err
+			}
+			c.Retention = p
+			return nil
+		}},
+		{"RETENTION_INTERVAL", "retention-interval", "1m", "how often the projector trims the stream when RETENTION is set", dur(func(c *Config) *time.Duration { return &c.RetentionInterval }, 10*time.Millisecond)},
 	}
 }
 
@@ -158,6 +192,9 @@ func parseConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (C
 			return Config{}, nil, fmt.Errorf("default of %s: %w", s.env, err)
 		}
 		usage := fmt.Sprintf("%s (env %s)", s.usage, s.env)
+		if s.def != "" {
+			usage = fmt.Sprintf("%s (env %s, default %s)", s.usage, s.env, s.def)
+		}
 		flagVals[s.flag] = fs.String(s.flag, "", usage)
 	}
 	if err := fs.Parse(args); err != nil {
@@ -176,6 +213,9 @@ func parseConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (C
 				return Config{}, nil, fmt.Errorf("invalid --%s (%s): %w", s.flag, s.env, err)
 			}
 		}
+	}
+	if c.RetireGrace <= c.ProjectionPoll {
+		return Config{}, nil, fmt.Errorf("invalid PROJECTION_RETIRE_GRACE: %s must be above PROJECTION_POLL_INTERVAL %s, or projectors may still write to a version being removed", c.RetireGrace, c.ProjectionPoll)
 	}
 	if c.RetryMax < c.RetryInitial {
 		return Config{}, nil, fmt.Errorf("invalid RETRY_MAX_INTERVAL: %s is below RETRY_INITIAL_INTERVAL %s", c.RetryMax, c.RetryInitial)

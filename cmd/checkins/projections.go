@@ -13,6 +13,9 @@ func allProjections(cfg Config) []projection.Projection {
 	return []projection.Projection{
 		projection.UserStats{},
 		projection.LocationStats{},
+		projection.Leaderboards{MinCheckins: cfg.LeaderboardMinCheckins},
+		projection.RecentCheckins{},
+		projection.DailyCheckins{},
 	}
 }
 

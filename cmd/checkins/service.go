@@ -35,6 +35,7 @@ type Service struct {
 	http     *ports.HTTPServer
 	router   *ports.ProjectionRouter
 	listener net.Listener
+	proj     *projectionWiring // metrics, rebuilds, stall checks (wire_projections.go)
 }
 
 // Mode selects what the process runs.
@@ -46,6 +47,9 @@ type Mode struct {
 // machine with nothing but Go. Data lives in memory only.
 func startEmbeddedRedis(log *slog.Logger) (string, func(), error) {
 	m := miniredis.NewMiniRedis()
+	// By default miniredis only expires keys on FastForward: idempotency records (IDEMPOTENCY_TTL)
+	// would never expire and memory would only grow.
+	m.ClockTTL(true)
 	if err := m.StartAddr("127.0.0.1:0"); err != nil {
 		return "", nil, fmt.Errorf("embedded redis: %w", err)
 	}
@@ -76,6 +80,9 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		log.Warn("redis is not reachable yet", "redis_url", redact(cfg.RedisURL), "error", err)
 	}
 	wlog := watermill.NewSlogLogger(log)
+	if err := s.initProjections(mode); err != nil {
+		return nil, err
+	}
 
 	var application app.Application
 	application.Queries = app.Queries{
@@ -83,18 +90,29 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		Users:     app.UserQueries{Reader: adapters.NewProjectionReader(s.client, s.keys, "users")},
 		Locations: app.LocationQueries{Reader: adapters.NewProjectionReader(s.client, s.keys, "locations")},
 	}
+	s.projectionQueries(&application.Queries)
 	if mode.API {
 		// Watermill's Publisher.Close closes its client, so it gets one of its own.
 		pubClient, err := newClient(0)
 		if err != nil {
 			return nil, err
 		}
+		// The commands of concurrent requests (reserve the checkinId, XADD, mark it published)
+		// share round trips through one auto-pipeline on a client of its own; every request
+		// still answers only after its own XADD is confirmed.
+		pipeClient, err := newClient(0)
+		if err != nil {
+			return nil, err
+		}
+		apiPipeline := adapters.NewAutoPipeline(pipeClient, 256, 2)
+		s.closers = append(s.closers, pipeClient.Close, apiPipeline.Close)
+		pubClient.AddHook(apiPipeline.Hook())
 		pub, err := adapters.NewEventPublisher(pubClient, s.keys, wlog)
 		if err != nil {
 			return nil, err
 		}
 		s.closers = append(s.closers, pub.Close)
-		idem := adapters.NewIdempotencyStore(s.client, s.keys, cfg.IdempotencyTTL)
+		idem := adapters.NewIdempotencyStore(s.client, s.keys, cfg.IdempotencyTTL).WithAutoPipeline(apiPipeline)
 		rec, err := command.NewRecordCheckinHandler(pub, idem, time.Now, uuid.NewString, log)
 		if err != nil {
 			return nil, err
@@ -102,32 +120,31 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		application.Commands.RecordCheckin = rec
 	}
 	if mode.Projections {
-		projs, err := selectProjections(cfg)
+		targets, err := s.initialTargets(pingCtx)
 		if err != nil {
 			return nil, err
 		}
-		versions := adapters.NewProjectionVersions(s.client, s.keys)
-		var targets []ports.ProjectionTarget
-		for _, p := range projs {
-			v, err := versions.Current(pingCtx, p.Name())
-			if err != nil && !ports.IsTransient(err) {
-				return nil, err
-			}
-			targets = append(targets, ports.ProjectionTarget{Projection: p, Version: max(v, 1)})
-		}
-		subClient, err := newClient(4 * len(targets))
+		subClient, err := newClient(8 * len(s.proj.projs)) // room for a rebuild's second version of each
 		if err != nil {
 			return nil, err
 		}
 		s.closers = append(s.closers, subClient.Close)
+		// Updates of concurrent handlers share pipelines on a pool of their own, so reads and
+		// the API never queue behind a burst of projection writes.
+		storeClient, err := newClient(16)
+		if err != nil {
+			return nil, err
+		}
+		pipeline := adapters.NewAutoPipeline(storeClient, cfg.BatchSize, 4)
+		s.closers = append(s.closers, storeClient.Close, pipeline.Close)
 		s.router, err = ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-			Keys: s.keys, Targets: targets, Redis: s.client,
+			Keys: s.keys, Targets: targets, Redis: s.client, Pipeline: pipeline,
 			NewSubscriber: func(group string) (message.Subscriber, error) {
 				return s.newSubscriber(group, subClient, newClient, wlog)
 			},
 			Retry: ports.RetryPolicy{InitialInterval: cfg.RetryInitial, Multiplier: cfg.RetryMultiplier,
 				MaxInterval: cfg.RetryMax, MaxAttempts: cfg.RetryAttempts},
-			HandlerTimeout: cfg.HandlerTimeout, CloseTimeout: cfg.DrainTimeout, Logger: log,
+			HandlerTimeout: cfg.HandlerTimeout, CloseTimeout: cfg.DrainTimeout, Logger: log, Observer: s.proj.metrics,
 		})
 		if err != nil {
 			return nil, err
@@ -151,17 +168,24 @@ func (s *Service) newSubscriber(group string, shared *redis.Client, newClient fu
 		if err != nil {
 			return nil, err
 		}
-		return redisstream.NewSubscriber(redisstream.SubscriberConfig{
+		stock, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
 			Client: c, Unmarshaller: adapters.FlatMarshaller{}, Consumer: s.cfg.ConsumerName, ConsumerGroup: group,
 			OldestId: "0", NackResendSleep: s.cfg.NackDelay, ClaimInterval: s.cfg.ClaimInterval, MaxIdleTime: s.cfg.ClaimIdle,
-			CheckConsumersInterval: s.cfg.ClaimInterval, ConsumerTimeout: 10 * time.Minute,
-		}, wlog)
+			CheckConsumersInterval: s.cfg.ClaimInterval, ConsumerTimeout: s.cfg.ConsumerIdleRemove,
+		}, ports.NewThrottledErrorLogger(wlog, 10*time.Second))
+		if err != nil {
+			return nil, err
+		}
+		// On shutdown it hands back what the stock subscriber read ahead and dropped (see adapters).
+		return adapters.NewDrainingSubscriber(adapters.DrainingSubscriberConfig{Inner: stock, Client: shared,
+			ConsumerGroup: group, Consumer: s.cfg.ConsumerName, Unmarshaller: adapters.FlatMarshaller{},
+			DrainTimeout: s.cfg.DrainTimeout, Logger: wlog})
 	default:
 		return batchsub.NewSubscriber(batchsub.Config{
 			Client: shared, ConsumerGroup: group, Consumer: s.cfg.ConsumerName, Unmarshaller: adapters.FlatMarshaller{},
 			OldestID: "0", BatchSize: int64(s.cfg.BatchSize), MaxInFlight: s.cfg.MaxInFlight,
 			ClaimInterval: s.cfg.ClaimInterval, ClaimMinIdle: s.cfg.ClaimIdle, NackDelay: s.cfg.NackDelay,
-			DrainTimeout: s.cfg.DrainTimeout, Logger: wlog,
+			DrainTimeout: s.cfg.DrainTimeout, ConsumerIdleRemove: s.cfg.ConsumerIdleRemove, Logger: wlog,
 		})
 	}
 }
@@ -175,6 +199,9 @@ func (s *Service) Ready(ctx context.Context) error {
 	}
 	if s.router != nil && !s.router.Running() {
 		return errors.New("projection router is not running")
+	}
+	if err := s.projectionsReady(ctx); err != nil {
+		return err
 	}
 	return nil
 }
@@ -215,6 +242,13 @@ func (s *Service) Run(ctx context.Context) error {
 	})
 	if s.router != nil {
 		g.Go(func() error { return s.router.Run(gctx) })
+	}
+	background, berr := s.projectionBackground()
+	if berr != nil {
+		g.Go(func() error { return berr })
+	}
+	for _, run := range background {
+		g.Go(func() error { return run(gctx) })
 	}
 	err := g.Wait()
 	s.log.Info("stopped", "error", err)

@@ -1,0 +1,351 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
+)
+
+// drainData is the preloaded stream and what the read models must say once it is consumed,
+// computed here from the generated events, independently of the projections.
+type drainData struct {
+	source  string // stream key holding the preloaded entries; each drain run copies it
+	lastID  string
+	entries int
+	users   map[int64]userExpect
+	locs    map[int64]locExpect
+}
+
+type userExpect struct{ num, last, seenAt int64 }
+type locExpect struct{ num, stars int64 }
+
+// preload writes N entries exactly as the publisher does (FlatMarshaller over the event's
+// Fields), pipelined. One entry in a hundred republishes a recent check-in, as a retried publish
+// would, so the counts also prove dedupe. Timestamps are distinct and shuffled: events arrive out
+// of order, and no tie-break decides a user's latest check-in.
+func (b *bencher) preload(ctx context.Context) (*drainData, error) {
+	start := time.Now()
+	n := b.opts.Events
+	keys := adapters.KeySpace{Prefix: b.prefix("source")}
+	d := &drainData{source: keys.Stream(), entries: n, users: map[int64]userExpect{}, locs: map[int64]locExpect{}}
+	numUsers, numLocs := int64(max(n/10, 1)), int64(min(max(n/200, 1), 1000))
+	rng := rand.New(rand.NewPCG(7, 11))
+	now := time.Now().UnixMilli()
+	order := rng.Perm(n)
+	recent := make([]domain.CheckinRecorded, 0, 1000)
+	const batch = 1000
+	for lo := 0; lo < n; lo += batch {
+		pipe := b.admin.Pipeline()
+		var last *redis.StringCmd
+		for i := lo; i < min(lo+batch, n); i++ {
+			var ev domain.CheckinRecorded
+			if i%100 == 99 && len(recent) > 0 {
+				ev = recent[rng.IntN(len(recent))]
+			} else {
+				ev = domain.CheckinRecorded{Checkin: domain.Checkin{
+					ID: b.runID + "-e" + strconv.Itoa(i), UserID: 1 + rng.Int64N(numUsers), LocationID: 1 + rng.Int64N(numLocs),
+					StarRating: rng.IntN(domain.MaxStarRating + 1), Timestamp: now - 60_000 - int64(order[i]),
+				}, RecordedAt: now}
+				if len(recent) < cap(recent) {
+					recent = append(recent, ev)
+				} else {
+					recent[rng.IntN(len(recent))] = ev
+				}
+				u := d.users[ev.UserID]
+				u.num++
+				if ev.Timestamp > u.last {
+					u.last, u.seenAt = ev.Timestamp, ev.LocationID
+				}
+				d.users[ev.UserID] = u
+				l := d.locs[ev.LocationID]
+				l.num++
+				l.stars += int64(ev.StarRating)
+				d.locs[ev.LocationID] = l
+			}
+			msg, err := adapters.NewEventMessage(ev.Fields(), b.runID+"-preload")
+			if err != nil {
+				return nil, err
+			}
+			values, err := adapters.FlatMarshaller{}.Marshal(d.source, msg)
+			if err != nil {
+				return nil, err
+			}
+			last = pipe.XAdd(ctx, &redis.XAddArgs{Stream: d.source, Values: values})
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return nil, fmt.Errorf("XADD to %s: %w", d.source, err)
+		}
+		d.lastID = last.Val()
+	}
+	b.progress("preloaded %d events (%d users, %d locations, 1%% republished) in %.1fs", n, len(d.users), len(d.locs), time.Since(start).Seconds())
+	return d, nil
+}
+
+// phaseDrain copies the preloaded stream under a fresh prefix, starts k consumers per
+// projection (our projector instances, or raw go-redis readers for the baseline), and measures
+// until every consumer group has read the last entry and has nothing pending.
+func (b *bencher) phaseDrain(ctx context.Context, data *drainData, k int, baseline bool) (PhaseResult, error) {
+	phase, tag := phaseDrain, "drain"
+	if baseline {
+		phase, tag = phaseDrainBaseline, "drain-baseline"
+	}
+	keys := adapters.KeySpace{Prefix: b.prefix(fmt.Sprintf("%s-k%d", tag, k))}
+	// COPY is server-side: every run starts from identical entries without paying the preload.
+	if err := b.admin.Copy(ctx, data.source, keys.Stream(), 0, false).Err(); err != nil {
+		return PhaseResult{}, fmt.Errorf("COPY %s %s (needs Redis >= 6.2): %w", data.source, keys.Stream(), err)
+	}
+	defer func() {
+		if _, err := deleteKeys(context.WithoutCancel(ctx), b.admin, keys.Prefix+":*"); err != nil {
+			b.log.Warn("bench: could not delete drain keys", "prefix", keys.Prefix, "error", err)
+		}
+	}()
+	versions := adapters.NewProjectionVersions(b.admin, keys)
+	var groups []string
+	for _, name := range benchProjections() {
+		v, err := versions.Current(ctx, name)
+		if err != nil {
+			return PhaseResult{}, err
+		}
+		groups = append(groups, keys.Group(name, v))
+	}
+
+	// The meter and the clock start once everything is built, just before consuming starts.
+	var (
+		m    *meter
+		t0   time.Time
+		stop func() error
+		fail = make(chan error, 2*k*len(benchProjections()))
+	)
+	if baseline {
+		m, t0 = b.startMeter(ctx), time.Now()
+		stop = b.startBaselineConsumers(ctx, keys, k, fail)
+	} else {
+		services := make([]*runningService, 0, k)
+		stop = func() error {
+			var errs []error
+			for _, s := range services {
+				if err := s.stop(); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			return errors.Join(errs...)
+		}
+		for i := range k {
+			s, err := b.newService(ctx, keys.Prefix, Mode{Projections: true}, fmt.Sprintf("%s-k%d-%d", b.runID, k, i))
+			if err != nil {
+				_ = stop()
+				return PhaseResult{}, err
+			}
+			services = append(services, s)
+		}
+		m, t0 = b.startMeter(ctx), time.Now()
+		for _, s := range services {
+			s.start(ctx)
+			go func() {
+				<-s.exited
+				if !s.stopping.Load() {
+					fail <- fmt.Errorf("projector %s stopped before the stream was drained: %v", s.addr, s.err)
+				}
+			}()
+		}
+	}
+	elapsed, waitErr := b.waitDrained(ctx, keys.Stream(), groups, data.lastID, t0, fail)
+	use := m.Stop()
+	stopErr := stop()
+	if waitErr != nil {
+		return PhaseResult{}, waitErr
+	}
+	r := PhaseResult{Phase: phase, Consumers: k, Count: int64(data.entries), Seconds: elapsed.Seconds(), Unit: "events/s",
+		Throughput: float64(data.entries) / elapsed.Seconds()}
+	use.fill(&r)
+	ok, detail, err := b.verifyReadModels(ctx, keys, data)
+	if err != nil {
+		return PhaseResult{}, fmt.Errorf("verify read models: %w", err)
+	}
+	if stopErr != nil {
+		ok, detail = false, strings.TrimPrefix(detail+"; ", "; ")+"stopping the consumers failed: "+stopErr.Error()
+	}
+	r.Check, r.CheckDetail = checkOK, detail
+	if !ok {
+		r.Check = checkMismatch
+	}
+	return r, nil
+}
+
+// waitDrained polls XINFO GROUPS until every group has delivered lastID and has nothing pending.
+// It gives up when nothing moved for 30s or a consumer failed.
+func (b *bencher) waitDrained(ctx context.Context, stream string, groups []string, lastID string, t0 time.Time, fail <-chan error) (time.Duration, error) {
+	const stallAfter = 30 * time.Second
+	var state string
+	changed := time.Now()
+	for {
+		infos, err := b.admin.XInfoGroups(ctx, stream).Result()
+		if err != nil {
+			return 0, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
+		}
+		at := time.Since(t0)
+		byName := map[string]redis.XInfoGroup{}
+		for _, g := range infos {
+			byName[g.Name] = g
+		}
+		done := true
+		var sb strings.Builder
+		for _, name := range groups {
+			g, ok := byName[name]
+			if !ok || g.LastDeliveredID != lastID || g.Pending != 0 {
+				done = false
+			}
+			fmt.Fprintf(&sb, "%s last-delivered %s pending %d; ", name, g.LastDeliveredID, g.Pending)
+		}
+		if done {
+			return at, nil
+		}
+		if s := sb.String(); s != state {
+			state, changed = s, time.Now()
+		} else if time.Since(changed) > stallAfter {
+			return 0, fmt.Errorf("%w for %s (last entry %s): %s", errStalled, stallAfter, lastID, state)
+		}
+		select {
+		case err := <-fail:
+			return 0, err
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// startBaselineConsumers runs k raw readers per projection; stop ends them.
+func (b *bencher) startBaselineConsumers(ctx context.Context, keys adapters.KeySpace, k int, fail chan<- error) (stop func() error) {
+	client, err := adapters.NewRedisClient(adapters.ClientOptions{URL: b.redis.url, DialTimeout: 2 * time.Second,
+		ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second, PoolSize: 2*k*len(benchProjections()) + 4})
+	if err != nil {
+		fail <- err
+		return func() error { return nil }
+	}
+	cfg := b.cfg
+	cfg.Projections = benchProjections()
+	projs, err := selectProjections(cfg)
+	if err != nil {
+		fail <- err
+		return client.Close
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for i := range k {
+		for _, p := range projs {
+			h, ok := p.(projection.CheckinRecordedHandler)
+			if !ok {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c := baselineConsumer{client: client, stream: keys.Stream(), consumer: fmt.Sprintf("baseline-%d", i), handler: h}
+				if err := c.run(rctx, keys, p.Name()); err != nil {
+					fail <- fmt.Errorf("baseline consumer %s for %s: %w", c.consumer, p.Name(), err)
+				}
+			}()
+		}
+	}
+	return func() error {
+		cancel()
+		wg.Wait()
+		return client.Close()
+	}
+}
+
+// baselineConsumer is the raw limit: XREADGROUP COUNT 500, the projection's own updates sent
+// through the same Lua script as one pipeline (ProjectionStore.ApplyBatch), one XACK per batch.
+type baselineConsumer struct {
+	client   *redis.Client
+	stream   string
+	consumer string
+	handler  projection.CheckinRecordedHandler
+}
+
+func (c baselineConsumer) run(ctx context.Context, keys adapters.KeySpace, name string) error {
+	version, err := adapters.NewProjectionVersions(c.client, keys).Current(ctx, name)
+	if err != nil {
+		return err
+	}
+	group := keys.Group(name, version)
+	store, err := adapters.NewProjectionStore(c.client, keys, name, version)
+	if err != nil {
+		return err
+	}
+	if err := c.client.XGroupCreateMkStream(ctx, c.stream, group, "0").Err(); err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+		return fmt.Errorf("XGROUP CREATE: %w", err)
+	}
+	capture := &captureStore{}
+	fields := map[string]string{}
+	var ids []string
+	for {
+		res, err := c.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: c.consumer,
+			Streams: []string{c.stream, ">"}, Count: 500, Block: 100 * time.Millisecond}).Result()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("XREADGROUP: %w", err)
+		}
+		capture.updates, ids = capture.updates[:0], ids[:0]
+		for _, s := range res {
+			for _, m := range s.Messages {
+				ids = append(ids, m.ID)
+				clear(fields)
+				for k, v := range m.Values {
+					if s, ok := v.(string); ok {
+						fields[k] = s
+					}
+				}
+				ev, err := domain.ParseEvent(fields)
+				if err != nil {
+					continue // never in the preloaded data; a real consumer would park it
+				}
+				if e, ok := ev.(domain.CheckinRecorded); ok {
+					if err := c.handler.OnCheckinRecorded(ctx, e, capture); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		if err := store.ApplyBatch(ctx, capture.updates); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if len(ids) > 0 {
+			if err := c.client.XAck(ctx, c.stream, group, ids...).Err(); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("XACK: %w", err)
+			}
+		}
+	}
+}
+
+// captureStore collects a projection's updates instead of applying them, so the baseline can
+// send a whole batch in one pipeline.
+type captureStore struct{ updates []*projection.Update }
+
+func (c *captureStore) Apply(_ context.Context, u *projection.Update) (bool, error) {
+	c.updates = append(c.updates, u)
+	return true, nil
+}

@@ -1,0 +1,177 @@
+package main
+
+// These tests are in package main because they drive run() itself, the whole `checkins bench`
+// path without building the binary; a main package cannot be imported by a _test package.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters/redistest"
+)
+
+// envWith is the process environment with some variables replaced ("" hides one).
+func envWith(over map[string]string) func(string) string {
+	return func(k string) string {
+		if v, ok := over[k]; ok {
+			return v
+		}
+		return os.Getenv(k)
+	}
+}
+
+func runBenchJSON(t *testing.T, getenv func(string) string, args ...string) BenchResult {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(append([]string{"bench", "--json"}, args...), getenv, &stdout, &stderr)
+	require.Equal(t, 0, code, "bench failed; stderr:\n%s", stderr.String())
+	var res BenchResult
+	require.NoError(t, json.Unmarshal(stdout.Bytes(), &res), "stdout is not the JSON result:\n%s", stdout.String())
+	return res
+}
+
+// A tiny run of every phase on a private redis-server (the default when REDIS_URL is unset)
+// reports each phase with throughput and passes every exactness check.
+func TestBenchEveryPhaseOnPrivateRedis(t *testing.T) {
+	if !redistest.Available() {
+		t.Fatal("redis-server not found in PATH; install Redis 7 (apt-get install redis-server)")
+	}
+	res := runBenchJSON(t, envWith(map[string]string{"REDIS_URL": ""}),
+		"--duration", "1s", "--clients", "8", "--events", "2000", "--consumers", "1", "--rate", "200")
+
+	assert.NotEmpty(t, res.Machine.RedisVersion)
+	assert.Positive(t, res.Machine.NumCPU)
+	assert.Contains(t, res.Machine.Redis, "private")
+	byPhase := map[string]PhaseResult{}
+	for _, p := range res.Phases {
+		byPhase[p.Phase] = p
+		assert.Positive(t, p.Throughput, "%s throughput", p.Phase)
+		assert.Positive(t, p.Count, "%s count", p.Phase)
+		assert.Equal(t, checkOK, p.Check, "%s check: %s", p.Phase, p.CheckDetail)
+		assert.Positive(t, p.PeakHeap, "%s peak heap", p.Phase)
+		if _, err := os.Stat("/proc/self/status"); err == nil {
+			assert.Positive(t, p.PeakRSS, "%s peak RSS", p.Phase)
+		}
+	}
+	require.ElementsMatch(t, benchPhaseOrder(), keysOf(byPhase))
+	for _, p := range []string{phaseIngest, phaseIngestBaseline, phaseE2E} {
+		require.NotNil(t, byPhase[p].Latency, "%s latency", p)
+		assert.Positive(t, byPhase[p].Latency.P99, "%s p99", p)
+	}
+	assert.EqualValues(t, 2000, byPhase[phaseDrain].Count)
+	assert.Equal(t, 1, byPhase[phaseDrain].Consumers)
+	assert.Equal(t, 1, byPhase[phaseDrainBaseline].Consumers)
+	require.NotNil(t, byPhase[phaseIngest].VsBaseline)
+	require.NotNil(t, byPhase[phaseDrain].VsBaseline)
+	assert.Positive(t, *byPhase[phaseDrain].VsBaseline)
+	require.NotNil(t, byPhase[phaseE2E].PostLatency)
+}
+
+// On a shared Redis (REDIS_URL) the bench keeps to its own bench-<random> keys and deletes them
+// all at the end, leaving everything else alone; the table names both consumer counts.
+func TestBenchOnSharedRedisDeletesOnlyItsKeys(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	client := redistest.Client(t, srv.URL())
+	ctx := context.Background()
+	require.NoError(t, client.Set(ctx, "someone-else:key", "kept", 0).Err())
+
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"bench", "--phases", "ingest,drain", "--duration", "300ms", "--clients", "4",
+		"--events", "500", "--consumers", "1,2"}, envWith(map[string]string{"REDIS_URL": srv.URL()}), &stdout, &stderr)
+	require.Equal(t, 0, code, "bench failed; stderr:\n%s", stderr.String())
+
+	out := stdout.String()
+	assert.Contains(t, out, "redis "+redistestVersion(t, srv.URL()))
+	assert.Regexp(t, `(?m)^\s*ingest\s+-\s+\d+\s+req/s`, out)
+	assert.Regexp(t, `(?m)^\s*drain\s+1\s+\d+\s+events/s`, out)
+	assert.Regexp(t, `(?m)^\s*drain\s+2\s+\d+\s+events/s`, out)
+	assert.NotContains(t, out, checkMismatch)
+
+	keys, err := client.Keys(ctx, "*").Result()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"someone-else:key"}, keys, "the bench must delete its keys and only its keys")
+}
+
+// --target sends the ingest load to a running API and checks its stream (found through
+// REDIS_URL and KEY_PREFIX); the target's data is not the bench's to delete.
+func TestBenchIngestAgainstTarget(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	env := envWith(map[string]string{"REDIS_URL": srv.URL(), "KEY_PREFIX": "target", "LOG_LEVEL": "warn"})
+	cfg, _, err := parseConfig(flag.NewFlagSet("test", flag.ContinueOnError), []string{"--http-addr", "127.0.0.1:0"}, env)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	svc, err := NewService(ctx, cfg, Mode{API: true}, newLogger(io.Discard, slog.LevelWarn))
+	require.NoError(t, err)
+	addr, err := svc.Listen()
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	res := runBenchJSON(t, env, "--phases", "ingest", "--target", "http://"+addr.String()+"/", "--duration", "300ms", "--clients", "4")
+
+	require.Len(t, res.Phases, 1)
+	p := res.Phases[0]
+	assert.Equal(t, phaseIngest, p.Phase)
+	assert.Equal(t, checkOK, p.Check, p.CheckDetail)
+	assert.Positive(t, p.Count)
+	assert.Equal(t, "http://"+addr.String(), res.Settings.Target)
+	n, err := redistest.Client(t, srv.URL()).XLen(context.Background(), "target:events").Result()
+	require.NoError(t, err)
+	assert.Positive(t, n, "the target's events stay")
+}
+
+func redistestVersion(t *testing.T, url string) string {
+	t.Helper()
+	info, err := redistest.Client(t, url).Info(context.Background(), "server").Result()
+	require.NoError(t, err)
+	return infoField(info, "redis_version")
+}
+
+// Bad flags fail before anything starts, with a message naming the flag and the problem.
+func TestBenchRejectsBadFlags(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--phases", "ingest,warmup"}, `invalid --phases: unknown phase "warmup"`},
+		{[]string{"--phases", ","}, "invalid --phases: no phase selected"},
+		{[]string{"--consumers", "1,0"}, `invalid --consumers: each must be an integer from 1 to 64, got "0"`},
+		{[]string{"--consumers", "two"}, `invalid --consumers: each must be an integer from 1 to 64, got "two"`},
+		{[]string{"--rate", "0"}, "invalid --rate: must be above 0"},
+		{[]string{"--duration", "1ms"}, "invalid --duration: must be at least 100ms"},
+		{[]string{"--clients", "0"}, "invalid --clients: must be from 1 to 10000"},
+		{[]string{"--events", "0"}, "invalid --events: must be from 1 to 10000000"},
+		{[]string{"--target", "localhost:8080"}, "invalid --target: must be a base URL like http://127.0.0.1:8080"},
+		{[]string{"--subscriber", "fast"}, "invalid --subscriber (SUBSCRIBER): must be batched or watermill"},
+		{[]string{"extra"}, "unexpected arguments: [extra]"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			code := run(append([]string{"bench"}, tc.args...), envWith(map[string]string{"REDIS_URL": "redis://127.0.0.1:1/0"}), &stdout, &stderr)
+			assert.Equal(t, 1, code)
+			assert.Contains(t, stderr.String(), tc.want)
+			assert.Empty(t, stdout.String())
+		})
+	}
+}
+
+func keysOf[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}

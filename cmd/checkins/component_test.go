@@ -1,0 +1,418 @@
+package main
+
+// Component tests: the whole service wired by NewService, in process, over a real HTTP listener
+// and a real Redis. `package main` because a command's package cannot be imported by a _test
+// package; the tests still only use what main itself uses (parseConfig, NewService, Run) and talk
+// to the service over HTTP and to Redis over the wire.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/redistest"
+)
+
+// inProcessService is a service started by startInProcess.
+type inProcessService struct {
+	base   string // http://127.0.0.1:port
+	cancel context.CancelFunc
+	done   chan error // Run's result
+}
+
+// startInProcess builds the service from env the way main does and runs it until stop or the end
+// of the test.
+func startInProcess(t *testing.T, env map[string]string, mode Mode) *inProcessService {
+	t.Helper()
+	env["HTTP_ADDR"] = "127.0.0.1:0"
+	if env["LOG_LEVEL"] == "" {
+		env["LOG_LEVEL"] = "warn"
+	}
+	cfg, rest, err := parseConfig(flag.NewFlagSet("component", flag.ContinueOnError), nil, func(k string) string { return env[k] })
+	require.NoError(t, err)
+	require.Empty(t, rest)
+	// Not t.Output(): the service may still log while the test's cleanup stops it.
+	log := newLogger(os.Stderr, cfg.LogLevel)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	svc, err := NewService(ctx, cfg, mode, log)
+	if err != nil {
+		cancel()
+		require.NoError(t, err)
+	}
+	addr, err := svc.Listen()
+	if err != nil {
+		cancel()
+		require.NoError(t, err)
+	}
+	p := &inProcessService{base: "http://" + addr.String(), cancel: cancel, done: make(chan error, 1)}
+	go func() { p.done <- svc.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-p.done:
+		case <-time.After(time.Minute):
+			t.Errorf("service did not stop within a minute of its context ending")
+		}
+	})
+	return p
+}
+
+// stop cancels the service's context and returns what Run returned.
+func (p *inProcessService) stop(t *testing.T) error {
+	t.Helper()
+	p.cancel()
+	select {
+	case err := <-p.done:
+		p.done <- err // for the cleanup
+		return err
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return within a minute of its context ending")
+		return nil
+	}
+}
+
+var testHTTPClient = &http.Client{Timeout: 10 * time.Second}
+
+// testPostCheckin posts body to /checkins; it returns the status and the decoded JSON body. It
+// returns errors rather than failing the test because workers call it off the test goroutine.
+func testPostCheckin(base, body string, header map[string]string) (int, map[string]any, error) {
+	req, err := http.NewRequest(http.MethodPost, base+"/checkins", bytes.NewBufferString(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := testHTTPClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, nil, err
+	}
+	var out map[string]any
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return resp.StatusCode, nil, fmt.Errorf("response body %q: %w", raw, err)
+	}
+	return resp.StatusCode, out, nil
+}
+
+// testGetStats reads /users/{id} or /locations/{id}; status and numeric fields.
+func testGetStats(base, path string) (int, map[string]int64, error) {
+	resp, err := testHTTPClient.Get(base + path)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	var out map[string]int64
+	if resp.StatusCode == http.StatusOK {
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+			return resp.StatusCode, nil, err
+		}
+	}
+	return resp.StatusCode, out, nil
+}
+
+// componentRequest is one POST /checkins the test sends, and what it must get.
+type componentRequest struct {
+	body   string
+	header map[string]string
+	want   int    // status
+	field  string // for 400: the field the error must name
+	sent   componentSent
+}
+
+// componentSent is what the client asked for, to compare with the 202 response.
+type componentSent struct {
+	id                    string // "" when the server generates it
+	user, location, stars int64
+	timestamp             int64 // 0 when the server sets it
+}
+
+// componentAccepted is a check-in as the API echoed it back in a 202.
+type componentAccepted struct {
+	CheckinID  string `json:"checkinId"`
+	UserID     int64  `json:"userId"`
+	LocationID int64  `json:"locationId"`
+	StarRating int64  `json:"starRating"`
+	Timestamp  int64  `json:"timestamp"`
+}
+
+func componentCheckinBody(s componentSent) string {
+	m := map[string]any{"userId": s.user, "locationId": s.location, "starRating": s.stars}
+	if s.id != "" {
+		m["checkinId"] = s.id
+	}
+	if s.timestamp != 0 {
+		m["timestamp"] = s.timestamp
+	}
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
+// TestComponentProjectionsMatchAcceptedCheckins posts a few hundred check-ins (with retried
+// duplicates, out-of-order timestamps, conflicting reuses of an ID and invalid ones) to the API of
+// a service running every projection, publishes some events a second time, waits until every
+// user and location read model equals a computation over the check-ins the API accepted (each
+// counted once), and then stops the service: Run must return nil and leave no event pending in
+// any consumer group. Once per subscriber implementation.
+func TestComponentProjectionsMatchAcceptedCheckins(t *testing.T) {
+	t.Parallel()
+	for _, subscriber := range []string{"batched", "watermill"} {
+		t.Run("SUBSCRIBER="+subscriber, func(t *testing.T) {
+			t.Parallel()
+			testProjectionsMatchAcceptedCheckins(t, subscriber)
+		})
+	}
+}
+
+func testProjectionsMatchAcceptedCheckins(t *testing.T, subscriber string) {
+	rdb := redistest.Open(t)
+	svc := startInProcess(t, map[string]string{
+		"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "DRAIN_TIMEOUT": "20s", "SUBSCRIBER": subscriber,
+	}, Mode{API: true, Projections: true})
+
+	const (
+		nValid     = 300
+		nUsers     = 25
+		nLocations = 20
+	)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	now := time.Now().UnixMilli()
+	// Distinct timestamps within the last 30 days, posted in random order: most arrive out of
+	// order for their user. Distinct so that "the latest check-in" has one answer.
+	order := rng.Perm(nValid)
+	var reqs, conflicts []componentRequest
+	for i := range nValid {
+		s := componentSent{
+			user: 1 + rng.Int64N(nUsers), location: 1 + rng.Int64N(nLocations), stars: rng.Int64N(6),
+			timestamp: now - 30*24*3600*1000 + int64(order[i])*1000 + 1 + rng.Int64N(999),
+		}
+		r := componentRequest{want: http.StatusAccepted}
+		switch i % 6 {
+		case 0: // the server generates the ID
+		case 1: // the ID in the Idempotency-Key header
+			r.header = map[string]string{"Idempotency-Key": fmt.Sprintf("hdr-%d", i)}
+			s.id = fmt.Sprintf("hdr-%d", i)
+		case 2: // no timestamp: the server uses its clock
+			s.id = fmt.Sprintf("now-%d", i)
+			s.timestamp = 0
+		default:
+			s.id = fmt.Sprintf("c-%d", i)
+		}
+		r.sent = s
+		if r.header == nil {
+			r.body = componentCheckinBody(s)
+		} else {
+			noID := s
+			noID.id = ""
+			r.body = componentCheckinBody(noID)
+		}
+		reqs = append(reqs, r)
+		// A client retrying the same request (timeout, lost response): same ID, same content.
+		if s.id != "" && i%5 == 0 {
+			reqs = append(reqs, r)
+		}
+		// Someone reusing an ID for a different check-in: 409, never counted. Sent after all
+		// the others, so which of the two is the original is known.
+		if s.id != "" && i%23 == 0 {
+			other := s
+			other.stars = (s.stars + 1) % 6
+			conflicts = append(conflicts, componentRequest{body: componentCheckinBody(other), want: http.StatusConflict, field: "checkinId"})
+		}
+	}
+	future := now + int64(time.Hour/time.Millisecond)
+	for _, bad := range []struct{ body, field string }{
+		{`{"userId":1,"locationId":1,"starRating":6}`, "starRating"},
+		{`{"userId":1,"locationId":1,"starRating":-1}`, "starRating"},
+		{`{"userId":0,"locationId":1,"starRating":3}`, "userId"},
+		{`{"userId":1,"starRating":3}`, "locationId"},
+		{`{"userId":1,"locationId":1}`, "starRating"},
+		{`{"userId":"7","locationId":1,"starRating":3}`, "userId"},
+		{`{"userId":1,"locationId":1,"starRating":3,"timestamp":` + strconv.FormatInt(future, 10) + `}`, "timestamp"},
+		{`{"userId":1,"locationId":1,"starRating":3,"checkinId":"has space"}`, "checkinId"},
+		{`{"userId":1,"locationId":1,"starRating":3,"colour":"red"}`, "colour"},
+		{`{"userId":1,`, ""},
+	} {
+		reqs = append(reqs, componentRequest{body: bad.body, want: http.StatusBadRequest, field: bad.field})
+	}
+	t.Logf("sending %d requests (%d distinct valid check-ins, the rest retries and invalid), then %d conflicting reuses of an ID",
+		len(reqs), nValid, len(conflicts))
+	// Shuffle so a retry may run concurrently with its original.
+	rng.Shuffle(len(reqs), func(i, j int) { reqs[i], reqs[j] = reqs[j], reqs[i] })
+
+	var (
+		mu           sync.Mutex
+		acceptedByID = map[string]componentAccepted{}
+	)
+	send := func(reqs []componentRequest) {
+		jobs := make(chan componentRequest)
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for r := range jobs {
+					status, body, err := testPostCheckin(svc.base, r.body, r.header)
+					if !assert.NoError(t, err) || !assert.Equal(t, r.want, status, "POST %s -> %v", r.body, body) {
+						continue
+					}
+					if status != http.StatusAccepted {
+						errBody, _ := body["error"].(map[string]any)
+						assert.NotEmpty(t, errBody["message"], "error body %v", body)
+						if r.field != "" {
+							assert.Equal(t, r.field, errBody["field"], "error body %v", body)
+						}
+						continue
+					}
+					var got componentAccepted
+					b, _ := json.Marshal(body)
+					assert.NoError(t, json.Unmarshal(b, &got))
+					mu.Lock()
+					prev, seen := acceptedByID[got.CheckinID]
+					acceptedByID[got.CheckinID] = got
+					mu.Unlock()
+					if seen {
+						assert.Equal(t, prev, got, "a retry must return the check-in first accepted")
+					}
+					if r.sent.id != "" {
+						assert.Equal(t, r.sent.id, got.CheckinID)
+					}
+					assert.Equal(t, r.sent.user, got.UserID)
+					assert.Equal(t, r.sent.location, got.LocationID)
+					assert.Equal(t, r.sent.stars, got.StarRating)
+					if r.sent.timestamp != 0 {
+						assert.Equal(t, r.sent.timestamp, got.Timestamp)
+					} else {
+						assert.Greater(t, got.Timestamp, now-60_000)
+					}
+				}
+			})
+		}
+		for _, r := range reqs {
+			jobs <- r
+		}
+		close(jobs)
+		wg.Wait()
+	}
+	send(reqs)
+	send(conflicts)
+	require.False(t, t.Failed(), "requests did not get the expected answers")
+	require.Len(t, acceptedByID, nValid)
+
+	// A publisher retry after a lost reply writes the same event twice: copy some entries, as
+	// they are, to the end of the stream. They must not be counted again.
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	client := redistest.Client(t, rdb.URL)
+	ctx := context.Background()
+	entries, err := client.XRangeN(ctx, keys.Stream(), "-", "+", 40).Result()
+	require.NoError(t, err)
+	require.NotEmpty(t, entries)
+	for i := 0; i < len(entries); i += 4 {
+		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: entries[i].Values}).Err())
+	}
+
+	type userWant struct{ num, last, lastLoc int64 }
+	type locWant struct{ num, stars int64 }
+	users := map[int64]userWant{}
+	locations := map[int64]locWant{}
+	latestID := map[int64]string{}
+	for _, c := range acceptedByID {
+		u := users[c.UserID]
+		u.num++
+		// The latest check-in wins; on equal timestamps the greater checkinId (the read model's
+		// deterministic tie-break).
+		if c.Timestamp > u.last || (c.Timestamp == u.last && c.CheckinID > latestID[c.UserID]) {
+			u.last, u.lastLoc = c.Timestamp, c.LocationID
+			latestID[c.UserID] = c.CheckinID
+		}
+		users[c.UserID] = u
+		l := locations[c.LocationID]
+		l.num++
+		l.stars += c.StarRating
+		locations[c.LocationID] = l
+	}
+
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		for id, w := range users {
+			status, got, err := testGetStats(svc.base, fmt.Sprintf("/users/%d", id))
+			if !assert.NoError(c, err) || !assert.Equal(c, http.StatusOK, status, "user %d", id) {
+				return
+			}
+			assert.Equal(c, map[string]int64{"userId": id, "numCheckins": w.num, "lastCheckin": w.last, "lastSeenAt": w.lastLoc}, got, "user %d", id)
+		}
+		for id, w := range locations {
+			status, got, err := testGetStats(svc.base, fmt.Sprintf("/locations/%d", id))
+			if !assert.NoError(c, err) || !assert.Equal(c, http.StatusOK, status, "location %d", id) {
+				return
+			}
+			avg := int64(float64(w.stars)/float64(w.num) + 0.5)
+			assert.Equal(c, map[string]int64{"locationId": id, "numCheckins": w.num, "numStars": w.stars, "averageStars": avg}, got, "location %d", id)
+		}
+	}, 90*time.Second, 200*time.Millisecond, "read models must equal the accepted check-ins, each counted once")
+
+	// Nobody checked in there: 404, not zeros.
+	status, _, err := testGetStats(svc.base, fmt.Sprintf("/users/%d", nUsers+1))
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusNotFound, status)
+
+	require.NoError(t, svc.stop(t), "a graceful stop returns nil")
+	groups, err := client.XInfoGroups(ctx, keys.Stream()).Result()
+	require.NoError(t, err)
+	require.Len(t, groups, len(allProjections(Config{})), "one consumer group per projection")
+	for _, g := range groups {
+		assert.Zero(t, g.Pending, "group %s: a clean shutdown acks everything it handled", g.Name)
+	}
+}
+
+// TestComponentProjectionsSelectsGroups runs the service with PROJECTIONS=users: only the users
+// consumer group exists and the locations read model is never written.
+func TestComponentProjectionsSelectsGroups(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	svc := startInProcess(t, map[string]string{
+		"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "PROJECTIONS": "users",
+	}, Mode{API: true, Projections: true})
+
+	status, body, err := testPostCheckin(svc.base, `{"checkinId":"only-users-1","userId":41,"locationId":42,"starRating":4}`, nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusAccepted, status, "%v", body)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		status, got, err := testGetStats(svc.base, "/users/41")
+		if assert.NoError(c, err) && assert.Equal(c, http.StatusOK, status) {
+			assert.Equal(c, int64(1), got["numCheckins"])
+		}
+	}, 30*time.Second, 100*time.Millisecond)
+
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	groups, err := redistest.Client(t, rdb.URL).XInfoGroups(context.Background(), keys.Stream()).Result()
+	require.NoError(t, err)
+	var names []string
+	for _, g := range groups {
+		names = append(names, g.Name)
+	}
+	assert.Equal(t, []string{keys.Group("users", 1)}, names)
+
+	status, _, err = testGetStats(svc.base, "/locations/42")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusNotFound, status, "the locations projection must not run")
+
+	require.NoError(t, svc.stop(t))
+}

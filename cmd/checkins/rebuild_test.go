@@ -1,0 +1,390 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/ports"
+)
+
+// dumpVersion reads every key of one projection version, by its name within the version
+// (prefix stripped), as comparable strings: hash fields, sorted-set members with scores, set
+// members.
+func dumpVersion(t *testing.T, client *redis.Client, keys adapters.KeySpace, name string, version int) map[string]map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	prefix := keys.ProjectionPrefix(name, version)
+	out := map[string]map[string]string{}
+	iter := client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		key := iter.Val()
+		content := map[string]string{}
+		typ, err := client.Type(ctx, key).Result()
+		require.NoError(t, err)
+		switch typ {
+		case "hash":
+			content, err = client.HGetAll(ctx, key).Result()
+			require.NoError(t, err)
+		case "zset":
+			zs, err := client.ZRangeWithScores(ctx, key, 0, -1).Result()
+			require.NoError(t, err)
+			for _, z := range zs {
+				content[fmt.Sprint(z.Member)] = fmt.Sprint(z.Score)
+			}
+		case "set":
+			ms, err := client.SMembers(ctx, key).Result()
+			require.NoError(t, err)
+			for _, m := range ms {
+				content[m] = ""
+			}
+		default:
+			t.Fatalf("unexpected key type %s of %s", typ, key)
+		}
+		out[typ+" "+strings.TrimPrefix(key, prefix)] = content
+	}
+	require.NoError(t, iter.Err())
+	return out
+}
+
+// allSettled: every consumer group on the stream has nothing undelivered and nothing pending.
+func allSettled(t *testing.T, client *redis.Client, keys adapters.KeySpace) bool {
+	t.Helper()
+	info, err := adapters.ReadStreamInfo(context.Background(), client, keys.Stream())
+	require.NoError(t, err)
+	for _, g := range info.Groups {
+		if g.Lag != 0 || g.Pending != 0 {
+			return false
+		}
+	}
+	return len(info.Groups) > 0
+}
+
+// TestRebuildMatchesIncrementalProcessing runs every shipped projection incrementally (v1) while
+// check-ins, with duplicates and out-of-order timestamps, are being published, starts a rebuild
+// (v2) of each in the middle of it, and compares all keys of v1 and v2 field by field once both
+// have processed the same history. Then it lets the rebuild finish: reads switch to v2, and v1's
+// keys and group are removed.
+func TestRebuildMatchesIncrementalProcessing(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	keys := adapters.KeySpace{Prefix: "rb"}
+	client := redistest.Client(t, srv.URL())
+	ctx := context.Background()
+	projs := allProjections(Config{LeaderboardMinCheckins: 3})
+	ops, err := ports.NewProjectionOps(ports.ProjectionOpsConfig{Redis: client, Keys: keys, Projections: projs,
+		RetireGrace: time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	pub := testPublisher(t, srv.URL(), keys)
+	rng := rand.New(rand.NewPCG(9, 9))
+
+	history := genCheckins(rng, "h", 1500)
+	publishWithDuplicates(t, pub, rng, history[:700], 4)
+	targets, err := ops.Targets(ctx, projs)
+	require.NoError(t, err)
+	router := testProjector(t, srv.URL(), keys, targets)
+
+	// The rest is published concurrently with the rebuild starting and running.
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		publishWithDuplicates(t, pub, rand.New(rand.NewPCG(9, 10)), history[700:], 2)
+	}()
+	for _, p := range projs {
+		rp, err := ops.Rebuild(ctx, p.Name())
+		require.NoError(t, err)
+		require.Equal(t, ports.RebuildProgress{Projection: p.Name(), State: ports.RebuildBuilding, From: 1, To: 2,
+			StartedAt: rp.StartedAt, Lag: -1}, rp)
+	}
+	// What a projector's registry watcher does on its next poll: run v2 next to v1.
+	targets, err = ops.Targets(ctx, projs)
+	require.NoError(t, err)
+	require.Len(t, targets, 2*len(projs))
+	added, removed, err := router.SetTargets(targets)
+	require.NoError(t, err)
+	assert.Len(t, added, len(projs))
+	assert.Empty(t, removed)
+
+	<-published
+	require.Eventually(t, func() bool { return allSettled(t, client, keys) }, 60*time.Second, 50*time.Millisecond)
+
+	for _, p := range projs {
+		v1 := dumpVersion(t, client, keys, p.Name(), 1)
+		v2 := dumpVersion(t, client, keys, p.Name(), 2)
+		require.NotEmpty(t, v1, p.Name())
+		assert.Equal(t, v1, v2, "%s: the rebuilt read model differs from the incremental one", p.Name())
+	}
+	// And both are right, not just equal: the user board adds up to the distinct check-ins.
+	users, err := projection.Leaderboards{}.TopUsers(ctx, adapters.NewProjectionReader(client, keys, "leaderboards"), 100)
+	require.NoError(t, err)
+	var total int64
+	for _, u := range users {
+		total += u.NumCheckins
+	}
+	assert.Equal(t, int64(len(history)), total)
+
+	// Finish: switch reads, retire v1 in the projector, then remove it.
+	for _, p := range projs {
+		rp, err := ops.Step(ctx, p.Name())
+		require.NoError(t, err)
+		require.Equal(t, ports.RebuildRetiring, rp.State, p.Name())
+		cur, err := adapters.NewProjectionVersions(client, keys).Current(ctx, p.Name())
+		require.NoError(t, err)
+		assert.Equal(t, 2, cur, "%s reads v2 after the switch", p.Name())
+	}
+	targets, err = ops.Targets(ctx, projs)
+	require.NoError(t, err)
+	_, removed, err = router.SetTargets(targets)
+	require.NoError(t, err)
+	assert.Len(t, removed, len(projs), "the v1 handlers stop")
+	for _, p := range projs {
+		rp, err := ops.Step(ctx, p.Name())
+		require.NoError(t, err)
+		assert.Equal(t, ports.RebuildDone, rp.State)
+		assert.Empty(t, dumpVersion(t, client, keys, p.Name(), 1), "%s v1 keys removed", p.Name())
+		assert.NotEmpty(t, dumpVersion(t, client, keys, p.Name(), 2))
+	}
+	info, err := adapters.ReadStreamInfo(ctx, client, keys.Stream())
+	require.NoError(t, err)
+	var groups []string
+	for _, g := range info.Groups {
+		groups = append(groups, g.Name)
+	}
+	slices.Sort(groups)
+	assert.Equal(t, []string{"daily_checkins.v2", "leaderboards.v2", "locations.v2", "recent_checkins.v2", "users.v2"}, groups)
+}
+
+// rebuildSent is a check-in the API accepted.
+type rebuildSent struct {
+	id                    string
+	user, location, stars int64
+	ts                    int64
+}
+
+// TestRebuildWhileCheckinsFlow runs the service (API and projectors) in process, keeps posting
+// check-ins (with retried duplicates and out-of-order timestamps) over HTTP, and meanwhile
+// rebuilds projections with the real CLI binary and over HTTP. Afterwards every read model
+// served over HTTP equals an independent computation over the accepted check-ins, and the old
+// versions are gone.
+func TestRebuildWhileCheckinsFlow(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	env := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "PROJECTION_POLL_INTERVAL": "100ms",
+		"PROJECTION_RETIRE_GRACE": "500ms", "LEADERBOARD_MIN_CHECKINS": "2"}
+	svcEnv := map[string]string{}
+	for k, v := range env {
+		svcEnv[k] = v
+	}
+	svc := startInProcess(t, svcEnv, Mode{API: true, Projections: true})
+	client := redistest.Client(t, rdb.URL)
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	now := time.Now()
+
+	var (
+		mu       sync.Mutex
+		accepted []rebuildSent
+		stop     atomic.Bool
+		posted   = make(chan struct{})
+		postErr  error
+	)
+	go func() {
+		defer close(posted)
+		rng := rand.New(rand.NewPCG(5, 5))
+		for i := 0; !stop.Load() || i < 200; i++ {
+			s := rebuildSent{id: fmt.Sprintf("flow-%d", i), user: 1 + rng.Int64N(10), location: 1 + rng.Int64N(6),
+				stars: rng.Int64N(6), ts: now.Add(-time.Duration(rng.Int64N(15*24*3600)) * time.Second).UnixMilli()}
+			body := fmt.Sprintf(`{"checkinId":%q,"userId":%d,"locationId":%d,"starRating":%d,"timestamp":%d}`, s.id, s.user, s.location, s.stars, s.ts)
+			for try := 0; try < 1+rng.IntN(2); try++ { // some are retried: the same request twice
+				status, _, err := testPostCheckin(svc.base, body, nil)
+				if err != nil || status != http.StatusAccepted {
+					postErr = fmt.Errorf("POST %s: status %d, %v", body, status, err)
+					return
+				}
+			}
+			mu.Lock()
+			accepted = append(accepted, s)
+			mu.Unlock()
+		}
+	}()
+
+	// Some history first, then rebuild while posting goes on.
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(accepted) >= 100 }, 30*time.Second, 10*time.Millisecond)
+	resp, err := testHTTPClient.Post(svc.base+"/ops/projections/recent_checkins/rebuild", "application/json", nil)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusAccepted, resp.StatusCode)
+	resp, err = testHTTPClient.Post(svc.base+"/ops/projections/no_such_thing/rebuild", "application/json", nil)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusNotFound, resp.StatusCode)
+
+	code, out, stderr := runCLI(t, env, "projections", "rebuild", "daily_checkins", "--no-wait")
+	require.Equal(t, 0, code, "stdout %s\nstderr %s", out, stderr)
+	code, out, stderr = runCLI(t, env, "projections", "rebuild", "leaderboards")
+	require.Equal(t, 0, code, "stdout %s\nstderr %s", out, stderr)
+	assert.Contains(t, out, "leaderboards: building")
+	assert.Contains(t, out, "leaderboards: done, v2 serves reads, v1 removed")
+
+	stop.Store(true)
+	<-posted
+	require.NoError(t, postErr)
+	t.Logf("%d check-ins accepted; the CLI rebuild said:\n%s", len(accepted), out)
+
+	// Every rebuild finishes (projectors drive the ones nobody waits for) and everything settles.
+	type opsReport struct {
+		Rebuilds []ports.RebuildProgress `json:"rebuilds"`
+	}
+	require.Eventually(t, func() bool {
+		var rep opsReport
+		if !getJSON(t, svc.base+"/ops/projections", &rep) {
+			return false
+		}
+		done := 0
+		for _, r := range rep.Rebuilds {
+			if r.State == ports.RebuildDone && r.To == 2 {
+				done++
+			}
+		}
+		return done == 3 && allSettled(t, client, keys)
+	}, 60*time.Second, 50*time.Millisecond)
+
+	code, out, stderr = runCLI(t, env, "projections", "list")
+	require.Equal(t, 0, code, stderr)
+	for _, name := range []string{"leaderboards", "recent_checkins", "daily_checkins"} {
+		assert.Regexp(t, name+`\s+v2\s+-\s+v2 \(serving\)\s+`+name+`\.v2\s+0\s+0\s+caught up`, out)
+		assert.Empty(t, dumpVersion(t, client, keys, name, 1), "%s v1 removed", name)
+	}
+
+	// The independent computation.
+	type locAgg struct{ n, stars int64 }
+	locs, users := map[int64]*locAgg{}, map[int64]int64{}
+	recent := map[int64][]int64{}
+	daily := map[int64]map[string]int64{}
+	for _, s := range accepted {
+		if locs[s.location] == nil {
+			locs[s.location] = &locAgg{}
+			daily[s.location] = map[string]int64{}
+		}
+		locs[s.location].n++
+		locs[s.location].stars += s.stars
+		users[s.user]++
+		recent[s.user] = append(recent[s.user], s.ts)
+		daily[s.location][time.UnixMilli(s.ts).UTC().Format(projection.DayLayout)]++
+	}
+
+	var ub struct{ Users []projection.LeaderboardUser }
+	require.True(t, getJSON(t, svc.base+"/leaderboards/users?limit=100", &ub))
+	gotUsers := map[int64]int64{}
+	for _, u := range ub.Users {
+		gotUsers[u.UserID] = u.NumCheckins
+	}
+	assert.Equal(t, users, gotUsers)
+
+	var lb struct {
+		Locations []projection.LeaderboardLocation
+	}
+	require.True(t, getJSON(t, svc.base+"/leaderboards/locations?by=rating&limit=100", &lb))
+	require.Len(t, lb.Locations, len(locs)) // every location has >= 2 check-ins by now
+	for _, l := range lb.Locations {
+		a := locs[l.LocationID]
+		assert.Equal(t, a.n, l.NumCheckins, "location %d", l.LocationID)
+		assert.InDelta(t, float64(a.stars)/float64(a.n), l.AverageRating, 1e-9, "location %d", l.LocationID)
+	}
+	assert.True(t, sort.SliceIsSorted(lb.Locations, func(i, j int) bool { return lb.Locations[i].AverageRating > lb.Locations[j].AverageRating }))
+
+	for user, tss := range recent {
+		sort.Slice(tss, func(i, j int) bool { return tss[i] > tss[j] })
+		var rc projection.RecentCheckinsView
+		require.True(t, getJSON(t, fmt.Sprintf("%s/users/%d/checkins", svc.base, user), &rc))
+		got := make([]int64, len(rc.Checkins))
+		for i, c := range rc.Checkins {
+			got[i] = c.Timestamp
+		}
+		assert.Equal(t, tss[:min(len(tss), projection.RecentCheckinsKept)], got, "user %d", user)
+	}
+
+	from, to := now.AddDate(0, 0, -16).UTC().Format(projection.DayLayout), now.UTC().Format(projection.DayLayout)
+	for loc, days := range daily {
+		var dv projection.DailyCheckinsView
+		require.True(t, getJSON(t, fmt.Sprintf("%s/locations/%d/daily?from=%s&to=%s", svc.base, loc, from, to), &dv))
+		got := map[string]int64{}
+		for _, d := range dv.Days {
+			if d.Checkins > 0 {
+				got[d.Date] = d.Checkins
+			}
+		}
+		assert.Equal(t, days, got, "location %d", loc)
+	}
+
+	status, metrics := getBody(t, svc.base+"/metrics")
+	require.Equal(t, http.StatusOK, status)
+	assert.Contains(t, metrics, `checkins_projection_lag{group="leaderboards.v2",projection="leaderboards",version="2"} 0`)
+	assert.Contains(t, metrics, `checkins_http_requests_total{method="POST",route="/checkins",status="202"}`)
+}
+
+func getBody(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := testHTTPClient.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
+}
+
+// getJSON decodes a 200 answer into out; false for any other status.
+func getJSON(t *testing.T, url string, out any) bool {
+	t.Helper()
+	status, body := getBody(t, url)
+	if status != http.StatusOK {
+		t.Logf("GET %s: %d %s", url, status, body)
+		return false
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), out), body)
+	return true
+}
+
+func TestCLIProjectionsRejectsBadUse(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	env := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"projections"}, "missing verb"},
+		{[]string{"projections", "drop", "users"}, `unknown verb "drop"`},
+		{[]string{"projections", "rebuild"}, "rebuild takes one projection name"},
+		{[]string{"projections", "rebuild", "nope"}, `projection "nope" (known: users, locations, leaderboards, recent_checkins, daily_checkins)`},
+		{[]string{"projections", "list", "extra"}, "unexpected arguments"},
+	} {
+		code, _, stderr := runCLI(t, env, tc.args...)
+		assert.NotEqual(t, 0, code, "%v", tc.args)
+		assert.Contains(t, stderr, tc.want, "%v", tc.args)
+	}
+	code, out, stderr := runCLI(t, env, "projections", "list", "--json")
+	require.Equal(t, 0, code, stderr)
+	var rep ports.ProjectionsReport
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	require.Len(t, rep.Projections, 5)
+	assert.Equal(t, ports.ProjectionRow{Projection: "users", Serving: 1}, rep.Projections[0])
+	assert.Equal(t, "not started: no projector has subscribed yet", rep.Versions[0].State)
+}
