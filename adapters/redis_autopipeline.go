@@ -25,7 +25,8 @@ type AutoPipeline struct {
 	maxWait  time.Duration
 	stop     chan struct{}
 	wg       sync.WaitGroup
-	once     sync.Once
+	mu       sync.RWMutex
+	closed   bool
 }
 
 type pipelineCall struct {
@@ -81,12 +82,19 @@ func (p *AutoPipeline) Do(ctx context.Context, args ...any) (any, error) {
 
 func (p *AutoPipeline) process(ctx context.Context, cmd redis.Cmder, script *redis.Script) error {
 	c := &pipelineCall{ctx: ctx, cmd: cmd, script: script, done: make(chan struct{})}
-	select {
-	case p.queue <- c:
-	case <-p.stop:
+	// The read lock keeps Close from stopping the workers between the closed check and the
+	// send, which would leave the call queued with nobody to run it.
+	p.mu.RLock()
+	if p.closed {
+		p.mu.RUnlock()
 		cmd.SetErr(ErrPipelineClosed)
 		return ErrPipelineClosed
+	}
+	select {
+	case p.queue <- c:
+		p.mu.RUnlock()
 	case <-ctx.Done():
+		p.mu.RUnlock()
 		cmd.SetErr(ctx.Err())
 		return ctx.Err()
 	}
@@ -96,7 +104,12 @@ func (p *AutoPipeline) process(ctx context.Context, cmd redis.Cmder, script *red
 
 // Close stops the workers after the commands already queued have run.
 func (p *AutoPipeline) Close() error {
-	p.once.Do(func() { close(p.stop) })
+	p.mu.Lock()
+	if !p.closed {
+		p.closed = true
+		close(p.stop)
+	}
+	p.mu.Unlock()
 	p.wg.Wait()
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
@@ -15,49 +16,54 @@ import (
 // dedupe set and applies the ops only if the event was new, atomically. All keys share the
 // slot's hash tag. Ops are validated before any write, because Redis does not roll a script back.
 //
+// It walks ARGV in place rather than building tables per op: the script runs twice per event,
+// and Redis's single thread is what bounds the drain rate.
+//
 // KEYS[1] = dedupe set, KEYS[2..] = keys used by ops.
 // ARGV[1] = event id, ARGV[2] = op count, then per op: kind, nkeys, nargs, key indexes, args.
 const applyScript = `
-local known = {hincrby=true, hset=true, hmaxby=true, hround=true, zadd=true, zincrby=true, zkeeptop=true, zratioatmin=true}
-local ops = {}
+local n = tonumber(ARGV[2])
 local i = 3
-for n = 1, tonumber(ARGV[2]) do
-  local kind, nk, na = ARGV[i], tonumber(ARGV[i+1]), tonumber(ARGV[i+2])
-  if not known[kind] then return redis.error_reply('unknown op ' .. tostring(kind)) end
-  i = i + 3
-  local k, a = {}, {}
-  for j = 1, nk do k[j] = KEYS[tonumber(ARGV[i])]; i = i + 1 end
-  for j = 1, na do a[j] = ARGV[i]; i = i + 1 end
-  ops[n] = {kind, k, a}
+for _ = 1, n do
+  local kind = ARGV[i]
+  if kind ~= 'hincrby' and kind ~= 'hset' and kind ~= 'hmaxby' and kind ~= 'hround' and kind ~= 'zadd'
+    and kind ~= 'zincrby' and kind ~= 'zkeeptop' and kind ~= 'zratioatmin' then
+    return redis.error_reply('unknown op ' .. tostring(kind))
+  end
+  i = i + 3 + tonumber(ARGV[i+1]) + tonumber(ARGV[i+2])
 end
 if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
-for _, op in ipairs(ops) do
-  local kind, k, a = op[1], op[2], op[3]
+i = 3
+for _ = 1, n do
+  local kind, nk, na = ARGV[i], tonumber(ARGV[i+1]), tonumber(ARGV[i+2])
+  local k = KEYS[tonumber(ARGV[i+3])]
+  local a = i + 3 + nk
   if kind == 'hincrby' then
-    redis.call('HINCRBY', k[1], a[1], a[2])
+    redis.call('HINCRBY', k, ARGV[a], ARGV[a+1])
   elseif kind == 'hset' then
-    redis.call('HSET', k[1], a[1], a[2])
+    redis.call('HSET', k, ARGV[a], ARGV[a+1])
   elseif kind == 'hmaxby' then
-    local cur = redis.call('HMGET', k[1], a[1], a[3])
-    local v, c = tonumber(a[2]), tonumber(cur[1])
-    if c == nil or v > c or (v == c and (not cur[2] or a[4] > cur[2])) then
-      redis.call('HSET', k[1], unpack(a))
+    local cur = redis.call('HMGET', k, ARGV[a], ARGV[a+2])
+    local v, c = tonumber(ARGV[a+1]), tonumber(cur[1])
+    if c == nil or v > c or (v == c and (not cur[2] or ARGV[a+3] > cur[2])) then
+      redis.call('HSET', k, unpack(ARGV, a, a + na - 1))
     end
   elseif kind == 'hround' then
-    local cur = redis.call('HMGET', k[1], a[2], a[3])
+    local cur = redis.call('HMGET', k, ARGV[a+1], ARGV[a+2])
     local num, den = tonumber(cur[1]) or 0, tonumber(cur[2]) or 0
-    if den > 0 then redis.call('HSET', k[1], a[1], math.floor(num / den + 0.5)) end
+    if den > 0 then redis.call('HSET', k, ARGV[a], math.floor(num / den + 0.5)) end
   elseif kind == 'zadd' then
-    redis.call('ZADD', k[1], a[1], a[2])
+    redis.call('ZADD', k, ARGV[a], ARGV[a+1])
   elseif kind == 'zincrby' then
-    redis.call('ZINCRBY', k[1], a[1], a[2])
+    redis.call('ZINCRBY', k, ARGV[a], ARGV[a+1])
   elseif kind == 'zkeeptop' then
-    redis.call('ZREMRANGEBYRANK', k[1], 0, -(tonumber(a[1]) + 1))
+    redis.call('ZREMRANGEBYRANK', k, 0, -(tonumber(ARGV[a]) + 1))
   elseif kind == 'zratioatmin' then
-    local cur = redis.call('HMGET', k[2], a[2], a[3])
+    local cur = redis.call('HMGET', KEYS[tonumber(ARGV[i+4])], ARGV[a+1], ARGV[a+2])
     local num, den = tonumber(cur[1]) or 0, tonumber(cur[2]) or 0
-    if den > 0 and den >= tonumber(a[4]) then redis.call('ZADD', k[1], num / den, a[1]) end
+    if den > 0 and den >= tonumber(ARGV[a+3]) then redis.call('ZADD', k, num / den, ARGV[a]) end
   end
+  i = a + na
 end
 return 1
 `
@@ -69,6 +75,7 @@ var applyLua = redis.NewScript(applyScript)
 type ProjectionStore struct {
 	pipeline *AutoPipeline // nil: one round trip per Apply
 	client   redis.UniversalClient
+	prefix   string // keys.ProjectionPrefix(name, version)
 	keys     KeySpace
 	name     string
 	version  int
@@ -79,7 +86,8 @@ func NewProjectionStore(client redis.UniversalClient, keys KeySpace, name string
 	if client == nil || name == "" || version < 1 {
 		return nil, errors.New("adapters: ProjectionStore needs a client, a projection name and a version >= 1")
 	}
-	return &ProjectionStore{client: client, keys: keys, name: name, version: version}, nil
+	return &ProjectionStore{client: client, keys: keys, name: name, version: version,
+		prefix: keys.ProjectionPrefix(name, version)}, nil
 }
 
 // WithAutoPipeline sends Apply calls through p, batching concurrent ones into pipelines.
@@ -145,9 +153,14 @@ func (s *ProjectionStore) encode(u *projection.Update) ([]string, []any, error) 
 	if u.Slot == "" || u.EventID == "" {
 		return nil, nil, fmt.Errorf("projection %s: update needs a slot and an event ID (got slot %q, event %q)", s.name, u.Slot, u.EventID)
 	}
-	keys := []string{s.keys.ProjectionKey(s.name, s.version, u.Slot, "seen")}
-	index := map[string]int{}
-	args := []any{u.EventID, len(u.Ops)}
+	// Built by hand on the hot path: this runs once per event and projection.
+	slotPrefix := s.prefix + "{" + u.Slot + "}:"
+	keys := make([]string, 1, 4)
+	keys[0] = slotPrefix + "seen"
+	names := make([]string, 1, 4) // names[i] is the logical name of keys[i]
+	names[0] = "seen"
+	args := make([]any, 2, 2+8*len(u.Ops))
+	args[0], args[1] = u.EventID, len(u.Ops)
 	for _, op := range u.Ops {
 		// The script refuses unknown kinds too, but only per update: checking here keeps a
 		// batch from applying the updates before a bad one.
@@ -159,11 +172,11 @@ func (s *ProjectionStore) encode(u *projection.Update) ([]string, []any, error) 
 			if k == "" || k == "seen" {
 				return nil, nil, fmt.Errorf("projection %s: key name %q is reserved or empty", s.name, k)
 			}
-			idx, ok := index[k]
-			if !ok {
-				keys = append(keys, s.keys.ProjectionKey(s.name, s.version, u.Slot, k))
+			idx := slices.Index(names, k) + 1 // Lua indexes from 1
+			if idx == 0 {
+				names = append(names, k)
+				keys = append(keys, slotPrefix+k)
 				idx = len(keys)
-				index[k] = idx
 			}
 			args = append(args, idx)
 		}

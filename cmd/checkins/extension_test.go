@@ -1,6 +1,6 @@
 package main
 
-// The extension point, proven with the example of docs/adding-a-projection.md: the projection
+// The extension point, proven with the example of README.md ("Adding a projection"): the projection
 // below is that example (the same text, with the projection package's names qualified because
 // this file is in package main), run through the real machinery (ports.ProjectionRouter with
 // the batched subscriber, the Redis projection store, ProjectionOps for status) on a private
@@ -77,10 +77,10 @@ func TestExampleProjectionIsTheDocumentedOne(t *testing.T) {
 	require.NoError(t, err)
 	_, body, _ := strings.Cut(string(src), "// example:begin\n")
 	body, _, _ = strings.Cut(body, "// example:end")
-	doc, err := os.ReadFile("../../docs/adding-a-projection.md")
+	doc, err := os.ReadFile("../../README.md")
 	require.NoError(t, err)
 	_, block, ok := strings.Cut(string(doc), "<!-- example:ratings_histogram -->\n```go\n")
-	require.True(t, ok, "docs/adding-a-projection.md lost its example marker")
+	require.True(t, ok, "README.md lost its example marker")
 	block, _, _ = strings.Cut(block, "```")
 	// The documented file is package projection: drop its header up to the end of the imports.
 	_, block, ok = strings.Cut(block, "\n)\n")
