@@ -3,6 +3,7 @@ package adapters
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -60,11 +61,11 @@ func (FlatMarshaller) Marshal(_ string, msg *message.Message) (map[string]any, e
 func (FlatMarshaller) Unmarshal(values map[string]any) (*message.Message, error) {
 	// The payload is written straight as a JSON object: this runs once per entry and projection,
 	// and an intermediate map plus encoding/json was a large share of the projectors' CPU.
-	payload := make([]byte, 0, 256)
-	payload = append(payload, '{')
+	// Keys are sorted so the same entry always gives the same payload.
 	md := message.Metadata{}
 	var id string
 	var problems []string
+	fieldKeys := make([]string, 0, len(values))
 	for k, v := range values {
 		s, ok := v.(string)
 		if !ok {
@@ -77,13 +78,19 @@ func (FlatMarshaller) Unmarshal(values map[string]any) (*message.Message, error)
 		case strings.HasPrefix(k, MetaFieldPrefix):
 			md[strings.TrimPrefix(k, MetaFieldPrefix)] = s
 		default:
-			if len(payload) > 1 {
-				payload = append(payload, ',')
-			}
-			payload = appendJSONString(payload, k)
-			payload = append(payload, ':')
-			payload = appendJSONString(payload, s)
+			fieldKeys = append(fieldKeys, k)
 		}
+	}
+	slices.Sort(fieldKeys)
+	payload := make([]byte, 0, 256)
+	payload = append(payload, '{')
+	for i, k := range fieldKeys {
+		if i > 0 {
+			payload = append(payload, ',')
+		}
+		payload = appendJSONString(payload, k)
+		payload = append(payload, ':')
+		payload = appendJSONString(payload, values[k].(string))
 	}
 	payload = append(payload, '}')
 	if id == "" {

@@ -133,3 +133,18 @@ func mustJSON(t testing.TB, v any) []byte {
 	require.NoError(t, err)
 	return b
 }
+
+// The same entry must always give the same payload: the poison queue finds a stock-subscriber
+// message's entry by comparing payloads.
+func TestFlatMarshallerUnmarshalIsDeterministic(t *testing.T) {
+	t.Parallel()
+	values := map[string]any{"type": "checkin.recorded.v1", "checkinId": "c1", "userId": "1", "locationId": "2",
+		"starRating": "3", "timestamp": "4", "recordedAt": "5", "extra": "é\"x"}
+	first, err := adapters.FlatMarshaller{}.Unmarshal(values)
+	require.NoError(t, err)
+	for range 50 {
+		m, err := adapters.FlatMarshaller{}.Unmarshal(values)
+		require.NoError(t, err)
+		require.Equal(t, string(first.Payload), string(m.Payload))
+	}
+}
