@@ -1,6 +1,7 @@
 package ports
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 
@@ -35,7 +36,7 @@ func (s *HTTPServer) getLocation(c echo.Context) error {
 
 // readErr marks read-model failures other than not-found as unavailability (503).
 func readErr(err error) error {
-	if errorsIsNotFound(err) {
+	if errors.Is(err, domain.ErrNotFound) {
 		return err
 	}
 	return fmt.Errorf("%w: %w", domain.ErrUnavailable, err)
