@@ -218,6 +218,32 @@ func TestRecordCheckinPublishFailureIsRetried(t *testing.T) {
 	assert.Equal(t, strconv.FormatInt(res.Checkin.Timestamp, 10), e.entries(t)[0].Values["timestamp"])
 }
 
+func TestEventPublisherReportsWhatWasNotSent(t *testing.T) {
+	t.Parallel()
+	e := newCmdEnv(t, nil)
+	ev := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "ck-11", UserID: 1, LocationID: 1, Timestamp: 1}, RecordedAt: 2}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	assert.ErrorIs(t, e.pub.PublishCheckinRecorded(ctx, ev, ""), command.ErrNotPublished, "context ended before the XADD")
+
+	pipeClient := redistest.Client(t, e.srv.URL())
+	p := adapters.NewAutoPipeline(pipeClient, 8, 1)
+	pubClient := redistest.Client(t, e.srv.URL())
+	pubClient.AddHook(p.Hook())
+	pub, err := adapters.NewEventPublisher(pubClient, e.keys, watermill.NopLogger{})
+	require.NoError(t, err)
+	require.NoError(t, p.Close())
+	assert.ErrorIs(t, pub.PublishCheckinRecorded(context.Background(), ev, ""), command.ErrNotPublished, "pipeline closed")
+	assert.Equal(t, int64(0), e.xlen(t))
+
+	// Once the XADD is on its way, a failure says nothing about whether it landed.
+	e.srv.Kill()
+	err = e.pub.PublishCheckinRecorded(context.Background(), ev, "")
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, command.ErrNotPublished)
+}
+
 func TestRecordCheckinRedisDown(t *testing.T) {
 	t.Parallel()
 	e := newCmdEnv(t, nil)

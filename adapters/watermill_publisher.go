@@ -3,6 +3,7 @@ package adapters
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -10,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/domain"
 )
 
@@ -37,13 +39,23 @@ func NewEventPublisher(client redis.UniversalClient, keys KeySpace, logger water
 }
 
 // PublishCheckinRecorded implements command.EventPublisher; it returns after XADD succeeded.
+// Only errors raised before the XADD was handed to Redis count as command.ErrNotPublished: once
+// sent, even an error reply proves nothing, since go-redis may have retried after a first
+// attempt whose reply was lost.
 func (p *EventPublisher) PublishCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, correlationID string) error {
 	msg, err := NewEventMessage(e.Fields(), correlationID)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", command.ErrNotPublished, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w: %w", command.ErrNotPublished, err)
 	}
 	msg.SetContext(ctx)
-	return p.pub.Publish(p.stream, msg)
+	err = p.pub.Publish(p.stream, msg)
+	if errors.Is(err, ErrPipelineClosed) {
+		return fmt.Errorf("%w: %w", command.ErrNotPublished, err)
+	}
+	return err
 }
 
 // Close closes the publisher and its client.

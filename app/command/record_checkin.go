@@ -13,8 +13,14 @@ import (
 
 // EventPublisher appends events to the event stream. It returns only once the event is stored.
 type EventPublisher interface {
+	// PublishCheckinRecorded returns an error wrapping ErrNotPublished when the event is known
+	// not to be on the stream; any other error leaves open whether it was stored.
 	PublishCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, correlationID string) error
 }
+
+// ErrNotPublished marks a publish error after which the event is certainly not on the stream
+// (it was refused before it was sent).
+var ErrNotPublished = errors.New("event not published")
 
 // IdempotencyRecord is what was first accepted under a checkinId.
 type IdempotencyRecord struct {
