@@ -3,6 +3,7 @@ package adapters_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strconv"
@@ -263,43 +264,210 @@ func TestRecordCheckinRedisDown(t *testing.T) {
 	}
 }
 
+// idemStores are the store as the tests use it and as the service wires it (auto-pipelined).
+func idemStores(t *testing.T, env projEnv) map[string]*adapters.IdempotencyStore {
+	t.Helper()
+	pipeClient := redistest.Client(t, env.url)
+	p := adapters.NewAutoPipeline(pipeClient, 64, 1)
+	t.Cleanup(func() { _ = p.Close() })
+	return map[string]*adapters.IdempotencyStore{
+		"plain":     adapters.NewIdempotencyStore(env.client, env.with("plain").keys, time.Hour),
+		"pipelined": adapters.NewIdempotencyStore(env.client, env.with("pipelined").keys, time.Hour).WithAutoPipeline(p),
+	}
+}
+
 func TestIdempotencyStore(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	for name, store := range idemStores(t, env) {
+		t.Run(name, func(t *testing.T) {
+			keys := env.with(name).keys
+			ctx := context.Background()
+			rec := command.IdempotencyRecord{Fingerprint: "fp", RecordedAt: 11, Owner: "owner-1", ReservedAt: 11,
+				Checkin: domain.Checkin{ID: "ck-8", UserID: 1, LocationID: 2, StarRating: 3, Timestamp: 10}}
+
+			got, err := store.Reserve(ctx, rec)
+			require.NoError(t, err)
+			assert.Nil(t, got, "first reservation stores")
+
+			other := rec
+			other.Fingerprint, other.Checkin.StarRating, other.RecordedAt, other.Owner = "other", 5, 99, "owner-2"
+			got, err = store.Reserve(ctx, other)
+			require.NoError(t, err)
+			require.NotNil(t, got)
+			assert.Equal(t, rec, *got, "the existing record comes back unchanged")
+
+			require.NoError(t, store.MarkPublished(ctx, rec))
+			got, err = store.Reserve(ctx, rec)
+			require.NoError(t, err)
+			require.NotNil(t, got)
+			assert.True(t, got.Published)
+			assert.Empty(t, got.Owner, "a published record has no owner")
+			ttl, err := env.client.PTTL(ctx, keys.Idempotency("ck-8")).Result()
+			require.NoError(t, err)
+			assert.Greater(t, ttl, time.Duration(0), "MarkPublished keeps the TTL")
+
+			never := rec
+			never.Checkin.ID = "never-reserved"
+			require.NoError(t, store.MarkPublished(ctx, never))
+			n, err := env.client.Exists(ctx, keys.Idempotency("never-reserved")).Result()
+			require.NoError(t, err)
+			assert.Zero(t, n, "MarkPublished must not create a record")
+
+			require.NoError(t, env.client.Set(ctx, keys.Idempotency("corrupt"), "{not json", 0).Err())
+			rec.Checkin.ID = "corrupt"
+			_, err = store.Reserve(ctx, rec)
+			assert.ErrorContains(t, err, "corrupt")
+		})
+	}
+}
+
+// Records written before reservations had owners are a state byte and this JSON.
+func TestIdempotencyStoreReadsOldRecords(t *testing.T) {
 	t.Parallel()
 	env := newProjEnv(t)
 	ctx := context.Background()
 	store := adapters.NewIdempotencyStore(env.client, env.keys, time.Hour)
-	rec := command.IdempotencyRecord{Fingerprint: "fp", RecordedAt: 11,
-		Checkin: domain.Checkin{ID: "ck-8", UserID: 1, LocationID: 2, StarRating: 3, Timestamp: 10}}
+	const old = `{"f":"fp","id":"%s","u":1,"l":2,"s":3,"t":10,"r":11}`
+	want := command.IdempotencyRecord{Fingerprint: "fp", RecordedAt: 11, ReservedAt: 11,
+		Checkin: domain.Checkin{UserID: 1, LocationID: 2, StarRating: 3, Timestamp: 10}}
+	for _, state := range []string{"R", "P"} {
+		id := "old-" + state
+		require.NoError(t, env.client.Set(ctx, env.keys.Idempotency(id), state+fmt.Sprintf(old, id), time.Hour).Err())
+		w := want
+		w.Checkin.ID, w.Published = id, state == "P"
+		got, err := store.Reserve(ctx, command.IdempotencyRecord{Fingerprint: "new", Owner: "o", Checkin: domain.Checkin{ID: id}})
+		require.NoError(t, err)
+		require.NotNil(t, got)
+		assert.Equal(t, w, *got, "an old record reads as reserved at its RecordedAt, by no owner")
+	}
 
-	got, err := store.Reserve(ctx, rec)
+	// An old reservation can be taken over like any other.
+	seen, err := store.Reserve(ctx, command.IdempotencyRecord{Checkin: domain.Checkin{ID: "old-R"}})
 	require.NoError(t, err)
-	assert.Nil(t, got, "first reservation stores")
+	next := *seen
+	next.Owner, next.ReservedAt = "taker", 500
+	taken, cur, err := store.TakeOver(ctx, *seen, next)
+	require.NoError(t, err)
+	assert.True(t, taken)
+	assert.Nil(t, cur)
+	got, err := store.Reserve(ctx, command.IdempotencyRecord{Checkin: domain.Checkin{ID: "old-R"}})
+	require.NoError(t, err)
+	assert.Equal(t, next, *got)
+}
 
-	other := rec
-	other.Fingerprint, other.Checkin.StarRating, other.RecordedAt = "other", 5, 99
-	got, err = store.Reserve(ctx, other)
-	require.NoError(t, err)
-	require.NotNil(t, got)
-	assert.Equal(t, rec, *got, "the existing record comes back unchanged")
+func TestIdempotencyStoreTakeOver(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	for name, store := range idemStores(t, env) {
+		t.Run(name, func(t *testing.T) {
+			keys := env.with(name).keys
+			ctx := context.Background()
+			dead := command.IdempotencyRecord{Fingerprint: "fp", RecordedAt: 11, Owner: "dead", ReservedAt: 11,
+				Checkin: domain.Checkin{ID: "ck-t", UserID: 1, LocationID: 2, StarRating: 3, Timestamp: 10}}
+			got, err := store.Reserve(ctx, dead)
+			require.NoError(t, err)
+			require.Nil(t, got)
 
-	require.NoError(t, store.MarkPublished(ctx, rec))
-	got, err = store.Reserve(ctx, rec)
-	require.NoError(t, err)
-	require.NotNil(t, got)
-	assert.True(t, got.Published)
-	ttl, err := env.client.PTTL(ctx, env.keys.Idempotency("ck-8")).Result()
-	require.NoError(t, err)
-	assert.Greater(t, ttl, time.Duration(0), "MarkPublished keeps the TTL")
+			// Many takers at once: one wins, the others see the winner's reservation.
+			const takers = 20
+			type result struct {
+				next    command.IdempotencyRecord
+				taken   bool
+				current *command.IdempotencyRecord
+				err     error
+			}
+			results := make(chan result, takers)
+			start := make(chan struct{})
+			for i := range takers {
+				go func() {
+					next := dead
+					next.Owner, next.ReservedAt = fmt.Sprintf("taker-%d", i), int64(100+i)
+					<-start
+					taken, cur, err := store.TakeOver(ctx, dead, next)
+					results <- result{next, taken, cur, err}
+				}()
+			}
+			close(start)
+			var winner *command.IdempotencyRecord
+			var losers []*command.IdempotencyRecord
+			for range takers {
+				r := <-results
+				require.NoError(t, r.err)
+				if r.taken {
+					require.Nil(t, winner, "two takers won")
+					winner = &r.next
+					assert.Nil(t, r.current)
+				} else {
+					losers = append(losers, r.current)
+				}
+			}
+			require.NotNil(t, winner)
+			for _, l := range losers {
+				assert.Equal(t, winner, l, "a loser sees the winner's reservation")
+			}
+			got, err = store.Reserve(ctx, dead)
+			require.NoError(t, err)
+			assert.Equal(t, *winner, *got)
+			ttl, err := env.client.PTTL(ctx, keys.Idempotency("ck-t")).Result()
+			require.NoError(t, err)
+			assert.Greater(t, ttl, time.Duration(0), "TakeOver keeps the TTL")
 
-	never := rec
-	never.Checkin.ID = "never-reserved"
-	require.NoError(t, store.MarkPublished(ctx, never))
-	n, err := env.client.Exists(ctx, env.keys.Idempotency("never-reserved")).Result()
-	require.NoError(t, err)
-	assert.Zero(t, n, "MarkPublished must not create a record")
+			// Published, a record is not taken over; gone, there is nothing to take.
+			require.NoError(t, store.MarkPublished(ctx, *winner))
+			taken, cur, err := store.TakeOver(ctx, *winner, dead)
+			require.NoError(t, err)
+			assert.False(t, taken)
+			require.NotNil(t, cur)
+			assert.True(t, cur.Published)
+			gone := dead
+			gone.Checkin.ID = "gone"
+			taken, cur, err = store.TakeOver(ctx, gone, gone)
+			require.NoError(t, err)
+			assert.False(t, taken)
+			assert.Nil(t, cur)
+			n, err := env.client.Exists(ctx, keys.Idempotency("gone")).Result()
+			require.NoError(t, err)
+			assert.Zero(t, n, "TakeOver creates nothing")
+		})
+	}
+}
 
-	require.NoError(t, env.client.Set(ctx, env.keys.Idempotency("corrupt"), "{not json", 0).Err())
-	rec.Checkin.ID = "corrupt"
-	_, err = store.Reserve(ctx, rec)
-	assert.ErrorContains(t, err, "corrupt")
+func TestIdempotencyStoreRelease(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	for name, store := range idemStores(t, env) {
+		t.Run(name, func(t *testing.T) {
+			keys := env.with(name).keys
+			ctx := context.Background()
+			exists := func(id string) bool {
+				n, err := env.client.Exists(ctx, keys.Idempotency(id)).Result()
+				require.NoError(t, err)
+				return n == 1
+			}
+			mine := command.IdempotencyRecord{Fingerprint: "fp", RecordedAt: 11, Owner: "me", ReservedAt: 12,
+				Checkin: domain.Checkin{ID: "ck-r", UserID: 1, LocationID: 2, StarRating: 3, Timestamp: 10}}
+
+			_, err := store.Reserve(ctx, mine)
+			require.NoError(t, err)
+			require.NoError(t, store.Release(ctx, mine))
+			assert.False(t, exists("ck-r"), "my own reservation is released")
+
+			// Taken over: no longer mine.
+			_, err = store.Reserve(ctx, mine)
+			require.NoError(t, err)
+			theirs := mine
+			theirs.Owner, theirs.ReservedAt = "taker", 99
+			taken, _, err := store.TakeOver(ctx, mine, theirs)
+			require.NoError(t, err)
+			require.True(t, taken)
+			require.NoError(t, store.Release(ctx, mine))
+			assert.True(t, exists("ck-r"), "another owner's reservation stays")
+
+			// Published: the check-in is on the stream, the record must stay.
+			require.NoError(t, store.MarkPublished(ctx, theirs))
+			require.NoError(t, store.Release(ctx, theirs))
+			assert.True(t, exists("ck-r"), "a published record stays")
+		})
+	}
 }

@@ -28,6 +28,10 @@ type IdempotencyRecord struct {
 	Checkin     domain.Checkin
 	RecordedAt  int64
 	Published   bool // the event is known to be on the stream
+	// Owner is the token of the attempt that holds an unpublished reservation ("" in records
+	// written before reservations had owners); ReservedAt (ms since epoch) is when it took it.
+	Owner      string
+	ReservedAt int64
 }
 
 // IdempotencyStore remembers which checkinIds were accepted, so a retry is answered without a
@@ -38,6 +42,11 @@ type IdempotencyStore interface {
 	Reserve(ctx context.Context, rec IdempotencyRecord) (*IdempotencyRecord, error)
 	// MarkPublished records that the event of rec (as reserved) is on the stream.
 	MarkPublished(ctx context.Context, rec IdempotencyRecord) error
+	// TakeOver atomically replaces the reservation seen with next, if it is still unpublished
+	// and held by seen.Owner; otherwise it returns what is stored now (nil: nothing).
+	TakeOver(ctx context.Context, seen, next IdempotencyRecord) (taken bool, current *IdempotencyRecord, err error)
+	// Release deletes the reservation rec, only if it is still exactly rec (unpublished, ours).
+	Release(ctx context.Context, rec IdempotencyRecord) error
 }
 
 // RecordCheckin is the command to accept one check-in.
