@@ -189,14 +189,19 @@ func TestRecordCheckinPublishesUnpublishedReservation(t *testing.T) {
 	assert.Equal(t, int64(1), e.xlen(t), "once published, a retry does not publish again")
 }
 
-// flakyPublisher fails its first n publishes, like Redis dropping the connection mid-request.
+// flakyPublisher fails its first n publishes with err, like Redis dropping the connection
+// mid-request ("connection reset": whether the XADD landed is unknown).
 type flakyPublisher struct {
 	inner command.EventPublisher
 	fails atomic.Int64
+	err   error
 }
 
 func (p *flakyPublisher) PublishCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, corr string) error {
 	if p.fails.Add(-1) >= 0 {
+		if p.err != nil {
+			return p.err
+		}
 		return errors.New("connection reset")
 	}
 	return p.inner.PublishCheckinRecorded(ctx, e, corr)
@@ -212,11 +217,38 @@ func TestRecordCheckinPublishFailureIsRetried(t *testing.T) {
 	_, err := e.handler.Handle(ctx, cmd)
 	require.ErrorIs(t, err, domain.ErrUnavailable)
 	assert.Equal(t, int64(0), e.xlen(t))
+	// The event may have been stored: the reservation stays. The retry takes it over once it is
+	// older than the takeover age (the step clock ages it a second per reading) and publishes
+	// the original check-in.
+	orig, err := e.idem.Reserve(ctx, command.IdempotencyRecord{Checkin: domain.Checkin{ID: "ck-5"}})
+	require.NoError(t, err)
+	require.NotNil(t, orig, "not released")
+	require.False(t, orig.Published)
 
 	res, err := e.handler.Handle(ctx, cmd)
 	require.NoError(t, err)
+	assert.Equal(t, orig.Checkin, res.Checkin)
 	assert.Equal(t, int64(1), e.xlen(t))
 	assert.Equal(t, strconv.FormatInt(res.Checkin.Timestamp, 10), e.entries(t)[0].Values["timestamp"])
+}
+
+func TestRecordCheckinRefusedPublishReleasesTheCheckinID(t *testing.T) {
+	t.Parallel()
+	flaky := &flakyPublisher{err: fmt.Errorf("%w: %w", command.ErrNotPublished, adapters.ErrPipelineClosed)}
+	flaky.fails.Store(1)
+	e := newCmdEnv(t, func(p command.EventPublisher) command.EventPublisher { flaky.inner = p; return flaky })
+	ctx := context.Background()
+	_, err := e.handler.Handle(ctx, command.RecordCheckin{Input: input(ptr("ck-10"), 1, 1, 1, nil)})
+	require.ErrorIs(t, err, domain.ErrUnavailable)
+	n, err := e.client.Exists(ctx, e.keys.Idempotency("ck-10")).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "nothing was sent: the reservation is released")
+
+	res, err := e.handler.Handle(ctx, command.RecordCheckin{Input: input(ptr("ck-10"), 1, 1, 5, nil)})
+	require.NoError(t, err, "the checkinId is free, even for another body")
+	assert.False(t, res.Replayed)
+	assert.Equal(t, 5, res.Checkin.StarRating)
+	assert.Equal(t, int64(1), e.xlen(t))
 }
 
 func TestEventPublisherReportsWhatWasNotSent(t *testing.T) {
@@ -243,6 +275,167 @@ func TestEventPublisherReportsWhatWasNotSent(t *testing.T) {
 	err = e.pub.PublishCheckinRecorded(context.Background(), ev, "")
 	require.Error(t, err)
 	assert.NotErrorIs(t, err, command.ErrNotPublished)
+}
+
+// gatedPublisher holds every publish until gate is closed.
+type gatedPublisher struct {
+	inner   command.EventPublisher
+	gate    chan struct{}
+	entered atomic.Int64
+}
+
+func (p *gatedPublisher) PublishCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, corr string) error {
+	p.entered.Add(1)
+	<-p.gate
+	return p.inner.PublishCheckinRecorded(ctx, e, corr)
+}
+
+// newProcess is another `checkins api` process on the env's server, wired as cmd/ wires one:
+// clients of its own, one auto-pipeline for reservations and XADDs, the real clock.
+func (e *cmdEnv) newProcess(t *testing.T, takeoverAge time.Duration, wrap func(command.EventPublisher) command.EventPublisher) *command.RecordCheckinHandler {
+	t.Helper()
+	newClient := func() *redis.Client {
+		c, err := adapters.NewRedisClient(adapters.ClientOptions{URL: e.srv.URL(), DialTimeout: 500 * time.Millisecond,
+			ReadTimeout: time.Second, WriteTimeout: time.Second})
+		require.NoError(t, err)
+		return c
+	}
+	appClient, pipeClient, pubClient := newClient(), newClient(), newClient()
+	t.Cleanup(func() { _ = appClient.Close(); _ = pipeClient.Close() })
+	p := adapters.NewAutoPipeline(pipeClient, 256, 2)
+	t.Cleanup(func() { _ = p.Close() })
+	pubClient.AddHook(p.Hook())
+	pub, err := adapters.NewEventPublisher(pubClient, e.keys, watermill.NopLogger{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	var cp command.EventPublisher = pub
+	if wrap != nil {
+		cp = wrap(pub)
+	}
+	h, err := command.NewRecordCheckinHandler(cp, adapters.NewIdempotencyStore(appClient, e.keys, time.Hour).WithAutoPipeline(p),
+		time.Now, uuid.NewString, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	return h.WithTakeoverAge(takeoverAge)
+}
+
+// setCalls counts the SET commands the server ran (reservations and their polls).
+func (e *cmdEnv) setCalls(t testing.TB) int {
+	t.Helper()
+	return redistest.CommandCalls(t, e.client, "set")
+}
+
+type handled struct {
+	res command.RecordCheckinResult
+	err error
+}
+
+func handleAll(ctx context.Context, h *command.RecordCheckinHandler, cmd command.RecordCheckin, n int) <-chan handled {
+	out := make(chan handled, n)
+	for range n {
+		go func() {
+			res, err := h.Handle(ctx, cmd)
+			out <- handled{res, err}
+		}()
+	}
+	return out
+}
+
+func TestRecordCheckinTwoProcessesPublishOnce(t *testing.T) {
+	t.Parallel()
+	e := newCmdEnv(t, nil)
+	gate := &gatedPublisher{gate: make(chan struct{})}
+	a := e.newProcess(t, 0, func(p command.EventPublisher) command.EventPublisher { gate.inner = p; return gate })
+	b := e.newProcess(t, 0, nil)
+	ctx := context.Background()
+	ts := time.Now().Add(-time.Minute).UnixMilli()
+	cmd := command.RecordCheckin{Input: input(ptr("ck-12"), 3, 4, 5, &ts)}
+
+	first := handleAll(ctx, a, cmd, 1)
+	require.Eventually(t, func() bool { return gate.entered.Load() == 1 }, 5*time.Second, time.Millisecond, "A reserved and publishes")
+	sets := e.setCalls(t)
+	others := handleAll(ctx, b, cmd, 25)
+	require.Eventually(t, func() bool { return e.setCalls(t) >= sets+3 }, 5*time.Second, time.Millisecond, "B waits, polling")
+	close(gate.gate)
+
+	r := <-first
+	require.NoError(t, r.err)
+	assert.False(t, r.res.Replayed)
+	for range 25 {
+		o := <-others
+		require.NoError(t, o.err)
+		assert.True(t, o.res.Replayed)
+		assert.Equal(t, r.res.Checkin, o.res.Checkin)
+	}
+	assert.Equal(t, int64(1), e.xlen(t), "exactly one XADD")
+}
+
+func TestRecordCheckinTakesOverAnAbandonedReservation(t *testing.T) {
+	t.Parallel()
+	e := newCmdEnv(t, nil)
+	ctx := context.Background()
+	now := time.Now().UnixMilli()
+	// Owners that died between reserving and publishing: one of this format, one of the
+	// format before owners (a state byte and the check-in as JSON).
+	in := input(ptr("ck-13"), 5, 6, 2, nil)
+	dead := command.IdempotencyRecord{Fingerprint: in.Fingerprint(), RecordedAt: now - 10, Owner: "dead", ReservedAt: now,
+		Checkin: domain.Checkin{ID: "ck-13", UserID: 5, LocationID: 6, StarRating: 2, Timestamp: now - 20}}
+	got, err := e.idem.Reserve(ctx, dead)
+	require.NoError(t, err)
+	require.Nil(t, got)
+	oldIn := input(ptr("ck-14"), 5, 6, 3, nil)
+	old := fmt.Sprintf(`R{"f":%q,"id":"ck-14","u":5,"l":6,"s":3,"t":%d,"r":%d}`, oldIn.Fingerprint(), now-20, now)
+	require.NoError(t, e.client.Set(ctx, e.keys.Idempotency("ck-14"), old, time.Hour).Err())
+
+	// Three processes, several requests each, all waiting for the takeover age.
+	const takeoverAge = 200 * time.Millisecond
+	var outs []<-chan handled
+	for range 3 {
+		p := e.newProcess(t, takeoverAge, nil)
+		outs = append(outs, handleAll(ctx, p, command.RecordCheckin{Input: in}, 4), handleAll(ctx, p, command.RecordCheckin{Input: oldIn}, 4))
+	}
+	for i, out := range outs {
+		for range 4 {
+			o := <-out
+			require.NoError(t, o.err)
+			assert.True(t, o.res.Replayed)
+			if i%2 == 0 {
+				assert.Equal(t, dead.Checkin, o.res.Checkin, "the original check-in")
+			} else {
+				assert.Equal(t, now-20, o.res.Checkin.Timestamp, "the original check-in")
+			}
+		}
+	}
+	entries := e.entries(t)
+	require.Len(t, entries, 2, "each taken over and published exactly once")
+	byID := map[string]map[string]any{}
+	for _, x := range entries {
+		byID[x.Values["checkinId"].(string)] = x.Values
+	}
+	assert.Equal(t, strconv.FormatInt(now-20, 10), byID["ck-13"]["timestamp"])
+	assert.Equal(t, strconv.FormatInt(now-10, 10), byID["ck-13"]["recordedAt"])
+	assert.Equal(t, strconv.FormatInt(now, 10), byID["ck-14"]["recordedAt"])
+}
+
+func TestRecordCheckinWaiterWhoseContextEndsIsUnavailable(t *testing.T) {
+	t.Parallel()
+	e := newCmdEnv(t, nil)
+	p := e.newProcess(t, 0, nil)
+	in := input(ptr("ck-15"), 5, 6, 2, nil)
+	now := time.Now().UnixMilli()
+	slow := command.IdempotencyRecord{Fingerprint: in.Fingerprint(), RecordedAt: now, Owner: "slow", ReservedAt: now,
+		Checkin: domain.Checkin{ID: "ck-15", UserID: 5, LocationID: 6, StarRating: 2, Timestamp: now}}
+	_, err := e.idem.Reserve(context.Background(), slow)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err = p.Handle(ctx, command.RecordCheckin{Input: in})
+	require.ErrorIs(t, err, domain.ErrUnavailable)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	got, err := e.idem.Reserve(context.Background(), slow)
+	require.NoError(t, err)
+	assert.Equal(t, slow, *got, "the reservation is left to its owner")
+	assert.Equal(t, int64(0), e.xlen(t))
 }
 
 func TestRecordCheckinRedisDown(t *testing.T) {

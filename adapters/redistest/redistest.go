@@ -203,3 +203,24 @@ func (s *Server) Signal(sig syscall.Signal) error {
 	}
 	return s.cmd.Process.Signal(sig)
 }
+
+// CommandCalls is how many times the server ran cmd (lower case, e.g. "set"), from INFO
+// commandstats: a test can see a client polling without hooking into it.
+func CommandCalls(t testing.TB, c *redis.Client, cmd string) int {
+	t.Helper()
+	info, err := c.InfoMap(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatalf("redistest: INFO commandstats: %v", err)
+	}
+	stats := info["Commandstats"]["cmdstat_"+cmd] // calls=N,usec=...
+	for _, kv := range strings.Split(stats, ",") {
+		if v, ok := strings.CutPrefix(kv, "calls="); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				t.Fatalf("redistest: cmdstat_%s: %q", cmd, stats)
+			}
+			return n
+		}
+	}
+	return 0
+}

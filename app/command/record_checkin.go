@@ -3,9 +3,13 @@ package command
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/checkins/checkins/domain"
@@ -61,13 +65,32 @@ type RecordCheckinResult struct {
 	Replayed bool
 }
 
+// DefaultTakeoverAge is how old an unpublished reservation must be before a request presumes
+// its owner dead and publishes the check-in itself. An owner younger than that may still be
+// publishing, and taking over would write the event twice (counted once, but listed twice).
+const DefaultTakeoverAge = 5 * time.Second
+
+const (
+	// A request that finds another one's reservation polls it: first soon (a normal XADD takes
+	// well under a millisecond), then less often.
+	pollMin = 2 * time.Millisecond
+	pollMax = 50 * time.Millisecond
+	// Releasing a reservation is cleanup after the request has failed, possibly because its
+	// context ended: it gets a short context of its own.
+	releaseTimeout = 500 * time.Millisecond
+)
+
 // RecordCheckinHandler validates a check-in and records it as a CheckinRecorded event.
 type RecordCheckinHandler struct {
-	publisher EventPublisher
-	idem      IdempotencyStore
-	now       func() time.Time
-	newID     func() string
-	log       *slog.Logger
+	publisher   EventPublisher
+	idem        IdempotencyStore
+	now         func() time.Time
+	newID       func() string
+	log         *slog.Logger
+	takeoverAge time.Duration
+	flights     flightGroup[RecordCheckinResult]
+	ownerPrefix string        // random per handler: owner tokens differ across processes
+	ownerSeq    atomic.Uint64 // ... and across the attempts of one process
 }
 
 // NewRecordCheckinHandler fails fast on missing dependencies.
@@ -75,11 +98,26 @@ func NewRecordCheckinHandler(p EventPublisher, idem IdempotencyStore, now func()
 	if p == nil || idem == nil || now == nil || newID == nil || log == nil {
 		return nil, errors.New("command: RecordCheckinHandler needs a publisher, an idempotency store, a clock, an ID source and a logger")
 	}
-	return &RecordCheckinHandler{publisher: p, idem: idem, now: now, newID: newID, log: log}, nil
+	var b [9]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, fmt.Errorf("command: owner token: %w", err)
+	}
+	return &RecordCheckinHandler{publisher: p, idem: idem, now: now, newID: newID, log: log,
+		takeoverAge: DefaultTakeoverAge, ownerPrefix: base64.RawURLEncoding.EncodeToString(b[:])}, nil
+}
+
+// WithTakeoverAge sets how old another attempt's unpublished reservation must be before this
+// handler takes it over (DefaultTakeoverAge unless set; d <= 0 keeps it).
+func (h *RecordCheckinHandler) WithTakeoverAge(d time.Duration) *RecordCheckinHandler {
+	if d > 0 {
+		h.takeoverAge = d
+	}
+	return h
 }
 
 // Handle answers only after the event is stored: an acknowledged check-in is never lost. The
-// same checkinId with the same body is safe to retry; with a different body it is a conflict.
+// same checkinId with the same body is safe to retry, also concurrently: one request publishes,
+// the others wait for it and answer as retries. With a different body it is a conflict.
 func (h *RecordCheckinHandler) Handle(ctx context.Context, cmd RecordCheckin) (RecordCheckinResult, error) {
 	now := h.now()
 	c, err := domain.NewCheckin(cmd.Input, now, h.newID)
@@ -87,29 +125,110 @@ func (h *RecordCheckinHandler) Handle(ctx context.Context, cmd RecordCheckin) (R
 		return RecordCheckinResult{}, err
 	}
 	rec := IdempotencyRecord{Fingerprint: cmd.Input.Fingerprint(), Checkin: c, RecordedAt: now.UnixMilli()}
-	existing, err := h.idem.Reserve(ctx, rec)
-	if err != nil {
-		return RecordCheckinResult{}, fmt.Errorf("reserve checkinId %q: %w: %w", c.ID, domain.ErrUnavailable, err)
+	if cmd.Input.CheckinID == nil {
+		return h.record(ctx, rec, cmd.CorrelationID) // a generated checkinId is nobody else's
 	}
-	if existing != nil {
+	// Requests of this process for the same check-in share the first one's outcome, so only
+	// that one talks to Redis. A different body has another key: it meets the reservation in
+	// Redis and is refused at once.
+	res, leader, err := h.flights.do(ctx, c.ID+"\x00"+rec.Fingerprint, func() (RecordCheckinResult, error) {
+		return h.record(ctx, rec, cmd.CorrelationID)
+	})
+	if err != nil {
+		if !leader && ctx.Err() != nil {
+			return RecordCheckinResult{}, fmt.Errorf("wait for checkinId %q: %w: %w", c.ID, domain.ErrUnavailable, err)
+		}
+		return RecordCheckinResult{}, err
+	}
+	res.Replayed = res.Replayed || !leader
+	return res, nil
+}
+
+// record reserves the checkinId and publishes; if another attempt holds the reservation, it
+// waits for that one's outcome, or takes over a reservation old enough to be abandoned.
+func (h *RecordCheckinHandler) record(ctx context.Context, rec IdempotencyRecord, correlationID string) (RecordCheckinResult, error) {
+	id := rec.Checkin.ID
+	rec.Owner, rec.ReservedAt = h.newOwner(), rec.RecordedAt
+	existing, err := h.idem.Reserve(ctx, rec)
+	for delay := pollMin; ; delay = min(2*delay, pollMax) {
+		if err != nil {
+			return RecordCheckinResult{}, fmt.Errorf("reserve checkinId %q: %w: %w", id, domain.ErrUnavailable, err)
+		}
+		if existing == nil {
+			return h.publish(ctx, rec, correlationID, false)
+		}
 		if existing.Fingerprint != rec.Fingerprint {
-			return RecordCheckinResult{}, fmt.Errorf("checkinId %q: %w", c.ID, domain.ErrConflict)
+			return RecordCheckinResult{}, fmt.Errorf("checkinId %q: %w", id, domain.ErrConflict)
 		}
 		if existing.Published {
 			return RecordCheckinResult{Checkin: existing.Checkin, Replayed: true}, nil
 		}
-		// An earlier attempt reserved the ID but may have died before the event was stored:
-		// publish the original again. Projections dedupe by checkinId, so this cannot count twice.
-		rec = *existing
+		// Another attempt holds the reservation. Reservation times come from the clocks of
+		// several processes: the takeover age must stay well above their skew.
+		now := h.now()
+		if now.Sub(time.UnixMilli(existing.ReservedAt)) >= h.takeoverAge {
+			next := *existing
+			next.Owner, next.ReservedAt = rec.Owner, now.UnixMilli()
+			taken, current, err := h.idem.TakeOver(ctx, *existing, next)
+			if err != nil {
+				return RecordCheckinResult{}, fmt.Errorf("take over checkinId %q: %w: %w", id, domain.ErrUnavailable, err)
+			}
+			if taken {
+				// Its owner presumably died before publishing: publish the original. Should it
+				// have published after all, projections dedupe by checkinId.
+				h.log.InfoContext(ctx, "took over an abandoned reservation", "checkin_id", id,
+					"owner", existing.Owner, "reserved_at", existing.ReservedAt)
+				return h.publish(ctx, next, correlationID, true)
+			}
+			if current != nil {
+				existing = current // another taker won, or the owner finished: look again
+				continue
+			}
+			// Released or expired meanwhile: reserve it at once.
+		} else if err := sleep(ctx, delay); err != nil {
+			return RecordCheckinResult{}, fmt.Errorf("wait for checkinId %q: %w: %w", id, domain.ErrUnavailable, err)
+		}
+		// Polling by reserving: one command, and a released checkinId becomes ours at once.
+		rec.ReservedAt = h.now().UnixMilli()
+		existing, err = h.idem.Reserve(ctx, rec)
 	}
+}
+
+// publish stores the event of the reservation rec, which this attempt holds.
+func (h *RecordCheckinHandler) publish(ctx context.Context, rec IdempotencyRecord, correlationID string, replayed bool) (RecordCheckinResult, error) {
 	ev := domain.CheckinRecorded{Checkin: rec.Checkin, RecordedAt: rec.RecordedAt}
-	if err := h.publisher.PublishCheckinRecorded(ctx, ev, cmd.CorrelationID); err != nil {
-		return RecordCheckinResult{}, fmt.Errorf("publish %s %q: %w: %w", domain.EventCheckinRecorded, c.ID, domain.ErrUnavailable, err)
+	if err := h.publisher.PublishCheckinRecorded(ctx, ev, correlationID); err != nil {
+		if errors.Is(err, ErrNotPublished) {
+			// Nothing is on the stream: free the checkinId, so waiting requests need not wait
+			// out the takeover age. When the event may be stored, the reservation must stay:
+			// released, the checkinId could be taken by a different check-in.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+			if rerr := h.idem.Release(rctx, rec); rerr != nil {
+				h.log.WarnContext(ctx, "could not release reservation", "checkin_id", rec.Checkin.ID, "error", rerr)
+			}
+			cancel()
+		}
+		return RecordCheckinResult{}, fmt.Errorf("publish %s %q: %w: %w", domain.EventCheckinRecorded, rec.Checkin.ID, domain.ErrUnavailable, err)
 	}
 	if err := h.idem.MarkPublished(ctx, rec); err != nil {
 		// The event is stored, which is what the answer promises; a retry would publish a
 		// duplicate that projections ignore.
 		h.log.WarnContext(ctx, "could not mark check-in as published", "checkin_id", rec.Checkin.ID, "error", err)
 	}
-	return RecordCheckinResult{Checkin: rec.Checkin, Replayed: existing != nil}, nil
+	return RecordCheckinResult{Checkin: rec.Checkin, Replayed: replayed}, nil
+}
+
+func (h *RecordCheckinHandler) newOwner() string {
+	return h.ownerPrefix + "." + strconv.FormatUint(h.ownerSeq.Add(1), 36)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

@@ -1,0 +1,412 @@
+package command_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/domain"
+)
+
+// memStore is an IdempotencyStore in memory, with the semantics of the Redis one.
+type memStore struct {
+	mu       sync.Mutex
+	recs     map[string]command.IdempotencyRecord
+	reserves atomic.Int64
+}
+
+func newMemStore() *memStore { return &memStore{recs: map[string]command.IdempotencyRecord{}} }
+
+func (s *memStore) Reserve(_ context.Context, rec command.IdempotencyRecord) (*command.IdempotencyRecord, error) {
+	s.reserves.Add(1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.recs[rec.Checkin.ID]; ok {
+		return &old, nil
+	}
+	s.recs[rec.Checkin.ID] = rec
+	return nil, nil
+}
+
+func (s *memStore) MarkPublished(_ context.Context, rec command.IdempotencyRecord) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.recs[rec.Checkin.ID]; ok {
+		rec.Published, rec.Owner = true, ""
+		s.recs[rec.Checkin.ID] = rec
+	}
+	return nil
+}
+
+func (s *memStore) TakeOver(_ context.Context, seen, next command.IdempotencyRecord) (bool, *command.IdempotencyRecord, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur, ok := s.recs[next.Checkin.ID]
+	if !ok {
+		return false, nil, nil
+	}
+	if cur.Published || cur.Owner != seen.Owner {
+		return false, &cur, nil
+	}
+	s.recs[next.Checkin.ID] = next
+	return true, nil, nil
+}
+
+func (s *memStore) Release(_ context.Context, rec command.IdempotencyRecord) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if cur, ok := s.recs[rec.Checkin.ID]; ok && cur == rec {
+		delete(s.recs, rec.Checkin.ID)
+	}
+	return nil
+}
+
+func (s *memStore) get(id string) (command.IdempotencyRecord, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.recs[id]
+	return r, ok
+}
+
+func (s *memStore) put(rec command.IdempotencyRecord) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.recs[rec.Checkin.ID] = rec
+}
+
+// memPublisher records events; a gate, when set, holds every publish until it is closed, and
+// fail, when set, decides a publish's error.
+type memPublisher struct {
+	mu      sync.Mutex
+	events  []domain.CheckinRecorded
+	entered atomic.Int64
+	gate    chan struct{}
+	fail    func(ctx context.Context) error
+}
+
+func (p *memPublisher) PublishCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, _ string) error {
+	p.entered.Add(1)
+	if p.gate != nil {
+		select {
+		case <-p.gate:
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %w", command.ErrNotPublished, ctx.Err())
+		}
+	}
+	if p.fail != nil {
+		if err := p.fail(ctx); err != nil {
+			return err
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.events = append(p.events, e)
+	return nil
+}
+
+func (p *memPublisher) published() []domain.CheckinRecorded {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]domain.CheckinRecorded(nil), p.events...)
+}
+
+// clock stands still until the test moves it.
+type clock struct{ ms atomic.Int64 }
+
+func newClock() *clock {
+	c := &clock{}
+	c.ms.Store(time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC).UnixMilli())
+	return c
+}
+
+func (c *clock) Now() time.Time                 { return time.UnixMilli(c.ms.Load()) }
+func (c *clock) Advance(d time.Duration)        { c.ms.Add(d.Milliseconds()) }
+func (c *clock) Millis(ago time.Duration) int64 { return c.ms.Load() - ago.Milliseconds() }
+
+const takeoverAge = 10 * time.Second
+
+func newHandler(t *testing.T, pub command.EventPublisher, store command.IdempotencyStore, clk *clock) *command.RecordCheckinHandler {
+	t.Helper()
+	var n atomic.Int64
+	h, err := command.NewRecordCheckinHandler(pub, store, clk.Now, func() string { return fmt.Sprintf("gen-%d", n.Add(1)) },
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	return h.WithTakeoverAge(takeoverAge)
+}
+
+func checkin(id string, stars int64) command.RecordCheckin {
+	user, loc := int64(42), int64(7)
+	return command.RecordCheckin{Input: domain.CheckinInput{CheckinID: &id, UserID: &user, LocationID: &loc, StarRating: &stars}}
+}
+
+// reservation is what an attempt of another process left: reserved, unpublished.
+func reservation(cmd command.RecordCheckin, owner string, reservedAt int64) command.IdempotencyRecord {
+	c := domain.Checkin{ID: *cmd.Input.CheckinID, UserID: *cmd.Input.UserID, LocationID: *cmd.Input.LocationID,
+		StarRating: int(*cmd.Input.StarRating), Timestamp: reservedAt - 1000}
+	return command.IdempotencyRecord{Fingerprint: cmd.Input.Fingerprint(), Checkin: c, RecordedAt: reservedAt,
+		Owner: owner, ReservedAt: reservedAt}
+}
+
+type outcome struct {
+	res command.RecordCheckinResult
+	err error
+}
+
+func handleAsync(ctx context.Context, h *command.RecordCheckinHandler, cmd command.RecordCheckin, n int) <-chan outcome {
+	out := make(chan outcome, n)
+	for range n {
+		go func() {
+			res, err := h.Handle(ctx, cmd)
+			out <- outcome{res, err}
+		}()
+	}
+	return out
+}
+
+func collect(t *testing.T, out <-chan outcome, n int) []outcome {
+	t.Helper()
+	var all []outcome
+	for range n {
+		select {
+		case o := <-out:
+			all = append(all, o)
+		case <-time.After(10 * time.Second): // a hang fails the test instead of stalling it
+			t.Fatalf("only %d of %d requests answered", len(all), n)
+		}
+	}
+	return all
+}
+
+func TestConcurrentRequestsShareOneOutcome(t *testing.T) {
+	t.Parallel()
+	store, pub, clk := newMemStore(), &memPublisher{gate: make(chan struct{})}, newClock()
+	h := newHandler(t, pub, store, clk)
+	cmd := checkin("ck-1", 4)
+	ctx := context.Background()
+
+	leader := handleAsync(ctx, h, cmd, 1)
+	require.Eventually(t, func() bool { return pub.entered.Load() == 1 }, 5*time.Second, time.Millisecond)
+	clk.Advance(time.Second) // a request computing its own check-in would now differ
+	followers := handleAsync(ctx, h, cmd, 49)
+	require.Eventually(t, func() bool { return command.Waiters(h) == 49 }, 5*time.Second, time.Millisecond)
+	close(pub.gate)
+
+	first := collect(t, leader, 1)[0]
+	require.NoError(t, first.err)
+	assert.False(t, first.res.Replayed)
+	for _, o := range collect(t, followers, 49) {
+		require.NoError(t, o.err)
+		assert.True(t, o.res.Replayed)
+		assert.Equal(t, first.res.Checkin, o.res.Checkin)
+	}
+	assert.Len(t, pub.published(), 1)
+	assert.Equal(t, int64(1), store.reserves.Load(), "waiters in the process do not ask the store")
+}
+
+func TestWaitsForAnotherProcessToPublish(t *testing.T) {
+	t.Parallel()
+	store, pub, clk := newMemStore(), &memPublisher{}, newClock()
+	h := newHandler(t, pub, store, clk)
+	cmd := checkin("ck-2", 3)
+	theirs := reservation(cmd, "other-process", clk.Millis(0))
+	store.put(theirs)
+
+	out := handleAsync(context.Background(), h, cmd, 5)
+	require.Eventually(t, func() bool { return store.reserves.Load() >= 3 }, 5*time.Second, time.Millisecond, "the leader polls")
+	require.NoError(t, store.MarkPublished(context.Background(), theirs))
+
+	for _, o := range collect(t, out, 5) {
+		require.NoError(t, o.err)
+		assert.True(t, o.res.Replayed)
+		assert.Equal(t, theirs.Checkin, o.res.Checkin)
+	}
+	assert.Empty(t, pub.published(), "the owner published; nobody else does")
+}
+
+func TestAbandonedReservationIsTakenOverOnce(t *testing.T) {
+	t.Parallel()
+	store, clk := newMemStore(), newClock()
+	cmd := checkin("ck-3", 5)
+	dead := reservation(cmd, "dead-owner", clk.Millis(0))
+	store.put(dead)
+	// Three processes, four concurrent requests each.
+	pubs := []*memPublisher{{}, {}, {}}
+	var outs []<-chan outcome
+	for _, p := range pubs {
+		outs = append(outs, handleAsync(context.Background(), newHandler(t, p, store, clk), cmd, 4))
+	}
+	require.Eventually(t, func() bool { return store.reserves.Load() >= 9 }, 5*time.Second, time.Millisecond, "all three poll")
+	clk.Advance(takeoverAge - time.Millisecond)
+	polled := store.reserves.Load()
+	require.Eventually(t, func() bool { return store.reserves.Load() >= polled+6 }, 5*time.Second, time.Millisecond,
+		"polls that saw the moved clock")
+	for _, p := range pubs {
+		assert.Empty(t, p.published(), "not taken over before the takeover age")
+	}
+	clk.Advance(time.Millisecond)
+
+	for _, out := range outs {
+		for _, o := range collect(t, out, 4) {
+			require.NoError(t, o.err)
+			assert.True(t, o.res.Replayed)
+			assert.Equal(t, dead.Checkin, o.res.Checkin, "the original check-in")
+		}
+	}
+	var events []domain.CheckinRecorded
+	for _, p := range pubs {
+		events = append(events, p.published()...)
+	}
+	require.Len(t, events, 1, "one taker wins")
+	assert.Equal(t, domain.CheckinRecorded{Checkin: dead.Checkin, RecordedAt: dead.RecordedAt}, events[0])
+	rec, ok := store.get("ck-3")
+	require.True(t, ok)
+	assert.True(t, rec.Published)
+}
+
+func TestDifferentBodyIsRefusedWhileOthersWait(t *testing.T) {
+	t.Parallel()
+	store, pub, clk := newMemStore(), &memPublisher{}, newClock()
+	h := newHandler(t, pub, store, clk)
+	cmd := checkin("ck-4", 2)
+	theirs := reservation(cmd, "other-process", clk.Millis(0))
+	store.put(theirs)
+
+	waiter := handleAsync(context.Background(), h, cmd, 1)
+	require.Eventually(t, func() bool { return store.reserves.Load() >= 2 }, 5*time.Second, time.Millisecond)
+	_, err := h.Handle(context.Background(), checkin("ck-4", 1))
+	require.ErrorIs(t, err, domain.ErrConflict)
+
+	require.NoError(t, store.MarkPublished(context.Background(), theirs))
+	o := collect(t, waiter, 1)[0]
+	require.NoError(t, o.err)
+	assert.Equal(t, theirs.Checkin, o.res.Checkin)
+}
+
+func TestWaiterWhoseContextEndsIsUnavailable(t *testing.T) {
+	t.Parallel()
+	store, pub, clk := newMemStore(), &memPublisher{gate: make(chan struct{})}, newClock()
+	h := newHandler(t, pub, store, clk)
+
+	// Waiting on another process's reservation.
+	cmd := checkin("ck-5", 2)
+	store.put(reservation(cmd, "other-process", clk.Millis(0)))
+	ctx, cancel := context.WithCancel(context.Background())
+	out := handleAsync(ctx, h, cmd, 1)
+	require.Eventually(t, func() bool { return store.reserves.Load() >= 2 }, 5*time.Second, time.Millisecond)
+	cancel()
+	o := collect(t, out, 1)[0]
+	require.ErrorIs(t, o.err, domain.ErrUnavailable)
+	assert.ErrorIs(t, o.err, context.Canceled)
+
+	// Waiting on a request of this process, which goes on.
+	cmd = checkin("ck-6", 2)
+	leader := handleAsync(context.Background(), h, cmd, 1)
+	require.Eventually(t, func() bool { return pub.entered.Load() == 1 }, 5*time.Second, time.Millisecond)
+	ctx, cancel = context.WithCancel(context.Background())
+	out = handleAsync(ctx, h, cmd, 1)
+	require.Eventually(t, func() bool { return command.Waiters(h) == 1 }, 5*time.Second, time.Millisecond)
+	cancel()
+	o = collect(t, out, 1)[0]
+	require.ErrorIs(t, o.err, domain.ErrUnavailable)
+	assert.ErrorIs(t, o.err, context.Canceled)
+	close(pub.gate)
+	require.NoError(t, collect(t, leader, 1)[0].err)
+	assert.Len(t, pub.published(), 1)
+}
+
+func TestLeaderWhoseContextEndsLeavesWaitersToTryAgain(t *testing.T) {
+	t.Parallel()
+	store, pub, clk := newMemStore(), &memPublisher{gate: make(chan struct{})}, newClock()
+	h := newHandler(t, pub, store, clk)
+	cmd := checkin("ck-7", 1)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	leader := handleAsync(ctx, h, cmd, 1)
+	require.Eventually(t, func() bool { return pub.entered.Load() == 1 }, 5*time.Second, time.Millisecond)
+	followers := handleAsync(context.Background(), h, cmd, 3)
+	require.Eventually(t, func() bool { return command.Waiters(h) == 3 }, 5*time.Second, time.Millisecond)
+	// The client of the first request goes away before its XADD was sent: it answers
+	// unavailable and frees the checkinId, and one of the others records the check-in.
+	cancel()
+	require.ErrorIs(t, collect(t, leader, 1)[0].err, domain.ErrUnavailable)
+	require.Eventually(t, func() bool { return pub.entered.Load() == 2 }, 5*time.Second, time.Millisecond)
+	close(pub.gate)
+
+	replayed := 0
+	for _, o := range collect(t, followers, 3) {
+		require.NoError(t, o.err)
+		if o.res.Replayed {
+			replayed++
+		}
+	}
+	assert.Equal(t, 2, replayed, "one follower recorded it, the others share its outcome")
+	assert.Len(t, pub.published(), 1)
+}
+
+func TestFailedPublishReleasesOnlyWhenNothingWasStored(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var failure atomic.Pointer[error]
+	pub := &memPublisher{fail: func(context.Context) error {
+		if p := failure.Swap(nil); p != nil {
+			return *p
+		}
+		return nil
+	}}
+	store, clk := newMemStore(), newClock()
+	h := newHandler(t, pub, store, clk)
+
+	// Refused before it was sent: the checkinId is free again at once.
+	refused := fmt.Errorf("%w: pipeline closed", command.ErrNotPublished)
+	failure.Store(&refused)
+	_, err := h.Handle(ctx, checkin("ck-8", 1))
+	require.ErrorIs(t, err, domain.ErrUnavailable)
+	_, ok := store.get("ck-8")
+	assert.False(t, ok, "released")
+	res, err := h.Handle(ctx, checkin("ck-8", 2))
+	require.NoError(t, err, "another body may now take the checkinId: nothing was published")
+	assert.False(t, res.Replayed)
+
+	// Unknown outcome: the reservation stays until it is old enough to be taken over.
+	unknown := errors.New("i/o timeout")
+	failure.Store(&unknown)
+	cmd := checkin("ck-9", 1)
+	_, err = h.Handle(ctx, cmd)
+	require.ErrorIs(t, err, domain.ErrUnavailable)
+	first, ok := store.get("ck-9")
+	require.True(t, ok, "not released")
+	assert.False(t, first.Published)
+
+	_, err = h.Handle(ctx, checkin("ck-9", 3))
+	require.ErrorIs(t, err, domain.ErrConflict, "the reservation still guards the checkinId")
+	retry := handleAsync(ctx, h, cmd, 1)
+	require.Eventually(t, func() bool { return store.reserves.Load() >= 7 }, 5*time.Second, time.Millisecond, "the retry waits")
+	clk.Advance(takeoverAge)
+	o := collect(t, retry, 1)[0]
+	require.NoError(t, o.err)
+	assert.Equal(t, first.Checkin, o.res.Checkin, "the original check-in, published again")
+	assert.Len(t, pub.published(), 2, "ck-8 and ck-9")
+}
+
+func TestGeneratedIDsAreNotShared(t *testing.T) {
+	t.Parallel()
+	store, pub, clk := newMemStore(), &memPublisher{}, newClock()
+	h := newHandler(t, pub, store, clk)
+	cmd := checkin("x", 1)
+	cmd.Input.CheckinID = nil
+	for _, o := range collect(t, handleAsync(context.Background(), h, cmd, 10), 10) {
+		require.NoError(t, o.err)
+		assert.False(t, o.res.Replayed)
+	}
+	assert.Len(t, pub.published(), 10)
+}
