@@ -26,6 +26,7 @@ import (
 	"github.com/checkins/checkins/app"
 	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/app/query"
+	"github.com/checkins/checkins/domain"
 	"github.com/checkins/checkins/ports"
 )
 
@@ -39,6 +40,7 @@ type apiEnv struct {
 	keys   adapters.KeySpace
 	url    string
 	client *http.Client
+	idem   *adapters.IdempotencyStore // the API's own, to leave reservations as another process would
 }
 
 // pingReadiness is ready while Redis answers, as the service's readiness is.
@@ -50,9 +52,23 @@ func (r pingReadiness) Ready(ctx context.Context) error {
 	return r.c.Ping(ctx).Err()
 }
 
-func newAPIEnv(t *testing.T) *apiEnv {
+func newAPIEnv(t *testing.T) *apiEnv { return newAPIEnvWith(t, apiOptions{}) }
+
+type apiOptions struct {
+	redis          *redistest.Server // shared with another env, as two API processes share one; nil: a private one
+	requestTimeout time.Duration     // 0: apiRequestTimeout
+	takeoverAge    time.Duration     // 0: the handler's default
+}
+
+func newAPIEnvWith(t *testing.T, o apiOptions) *apiEnv {
 	t.Helper()
-	srv := redistest.Start(t, redistest.Options{AppendOnly: true})
+	srv := o.redis
+	if srv == nil {
+		srv = redistest.Start(t, redistest.Options{AppendOnly: true})
+	}
+	if o.requestTimeout == 0 {
+		o.requestTimeout = apiRequestTimeout
+	}
 	keys := adapters.KeySpace{Prefix: "checkins"}
 	newClient := func() *redis.Client {
 		c, err := adapters.NewRedisClient(adapters.ClientOptions{URL: srv.URL(), DialTimeout: 500 * time.Millisecond,
@@ -66,8 +82,10 @@ func newAPIEnv(t *testing.T) *apiEnv {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	rec, err := command.NewRecordCheckinHandler(pub, adapters.NewIdempotencyStore(client, keys, time.Hour), time.Now, uuid.NewString, log)
+	idem := adapters.NewIdempotencyStore(client, keys, time.Hour)
+	rec, err := command.NewRecordCheckinHandler(pub, idem, time.Now, uuid.NewString, log)
 	require.NoError(t, err)
+	rec.WithTakeoverAge(o.takeoverAge)
 	application := app.Application{
 		Commands: app.Commands{RecordCheckin: rec},
 		Queries: app.Queries{
@@ -76,13 +94,13 @@ func newAPIEnv(t *testing.T) *apiEnv {
 			Locations: app.LocationQueries{Reader: adapters.NewProjectionReader(client, keys, "locations")},
 		},
 	}
-	server := ports.NewHTTPServer(application, pingReadiness{client}, ports.HTTPConfig{RequestTimeout: apiRequestTimeout}, log)
+	server := ports.NewHTTPServer(application, pingReadiness{client}, ports.HTTPConfig{RequestTimeout: o.requestTimeout}, log)
 	hs := httptest.NewServer(server.Handler())
 	t.Cleanup(hs.Close)
 	return &apiEnv{
-		redis: srv, rdb: redistest.Client(t, srv.URL()), keys: keys, url: hs.URL,
+		redis: srv, rdb: redistest.Client(t, srv.URL()), keys: keys, url: hs.URL, idem: idem,
 		// Generous, so a hang fails the test instead of stalling it; not a timing assertion.
-		client: &http.Client{Timeout: 4 * apiRequestTimeout},
+		client: &http.Client{Timeout: 4 * o.requestTimeout},
 	}
 }
 
@@ -354,7 +372,9 @@ func TestPostCheckinRedisDown(t *testing.T) {
 // request must still end in a 503 by the request timeout instead of hanging.
 func TestPostCheckinRedisHung(t *testing.T) {
 	t.Parallel()
-	e := newAPIEnv(t)
+	// The timed-out request's reservation may reach Redis once it answers again, and its retry
+	// waits for it to be old enough to take over: a short takeover age keeps the test short.
+	e := newAPIEnvWith(t, apiOptions{takeoverAge: time.Second})
 	require.Equal(t, http.StatusAccepted, e.post(t, `{"userId":1,"locationId":2,"starRating":3}`, nil).status)
 	info, err := e.rdb.InfoMap(context.Background(), "server").Result()
 	require.NoError(t, err)
@@ -374,4 +394,136 @@ func TestPostCheckinRedisHung(t *testing.T) {
 		assert.Equal(ct, http.StatusAccepted, e.post(t, `{"checkinId":"hung-1","userId":1,"locationId":2,"starRating":3}`, nil).status)
 	}, 10*time.Second, 50*time.Millisecond)
 	assert.Equal(t, int64(2), e.xlen(t), "the timed-out request and its retry make one event")
+}
+
+// postAll sends n requests with body at once and returns their responses.
+func (e *apiEnv) postAll(t *testing.T, body string, n int) []apiResponse {
+	t.Helper()
+	start := make(chan struct{})
+	out := make(chan apiResponse, n)
+	for range n {
+		go func() {
+			<-start
+			out <- e.post(t, body, nil)
+		}()
+	}
+	close(start)
+	resps := make([]apiResponse, n)
+	for i := range resps {
+		resps[i] = <-out
+	}
+	return resps
+}
+
+// assertOneRecorded checks that all answers accepted the same check-in and exactly one of
+// them recorded it (no Idempotent-Replayed header).
+func assertOneRecorded(t *testing.T, resps []apiResponse) {
+	t.Helper()
+	recorded := 0
+	for _, r := range resps {
+		require.Equal(t, http.StatusAccepted, r.status, "body %s", r.body)
+		assert.Equal(t, resps[0].json(t), r.json(t), "every answer is the first accepted check-in")
+		if r.header.Get("Idempotent-Replayed") == "" {
+			recorded++
+		} else {
+			assert.Equal(t, "true", r.header.Get("Idempotent-Replayed"))
+		}
+	}
+	assert.Equal(t, 1, recorded, "exactly one answer without Idempotent-Replayed")
+}
+
+// A client retrying eagerly (or a load balancer duplicating) sends the same new check-in many
+// times at once: one event, one listing, whatever the answers' order.
+func TestPostCheckinSimultaneousFirstRequests(t *testing.T) {
+	t.Parallel()
+	e := newAPIEnv(t)
+	// No timestamp: each request would default its own; all must answer the first one's.
+	resps := e.postAll(t, `{"checkinId":"race-1","userId":42,"locationId":7,"starRating":5}`, 50)
+	assertOneRecorded(t, resps)
+	assert.Equal(t, int64(1), e.xlen(t), "exactly one event on the stream")
+
+	list := e.get(t, "/checkins")
+	require.Equal(t, http.StatusOK, list.status, "body %s", list.body)
+	var page struct {
+		Checkins []map[string]any `json:"checkins"`
+	}
+	require.NoError(t, json.Unmarshal(list.body, &page))
+	assert.Len(t, page.Checkins, 1, "listed once")
+}
+
+func TestPostCheckinSimultaneousAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	a := newAPIEnv(t)
+	b := newAPIEnvWith(t, apiOptions{redis: a.redis})
+	body := `{"checkinId":"race-2","userId":42,"locationId":7,"starRating":5}`
+	out := make(chan []apiResponse, 2)
+	for _, e := range []*apiEnv{a, b} {
+		go func() { out <- e.postAll(t, body, 25) }()
+	}
+	assertOneRecorded(t, append(<-out, <-out...))
+	assert.Equal(t, int64(1), a.xlen(t), "exactly one XADD across both processes")
+}
+
+// reserveElsewhere leaves a reservation as a request of another process does before its XADD.
+func (e *apiEnv) reserveElsewhere(t *testing.T, id string, userID, locationID, stars, ts int64, reservedAt time.Time) command.IdempotencyRecord {
+	t.Helper()
+	in := domain.CheckinInput{CheckinID: &id, UserID: &userID, LocationID: &locationID, StarRating: &stars, Timestamp: &ts}
+	rec := command.IdempotencyRecord{Fingerprint: in.Fingerprint(), RecordedAt: reservedAt.UnixMilli(), Owner: "elsewhere",
+		ReservedAt: reservedAt.UnixMilli(), Checkin: domain.Checkin{ID: id, UserID: userID, LocationID: locationID, StarRating: int(stars), Timestamp: ts}}
+	got, err := e.idem.Reserve(context.Background(), rec)
+	require.NoError(t, err)
+	require.Nil(t, got)
+	return rec
+}
+
+func TestPostCheckinConflictWhileWaiting(t *testing.T) {
+	t.Parallel()
+	e := newAPIEnv(t)
+	ts := time.Now().Add(-time.Hour).UnixMilli()
+	theirs := e.reserveElsewhere(t, "wait-1", 42, 7, 5, ts, time.Now())
+	body := fmt.Sprintf(`{"checkinId":"wait-1","userId":42,"locationId":7,"starRating":5,"timestamp":%d}`, ts)
+
+	sets := redistest.CommandCalls(t, e.rdb, "set")
+	waiter := make(chan apiResponse, 1)
+	go func() { waiter <- e.post(t, body, nil) }()
+	require.Eventually(t, func() bool { return redistest.CommandCalls(t, e.rdb, "set") >= sets+3 }, 5*time.Second, time.Millisecond,
+		"the request waits, polling the reservation")
+
+	conflict := e.post(t, fmt.Sprintf(`{"checkinId":"wait-1","userId":42,"locationId":7,"starRating":1,"timestamp":%d}`, ts), nil)
+	require.Equal(t, http.StatusConflict, conflict.status, "body %s", conflict.body)
+	assert.Equal(t, "conflict", conflict.apiError(t).Code)
+
+	// The other process publishes and marks it (its XADD is not this test's concern).
+	require.NoError(t, e.idem.MarkPublished(context.Background(), theirs))
+	resp := <-waiter
+	require.Equal(t, http.StatusAccepted, resp.status, "body %s", resp.body)
+	assert.Equal(t, "true", resp.header.Get("Idempotent-Replayed"))
+	assert.Equal(t, "wait-1", resp.json(t)["checkinId"])
+	assert.Equal(t, int64(0), e.xlen(t), "the waiter did not publish")
+}
+
+func TestPostCheckinWaitEndsWithTheRequest(t *testing.T) {
+	t.Parallel()
+	e := newAPIEnvWith(t, apiOptions{requestTimeout: 300 * time.Millisecond})
+	ts := time.Now().Add(-time.Hour).UnixMilli()
+	e.reserveElsewhere(t, "wait-2", 42, 7, 5, ts, time.Now())
+
+	resp := e.post(t, fmt.Sprintf(`{"checkinId":"wait-2","userId":42,"locationId":7,"starRating":5,"timestamp":%d}`, ts), nil)
+	require.Equal(t, http.StatusServiceUnavailable, resp.status, "body %s", resp.body)
+	assert.Equal(t, "unavailable", resp.apiError(t).Code)
+	assert.Equal(t, int64(0), e.xlen(t))
+}
+
+func TestPostCheckinTakesOverAnAbandonedReservation(t *testing.T) {
+	t.Parallel()
+	e := newAPIEnvWith(t, apiOptions{takeoverAge: 200 * time.Millisecond})
+	ts := time.Now().Add(-time.Hour).UnixMilli()
+	e.reserveElsewhere(t, "dead-1", 42, 7, 5, ts, time.Now())
+
+	resps := e.postAll(t, fmt.Sprintf(`{"checkinId":"dead-1","userId":42,"locationId":7,"starRating":5,"timestamp":%d}`, ts), 10)
+	for _, r := range resps {
+		require.Equal(t, http.StatusAccepted, r.status, "body %s", r.body)
+		assert.Equal(t, "true", r.header.Get("Idempotent-Replayed"), "the check-in was first accepted elsewhere")
+	}
+	assert.Equal(t, int64(1), e.xlen(t), "published once, by one taker")
 }
