@@ -117,6 +117,10 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		if err != nil {
 			return nil, err
 		}
+		// A reservation's owner cannot XADD after its request deadline (the auto-pipeline sends
+		// no command past its caller's deadline), so past REQUEST_TIMEOUT, plus a margin for
+		// network and clock skew, taking it over cannot write the event twice.
+		rec.WithTakeoverAge(max(command.DefaultTakeoverAge, cfg.RequestTimeout+time.Second))
 		application.Commands.RecordCheckin = rec
 	}
 	if mode.Projections {
