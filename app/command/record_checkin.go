@@ -169,23 +169,28 @@ func (h *RecordCheckinHandler) record(ctx context.Context, rec IdempotencyRecord
 		if now.Sub(time.UnixMilli(existing.ReservedAt)) >= h.takeoverAge {
 			next := *existing
 			next.Owner, next.ReservedAt = rec.Owner, now.UnixMilli()
-			taken, current, err := h.idem.TakeOver(ctx, *existing, next)
-			if err != nil {
-				return RecordCheckinResult{}, fmt.Errorf("take over checkinId %q: %w: %w", id, domain.ErrUnavailable, err)
-			}
-			if taken {
+			taken, current, terr := h.idem.TakeOver(ctx, *existing, next)
+			switch {
+			case terr != nil:
+				return RecordCheckinResult{}, fmt.Errorf("take over checkinId %q: %w: %w", id, domain.ErrUnavailable, terr)
+			case taken:
 				// Its owner presumably died before publishing: publish the original. Should it
 				// have published after all, projections dedupe by checkinId.
 				h.log.InfoContext(ctx, "took over an abandoned reservation", "checkin_id", id,
 					"owner", existing.Owner, "reserved_at", existing.ReservedAt)
 				return h.publish(ctx, next, correlationID, true)
-			}
-			if current != nil {
-				existing = current // another taker won, or the owner finished: look again
+			case current == nil: // released or expired meanwhile: reserve it at once
+				rec.ReservedAt = now.UnixMilli()
+				existing, err = h.idem.Reserve(ctx, rec)
+				continue
+			case current.Owner != existing.Owner: // another taker won, or the owner published
+				existing = current
 				continue
 			}
-			// Released or expired meanwhile: reserve it at once.
-		} else if err := sleep(ctx, delay); err != nil {
+			// The same owner, yet not taken: a record the store does not read as this owner's
+			// reservation. Wait as for a live owner rather than spin on it.
+		}
+		if err := sleep(ctx, delay); err != nil {
 			return RecordCheckinResult{}, fmt.Errorf("wait for checkinId %q: %w: %w", id, domain.ErrUnavailable, err)
 		}
 		// Polling by reserving: one command, and a released checkinId becomes ours at once.

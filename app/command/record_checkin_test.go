@@ -20,9 +20,11 @@ import (
 
 // memStore is an IdempotencyStore in memory, with the semantics of the Redis one.
 type memStore struct {
-	mu       sync.Mutex
-	recs     map[string]command.IdempotencyRecord
-	reserves atomic.Int64
+	mu        sync.Mutex
+	recs      map[string]command.IdempotencyRecord
+	reserves  atomic.Int64
+	takeOvers atomic.Int64
+	refuse    bool // TakeOver never takes, like a record the Redis script cannot read
 }
 
 func newMemStore() *memStore { return &memStore{recs: map[string]command.IdempotencyRecord{}} }
@@ -49,13 +51,14 @@ func (s *memStore) MarkPublished(_ context.Context, rec command.IdempotencyRecor
 }
 
 func (s *memStore) TakeOver(_ context.Context, seen, next command.IdempotencyRecord) (bool, *command.IdempotencyRecord, error) {
+	s.takeOvers.Add(1)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cur, ok := s.recs[next.Checkin.ID]
 	if !ok {
 		return false, nil, nil
 	}
-	if cur.Published || cur.Owner != seen.Owner {
+	if s.refuse || cur.Published || cur.Owner != seen.Owner {
 		return false, &cur, nil
 	}
 	s.recs[next.Checkin.ID] = next
@@ -271,6 +274,23 @@ func TestAbandonedReservationIsTakenOverOnce(t *testing.T) {
 	rec, ok := store.get("ck-3")
 	require.True(t, ok)
 	assert.True(t, rec.Published)
+}
+
+func TestReservationThatCannotBeTakenOverIsWaitedFor(t *testing.T) {
+	t.Parallel()
+	store, pub, clk := newMemStore(), &memPublisher{}, newClock()
+	store.refuse = true
+	h := newHandler(t, pub, store, clk)
+	cmd := checkin("ck-10", 2)
+	store.put(reservation(cmd, "dead-owner", clk.Millis(2*takeoverAge)))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	out := handleAsync(ctx, h, cmd, 1)
+	require.Eventually(t, func() bool { return store.takeOvers.Load() >= 3 }, 5*time.Second, time.Millisecond)
+	cancel()
+	require.ErrorIs(t, collect(t, out, 1)[0].err, domain.ErrUnavailable)
+	assert.LessOrEqual(t, store.takeOvers.Load(), store.reserves.Load(), "each refused takeover is followed by a pause and a poll, not retried at once")
+	assert.Empty(t, pub.published())
 }
 
 func TestDifferentBodyIsRefusedWhileOthersWait(t *testing.T) {
