@@ -182,7 +182,8 @@ func progressLine(r PhaseResult) string {
 func printBenchTable(w io.Writer, res BenchResult) {
 	fmt.Fprintln(w, machineLine(res))
 	s := res.Settings
-	fmt.Fprintf(w, "settings: duration=%s clients=%d events=%d consumers=%v rate=%g/s", time.Duration(s.DurationSec*float64(time.Second)), s.Clients, s.Events, s.Consumers, s.Rate)
+	fmt.Fprintf(w, "settings: projections=%s duration=%s clients=%d events=%d consumers=%v rate=%g/s",
+		strings.Join(s.Projections, ","), time.Duration(s.DurationSec*float64(time.Second)), s.Clients, s.Events, s.Consumers, s.Rate)
 	if s.Target != "" {
 		fmt.Fprintf(w, " target=%s", s.Target)
 	}
@@ -209,9 +210,10 @@ func printBenchTable(w io.Writer, res BenchResult) {
 	_ = tw.Flush()
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "ingest: 2xx answers/s with C clients, request latency; drain: stream entries/s fully processed by")
-	fmt.Fprintln(w, "every projection (users, locations) from start until lag 0 and nothing pending; e2e latency: 202")
-	fmt.Fprintln(w, "answer -> visible in the user projection. CPU: cores used on average during the phase by this process")
-	fmt.Fprintln(w, "(service, load generator and baseline alike) and by redis-server. RSS/heap: peaks of this process.")
+	fmt.Fprintln(w, "every selected projection, from start until every group delivered the last entry with nothing pending;")
+	fmt.Fprintln(w, "e2e latency: 202 answer -> visible in the user projection. CPU: cores used on average during the phase")
+	fmt.Fprintln(w, "by this process (service, load generator and baseline alike) and by redis-server. RSS/heap: peaks of this")
+	fmt.Fprintln(w, "process.")
 	for _, r := range res.Phases {
 		if r.PostLatency != nil {
 			fmt.Fprintf(w, "%s: POST latency p50 %s p99 %s max %s\n", r.Phase, fmtMs(r.PostLatency.P50), fmtMs(r.PostLatency.P99), fmtMs(r.PostLatency.Max))

@@ -24,9 +24,6 @@ import (
 	"github.com/checkins/checkins/ports"
 )
 
-// benchProjections are the projections the drain and e2e phases run and verify.
-func benchProjections() []string { return []string{"users", "locations"} }
-
 // BenchResult is the machine-readable outcome of `checkins bench --json`.
 type BenchResult struct {
 	Machine  BenchMachine  `json:"machine"`
@@ -50,6 +47,7 @@ type BenchMachine struct {
 // BenchSettings echo what was run.
 type BenchSettings struct {
 	Phases      []string `json:"phases"`
+	Projections []string `json:"projections"`
 	DurationSec float64  `json:"duration_seconds"`
 	Clients     int      `json:"clients"`
 	Events      int      `json:"events"`
@@ -96,14 +94,19 @@ const (
 
 // bencher holds what every phase shares: Redis, the config for in-process services, the run ID.
 type bencher struct {
-	cfg    Config
-	opts   benchOptions
-	log    *slog.Logger
-	out    io.Writer // progress lines
-	redis  *benchRedis
-	runID  string
-	admin  *redis.Client // setup, checks and polling; never measured
-	closed bool
+	cfg   Config
+	opts  benchOptions
+	log   *slog.Logger
+	out   io.Writer // progress lines
+	redis *benchRedis
+	runID string
+	admin *redis.Client // setup, checks and polling; never measured
+	// reads serves the projections' own read paths (adapters.ProjectionReader) for the checks:
+	// its commands go through readPipe, so many concurrent reads share round trips.
+	reads     *redis.Client
+	readPipe  *adapters.AutoPipeline
+	readPipeC *redis.Client
+	closed    bool
 }
 
 func newBencher(ctx context.Context, cfg Config, opts benchOptions, log *slog.Logger, progress io.Writer) (*bencher, error) {
@@ -117,10 +120,25 @@ func newBencher(ctx context.Context, cfg Config, opts benchOptions, log *slog.Lo
 		return nil, err
 	}
 	b.redis = r
-	if b.admin, err = adapters.NewRedisClient(adapters.ClientOptions{URL: r.url, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, PoolSize: 8}); err != nil {
+	opts30s := adapters.ClientOptions{URL: r.url, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, PoolSize: 8}
+	if b.admin, err = adapters.NewRedisClient(opts30s); err != nil {
 		r.close(log)
 		return nil, err
 	}
+	if b.readPipeC, err = adapters.NewRedisClient(opts30s); err != nil {
+		_ = b.admin.Close()
+		r.close(log)
+		return nil, err
+	}
+	b.readPipe = adapters.NewAutoPipeline(b.readPipeC, 256, 2)
+	if b.reads, err = adapters.NewRedisClient(opts30s); err != nil {
+		_ = b.readPipe.Close()
+		_ = b.readPipeC.Close()
+		_ = b.admin.Close()
+		r.close(log)
+		return nil, err
+	}
+	b.reads.AddHook(b.readPipe.Hook())
 	return b, nil
 }
 
@@ -139,6 +157,9 @@ func (b *bencher) close() {
 			b.progress("deleted %d keys under %s-*", n, b.runID)
 		}
 	}
+	_ = b.reads.Close()
+	_ = b.readPipe.Close()
+	_ = b.readPipeC.Close()
 	_ = b.admin.Close()
 	b.redis.close(b.log)
 }
@@ -157,8 +178,9 @@ func (b *bencher) run(ctx context.Context) (BenchResult, error) {
 		Machine: BenchMachine{NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(),
 			OS: runtime.GOOS + "/" + runtime.GOARCH, RedisVersion: b.redis.version, Redis: b.redis.describe(),
 			Hostname: host, StartedAt: start.UTC().Format(time.RFC3339)},
-		Settings: BenchSettings{Phases: b.opts.Phases, DurationSec: b.opts.Duration.Seconds(), Clients: b.opts.Clients,
-			Events: b.opts.Events, Consumers: b.opts.Consumers, Rate: b.opts.Rate, Target: b.opts.Target,
+		Settings: BenchSettings{Phases: b.opts.Phases, Projections: b.opts.Projections, DurationSec: b.opts.Duration.Seconds(),
+			Clients: b.opts.Clients, Events: b.opts.Events, Consumers: b.opts.Consumers, Rate: b.opts.Rate,
+			Target:     b.opts.Target,
 			Subscriber: b.cfg.Subscriber, BatchSize: b.cfg.BatchSize, MaxInFlight: b.cfg.MaxInFlight},
 	}
 	b.progress("%s", machineLine(res))
@@ -271,7 +293,12 @@ func (b *bencher) newService(ctx context.Context, prefix string, mode Mode, cons
 	cfg.KeyPrefix = prefix
 	cfg.HTTPAddr = "127.0.0.1:0"
 	cfg.ConsumerName = consumer
-	cfg.Projections = benchProjections()
+	// With every projection selected the service gets no list, as serve ships: it may name
+	// things differently for an explicit list.
+	cfg.Projections = nil
+	if !b.opts.AllProjections {
+		cfg.Projections = b.opts.Projections
+	}
 	// Trimming would break the stream-length and drain checks, and is not what is measured.
 	cfg.Retention = ports.RetentionPolicy{}
 	svc, err := NewService(ctx, cfg, mode, b.log)
@@ -305,6 +332,27 @@ func (s *runningService) stop() error {
 	s.cancel()
 	<-s.exited
 	return s.err
+}
+
+// groups are the consumer groups the service's projection router feeds.
+func (s *runningService) groups() []string {
+	if s.svc.router == nil {
+		return nil
+	}
+	return s.svc.router.Groups()
+}
+
+// watch sends to fail when the service stops before the bench asked it to.
+func (s *runningService) watch(what string, fail chan<- error) {
+	go func() {
+		<-s.exited
+		if !s.stopping.Load() {
+			select {
+			case fail <- fmt.Errorf("%s %s stopped on its own: %v", what, s.addr, s.err):
+			default:
+			}
+		}
+	}()
 }
 
 // waitReady waits until the service reports ready (Redis answers, the projection router
