@@ -209,11 +209,12 @@ func printBenchTable(w io.Writer, res BenchResult) {
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "ingest: 2xx answers/s with C clients, request latency; drain: stream entries/s fully processed by")
-	fmt.Fprintln(w, "every selected projection, from start until every group delivered the last entry with nothing pending;")
-	fmt.Fprintln(w, "e2e latency: 202 answer -> visible in the user projection. CPU: cores used on average during the phase")
-	fmt.Fprintln(w, "by this process (service, load generator and baseline alike) and by redis-server. RSS/heap: peaks of this")
-	fmt.Fprintln(w, "process.")
+	fmt.Fprintln(w, "ingest: 2xx answers/s with C clients, request latency; sustained: 2xx answers of serve (API and every")
+	fmt.Fprintln(w, "selected projection) over the time until every consumer group caught up, i.e. fully projected check-ins/s,")
+	fmt.Fprintln(w, "vs ingest-baseline; drain: stream entries/s fully processed by every selected projection, from start until")
+	fmt.Fprintln(w, "every group delivered the last entry with nothing pending; e2e latency: 202 answer -> visible in the user")
+	fmt.Fprintln(w, "projection. CPU: cores used on average during the phase by this process (service, load generator and")
+	fmt.Fprintln(w, "baseline alike) and by redis-server. RSS/heap: peaks of this process.")
 	for _, r := range res.Phases {
 		if r.PostLatency != nil {
 			fmt.Fprintf(w, "%s: POST latency p50 %s p99 %s max %s\n", r.Phase, fmtMs(r.PostLatency.P50), fmtMs(r.PostLatency.P99), fmtMs(r.PostLatency.Max))

@@ -63,8 +63,8 @@ type BenchSettings struct {
 type PhaseResult struct {
 	Phase     string `json:"phase"`
 	Consumers int    `json:"consumers,omitempty"` // per projection, drain phases only
-	// Count is what the throughput counts: 2xx answers (ingest, e2e) or stream entries fully
-	// processed by every projection (drain).
+	// Count is what the throughput counts: 2xx answers (ingest, sustained, e2e) or stream
+	// entries fully processed by every projection (drain).
 	Count       int64            `json:"count"`
 	Seconds     float64          `json:"seconds"`
 	Throughput  float64          `json:"throughput"`
@@ -80,9 +80,26 @@ type PhaseResult struct {
 	// by Redis (INFO cpu); over Seconds, the cores each kept busy.
 	CPUSeconds      float64 `json:"cpu_seconds"`
 	RedisCPUSeconds float64 `json:"redis_cpu_seconds"`
-	// VsBaseline is this phase's throughput over its baseline's in the same run (ingest, drain).
-	VsBaseline *float64 `json:"vs_baseline,omitempty"`
-	Note       string   `json:"note,omitempty"`
+	// VsBaseline is this phase's throughput over its baseline's in the same run (ingest, drain;
+	// sustained: over ingest-baseline).
+	VsBaseline *float64       `json:"vs_baseline,omitempty"`
+	Backlog    *BacklogResult `json:"backlog,omitempty"` // sustained
+	Note       string         `json:"note,omitempty"`
+}
+
+// BacklogResult is what the projections still owed when the sustained load stopped.
+type BacklogResult struct {
+	// EntriesBehind is the most any one group owed: entries not yet delivered plus pending.
+	EntriesBehind int64                   `json:"entries_behind"`
+	Groups        map[string]GroupBacklog `json:"groups"`
+	// DrainSeconds is how long after the load stopped the last group caught up.
+	DrainSeconds float64 `json:"drain_seconds"`
+}
+
+// GroupBacklog is one consumer group's share of the backlog.
+type GroupBacklog struct {
+	Undelivered int64 `json:"undelivered"`
+	Pending     int64 `json:"pending"`
 }
 
 // Check outcomes.
@@ -212,6 +229,13 @@ func (b *bencher) run(ctx context.Context) (BenchResult, error) {
 			add(r)
 		}
 	}
+	if want[phaseSustained] {
+		r, err := b.phaseSustained(ctx)
+		if err != nil {
+			return finish(res), fmt.Errorf("%s: %w", phaseSustained, err)
+		}
+		add(r)
+	}
 	if want[phaseDrain] || want[phaseDrainBaseline] {
 		data, err := b.preload(ctx)
 		if err != nil {
@@ -258,13 +282,17 @@ func phaseRank(phase string) int {
 	return slices.Index(benchPhaseOrder(), strings.TrimSuffix(phase, "-baseline"))
 }
 
-// withRatios fills the ours/baseline ratios.
+// withRatios fills the ours/baseline ratios. Sustained has no baseline of its own: what it is
+// held against is the bare XADD handler, ingest-baseline.
 func withRatios(res BenchResult) BenchResult {
 	base := map[string]float64{}
 	for _, r := range res.Phases {
 		if strings.HasSuffix(r.Phase, "-baseline") {
 			base[fmt.Sprintf("%s/%d", strings.TrimSuffix(r.Phase, "-baseline"), r.Consumers)] = r.Throughput
 		}
+	}
+	if b, ok := base[phaseIngest+"/0"]; ok {
+		base[phaseSustained+"/0"] = b
 	}
 	for i, r := range res.Phases {
 		if b, ok := base[fmt.Sprintf("%s/%d", r.Phase, r.Consumers)]; ok && b > 0 {

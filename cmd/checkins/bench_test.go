@@ -72,7 +72,7 @@ func TestBenchEveryPhaseOnPrivateRedis(t *testing.T) {
 		}
 	}
 	require.ElementsMatch(t, benchPhaseOrder(), keysOf(byPhase))
-	for _, p := range []string{phaseIngest, phaseIngestBaseline, phaseE2E} {
+	for _, p := range []string{phaseIngest, phaseIngestBaseline, phaseSustained, phaseE2E} {
 		require.NotNil(t, byPhase[p].Latency, "%s latency", p)
 		assert.Positive(t, byPhase[p].Latency.P99, "%s p99", p)
 	}
@@ -83,6 +83,15 @@ func TestBenchEveryPhaseOnPrivateRedis(t *testing.T) {
 	require.NotNil(t, byPhase[phaseDrain].VsBaseline)
 	assert.Positive(t, *byPhase[phaseDrain].VsBaseline)
 	require.NotNil(t, byPhase[phaseE2E].PostLatency)
+
+	sustained := byPhase[phaseSustained]
+	require.NotNil(t, sustained.VsBaseline, "sustained is held against ingest-baseline")
+	assert.Positive(t, *sustained.VsBaseline)
+	require.NotNil(t, sustained.Backlog)
+	assert.Len(t, sustained.Backlog.Groups, len(res.Settings.Projections), "one group per projection on the stream")
+	assert.GreaterOrEqual(t, sustained.Backlog.EntriesBehind, int64(0))
+	assert.Contains(t, sustained.Note, "entries behind")
+	assert.Contains(t, sustained.Note, "caught up")
 
 }
 
@@ -118,13 +127,18 @@ func TestBenchSubsetOfProjections(t *testing.T) {
 		t.Fatal("redis-server not found in PATH; install Redis 7 (apt-get install redis-server)")
 	}
 	res := runBenchJSON(t, envWith(map[string]string{"REDIS_URL": ""}), "--projections", "recent_checkins,leaderboards",
-		"--phases", "drain,e2e", "--duration", "300ms", "--clients", "4", "--events", "500", "--consumers", "1", "--rate", "100")
+		"--phases", "sustained,drain,e2e", "--duration", "300ms", "--clients", "4", "--events", "500", "--consumers", "1", "--rate", "100")
 
 	assert.Equal(t, []string{"leaderboards", "recent_checkins"}, res.Settings.Projections, "in the order they ship")
-	require.Len(t, res.Phases, 2)
+	require.Len(t, res.Phases, 3)
 	for _, p := range res.Phases {
 		assert.Equal(t, checkOK, p.Check, "%s check: %s", p.Phase, p.CheckDetail)
 		assert.Positive(t, p.Throughput, "%s throughput", p.Phase)
+		if p.Phase == phaseSustained {
+			require.NotNil(t, p.Backlog)
+			assert.Len(t, p.Backlog.Groups, 2, "only the selected projections consume")
+			assert.Nil(t, p.VsBaseline, "no ingest-baseline ran")
+		}
 		if p.Phase == phaseE2E {
 			require.NotNil(t, p.Latency)
 		}
