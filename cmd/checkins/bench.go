@@ -25,16 +25,17 @@ const (
 	phaseDrain          = "drain"
 	phaseDrainBaseline  = "drain-baseline"
 	phaseE2E            = "e2e"
+	phaseMemory         = "memory"
 )
 
 func benchPhaseOrder() []string {
-	return []string{phaseIngest, phaseIngestBaseline, phaseSustained, phaseDrain, phaseDrainBaseline, phaseE2E}
+	return []string{phaseIngest, phaseIngestBaseline, phaseSustained, phaseDrain, phaseDrainBaseline, phaseE2E, phaseMemory}
 }
 
 // benchCommands is the `bench` verb.
 func benchCommands() map[string]subcommand {
 	return map[string]subcommand{
-		"bench": {"measure ingest, sustained projected throughput, drain and end-to-end latency against raw-Redis baselines", runBench},
+		"bench": {"measure ingest, sustained projected throughput, drain, end-to-end latency and Redis memory against raw-Redis baselines", runBench},
 	}
 }
 
@@ -57,6 +58,11 @@ Measures, in one run and one process, against raw go-redis baselines:
   e2e              check-ins posted at a fixed rate to an in-process serve; time from the 202
                    to the check-in being visible in the users projection (recent_checkins when
                    users is not selected)
+  memory           M (--memory-events) events of a month of history (200 users, 50 locations,
+                   explicit entry IDs over the last 30 days, 1% republished) drained by one
+                   projector; Redis used_memory growth minus the stream, per distinct check-in,
+                   with a breakdown by projection and key kind; then again with 2M events under a
+                   fresh prefix, and the growth from M to 2M
 
 Checks: every phase that runs projections compares each selected projection's read model, read
 through the projection's own queries, with an independent computation from the events (the
@@ -73,23 +79,26 @@ LOG_LEVEL defaults to warn.
 
 Time: ingest and ingest-baseline take --duration each, sustained and e2e --duration plus the
 time the projections need to catch up; drain and drain-baseline each drain --events once per
---consumers entry. With every projection the drain runs at about 4,000-5,000 events/s on 2 cores
-today, so --events defaults to 20,000 (was 100,000) and --consumers to 1,4 (was 1,2,4,8): they
-only shape the run's length. Lower them for a quicker run.
+--consumers entry; memory drains 3 x --memory-events. With every projection the drain runs at
+about 4,000-5,000 events/s on 2 cores today, so --events defaults to 20,000 (was 100,000) and
+--consumers to 1,4 (was 1,2,4,8): they only shape the run's length, and the default run takes
+about 2.5 minutes there, most of it memory. Lower --memory-events or leave phases out for a
+quicker run.
 
 Flags:
 `
 
 // benchOptions are the bench's own flags.
 type benchOptions struct {
-	Phases    []string
-	Duration  time.Duration
-	Clients   int
-	Events    int
-	Consumers []int
-	Rate      float64
-	Target    string
-	JSON      bool
+	Phases       []string
+	Duration     time.Duration
+	Clients      int
+	Events       int
+	Consumers    []int
+	Rate         float64
+	Target       string
+	JSON         bool
+	MemoryEvents int
 	// Projections are the selected projection names, in the order the service ships them;
 	// AllProjections says they are every shipped one (the services then get no explicit list).
 	Projections    []string
@@ -98,13 +107,14 @@ type benchOptions struct {
 
 // benchFlags are the raw values of the bench's flags.
 type benchFlags struct {
-	phases    string
-	duration  time.Duration
-	clients   int
-	events    int
-	consumers string
-	rate      float64
-	target    string
+	phases       string
+	duration     time.Duration
+	clients      int
+	events       int
+	consumers    string
+	rate         float64
+	target       string
+	memoryEvents int
 }
 
 const projectionsFlagUsage = "comma-separated projections the bench runs and checks (env PROJECTIONS, default: every shipped projection: %s)"
@@ -121,6 +131,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.StringVar(&f.consumers, "consumers", "1,4", "comma-separated numbers of consumers per projection to sweep in drain and drain-baseline (lowered from 1,2,4,8 for the run's length)")
 	fs.Float64Var(&f.rate, "rate", 2000, "check-ins per second posted in e2e")
 	fs.StringVar(&f.target, "target", "", "base URL of a running API (e.g. http://127.0.0.1:8080) for ingest instead of the in-process one")
+	fs.IntVar(&f.memoryEvents, "memory-events", 100000, "events of the first memory run; the second writes twice as many")
 	asJSON := fs.Bool("json", false, "print the result as JSON on stdout instead of the table")
 	fs.Usage = func() {
 		// PROJECTIONS is a service setting; in the bench it selects what is measured and checked.
@@ -184,7 +195,7 @@ func projectionNames(ps []projection.Projection) []string {
 }
 
 func parseBenchOptions(f benchFlags, cfg Config) (benchOptions, error) {
-	o := benchOptions{Duration: f.duration, Clients: f.clients, Events: f.events, Rate: f.rate}
+	o := benchOptions{Duration: f.duration, Clients: f.clients, Events: f.events, Rate: f.rate, MemoryEvents: f.memoryEvents}
 	want := map[string]bool{}
 	for _, p := range strings.Split(f.phases, ",") {
 		p = strings.TrimSpace(p)
@@ -216,6 +227,9 @@ func parseBenchOptions(f benchFlags, cfg Config) (benchOptions, error) {
 	}
 	if f.events < 1 || f.events > 10_000_000 {
 		return o, fmt.Errorf("invalid --events: must be from 1 to 10000000, got %d", f.events)
+	}
+	if f.memoryEvents < 100 || f.memoryEvents > 10_000_000 {
+		return o, fmt.Errorf("invalid --memory-events: must be from 100 to 10000000, got %d", f.memoryEvents)
 	}
 	if f.rate <= 0 || f.rate > 1_000_000 {
 		return o, fmt.Errorf("invalid --rate: must be above 0 and at most 1000000 per second, got %g", f.rate)

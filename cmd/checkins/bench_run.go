@@ -46,25 +46,27 @@ type BenchMachine struct {
 
 // BenchSettings echo what was run.
 type BenchSettings struct {
-	Phases      []string `json:"phases"`
-	Projections []string `json:"projections"`
-	DurationSec float64  `json:"duration_seconds"`
-	Clients     int      `json:"clients"`
-	Events      int      `json:"events"`
-	Consumers   []int    `json:"consumers"`
-	Rate        float64  `json:"rate"`
-	Target      string   `json:"target,omitempty"`
-	Subscriber  string   `json:"subscriber"`
-	BatchSize   int      `json:"batch_size"`
-	MaxInFlight int      `json:"max_in_flight"`
+	Phases       []string `json:"phases"`
+	Projections  []string `json:"projections"`
+	DurationSec  float64  `json:"duration_seconds"`
+	Clients      int      `json:"clients"`
+	Events       int      `json:"events"`
+	Consumers    []int    `json:"consumers"`
+	Rate         float64  `json:"rate"`
+	MemoryEvents int      `json:"memory_events"`
+	Target       string   `json:"target,omitempty"`
+	Subscriber   string   `json:"subscriber"`
+	BatchSize    int      `json:"batch_size"`
+	MaxInFlight  int      `json:"max_in_flight"`
 }
 
 // PhaseResult is one row of the table.
 type PhaseResult struct {
 	Phase     string `json:"phase"`
 	Consumers int    `json:"consumers,omitempty"` // per projection, drain phases only
-	// Count is what the throughput counts: 2xx answers (ingest, sustained, e2e) or stream
-	// entries fully processed by every projection (drain).
+	// Count is what the throughput counts: 2xx answers (ingest, sustained, e2e), stream entries
+	// fully processed by every projection (drain) or the events written (memory, whose
+	// throughput is bytes per distinct check-in).
 	Count       int64            `json:"count"`
 	Seconds     float64          `json:"seconds"`
 	Throughput  float64          `json:"throughput"`
@@ -84,6 +86,7 @@ type PhaseResult struct {
 	// sustained: over ingest-baseline).
 	VsBaseline *float64       `json:"vs_baseline,omitempty"`
 	Backlog    *BacklogResult `json:"backlog,omitempty"` // sustained
+	Memory     *MemoryResult  `json:"memory,omitempty"`  // memory
 	Note       string         `json:"note,omitempty"`
 }
 
@@ -197,7 +200,7 @@ func (b *bencher) run(ctx context.Context) (BenchResult, error) {
 			Hostname: host, StartedAt: start.UTC().Format(time.RFC3339)},
 		Settings: BenchSettings{Phases: b.opts.Phases, Projections: b.opts.Projections, DurationSec: b.opts.Duration.Seconds(),
 			Clients: b.opts.Clients, Events: b.opts.Events, Consumers: b.opts.Consumers, Rate: b.opts.Rate,
-			Target:     b.opts.Target,
+			MemoryEvents: b.opts.MemoryEvents, Target: b.opts.Target,
 			Subscriber: b.cfg.Subscriber, BatchSize: b.cfg.BatchSize, MaxInFlight: b.cfg.MaxInFlight},
 	}
 	b.progress("%s", machineLine(res))
@@ -267,6 +270,15 @@ func (b *bencher) run(ctx context.Context) (BenchResult, error) {
 			return finish(res), fmt.Errorf("%s: %w", phaseE2E, err)
 		}
 		add(r)
+	}
+	if want[phaseMemory] {
+		for _, n := range []int{b.opts.MemoryEvents, 2 * b.opts.MemoryEvents} {
+			r, err := b.phaseMemory(ctx, n, res.Phases)
+			if err != nil {
+				return finish(res), fmt.Errorf("%s with %d events: %w", phaseMemory, n, err)
+			}
+			add(r)
+		}
 	}
 	res = finish(res)
 	for _, r := range res.Phases {

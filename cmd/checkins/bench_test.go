@@ -53,15 +53,19 @@ func TestBenchEveryPhaseOnPrivateRedis(t *testing.T) {
 		t.Fatal("redis-server not found in PATH; install Redis 7 (apt-get install redis-server)")
 	}
 	res := runBenchJSON(t, envWith(map[string]string{"REDIS_URL": "", "PROJECTIONS": ""}),
-		"--duration", "1s", "--clients", "8", "--events", "2000", "--consumers", "1", "--rate", "200")
+		"--duration", "1s", "--clients", "8", "--events", "2000", "--consumers", "1", "--rate", "200", "--memory-events", "300")
 
 	assert.NotEmpty(t, res.Machine.RedisVersion)
 	assert.Positive(t, res.Machine.NumCPU)
 	assert.Contains(t, res.Machine.Redis, "private")
 	assert.Equal(t, projectionNames(allProjections(Config{})), res.Settings.Projections, "every shipped projection by default")
 	byPhase := map[string]PhaseResult{}
+	var memory []PhaseResult
 	for _, p := range res.Phases {
 		byPhase[p.Phase] = p
+		if p.Phase == phaseMemory {
+			memory = append(memory, p)
+		}
 		assert.Positive(t, p.Throughput, "%s throughput", p.Phase)
 		assert.Positive(t, p.Count, "%s count", p.Phase)
 		assert.Equal(t, checkOK, p.Check, "%s check: %s", p.Phase, p.CheckDetail)
@@ -93,10 +97,38 @@ func TestBenchEveryPhaseOnPrivateRedis(t *testing.T) {
 	assert.Contains(t, sustained.Note, "entries behind")
 	assert.Contains(t, sustained.Note, "caught up")
 
+	require.Len(t, memory, 2, "one memory row for N and one for 2N")
+	for i, p := range memory {
+		m := p.Memory
+		require.NotNil(t, m, "memory figures of run %d", i)
+		assert.Equal(t, 300<<i, m.Events)
+		assert.Less(t, m.Checkins, m.Events, "1%% of the entries republish a check-in")
+		assert.LessOrEqual(t, m.Users, 200, "a fixed population")
+		assert.LessOrEqual(t, m.Locations, 50)
+		assert.Positive(t, m.Users)
+		assert.Positive(t, m.StreamBytes)
+		assert.Positive(t, m.ProjectionBytes)
+		assert.Positive(t, m.PerKeyBytes)
+		assert.Positive(t, m.BytesPerCheckin)
+		assert.Equal(t, figureUsedMemory, m.Figure, "a private server measures used_memory")
+		assert.Zero(t, m.IdempotencyBytes)
+		owners := map[string]bool{}
+		for _, g := range m.Breakdown {
+			owners[g.Owner] = true
+			assert.Equal(t, g.Kind == "seen", g.Bookkeeping, "%s %s", g.Owner, g.Kind)
+		}
+		for _, name := range res.Settings.Projections {
+			assert.True(t, owners[name], "breakdown of run %d names projection %s", i, name)
+		}
+	}
+	assert.Nil(t, memory[0].Memory.GrowthPct)
+	require.NotNil(t, memory[1].Memory.GrowthPct, "the 2N run reports the growth from N")
+	assert.Contains(t, memory[1].Note, "growth from N=300")
 }
 
 // On a shared Redis (REDIS_URL) the bench keeps to its own bench-<random> keys and deletes them
-// all at the end, leaving everything else alone; the table names both consumer counts.
+// all at the end, leaving everything else alone; the table names both consumer counts, and the
+// memory phase measures by the per-key sum.
 func TestBenchOnSharedRedisDeletesOnlyItsKeys(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
 	client := redistest.Client(t, srv.URL())
@@ -104,8 +136,8 @@ func TestBenchOnSharedRedisDeletesOnlyItsKeys(t *testing.T) {
 	require.NoError(t, client.Set(ctx, "someone-else:key", "kept", 0).Err())
 
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"bench", "--phases", "ingest,drain", "--duration", "300ms", "--clients", "4",
-		"--events", "500", "--consumers", "1,2"}, envWith(map[string]string{"REDIS_URL": srv.URL(), "PROJECTIONS": ""}), &stdout, &stderr)
+	code := run([]string{"bench", "--phases", "ingest,drain,memory", "--duration", "300ms", "--clients", "4",
+		"--events", "500", "--consumers", "1,2", "--memory-events", "200"}, envWith(map[string]string{"REDIS_URL": srv.URL(), "PROJECTIONS": ""}), &stdout, &stderr)
 	require.Equal(t, 0, code, "bench failed; stderr:\n%s", stderr.String())
 
 	out := stdout.String()
@@ -113,6 +145,11 @@ func TestBenchOnSharedRedisDeletesOnlyItsKeys(t *testing.T) {
 	assert.Regexp(t, `(?m)^\s*ingest\s+-\s+\d+\s+req/s`, out)
 	assert.Regexp(t, `(?m)^\s*drain\s+1\s+\d+\s+events/s`, out)
 	assert.Regexp(t, `(?m)^\s*drain\s+2\s+\d+\s+events/s`, out)
+	assert.Regexp(t, `(?m)^\s*memory N=200\s+-\s+\d+\s+B/checkin`, out)
+	assert.Regexp(t, `(?m)^\s*memory N=400\s+-\s+\d+\s+B/checkin`, out)
+	assert.Contains(t, out, "growth from N=200")
+	assert.Contains(t, out, "(by per_key)")
+	assert.Regexp(t, `(?m)^\s+users\s+[0-9.]+ [KM]?i?B: `, out, "the breakdown after the table")
 	assert.NotContains(t, out, checkMismatch)
 
 	keys, err := client.Keys(ctx, "*").Result()
@@ -223,6 +260,7 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 		{[]string{"--duration", "1ms"}, "invalid --duration: must be at least 100ms"},
 		{[]string{"--clients", "0"}, "invalid --clients: must be from 1 to 10000"},
 		{[]string{"--events", "0"}, "invalid --events: must be from 1 to 10000000"},
+		{[]string{"--memory-events", "10"}, "invalid --memory-events: must be from 100 to 10000000"},
 		{[]string{"--projections", "users,nearby"}, `invalid --projections (PROJECTIONS): unknown projection "nearby" (known: users, locations, leaderboards, recent_checkins, daily_checkins)`},
 		{[]string{"--projections", "locations"}, "invalid --projections: e2e times a check-in until it is visible in users or recent_checkins"},
 		{[]string{"--target", "localhost:8080"}, "invalid --target: must be a base URL like http://127.0.0.1:8080"},
@@ -258,6 +296,7 @@ func TestBenchHelp(t *testing.T) {
 		assert.Contains(t, stderr.String(), "\n  "+p+" ", "usage describes phase %s", p)
 	}
 	assert.Contains(t, stderr.String(), "default: every shipped projection: users,locations,leaderboards,recent_checkins,daily_checkins")
+	assert.Contains(t, stderr.String(), "-memory-events")
 }
 
 // The read-model check finds a difference in any projection, refuses an entity no check-in

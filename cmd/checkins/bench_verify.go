@@ -19,7 +19,7 @@ import (
 
 // bookkeepingKeyNames are the last segments of projection keys that hold no read model (dedupe
 // and similar state). The "no other entity" check skips them, since their slots need not be
-// entities. Extend it when the store keeps more.
+// entities, and the memory breakdown labels them. Extend it when the store keeps more.
 func bookkeepingKeyNames() []string { return []string{"seen"} }
 
 func isBookkeepingKey(key string) bool {
