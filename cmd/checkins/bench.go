@@ -13,25 +13,29 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/checkins/checkins/app/projection"
 )
 
 // The phases of `checkins bench`, in the order they run.
 const (
 	phaseIngest         = "ingest"
 	phaseIngestBaseline = "ingest-baseline"
+	phaseSustained      = "sustained"
 	phaseDrain          = "drain"
 	phaseDrainBaseline  = "drain-baseline"
 	phaseE2E            = "e2e"
+	phaseMemory         = "memory"
 )
 
 func benchPhaseOrder() []string {
-	return []string{phaseIngest, phaseIngestBaseline, phaseDrain, phaseDrainBaseline, phaseE2E}
+	return []string{phaseIngest, phaseIngestBaseline, phaseSustained, phaseDrain, phaseDrainBaseline, phaseE2E, phaseMemory}
 }
 
 // benchCommands is the `bench` verb.
 func benchCommands() map[string]subcommand {
 	return map[string]subcommand{
-		"bench": {"measure ingest, drain and end-to-end latency against raw-Redis baselines", runBench},
+		"bench": {"measure ingest, sustained projected throughput, drain, end-to-end latency and Redis memory against raw-Redis baselines", runBench},
 	}
 }
 
@@ -40,52 +44,100 @@ const benchUsage = `Usage: checkins bench [flags]
 Measures, in one run and one process, against raw go-redis baselines:
   ingest           C keep-alive HTTP clients post distinct check-ins to the real API for D
   ingest-baseline  the same clients and payloads against a bare net/http handler doing one XADD
-  drain            N preloaded events consumed by K projector instances (users, locations),
-                   for each K of --consumers, until every group has lag 0 and nothing pending;
-                   the read models are then checked against an independent computation
+  sustained        the same clients against an in-process serve (API and every selected
+                   projection, default settings) for D; the figure is 2xx answers over the time
+                   from the first timed request until every consumer group on the stream has
+                   delivered its last entry with nothing pending, i.e. fully projected
+                   check-ins/s, with the backlog left when the load stopped and how long it took
+                   to drain; the ratio is over ingest-baseline
+  drain            N preloaded events consumed by K projector instances (every selected
+                   projection), for each K of --consumers, until every group has delivered the
+                   last entry and has nothing pending
   drain-baseline   the same data read by raw XREADGROUP COUNT 500 consumers running the same
                    Lua updates pipelined, with batched XACK
   e2e              check-ins posted at a fixed rate to an in-process serve; time from the 202
-                   to the check-in being visible in the user projection
+                   to the check-in being visible in the users projection (recent_checkins when
+                   users is not selected)
+  memory           M (--memory-events) events of a month of history (200 users, 50 locations,
+                   explicit entry IDs over the last 30 days, 1% republished) drained by one
+                   projector; Redis used_memory growth minus the stream, per distinct check-in,
+                   with a breakdown by projection and key kind; then again with 2M events under a
+                   fresh prefix, and the growth from M to 2M
+
+Checks: every phase that runs projections compares each selected projection's read model, read
+through the projection's own queries, with an independent computation from the events (the
+accepted check-ins for sustained and e2e); ingest, ingest-baseline and sustained check that the
+stream grew by exactly the 2xx answers.
 
 Redis: REDIS_URL when set (keys under a private bench-<random> prefix, deleted at the end);
 otherwise a private redis-server (--save "" --appendonly no) on a free port, killed at the end.
 Service settings (SUBSCRIBER/--subscriber, BATCH_SIZE, MAX_IN_FLIGHT, ...) apply to the
-in-process services; the bench sets KEY_PREFIX, HTTP_ADDR, CONSUMER_NAME and PROJECTIONS itself
-(KEY_PREFIX names the stream of --target for the stream check). LOG_LEVEL defaults to warn.
+in-process services; the bench sets KEY_PREFIX, HTTP_ADDR and CONSUMER_NAME itself (KEY_PREFIX
+names the stream of --target for the stream check). --projections (env PROJECTIONS) selects the
+projections; with all of them the services run as serve ships, without a PROJECTIONS list.
+LOG_LEVEL defaults to warn.
 
-Time: ingest, ingest-baseline and e2e take --duration each; drain and drain-baseline each drain
---events once per --consumers entry (8 drains by default), so they dominate when consumption
-is slow: lower --events or --consumers for a quicker run.
+Time: ingest and ingest-baseline take --duration each, sustained and e2e --duration plus the
+time the projections need to catch up; drain and drain-baseline each drain --events once per
+--consumers entry; memory drains 3 x --memory-events. With every projection the drain runs at
+about 4,000-5,000 events/s on 2 cores today, so --events defaults to 20,000 (was 100,000) and
+--consumers to 1,4 (was 1,2,4,8): they only shape the run's length, and the default run takes
+about 2.5 minutes there, most of it memory. Lower --memory-events or leave phases out for a
+quicker run.
 
 Flags:
 `
 
 // benchOptions are the bench's own flags.
 type benchOptions struct {
-	Phases    []string
-	Duration  time.Duration
-	Clients   int
-	Events    int
-	Consumers []int
-	Rate      float64
-	Target    string
-	JSON      bool
+	Phases       []string
+	Duration     time.Duration
+	Clients      int
+	Events       int
+	Consumers    []int
+	Rate         float64
+	Target       string
+	JSON         bool
+	MemoryEvents int
+	// Projections are the selected projection names, in the order the service ships them;
+	// AllProjections says they are every shipped one (the services then get no explicit list).
+	Projections    []string
+	AllProjections bool
 }
+
+// benchFlags are the raw values of the bench's flags.
+type benchFlags struct {
+	phases       string
+	duration     time.Duration
+	clients      int
+	events       int
+	consumers    string
+	rate         float64
+	target       string
+	memoryEvents int
+}
+
+const projectionsFlagUsage = "comma-separated projections the bench runs and checks (env PROJECTIONS, default: every shipped projection: %s)"
 
 func runBench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	stderr = &lockedWriter{w: stderr} // the service logs and the progress lines share it
 	fs := flag.NewFlagSet("checkins bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	phases := fs.String("phases", strings.Join(benchPhaseOrder(), ","), "comma-separated phases to run: "+strings.Join(benchPhaseOrder(), ", ")+" (or all)")
-	duration := fs.Duration("duration", 10*time.Second, "length of each ingest, ingest-baseline and e2e phase")
-	clients := fs.Int("clients", 50, "concurrent keep-alive HTTP clients (ingest) and senders (e2e)")
-	events := fs.Int("events", 100000, "events preloaded for drain and drain-baseline (100,000 keeps the default run under 2 minutes on 2 cores; the issue names 200,000)")
-	consumers := fs.String("consumers", "1,2,4,8", "comma-separated numbers of consumers per projection to sweep in drain and drain-baseline")
-	rate := fs.Float64("rate", 2000, "check-ins per second posted in e2e")
-	target := fs.String("target", "", "base URL of a running API (e.g. http://127.0.0.1:8080) for ingest instead of the in-process one")
+	var f benchFlags
+	fs.StringVar(&f.phases, "phases", strings.Join(benchPhaseOrder(), ","), "comma-separated phases to run: "+strings.Join(benchPhaseOrder(), ", ")+" (or all)")
+	fs.DurationVar(&f.duration, "duration", 10*time.Second, "length of the load of each ingest, ingest-baseline, sustained and e2e phase")
+	fs.IntVar(&f.clients, "clients", 50, "concurrent keep-alive HTTP clients (ingest, sustained) and senders (e2e)")
+	fs.IntVar(&f.events, "events", 20000, "events preloaded for drain and drain-baseline (lowered from 100,000 to keep the default run near 3 minutes with every projection; the issue names 200,000)")
+	fs.StringVar(&f.consumers, "consumers", "1,4", "comma-separated numbers of consumers per projection to sweep in drain and drain-baseline (lowered from 1,2,4,8 for the run's length)")
+	fs.Float64Var(&f.rate, "rate", 2000, "check-ins per second posted in e2e")
+	fs.StringVar(&f.target, "target", "", "base URL of a running API (e.g. http://127.0.0.1:8080) for ingest instead of the in-process one")
+	fs.IntVar(&f.memoryEvents, "memory-events", 100000, "events of the first memory run; the second writes twice as many")
 	asJSON := fs.Bool("json", false, "print the result as JSON on stdout instead of the table")
 	fs.Usage = func() {
+		// PROJECTIONS is a service setting; in the bench it selects what is measured and checked.
+		if pf := fs.Lookup("projections"); pf != nil {
+			pf.Usage = fmt.Sprintf(projectionsFlagUsage, strings.Join(projectionNames(allProjections(Config{})), ","))
+		}
 		fmt.Fprint(fs.Output(), benchUsage)
 		fs.PrintDefaults()
 	}
@@ -96,7 +148,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	if len(rest) > 0 {
 		return fmt.Errorf("unexpected arguments: %v", rest)
 	}
-	opts, err := parseBenchOptions(*phases, *duration, *clients, *events, *consumers, *rate, *target)
+	opts, err := parseBenchOptions(f, cfg)
 	if err != nil {
 		return err
 	}
@@ -134,10 +186,18 @@ func benchGetenv(getenv func(string) string) func(string) string {
 	}
 }
 
-func parseBenchOptions(phases string, duration time.Duration, clients, events int, consumers string, rate float64, target string) (benchOptions, error) {
-	o := benchOptions{Duration: duration, Clients: clients, Events: events, Rate: rate}
+func projectionNames(ps []projection.Projection) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.Name()
+	}
+	return out
+}
+
+func parseBenchOptions(f benchFlags, cfg Config) (benchOptions, error) {
+	o := benchOptions{Duration: f.duration, Clients: f.clients, Events: f.events, Rate: f.rate, MemoryEvents: f.memoryEvents}
 	want := map[string]bool{}
-	for _, p := range strings.Split(phases, ",") {
+	for _, p := range strings.Split(f.phases, ",") {
 		p = strings.TrimSpace(p)
 		switch {
 		case p == "":
@@ -159,20 +219,23 @@ func parseBenchOptions(phases string, duration time.Duration, clients, events in
 	if len(o.Phases) == 0 {
 		return o, errors.New("invalid --phases: no phase selected")
 	}
-	if duration < 100*time.Millisecond {
-		return o, fmt.Errorf("invalid --duration: must be at least 100ms, got %s", duration)
+	if f.duration < 100*time.Millisecond {
+		return o, fmt.Errorf("invalid --duration: must be at least 100ms, got %s", f.duration)
 	}
-	if clients < 1 || clients > 10000 {
-		return o, fmt.Errorf("invalid --clients: must be from 1 to 10000, got %d", clients)
+	if f.clients < 1 || f.clients > 10000 {
+		return o, fmt.Errorf("invalid --clients: must be from 1 to 10000, got %d", f.clients)
 	}
-	if events < 1 || events > 10_000_000 {
-		return o, fmt.Errorf("invalid --events: must be from 1 to 10000000, got %d", events)
+	if f.events < 1 || f.events > 10_000_000 {
+		return o, fmt.Errorf("invalid --events: must be from 1 to 10000000, got %d", f.events)
 	}
-	if rate <= 0 || rate > 1_000_000 {
-		return o, fmt.Errorf("invalid --rate: must be above 0 and at most 1000000 per second, got %g", rate)
+	if f.memoryEvents < 100 || f.memoryEvents > 10_000_000 {
+		return o, fmt.Errorf("invalid --memory-events: must be from 100 to 10000000, got %d", f.memoryEvents)
+	}
+	if f.rate <= 0 || f.rate > 1_000_000 {
+		return o, fmt.Errorf("invalid --rate: must be above 0 and at most 1000000 per second, got %g", f.rate)
 	}
 	seen := map[int]bool{}
-	for _, s := range strings.Split(consumers, ",") {
+	for _, s := range strings.Split(f.consumers, ",") {
 		if s = strings.TrimSpace(s); s == "" {
 			continue
 		}
@@ -188,14 +251,46 @@ func parseBenchOptions(phases string, duration time.Duration, clients, events in
 	if len(o.Consumers) == 0 {
 		return o, errors.New("invalid --consumers: give at least one number, e.g. 1,2,4,8")
 	}
-	if target != "" {
-		u, err := url.Parse(target)
+	if f.target != "" {
+		u, err := url.Parse(f.target)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return o, fmt.Errorf("invalid --target: must be a base URL like http://127.0.0.1:8080, got %q", target)
+			return o, fmt.Errorf("invalid --target: must be a base URL like http://127.0.0.1:8080, got %q", f.target)
 		}
-		o.Target = strings.TrimRight(target, "/")
+		o.Target = strings.TrimRight(f.target, "/")
+	}
+	var err error
+	if o.Projections, o.AllProjections, err = benchSelection(cfg); err != nil {
+		return o, err
+	}
+	if want[phaseE2E] && !slices.Contains(o.Projections, projection.UserStats{}.Name()) &&
+		!slices.Contains(o.Projections, projection.RecentCheckins{}.Name()) {
+		return o, fmt.Errorf("invalid --projections: e2e times a check-in until it is visible in %s or %s; select one of them, or leave e2e out of --phases",
+			projection.UserStats{}.Name(), projection.RecentCheckins{}.Name())
 	}
 	return o, nil
+}
+
+// benchSelection resolves --projections (cfg.Projections) against the shipped projections: the
+// names in shipped order, and whether they are all of them.
+func benchSelection(cfg Config) ([]string, bool, error) {
+	shipped := projectionNames(allProjections(cfg))
+	if len(cfg.Projections) == 0 {
+		return shipped, true, nil
+	}
+	want := map[string]bool{}
+	for _, p := range cfg.Projections {
+		if !slices.Contains(shipped, p) {
+			return nil, false, fmt.Errorf("invalid --projections (PROJECTIONS): unknown projection %q (known: %s)", p, strings.Join(shipped, ", "))
+		}
+		want[p] = true
+	}
+	var out []string
+	for _, p := range shipped {
+		if want[p] {
+			out = append(out, p)
+		}
+	}
+	return out, len(out) == len(shipped), nil
 }
 
 // lockedWriter serialises writes from the progress lines and the services' loggers.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,12 +24,8 @@ type drainData struct {
 	source  string // stream key holding the preloaded entries; each drain run copies it
 	lastID  string
 	entries int
-	users   map[int64]userExpect
-	locs    map[int64]locExpect
+	want    *expectedModel
 }
-
-type userExpect struct{ num, last, seenAt int64 }
-type locExpect struct{ num, stars int64 }
 
 // preload writes N entries exactly as the publisher does (FlatMarshaller over the event's
 // Fields), pipelined. One entry in a hundred republishes a recent check-in, as a retried publish
@@ -38,7 +35,7 @@ func (b *bencher) preload(ctx context.Context) (*drainData, error) {
 	start := time.Now()
 	n := b.opts.Events
 	keys := adapters.KeySpace{Prefix: b.prefix("source")}
-	d := &drainData{source: keys.Stream(), entries: n, users: map[int64]userExpect{}, locs: map[int64]locExpect{}}
+	d := &drainData{source: keys.Stream(), entries: n, want: newExpectedModel()}
 	numUsers, numLocs := int64(max(n/10, 1)), int64(min(max(n/200, 1), 1000))
 	rng := rand.New(rand.NewPCG(7, 11))
 	now := time.Now().UnixMilli()
@@ -62,17 +59,8 @@ func (b *bencher) preload(ctx context.Context) (*drainData, error) {
 				} else {
 					recent[rng.IntN(len(recent))] = ev
 				}
-				u := d.users[ev.UserID]
-				u.num++
-				if ev.Timestamp > u.last {
-					u.last, u.seenAt = ev.Timestamp, ev.LocationID
-				}
-				d.users[ev.UserID] = u
-				l := d.locs[ev.LocationID]
-				l.num++
-				l.stars += int64(ev.StarRating)
-				d.locs[ev.LocationID] = l
 			}
+			d.want.add(ev.Checkin)
 			msg, err := adapters.NewEventMessage(ev.Fields(), b.runID+"-preload")
 			if err != nil {
 				return nil, err
@@ -88,7 +76,7 @@ func (b *bencher) preload(ctx context.Context) (*drainData, error) {
 		}
 		d.lastID = last.Val()
 	}
-	b.progress("preloaded %d events (%d users, %d locations, 1%% republished) in %.1fs", n, len(d.users), len(d.locs), time.Since(start).Seconds())
+	b.progress("preloaded %d events (%d users, %d locations, 1%% republished) in %.1fs", n, len(d.want.users), len(d.want.locs), time.Since(start).Seconds())
 	return d, nil
 }
 
@@ -110,24 +98,26 @@ func (b *bencher) phaseDrain(ctx context.Context, data *drainData, k int, baseli
 			b.log.Warn("bench: could not delete drain keys", "prefix", keys.Prefix, "error", err)
 		}
 	}()
-	versions := adapters.NewProjectionVersions(b.admin, keys)
+	// The groups that must catch up: those the consumers feed (so a group not created yet is
+	// waited for), and whatever else XINFO GROUPS shows on the stream.
 	var groups []string
-	for _, name := range benchProjections() {
-		v, err := versions.Current(ctx, name)
-		if err != nil {
-			return PhaseResult{}, err
-		}
-		groups = append(groups, keys.Group(name, v))
-	}
 
 	// The meter and the clock start once everything is built, just before consuming starts.
 	var (
 		m    *meter
 		t0   time.Time
 		stop func() error
-		fail = make(chan error, 2*k*len(benchProjections()))
+		fail = make(chan error, 2*k*len(b.opts.Projections)+k)
 	)
 	if baseline {
+		versions := adapters.NewProjectionVersions(b.admin, keys)
+		for _, name := range b.opts.Projections {
+			v, err := versions.Current(ctx, name)
+			if err != nil {
+				return PhaseResult{}, err
+			}
+			groups = append(groups, keys.Group(name, v))
+		}
 		m, t0 = b.startMeter(ctx), time.Now()
 		stop = b.startBaselineConsumers(ctx, keys, k, fail)
 	} else {
@@ -148,16 +138,14 @@ func (b *bencher) phaseDrain(ctx context.Context, data *drainData, k int, baseli
 				return PhaseResult{}, err
 			}
 			services = append(services, s)
+			groups = append(groups, s.groups()...)
 		}
+		slices.Sort(groups)
+		groups = slices.Compact(groups)
 		m, t0 = b.startMeter(ctx), time.Now()
 		for _, s := range services {
 			s.start(ctx)
-			go func() {
-				<-s.exited
-				if !s.stopping.Load() {
-					fail <- fmt.Errorf("projector %s stopped before the stream was drained: %v", s.addr, s.err)
-				}
-			}()
+			s.watch("projector", fail)
 		}
 	}
 	elapsed, waitErr := b.waitDrained(ctx, keys.Stream(), groups, data.lastID, t0, fail)
@@ -169,7 +157,7 @@ func (b *bencher) phaseDrain(ctx context.Context, data *drainData, k int, baseli
 	r := PhaseResult{Phase: phase, Consumers: k, Count: int64(data.entries), Seconds: elapsed.Seconds(), Unit: "events/s",
 		Throughput: float64(data.entries) / elapsed.Seconds()}
 	use.fill(&r)
-	ok, detail, err := b.verifyReadModels(ctx, keys, data)
+	ok, detail, err := b.verifyReadModels(ctx, keys, data.want)
 	if err != nil {
 		return PhaseResult{}, fmt.Errorf("verify read models: %w", err)
 	}
@@ -183,9 +171,10 @@ func (b *bencher) phaseDrain(ctx context.Context, data *drainData, k int, baseli
 	return r, nil
 }
 
-// waitDrained polls XINFO GROUPS until every group has delivered lastID and has nothing pending.
-// It gives up when nothing moved for 30s or a consumer failed.
-func (b *bencher) waitDrained(ctx context.Context, stream string, groups []string, lastID string, t0 time.Time, fail <-chan error) (time.Duration, error) {
+// waitDrained polls XINFO GROUPS until every group on the stream, and at least those of want,
+// has delivered lastID and has nothing pending. It gives up when nothing moved for 30s or a
+// consumer failed.
+func (b *bencher) waitDrained(ctx context.Context, stream string, want []string, lastID string, t0 time.Time, fail <-chan error) (time.Duration, error) {
 	const stallAfter = 30 * time.Second
 	var state string
 	changed := time.Now()
@@ -195,18 +184,19 @@ func (b *bencher) waitDrained(ctx context.Context, stream string, groups []strin
 			return 0, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
 		}
 		at := time.Since(t0)
-		byName := map[string]redis.XInfoGroup{}
-		for _, g := range infos {
-			byName[g.Name] = g
-		}
-		done := true
+		done := len(infos) > 0
 		var sb strings.Builder
-		for _, name := range groups {
-			g, ok := byName[name]
-			if !ok || g.LastDeliveredID != lastID || g.Pending != 0 {
+		for _, name := range want {
+			if !slices.ContainsFunc(infos, func(g redis.XInfoGroup) bool { return g.Name == name }) {
+				done = false
+				fmt.Fprintf(&sb, "%s not created yet; ", name)
+			}
+		}
+		for _, g := range infos {
+			if g.LastDeliveredID != lastID || g.Pending != 0 {
 				done = false
 			}
-			fmt.Fprintf(&sb, "%s last-delivered %s pending %d; ", name, g.LastDeliveredID, g.Pending)
+			fmt.Fprintf(&sb, "%s last-delivered %s pending %d; ", g.Name, g.LastDeliveredID, g.Pending)
 		}
 		if done {
 			return at, nil
@@ -226,16 +216,28 @@ func (b *bencher) waitDrained(ctx context.Context, stream string, groups []strin
 	}
 }
 
+// lastEntryID is the ID of the stream's last entry, "" when it has none.
+func lastEntryID(ctx context.Context, c *redis.Client, stream string) (string, error) {
+	ms, err := c.XRevRangeN(ctx, stream, "+", "-", 1).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return "", fmt.Errorf("XREVRANGE %s: %w", stream, err)
+	}
+	if len(ms) == 0 {
+		return "", nil
+	}
+	return ms[0].ID, nil
+}
+
 // startBaselineConsumers runs k raw readers per projection; stop ends them.
 func (b *bencher) startBaselineConsumers(ctx context.Context, keys adapters.KeySpace, k int, fail chan<- error) (stop func() error) {
 	client, err := adapters.NewRedisClient(adapters.ClientOptions{URL: b.redis.url, DialTimeout: 2 * time.Second,
-		ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second, PoolSize: 2*k*len(benchProjections()) + 4})
+		ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second, PoolSize: 2*k*len(b.opts.Projections) + 4})
 	if err != nil {
 		fail <- err
 		return func() error { return nil }
 	}
 	cfg := b.cfg
-	cfg.Projections = benchProjections()
+	cfg.Projections = b.opts.Projections
 	projs, err := selectProjections(cfg)
 	if err != nil {
 		fail <- err

@@ -5,22 +5,24 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
 )
 
 // phaseE2E posts check-ins at a fixed rate to an in-process serve and measures, for each, the
-// time from its 202 to the user projection counting it. Every check-in goes to a new user, so
-// "visible" is simply numCheckins = 1 on that user, and one poller checks all pending ones with
-// one pipelined HGET round every millisecond: the polling stays cheap next to the service.
+// time from its 202 to the users projection counting it (recent_checkins listing it when users
+// is not selected). Every check-in goes to a new user, so "visible" is simply one check-in on
+// that user, and one poller reads all pending ones through the projection's own query every
+// millisecond, pipelined: the polling stays cheap next to the service. Once the load is over and
+// every group caught up, every selected read model is checked against the accepted check-ins.
 func (b *bencher) phaseE2E(ctx context.Context) (PhaseResult, error) {
 	keys := adapters.KeySpace{Prefix: b.prefix("e2e")}
 	rs, err := b.newService(ctx, keys.Prefix, Mode{API: true, Projections: true}, b.runID+"-e2e")
@@ -32,16 +34,9 @@ func (b *bencher) phaseE2E(ctx context.Context) (PhaseResult, error) {
 	if err := rs.waitReady(ctx); err != nil {
 		return PhaseResult{}, err
 	}
-	users := projection.UserStats{}
-	version, err := adapters.NewProjectionVersions(b.admin, keys).Current(ctx, users.Name())
-	if err != nil {
-		return PhaseResult{}, err
-	}
-	poller := &visibilityPoller{client: b.admin, keyOf: func(userID int64) string {
-		rec := &recordingReader{}
-		_, _ = users.Get(ctx, rec, userID)
-		return keys.ProjectionKey(users.Name(), version, rec.last.slot, rec.last.key)
-	}}
+	fail := make(chan error, 1)
+	rs.watch("service", fail)
+	poller := &visibilityPoller{count: b.visibleCount(keys)}
 	m := b.startMeter(ctx)
 	pollStop := make(chan struct{})
 	pollDone := make(chan struct{})
@@ -53,11 +48,12 @@ func (b *bencher) phaseE2E(ctx context.Context) (PhaseResult, error) {
 	total := max(int64(b.opts.Rate*b.opts.Duration.Seconds()), 1)
 	jobs := make(chan int64, 4096)
 	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		postLat []time.Duration
-		errs    = map[string]int64{}
-		ok      atomic.Int64
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		postLat  []time.Duration
+		errs     = map[string]int64{}
+		ok       atomic.Int64
+		accepted []domain.Checkin
 	)
 	for w := range b.opts.Clients {
 		wg.Add(1)
@@ -65,19 +61,23 @@ func (b *bencher) phaseE2E(ctx context.Context) (PhaseResult, error) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), 99))
 			var lat []time.Duration
+			var mine []domain.Checkin
 			local := map[string]int64{}
-			buf := make([]byte, 0, 160)
+			buf := make([]byte, 0, 192)
 			for id := range jobs {
+				// The timestamp is sent (as "now") so the accepted check-in is known exactly.
+				c := domain.Checkin{ID: b.runID + "-v" + strconv.FormatInt(id, 10), UserID: id,
+					LocationID: 1 + rng.Int64N(1000), StarRating: rng.IntN(6), Timestamp: time.Now().UnixMilli()}
 				buf = append(buf[:0], `{"checkinId":"`...)
-				buf = append(buf, b.runID...)
-				buf = append(buf, "-v"...)
-				buf = strconv.AppendInt(buf, id, 10)
+				buf = append(buf, c.ID...)
 				buf = append(buf, `","userId":`...)
-				buf = strconv.AppendInt(buf, id, 10)
+				buf = strconv.AppendInt(buf, c.UserID, 10)
 				buf = append(buf, `,"locationId":`...)
-				buf = strconv.AppendInt(buf, 1+rng.Int64N(1000), 10)
+				buf = strconv.AppendInt(buf, c.LocationID, 10)
 				buf = append(buf, `,"starRating":`...)
-				buf = strconv.AppendInt(buf, rng.Int64N(6), 10)
+				buf = strconv.AppendInt(buf, int64(c.StarRating), 10)
+				buf = append(buf, `,"timestamp":`...)
+				buf = strconv.AppendInt(buf, c.Timestamp, 10)
 				buf = append(buf, '}')
 				t := time.Now()
 				status, err := postJSON(ctx, hc, url, buf)
@@ -89,6 +89,7 @@ func (b *bencher) phaseE2E(ctx context.Context) (PhaseResult, error) {
 				case status >= 200 && status < 300:
 					poller.add(id, acked)
 					lat = append(lat, acked.Sub(t))
+					mine = append(mine, c)
 					ok.Add(1)
 				default:
 					local[strconv.Itoa(status)]++
@@ -96,6 +97,7 @@ func (b *bencher) phaseE2E(ctx context.Context) (PhaseResult, error) {
 			}
 			mu.Lock()
 			postLat = append(postLat, lat...)
+			accepted = append(accepted, mine...)
 			for k, v := range local {
 				errs[k] += v
 			}
@@ -125,9 +127,16 @@ dispatch:
 	wg.Wait()
 	sendElapsed := time.Since(t0)
 
-	// Everything answered 202 must become visible; give the projections a generous while.
-	deadline := time.Now().Add(30 * time.Second)
-	for poller.pending.Load() > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
+	// Everything answered 202 must become visible: wait until every group caught up (or stalls),
+	// then give the poller a last few rounds.
+	var drainErr error
+	if lastID, err := lastEntryID(ctx, b.admin, keys.Stream()); err != nil {
+		drainErr = err
+	} else if lastID != "" {
+		_, drainErr = b.waitDrained(ctx, keys.Stream(), rs.groups(), lastID, t0, fail)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for drainErr == nil && poller.pending.Load() > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(5 * time.Millisecond)
 	}
 	close(pollStop)
@@ -144,8 +153,11 @@ dispatch:
 		r.Errors = errs
 	}
 	var problems []string
+	if drainErr != nil {
+		problems = append(problems, "the projections did not catch up: "+drainErr.Error())
+	}
 	if n := poller.pending.Load(); n > 0 {
-		problems = append(problems, fmt.Sprintf("%d accepted check-ins were not visible after 30s", n))
+		problems = append(problems, fmt.Sprintf("%d accepted check-ins were not visible once the projections caught up", n))
 	}
 	if poller.wrong > 0 {
 		problems = append(problems, fmt.Sprintf("%d users counted more than one check-in", poller.wrong))
@@ -156,8 +168,24 @@ dispatch:
 	if r.Count == 0 {
 		problems = append(problems, "no check-in was accepted")
 	}
-	if len(problems) > 0 {
-		r.Check, r.CheckDetail = checkMismatch, strings.Join(problems, "; ")
+	failed := len(problems) > 0
+	if drainErr == nil {
+		want := newExpectedModel()
+		for _, c := range accepted {
+			want.add(c)
+		}
+		same, detail, err := b.verifyReadModels(ctx, keys, want)
+		if err != nil {
+			return PhaseResult{}, fmt.Errorf("verify read models: %w", err)
+		}
+		failed = failed || !same
+		if detail != "" {
+			problems = append(problems, detail)
+		}
+	}
+	r.CheckDetail = strings.Join(problems, "; ")
+	if failed {
+		r.Check = checkMismatch
 	}
 	if offered := float64(total) / b.opts.Duration.Seconds(); r.PostLatency != nil && r.Throughput < 0.95*offered {
 		r.Note = fmt.Sprintf("offered %.0f/s but only %.0f/s were answered: %d senders could not keep up (POST p50 %s), so the latencies are not at the offered rate",
@@ -166,10 +194,34 @@ dispatch:
 	return r, nil
 }
 
-// visibilityPoller watches accepted check-ins until the user projection counts them.
+// visibleCount counts a user's check-ins through the projection e2e watches: users (its
+// numCheckins) or else recent_checkins (how many it lists); 0 until the user appears.
+func (b *bencher) visibleCount(keys adapters.KeySpace) func(ctx context.Context, userID int64) (int64, error) {
+	if slices.Contains(b.opts.Projections, projection.UserStats{}.Name()) {
+		users := projection.UserStats{}
+		r := adapters.NewProjectionReader(b.reads, keys, users.Name())
+		return func(ctx context.Context, id int64) (int64, error) {
+			v, err := users.Get(ctx, r, id)
+			if errors.Is(err, domain.ErrNotFound) {
+				return 0, nil
+			}
+			return v.NumCheckins, err
+		}
+	}
+	recent := projection.RecentCheckins{}
+	r := adapters.NewProjectionReader(b.reads, keys, recent.Name())
+	return func(ctx context.Context, id int64) (int64, error) {
+		v, err := recent.Get(ctx, r, id)
+		if errors.Is(err, domain.ErrNotFound) {
+			return 0, nil
+		}
+		return int64(len(v.Checkins)), err
+	}
+}
+
+// visibilityPoller watches accepted check-ins until the projection counts them.
 type visibilityPoller struct {
-	client *redis.Client
-	keyOf  func(userID int64) string
+	count func(ctx context.Context, userID int64) (int64, error)
 
 	mu       sync.Mutex
 	incoming []pendingCheckin
@@ -182,20 +234,20 @@ type visibilityPoller struct {
 }
 
 type pendingCheckin struct {
-	key   string
-	acked time.Time
+	userID int64
+	acked  time.Time
 }
 
 func (p *visibilityPoller) add(userID int64, acked time.Time) {
-	pc := pendingCheckin{key: p.keyOf(userID), acked: acked}
 	p.pending.Add(1)
 	p.mu.Lock()
-	p.incoming = append(p.incoming, pc)
+	p.incoming = append(p.incoming, pendingCheckin{userID: userID, acked: acked})
 	p.mu.Unlock()
 }
 
-// run checks every pending check-in once per millisecond in one pipeline. A check-in counts as
-// visible at the end of the round that saw it, so figures are late by at most a round.
+// run checks every pending check-in once per millisecond, the reads of a round in flight
+// together (b.reads pipelines them). A check-in counts as visible at the end of the round that
+// saw it, so figures are late by at most a round.
 func (p *visibilityPoller) run(ctx context.Context, stop <-chan struct{}) {
 	t := time.NewTicker(time.Millisecond)
 	defer t.Stop()
@@ -215,30 +267,26 @@ func (p *visibilityPoller) run(ctx context.Context, stop <-chan struct{}) {
 		if len(pending) == 0 {
 			continue
 		}
-		pipe := p.client.Pipeline()
-		cmds := make([]*redis.StringCmd, len(pending))
-		for i, pc := range pending {
-			cmds[i] = pipe.HGet(ctx, pc.key, "numCheckins")
-		}
-		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-			if ctx.Err() == nil {
-				p.err = err
-			}
-			continue
-		}
+		counts, errs := make([]int64, len(pending)), make([]error, len(pending))
+		parallel(len(pending), verifyWorkers, func(i int) { counts[i], errs[i] = p.count(ctx, pending[i].userID) })
 		now := time.Now()
 		keep := pending[:0]
 		for i, pc := range pending {
-			v, err := cmds[i].Result()
-			if err != nil {
+			switch {
+			case errs[i] != nil:
+				if ctx.Err() == nil {
+					p.err = errs[i]
+				}
 				keep = append(keep, pc)
-				continue
+			case counts[i] == 0:
+				keep = append(keep, pc)
+			default:
+				p.latencies = append(p.latencies, now.Sub(pc.acked))
+				if counts[i] != 1 {
+					p.wrong++
+				}
+				p.pending.Add(-1)
 			}
-			p.latencies = append(p.latencies, now.Sub(pc.acked))
-			if v != "1" {
-				p.wrong++
-			}
-			p.pending.Add(-1)
 		}
 		pending = keep
 	}

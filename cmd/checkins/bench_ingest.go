@@ -35,6 +35,8 @@ type payloadGen struct {
 	seq      int64
 	rng      *rand.Rand
 	now      int64
+	last     domain.Checkin // the check-in of the last body, filled only when keep is set
+	keep     bool
 }
 
 // client is client i's generator in a round: every round sends the same bodies but for their
@@ -48,17 +50,23 @@ func (s *payloadSource) client(round, i int) *payloadGen {
 // rating, timestamps spread over the last week (so they arrive out of order).
 func (g *payloadGen) next(buf []byte) []byte {
 	g.seq++
+	user, loc, stars := 1+g.rng.Int64N(10000), 1+g.rng.Int64N(1000), g.rng.Int64N(6)
+	ts := g.now - g.rng.Int64N(7*24*3600*1000)
 	buf = append(buf, `{"checkinId":"`...)
+	idAt := len(buf)
 	buf = append(buf, g.idPrefix...)
 	buf = strconv.AppendInt(buf, g.seq, 10)
+	if g.keep {
+		g.last = domain.Checkin{ID: string(buf[idAt:]), UserID: user, LocationID: loc, StarRating: int(stars), Timestamp: ts}
+	}
 	buf = append(buf, `","userId":`...)
-	buf = strconv.AppendInt(buf, 1+g.rng.Int64N(10000), 10)
+	buf = strconv.AppendInt(buf, user, 10)
 	buf = append(buf, `,"locationId":`...)
-	buf = strconv.AppendInt(buf, 1+g.rng.Int64N(1000), 10)
+	buf = strconv.AppendInt(buf, loc, 10)
 	buf = append(buf, `,"starRating":`...)
-	buf = strconv.AppendInt(buf, g.rng.Int64N(6), 10)
+	buf = strconv.AppendInt(buf, stars, 10)
 	buf = append(buf, `,"timestamp":`...)
-	buf = strconv.AppendInt(buf, g.now-g.rng.Int64N(7*24*3600*1000), 10)
+	buf = strconv.AppendInt(buf, ts, 10)
 	return append(buf, '}')
 }
 
@@ -92,19 +100,23 @@ type loadResult struct {
 	warm    int64 // 2xx answers during warm-up (their events are on the stream too)
 	lat     []time.Duration
 	errs    map[string]int64
+	start   time.Time // when the timed part began
 	elapsed time.Duration
+	// accepted are the check-ins answered 2xx, warm-ups included, when asked to keep them.
+	accepted []domain.Checkin
 }
 
 // closedLoop runs `clients` senders, each posting its next check-in as soon as the previous one
 // is answered, for d. Each sender first posts once untimed, so connections are open and scripts
-// loaded before the clock starts.
-func closedLoop(ctx context.Context, url string, clients int, d time.Duration, src *payloadSource, round int) loadResult {
+// loaded before the clock starts. With keep, it remembers every check-in answered 2xx.
+func closedLoop(ctx context.Context, url string, clients int, d time.Duration, src *payloadSource, round int, keep bool) loadResult {
 	hc := newLoadClient(clients)
 	defer hc.CloseIdleConnections()
 	type senderResult struct {
 		ok, warm int64
 		lat      []time.Duration
 		errs     map[string]int64
+		accepted []domain.Checkin
 	}
 	results := make([]senderResult, clients)
 	var warmed, finished sync.WaitGroup
@@ -117,6 +129,7 @@ func closedLoop(ctx context.Context, url string, clients int, d time.Duration, s
 			res := &results[i]
 			res.errs = map[string]int64{}
 			gen := src.client(round, i)
+			gen.keep = keep
 			buf := make([]byte, 0, 256)
 			count := func(status int, err error) bool {
 				switch {
@@ -125,6 +138,9 @@ func closedLoop(ctx context.Context, url string, clients int, d time.Duration, s
 					res.errs["transport"]++
 					time.Sleep(10 * time.Millisecond) // a refused connection must not turn into a spin
 				case status >= 200 && status < 300:
+					if keep {
+						res.accepted = append(res.accepted, gen.last)
+					}
 					return true
 				default:
 					res.errs[strconv.Itoa(status)]++
@@ -157,11 +173,12 @@ func closedLoop(ctx context.Context, url string, clients int, d time.Duration, s
 		startc <- t0
 	}
 	finished.Wait()
-	out := loadResult{errs: map[string]int64{}, elapsed: time.Since(t0)}
+	out := loadResult{errs: map[string]int64{}, start: t0, elapsed: time.Since(t0)}
 	for _, r := range results {
 		out.ok += r.ok
 		out.warm += r.warm
 		out.lat = append(out.lat, r.lat...)
+		out.accepted = append(out.accepted, r.accepted...)
 		for k, v := range r.errs {
 			out.errs[k] += v
 		}
@@ -333,7 +350,7 @@ func (b *bencher) ingestRound(ctx context.Context, t *ingestTarget, src *payload
 		}
 	}
 	m := b.startMeter(ctx)
-	lr := closedLoop(ctx, t.url, b.opts.Clients, d, src, round)
+	lr := closedLoop(ctx, t.url, b.opts.Clients, d, src, round, false)
 	use := m.Stop()
 	if err := ctx.Err(); err != nil {
 		return err

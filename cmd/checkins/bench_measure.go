@@ -182,7 +182,8 @@ func progressLine(r PhaseResult) string {
 func printBenchTable(w io.Writer, res BenchResult) {
 	fmt.Fprintln(w, machineLine(res))
 	s := res.Settings
-	fmt.Fprintf(w, "settings: duration=%s clients=%d events=%d consumers=%v rate=%g/s", time.Duration(s.DurationSec*float64(time.Second)), s.Clients, s.Events, s.Consumers, s.Rate)
+	fmt.Fprintf(w, "settings: projections=%s duration=%s clients=%d events=%d consumers=%v rate=%g/s memory-events=%d",
+		strings.Join(s.Projections, ","), time.Duration(s.DurationSec*float64(time.Second)), s.Clients, s.Events, s.Consumers, s.Rate, s.MemoryEvents)
 	if s.Target != "" {
 		fmt.Fprintf(w, " target=%s", s.Target)
 	}
@@ -194,6 +195,10 @@ func printBenchTable(w io.Writer, res BenchResult) {
 		if r.Consumers > 0 {
 			cons = strconv.Itoa(r.Consumers)
 		}
+		phase := r.Phase
+		if r.Memory != nil {
+			phase = fmt.Sprintf("%s N=%d", r.Phase, r.Memory.Events)
+		}
 		p50, p95, p99, pmax := "-", "-", "-", "-"
 		if l := r.Latency; l != nil {
 			p50, p95, p99, pmax = fmtMs(l.P50), fmtMs(l.P95), fmtMs(l.P99), fmtMs(l.Max)
@@ -202,16 +207,20 @@ func printBenchTable(w io.Writer, res BenchResult) {
 		if r.VsBaseline != nil {
 			ratio = fmt.Sprintf("%.2fx", *r.VsBaseline)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Phase, cons, r.Throughput, r.Unit,
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", phase, cons, r.Throughput, r.Unit,
 			p50, p95, p99, pmax, fmtErrors(r.Errors), r.Check, fmtCores(r.CPUSeconds, r.Seconds), fmtCores(r.RedisCPUSeconds, r.Seconds),
 			fmtBytes(r.PeakRSS), fmtBytes(r.PeakHeap), ratio)
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "ingest: 2xx answers/s with C clients, request latency; drain: stream entries/s fully processed by")
-	fmt.Fprintln(w, "every projection (users, locations) from start until lag 0 and nothing pending; e2e latency: 202")
-	fmt.Fprintln(w, "answer -> visible in the user projection. CPU: cores used on average during the phase by this process")
-	fmt.Fprintln(w, "(service, load generator and baseline alike) and by redis-server. RSS/heap: peaks of this process.")
+	fmt.Fprintln(w, "ingest: 2xx answers/s with C clients, request latency; sustained: 2xx answers of serve (API and every")
+	fmt.Fprintln(w, "selected projection) over the time until every consumer group caught up, i.e. fully projected check-ins/s,")
+	fmt.Fprintln(w, "vs ingest-baseline; drain: stream entries/s fully processed by every selected projection, from start until")
+	fmt.Fprintln(w, "every group delivered the last entry with nothing pending; e2e latency: 202 answer -> visible in the user")
+	fmt.Fprintln(w, "projection; memory: Redis memory of the projections per distinct check-in (used_memory growth minus the")
+	fmt.Fprintln(w, "stream on a private server, sum of MEMORY USAGE on a shared one). CPU: cores used on average during the")
+	fmt.Fprintln(w, "phase by this process (service, load generator and baseline alike) and by redis-server. RSS/heap: peaks")
+	fmt.Fprintln(w, "of this process.")
 	for _, r := range res.Phases {
 		if r.PostLatency != nil {
 			fmt.Fprintf(w, "%s: POST latency p50 %s p99 %s max %s\n", r.Phase, fmtMs(r.PostLatency.P50), fmtMs(r.PostLatency.P99), fmtMs(r.PostLatency.Max))
@@ -227,6 +236,40 @@ func printBenchTable(w io.Writer, res BenchResult) {
 			fmt.Fprintf(w, "%s%s check %s: %s\n", r.Phase, cons, r.Check, r.CheckDetail)
 		}
 	}
+	for _, r := range res.Phases {
+		if r.Memory != nil {
+			fmt.Fprintf(w, "memory N=%d by key (MEMORY USAGE, SAMPLES 0; * dedupe/bookkeeping, not a read model):\n", r.Memory.Events)
+			for _, line := range fmtBreakdown(r.Memory.Breakdown) {
+				fmt.Fprintf(w, "  %s\n", line)
+			}
+		}
+	}
+}
+
+// fmtBreakdown shows one line per owner: its total and each kind of key, e.g.
+// "users  1.2 MiB: seen* 1.1 MiB in 200 keys, stats 20.0 KiB in 200 keys".
+func fmtBreakdown(groups []MemoryKeyGroup) []string {
+	var owners []string
+	total := map[string]int64{}
+	kinds := map[string][]string{}
+	width := 0
+	for _, g := range groups {
+		if _, ok := total[g.Owner]; !ok {
+			owners = append(owners, g.Owner)
+			width = max(width, len(g.Owner))
+		}
+		total[g.Owner] += g.Bytes
+		mark := ""
+		if g.Bookkeeping {
+			mark = "*"
+		}
+		kinds[g.Owner] = append(kinds[g.Owner], fmt.Sprintf("%s%s %s in %d keys", g.Kind, mark, fmtSize(g.Bytes), g.Keys))
+	}
+	lines := make([]string, len(owners))
+	for i, o := range owners {
+		lines[i] = fmt.Sprintf("%-*s %10s: %s", width, o, fmtSize(total[o]), strings.Join(kinds[o], ", "))
+	}
+	return lines
 }
 
 func fmtMs(ms float64) string {

@@ -24,9 +24,6 @@ import (
 	"github.com/checkins/checkins/ports"
 )
 
-// benchProjections are the projections the drain and e2e phases run and verify.
-func benchProjections() []string { return []string{"users", "locations"} }
-
 // BenchResult is the machine-readable outcome of `checkins bench --json`.
 type BenchResult struct {
 	Machine  BenchMachine  `json:"machine"`
@@ -49,24 +46,27 @@ type BenchMachine struct {
 
 // BenchSettings echo what was run.
 type BenchSettings struct {
-	Phases      []string `json:"phases"`
-	DurationSec float64  `json:"duration_seconds"`
-	Clients     int      `json:"clients"`
-	Events      int      `json:"events"`
-	Consumers   []int    `json:"consumers"`
-	Rate        float64  `json:"rate"`
-	Target      string   `json:"target,omitempty"`
-	Subscriber  string   `json:"subscriber"`
-	BatchSize   int      `json:"batch_size"`
-	MaxInFlight int      `json:"max_in_flight"`
+	Phases       []string `json:"phases"`
+	Projections  []string `json:"projections"`
+	DurationSec  float64  `json:"duration_seconds"`
+	Clients      int      `json:"clients"`
+	Events       int      `json:"events"`
+	Consumers    []int    `json:"consumers"`
+	Rate         float64  `json:"rate"`
+	MemoryEvents int      `json:"memory_events"`
+	Target       string   `json:"target,omitempty"`
+	Subscriber   string   `json:"subscriber"`
+	BatchSize    int      `json:"batch_size"`
+	MaxInFlight  int      `json:"max_in_flight"`
 }
 
 // PhaseResult is one row of the table.
 type PhaseResult struct {
 	Phase     string `json:"phase"`
 	Consumers int    `json:"consumers,omitempty"` // per projection, drain phases only
-	// Count is what the throughput counts: 2xx answers (ingest, e2e) or stream entries fully
-	// processed by every projection (drain).
+	// Count is what the throughput counts: 2xx answers (ingest, sustained, e2e), stream entries
+	// fully processed by every projection (drain) or the events written (memory, whose
+	// throughput is bytes per distinct check-in).
 	Count       int64            `json:"count"`
 	Seconds     float64          `json:"seconds"`
 	Throughput  float64          `json:"throughput"`
@@ -82,9 +82,27 @@ type PhaseResult struct {
 	// by Redis (INFO cpu); over Seconds, the cores each kept busy.
 	CPUSeconds      float64 `json:"cpu_seconds"`
 	RedisCPUSeconds float64 `json:"redis_cpu_seconds"`
-	// VsBaseline is this phase's throughput over its baseline's in the same run (ingest, drain).
-	VsBaseline *float64 `json:"vs_baseline,omitempty"`
-	Note       string   `json:"note,omitempty"`
+	// VsBaseline is this phase's throughput over its baseline's in the same run (ingest, drain;
+	// sustained: over ingest-baseline).
+	VsBaseline *float64       `json:"vs_baseline,omitempty"`
+	Backlog    *BacklogResult `json:"backlog,omitempty"` // sustained
+	Memory     *MemoryResult  `json:"memory,omitempty"`  // memory
+	Note       string         `json:"note,omitempty"`
+}
+
+// BacklogResult is what the projections still owed when the sustained load stopped.
+type BacklogResult struct {
+	// EntriesBehind is the most any one group owed: entries not yet delivered plus pending.
+	EntriesBehind int64                   `json:"entries_behind"`
+	Groups        map[string]GroupBacklog `json:"groups"`
+	// DrainSeconds is how long after the load stopped the last group caught up.
+	DrainSeconds float64 `json:"drain_seconds"`
+}
+
+// GroupBacklog is one consumer group's share of the backlog.
+type GroupBacklog struct {
+	Undelivered int64 `json:"undelivered"`
+	Pending     int64 `json:"pending"`
 }
 
 // Check outcomes.
@@ -96,14 +114,19 @@ const (
 
 // bencher holds what every phase shares: Redis, the config for in-process services, the run ID.
 type bencher struct {
-	cfg    Config
-	opts   benchOptions
-	log    *slog.Logger
-	out    io.Writer // progress lines
-	redis  *benchRedis
-	runID  string
-	admin  *redis.Client // setup, checks and polling; never measured
-	closed bool
+	cfg   Config
+	opts  benchOptions
+	log   *slog.Logger
+	out   io.Writer // progress lines
+	redis *benchRedis
+	runID string
+	admin *redis.Client // setup, checks and polling; never measured
+	// reads serves the projections' own read paths (adapters.ProjectionReader) for the checks:
+	// its commands go through readPipe, so many concurrent reads share round trips.
+	reads     *redis.Client
+	readPipe  *adapters.AutoPipeline
+	readPipeC *redis.Client
+	closed    bool
 }
 
 func newBencher(ctx context.Context, cfg Config, opts benchOptions, log *slog.Logger, progress io.Writer) (*bencher, error) {
@@ -117,10 +140,25 @@ func newBencher(ctx context.Context, cfg Config, opts benchOptions, log *slog.Lo
 		return nil, err
 	}
 	b.redis = r
-	if b.admin, err = adapters.NewRedisClient(adapters.ClientOptions{URL: r.url, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, PoolSize: 8}); err != nil {
+	opts30s := adapters.ClientOptions{URL: r.url, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, PoolSize: 8}
+	if b.admin, err = adapters.NewRedisClient(opts30s); err != nil {
 		r.close(log)
 		return nil, err
 	}
+	if b.readPipeC, err = adapters.NewRedisClient(opts30s); err != nil {
+		_ = b.admin.Close()
+		r.close(log)
+		return nil, err
+	}
+	b.readPipe = adapters.NewAutoPipeline(b.readPipeC, 256, 2)
+	if b.reads, err = adapters.NewRedisClient(opts30s); err != nil {
+		_ = b.readPipe.Close()
+		_ = b.readPipeC.Close()
+		_ = b.admin.Close()
+		r.close(log)
+		return nil, err
+	}
+	b.reads.AddHook(b.readPipe.Hook())
 	return b, nil
 }
 
@@ -139,6 +177,9 @@ func (b *bencher) close() {
 			b.progress("deleted %d keys under %s-*", n, b.runID)
 		}
 	}
+	_ = b.reads.Close()
+	_ = b.readPipe.Close()
+	_ = b.readPipeC.Close()
 	_ = b.admin.Close()
 	b.redis.close(b.log)
 }
@@ -157,8 +198,9 @@ func (b *bencher) run(ctx context.Context) (BenchResult, error) {
 		Machine: BenchMachine{NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(),
 			OS: runtime.GOOS + "/" + runtime.GOARCH, RedisVersion: b.redis.version, Redis: b.redis.describe(),
 			Hostname: host, StartedAt: start.UTC().Format(time.RFC3339)},
-		Settings: BenchSettings{Phases: b.opts.Phases, DurationSec: b.opts.Duration.Seconds(), Clients: b.opts.Clients,
-			Events: b.opts.Events, Consumers: b.opts.Consumers, Rate: b.opts.Rate, Target: b.opts.Target,
+		Settings: BenchSettings{Phases: b.opts.Phases, Projections: b.opts.Projections, DurationSec: b.opts.Duration.Seconds(),
+			Clients: b.opts.Clients, Events: b.opts.Events, Consumers: b.opts.Consumers, Rate: b.opts.Rate,
+			MemoryEvents: b.opts.MemoryEvents, Target: b.opts.Target,
 			Subscriber: b.cfg.Subscriber, BatchSize: b.cfg.BatchSize, MaxInFlight: b.cfg.MaxInFlight},
 	}
 	b.progress("%s", machineLine(res))
@@ -189,6 +231,13 @@ func (b *bencher) run(ctx context.Context) (BenchResult, error) {
 		for _, r := range rs {
 			add(r)
 		}
+	}
+	if want[phaseSustained] {
+		r, err := b.phaseSustained(ctx)
+		if err != nil {
+			return finish(res), fmt.Errorf("%s: %w", phaseSustained, err)
+		}
+		add(r)
 	}
 	if want[phaseDrain] || want[phaseDrainBaseline] {
 		data, err := b.preload(ctx)
@@ -222,6 +271,15 @@ func (b *bencher) run(ctx context.Context) (BenchResult, error) {
 		}
 		add(r)
 	}
+	if want[phaseMemory] {
+		for _, n := range []int{b.opts.MemoryEvents, 2 * b.opts.MemoryEvents} {
+			r, err := b.phaseMemory(ctx, n, res.Phases)
+			if err != nil {
+				return finish(res), fmt.Errorf("%s with %d events: %w", phaseMemory, n, err)
+			}
+			add(r)
+		}
+	}
 	res = finish(res)
 	for _, r := range res.Phases {
 		if r.Check == checkMismatch {
@@ -236,13 +294,17 @@ func phaseRank(phase string) int {
 	return slices.Index(benchPhaseOrder(), strings.TrimSuffix(phase, "-baseline"))
 }
 
-// withRatios fills the ours/baseline ratios.
+// withRatios fills the ours/baseline ratios. Sustained has no baseline of its own: what it is
+// held against is the bare XADD handler, ingest-baseline.
 func withRatios(res BenchResult) BenchResult {
 	base := map[string]float64{}
 	for _, r := range res.Phases {
 		if strings.HasSuffix(r.Phase, "-baseline") {
 			base[fmt.Sprintf("%s/%d", strings.TrimSuffix(r.Phase, "-baseline"), r.Consumers)] = r.Throughput
 		}
+	}
+	if b, ok := base[phaseIngest+"/0"]; ok {
+		base[phaseSustained+"/0"] = b
 	}
 	for i, r := range res.Phases {
 		if b, ok := base[fmt.Sprintf("%s/%d", r.Phase, r.Consumers)]; ok && b > 0 {
@@ -271,7 +333,12 @@ func (b *bencher) newService(ctx context.Context, prefix string, mode Mode, cons
 	cfg.KeyPrefix = prefix
 	cfg.HTTPAddr = "127.0.0.1:0"
 	cfg.ConsumerName = consumer
-	cfg.Projections = benchProjections()
+	// With every projection selected the service gets no list, as serve ships: it may name
+	// things differently for an explicit list.
+	cfg.Projections = nil
+	if !b.opts.AllProjections {
+		cfg.Projections = b.opts.Projections
+	}
 	// Trimming would break the stream-length and drain checks, and is not what is measured.
 	cfg.Retention = ports.RetentionPolicy{}
 	svc, err := NewService(ctx, cfg, mode, b.log)
@@ -305,6 +372,27 @@ func (s *runningService) stop() error {
 	s.cancel()
 	<-s.exited
 	return s.err
+}
+
+// groups are the consumer groups the service's projection router feeds.
+func (s *runningService) groups() []string {
+	if s.svc.router == nil {
+		return nil
+	}
+	return s.svc.router.Groups()
+}
+
+// watch sends to fail when the service stops before the bench asked it to.
+func (s *runningService) watch(what string, fail chan<- error) {
+	go func() {
+		<-s.exited
+		if !s.stopping.Load() {
+			select {
+			case fail <- fmt.Errorf("%s %s stopped on its own: %v", what, s.addr, s.err):
+			default:
+			}
+		}
+	}()
 }
 
 // waitReady waits until the service reports ready (Redis answers, the projection router

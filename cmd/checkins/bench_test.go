@@ -8,16 +8,22 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
 )
 
 // envWith is the process environment with some variables replaced ("" hides one).
@@ -41,30 +47,36 @@ func runBenchJSON(t *testing.T, getenv func(string) string, args ...string) Benc
 }
 
 // A tiny run of every phase on a private redis-server (the default when REDIS_URL is unset)
-// reports each phase with throughput and passes every exactness check.
+// reports each phase with its figures and passes every exactness check.
 func TestBenchEveryPhaseOnPrivateRedis(t *testing.T) {
 	if !redistest.Available() {
 		t.Fatal("redis-server not found in PATH; install Redis 7 (apt-get install redis-server)")
 	}
-	res := runBenchJSON(t, envWith(map[string]string{"REDIS_URL": ""}),
-		"--duration", "1s", "--clients", "8", "--events", "2000", "--consumers", "1", "--rate", "200")
+	res := runBenchJSON(t, envWith(map[string]string{"REDIS_URL": "", "PROJECTIONS": ""}),
+		"--duration", "1s", "--clients", "8", "--events", "2000", "--consumers", "1", "--rate", "200", "--memory-events", "300")
 
 	assert.NotEmpty(t, res.Machine.RedisVersion)
 	assert.Positive(t, res.Machine.NumCPU)
 	assert.Contains(t, res.Machine.Redis, "private")
+	assert.Equal(t, projectionNames(allProjections(Config{})), res.Settings.Projections, "every shipped projection by default")
 	byPhase := map[string]PhaseResult{}
+	var memory []PhaseResult
 	for _, p := range res.Phases {
 		byPhase[p.Phase] = p
+		if p.Phase == phaseMemory {
+			memory = append(memory, p)
+		}
 		assert.Positive(t, p.Throughput, "%s throughput", p.Phase)
 		assert.Positive(t, p.Count, "%s count", p.Phase)
 		assert.Equal(t, checkOK, p.Check, "%s check: %s", p.Phase, p.CheckDetail)
 		assert.Positive(t, p.PeakHeap, "%s peak heap", p.Phase)
+		assert.Positive(t, p.CPUSeconds, "%s CPU", p.Phase)
 		if _, err := os.Stat("/proc/self/status"); err == nil {
 			assert.Positive(t, p.PeakRSS, "%s peak RSS", p.Phase)
 		}
 	}
 	require.ElementsMatch(t, benchPhaseOrder(), keysOf(byPhase))
-	for _, p := range []string{phaseIngest, phaseIngestBaseline, phaseE2E} {
+	for _, p := range []string{phaseIngest, phaseIngestBaseline, phaseSustained, phaseE2E} {
 		require.NotNil(t, byPhase[p].Latency, "%s latency", p)
 		assert.Positive(t, byPhase[p].Latency.P99, "%s p99", p)
 	}
@@ -75,10 +87,48 @@ func TestBenchEveryPhaseOnPrivateRedis(t *testing.T) {
 	require.NotNil(t, byPhase[phaseDrain].VsBaseline)
 	assert.Positive(t, *byPhase[phaseDrain].VsBaseline)
 	require.NotNil(t, byPhase[phaseE2E].PostLatency)
+
+	sustained := byPhase[phaseSustained]
+	require.NotNil(t, sustained.VsBaseline, "sustained is held against ingest-baseline")
+	assert.Positive(t, *sustained.VsBaseline)
+	require.NotNil(t, sustained.Backlog)
+	assert.Len(t, sustained.Backlog.Groups, len(res.Settings.Projections), "one group per projection on the stream")
+	assert.GreaterOrEqual(t, sustained.Backlog.EntriesBehind, int64(0))
+	assert.Contains(t, sustained.Note, "entries behind")
+	assert.Contains(t, sustained.Note, "caught up")
+
+	require.Len(t, memory, 2, "one memory row for N and one for 2N")
+	for i, p := range memory {
+		m := p.Memory
+		require.NotNil(t, m, "memory figures of run %d", i)
+		assert.Equal(t, 300<<i, m.Events)
+		assert.Less(t, m.Checkins, m.Events, "1%% of the entries republish a check-in")
+		assert.LessOrEqual(t, m.Users, 200, "a fixed population")
+		assert.LessOrEqual(t, m.Locations, 50)
+		assert.Positive(t, m.Users)
+		assert.Positive(t, m.StreamBytes)
+		assert.Positive(t, m.ProjectionBytes)
+		assert.Positive(t, m.PerKeyBytes)
+		assert.Positive(t, m.BytesPerCheckin)
+		assert.Equal(t, figureUsedMemory, m.Figure, "a private server measures used_memory")
+		assert.Zero(t, m.IdempotencyBytes)
+		owners := map[string]bool{}
+		for _, g := range m.Breakdown {
+			owners[g.Owner] = true
+			assert.Equal(t, g.Kind == "seen", g.Bookkeeping, "%s %s", g.Owner, g.Kind)
+		}
+		for _, name := range res.Settings.Projections {
+			assert.True(t, owners[name], "breakdown of run %d names projection %s", i, name)
+		}
+	}
+	assert.Nil(t, memory[0].Memory.GrowthPct)
+	require.NotNil(t, memory[1].Memory.GrowthPct, "the 2N run reports the growth from N")
+	assert.Contains(t, memory[1].Note, "growth from N=300")
 }
 
 // On a shared Redis (REDIS_URL) the bench keeps to its own bench-<random> keys and deletes them
-// all at the end, leaving everything else alone; the table names both consumer counts.
+// all at the end, leaving everything else alone; the table names both consumer counts, and the
+// memory phase measures by the per-key sum.
 func TestBenchOnSharedRedisDeletesOnlyItsKeys(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
 	client := redistest.Client(t, srv.URL())
@@ -86,8 +136,8 @@ func TestBenchOnSharedRedisDeletesOnlyItsKeys(t *testing.T) {
 	require.NoError(t, client.Set(ctx, "someone-else:key", "kept", 0).Err())
 
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"bench", "--phases", "ingest,drain", "--duration", "300ms", "--clients", "4",
-		"--events", "500", "--consumers", "1,2"}, envWith(map[string]string{"REDIS_URL": srv.URL()}), &stdout, &stderr)
+	code := run([]string{"bench", "--phases", "ingest,drain,memory", "--duration", "300ms", "--clients", "4",
+		"--events", "500", "--consumers", "1,2", "--memory-events", "200"}, envWith(map[string]string{"REDIS_URL": srv.URL(), "PROJECTIONS": ""}), &stdout, &stderr)
 	require.Equal(t, 0, code, "bench failed; stderr:\n%s", stderr.String())
 
 	out := stdout.String()
@@ -95,11 +145,68 @@ func TestBenchOnSharedRedisDeletesOnlyItsKeys(t *testing.T) {
 	assert.Regexp(t, `(?m)^\s*ingest\s+-\s+\d+\s+req/s`, out)
 	assert.Regexp(t, `(?m)^\s*drain\s+1\s+\d+\s+events/s`, out)
 	assert.Regexp(t, `(?m)^\s*drain\s+2\s+\d+\s+events/s`, out)
+	assert.Regexp(t, `(?m)^\s*memory N=200\s+-\s+\d+\s+B/checkin`, out)
+	assert.Regexp(t, `(?m)^\s*memory N=400\s+-\s+\d+\s+B/checkin`, out)
+	assert.Contains(t, out, "growth from N=200")
+	assert.Contains(t, out, "(by per_key)")
+	assert.Regexp(t, `(?m)^\s+users\s+[0-9.]+ [KM]?i?B: `, out, "the breakdown after the table")
 	assert.NotContains(t, out, checkMismatch)
 
 	keys, err := client.Keys(ctx, "*").Result()
 	require.NoError(t, err)
 	assert.Equal(t, []string{"someone-else:key"}, keys, "the bench must delete its keys and only its keys")
+}
+
+// With a subset of projections the services run only those, and the checks cover only those;
+// e2e watches recent_checkins when users is not selected.
+func TestBenchSubsetOfProjections(t *testing.T) {
+	if !redistest.Available() {
+		t.Fatal("redis-server not found in PATH; install Redis 7 (apt-get install redis-server)")
+	}
+	res := runBenchJSON(t, envWith(map[string]string{"REDIS_URL": ""}), "--projections", "recent_checkins,leaderboards",
+		"--phases", "sustained,drain,e2e", "--duration", "300ms", "--clients", "4", "--events", "500", "--consumers", "1", "--rate", "100")
+
+	assert.Equal(t, []string{"leaderboards", "recent_checkins"}, res.Settings.Projections, "in the order they ship")
+	require.Len(t, res.Phases, 3)
+	for _, p := range res.Phases {
+		assert.Equal(t, checkOK, p.Check, "%s check: %s", p.Phase, p.CheckDetail)
+		assert.Positive(t, p.Throughput, "%s throughput", p.Phase)
+		if p.Phase == phaseSustained {
+			require.NotNil(t, p.Backlog)
+			assert.Len(t, p.Backlog.Groups, 2, "only the selected projections consume")
+			assert.Nil(t, p.VsBaseline, "no ingest-baseline ran")
+		}
+		if p.Phase == phaseE2E {
+			require.NotNil(t, p.Latency)
+		}
+	}
+}
+
+// The selection leaves the services without an explicit list when it is every shipped
+// projection, as serve ships, whatever order or repetition it was given in.
+func TestBenchSelection(t *testing.T) {
+	t.Parallel()
+	all := projectionNames(allProjections(Config{}))
+	reversed := slices.Clone(all)
+	slices.Reverse(reversed)
+	for _, tc := range []struct {
+		name    string
+		given   []string
+		want    []string
+		wantAll bool
+	}{
+		{"default", nil, all, true},
+		{"every one, reordered", reversed, all, true},
+		{"subset", []string{"locations", "users", "users"}, []string{"users", "locations"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got, gotAll, err := benchSelection(Config{Projections: tc.given})
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+			assert.Equal(t, tc.wantAll, gotAll)
+		})
+	}
 }
 
 // --target sends the ingest load to a running API and checks its stream (found through
@@ -153,6 +260,9 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 		{[]string{"--duration", "1ms"}, "invalid --duration: must be at least 100ms"},
 		{[]string{"--clients", "0"}, "invalid --clients: must be from 1 to 10000"},
 		{[]string{"--events", "0"}, "invalid --events: must be from 1 to 10000000"},
+		{[]string{"--memory-events", "10"}, "invalid --memory-events: must be from 100 to 10000000"},
+		{[]string{"--projections", "users,nearby"}, `invalid --projections (PROJECTIONS): unknown projection "nearby" (known: users, locations, leaderboards, recent_checkins, daily_checkins)`},
+		{[]string{"--projections", "locations"}, "invalid --projections: e2e times a check-in until it is visible in users or recent_checkins"},
 		{[]string{"--target", "localhost:8080"}, "invalid --target: must be a base URL like http://127.0.0.1:8080"},
 		{[]string{"--subscriber", "fast"}, "invalid --subscriber (SUBSCRIBER): must be batched or watermill"},
 		{[]string{"extra"}, "unexpected arguments: [extra]"},
@@ -174,4 +284,89 @@ func keysOf[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// --help describes every phase and what --projections means in the bench.
+func TestBenchHelp(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"bench", "--help"}, envWith(nil), &stdout, &stderr)
+	assert.Equal(t, 0, code)
+	for _, p := range benchPhaseOrder() {
+		assert.Contains(t, stderr.String(), "\n  "+p+" ", "usage describes phase %s", p)
+	}
+	assert.Contains(t, stderr.String(), "default: every shipped projection: users,locations,leaderboards,recent_checkins,daily_checkins")
+	assert.Contains(t, stderr.String(), "-memory-events")
+}
+
+// The read-model check finds a difference in any projection, refuses an entity no check-in
+// mentions, and ignores dedupe keys wherever they are.
+func TestBenchVerifyFindsDifferences(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	ctx := context.Background()
+	env := envWith(map[string]string{"REDIS_URL": srv.URL(), "PROJECTIONS": "", "LOG_LEVEL": "warn"})
+	cfg, _, err := parseConfig(flag.NewFlagSet("test", flag.ContinueOnError), nil, env)
+	require.NoError(t, err)
+	opts := benchOptions{Projections: projectionNames(allProjections(cfg)), AllProjections: true}
+	b, err := newBencher(ctx, cfg, opts, newLogger(io.Discard, slog.LevelWarn), io.Discard)
+	require.NoError(t, err)
+	t.Cleanup(b.close)
+	client := redistest.Client(t, srv.URL())
+
+	now := time.Now().UnixMilli()
+	var checkins []domain.Checkin
+	for i := range 300 {
+		checkins = append(checkins, domain.Checkin{ID: fmt.Sprintf("c%d", i), UserID: 1 + int64(i%7), LocationID: 1 + int64(i%11),
+			StarRating: i % 6, Timestamp: now - int64(i)*3_600_000})
+	}
+	apply := func(t *testing.T, keys adapters.KeySpace, cs ...domain.Checkin) {
+		t.Helper()
+		for _, p := range allProjections(cfg) {
+			store, err := adapters.NewProjectionStore(client, keys, p.Name(), 1)
+			require.NoError(t, err)
+			for _, c := range cs {
+				require.NoError(t, p.(projection.CheckinRecordedHandler).OnCheckinRecorded(ctx, domain.CheckinRecorded{Checkin: c, RecordedAt: now}, store))
+			}
+		}
+	}
+	model := func(cs ...domain.Checkin) *expectedModel {
+		m := newExpectedModel()
+		for _, c := range cs {
+			m.add(c)
+		}
+		return m
+	}
+
+	keys := adapters.KeySpace{Prefix: "same"}
+	apply(t, keys, checkins...)
+	apply(t, keys, checkins[:10]...) // redelivered: counted once
+	ok, detail, err := b.verifyReadModels(ctx, keys, model(append(checkins, checkins[:3]...)...))
+	require.NoError(t, err)
+	assert.True(t, ok, detail)
+	// A dedupe key in a slot no check-in names is bookkeeping, not an entity.
+	require.NoError(t, client.SAdd(ctx, keys.ProjectionKey("users", 1, "p:7", "seen"), "x").Err())
+	ok, detail, err = b.verifyReadModels(ctx, keys, model(checkins...))
+	require.NoError(t, err)
+	assert.True(t, ok, detail)
+
+	for name, tc := range map[string]struct {
+		applied []domain.Checkin
+		want    []string
+	}{
+		"a check-in the model lacks": {append(slices.Clone(checkins), domain.Checkin{ID: "late", UserID: 3, LocationID: 4, StarRating: 5, Timestamp: now}),
+			[]string{"user 3: numCheckins/lastCheckin/lastSeenAt", "location 4:", "recent check-ins of user 3", "daily check-ins of location 4", "leaderboard of"}},
+		"a user nobody checked in as": {append(slices.Clone(checkins), domain.Checkin{ID: "ghost", UserID: 99, LocationID: 1, Timestamp: now}),
+			[]string{"unexpected users entity user:99", "unexpected recent_checkins entity user:99", "leaderboards "}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			keys := adapters.KeySpace{Prefix: strings.ReplaceAll(name, " ", "-")}
+			apply(t, keys, tc.applied...)
+			ok, detail, err := b.verifyReadModels(ctx, keys, model(checkins...))
+			require.NoError(t, err)
+			assert.False(t, ok)
+			for _, w := range tc.want {
+				assert.Contains(t, detail, w)
+			}
+		})
+	}
 }
