@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
@@ -82,72 +84,65 @@ func BenchmarkDecodeCheckinJSON(b *testing.B) {
 	}
 }
 
-func benchStores(b *testing.B) (*adapters.ProjectionStore, *adapters.ProjectionStore) {
-	b.Helper()
-	srv := redistest.Start(b, redistest.Options{})
-	c := redistest.Client(b, srv.URL())
-	keys := adapters.KeySpace{Prefix: "bench"}
-	users, err := adapters.NewProjectionStore(c, keys, "users", 1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	locations, err := adapters.NewProjectionStore(c, keys, "locations", 1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return users, locations
-}
-
 func benchEvent(i int) domain.CheckinRecorded {
 	return recorded("ck-"+strconv.Itoa(i), int64(i%1000+1), int64(i%997+1), i%6, 1_700_000_000_000+int64(i))
 }
 
-// BenchmarkProjectionApply applies each check-in to users and locations, one round trip each.
+// BenchmarkProjectionApply applies each check-in to the five shipped projections, 500 check-ins
+// per Apply (the projector's batch), and reports the Redis CPU each check-in costs.
 func BenchmarkProjectionApply(b *testing.B) {
-	users, locations := benchStores(b)
+	srv := redistest.Start(b, redistest.Options{})
+	c := redistest.Client(b, srv.URL())
+	a, err := adapters.NewProjectionApplier(c, adapters.KeySpace{Prefix: "bench"}, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	projs := []projection.Projection{projection.UserStats{}, projection.LocationStats{},
+		projection.Leaderboards{MinCheckins: 5}, projection.RecentCheckins{}, projection.DailyCheckins{}}
 	ctx := context.Background()
+	const batch = 500
+	works := make([]adapters.Work, 0, batch*len(projs))
+	cpu0 := redisCPU(b, c)
 	i := 0
+	flush := func() {
+		if _, err := a.Apply(ctx, works, nil); err != nil {
+			b.Fatal(err)
+		}
+		works = works[:0]
+	}
 	for b.Loop() {
 		ev := benchEvent(i)
 		i++
-		if err := (projection.UserStats{}).OnCheckinRecorded(ctx, ev, users); err != nil {
-			b.Fatal(err)
-		}
-		if err := (projection.LocationStats{}).OnCheckinRecorded(ctx, ev, locations); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.ReportMetric(float64(i)/b.Elapsed().Seconds(), "checkins/s")
-}
-
-// BenchmarkProjectionApplyBatch applies the same updates 500 per pipeline, per projection.
-func BenchmarkProjectionApplyBatch(b *testing.B) {
-	const batch = 500
-	users, locations := benchStores(b)
-	ctx := context.Background()
-	var pending [2]captureStore
-	flush := func() {
-		for j, s := range []*adapters.ProjectionStore{users, locations} {
-			if err := s.ApplyBatch(ctx, pending[j].updates); err != nil {
+		for _, p := range projs {
+			us, err := projection.Updates(ctx, p, ev)
+			if err != nil {
 				b.Fatal(err)
 			}
-			pending[j].updates = pending[j].updates[:0]
+			works = append(works, adapters.Work{Projection: p.Name(), Version: 1, Event: adapters.RefOf(ev, entry(1_700_000_000_000+int64(i))), Updates: us})
 		}
-	}
-	i := 0
-	for b.Loop() {
-		ev := benchEvent(i)
-		i++
-		if err := (projection.UserStats{}).OnCheckinRecorded(ctx, ev, &pending[0]); err != nil {
-			b.Fatal(err)
-		}
-		if err := (projection.LocationStats{}).OnCheckinRecorded(ctx, ev, &pending[1]); err != nil {
-			b.Fatal(err)
-		}
-		if len(pending[0].updates) == batch {
+		if i%batch == 0 {
 			flush()
 		}
 	}
 	flush()
 	b.ReportMetric(float64(i)/b.Elapsed().Seconds(), "checkins/s")
+	b.ReportMetric((redisCPU(b, c)-cpu0)/float64(i)*1e6, "redis-us/checkin")
+}
+
+// redisCPU is the CPU seconds redis-server has used (INFO cpu).
+func redisCPU(tb testing.TB, c *redis.Client) float64 {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var sum float64
+	for _, l := range strings.Split(info, "\r\n") {
+		for _, k := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+			if v, ok := strings.CutPrefix(l, k); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				sum += f
+			}
+		}
+	}
+	return sum
 }

@@ -3,7 +3,6 @@ package adapters_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -17,8 +16,6 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
-	"github.com/checkins/checkins/app/projection"
-	"github.com/checkins/checkins/domain"
 )
 
 // pipelineCounter counts the pipelines a client sends, to prove commands were coalesced.
@@ -78,41 +75,6 @@ func TestAutoPipelineHookCoalescesConcurrentCommands(t *testing.T) {
 	require.NoError(t, p.Close())
 	_, err = p.Do(context.Background(), "PING")
 	assert.ErrorIs(t, err, adapters.ErrPipelineClosed)
-}
-
-func TestAutoPipelineProjectionStoreIsExactAndSurvivesScriptFlush(t *testing.T) {
-	t.Parallel()
-	env := redistest.Open(t)
-	client := redistest.Client(t, env.URL)
-	p := adapters.NewAutoPipeline(client, 100, 2)
-	t.Cleanup(func() { _ = p.Close() })
-	keys := adapters.KeySpace{Prefix: env.Prefix}
-	store, err := adapters.NewProjectionStore(client, keys, "users", 1)
-	require.NoError(t, err)
-	store.WithAutoPipeline(p)
-	require.NoError(t, client.ScriptFlush(context.Background()).Err())
-
-	const users, perUser = 7, 60
-	var wg sync.WaitGroup
-	for i := range users * perUser {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := domain.Checkin{ID: fmt.Sprintf("c%d", i%(users*perUser/2)), UserID: int64(i%users + 1), LocationID: 3, StarRating: 4, Timestamp: int64(1000 + i)}
-			// Every checkinId is applied twice (i and i+half map to the same ID and user when
-			// users divides half): the second application must change nothing.
-			assert.NoError(t, projection.UserStats{}.OnCheckinRecorded(context.Background(), domain.CheckinRecorded{Checkin: c}, store))
-		}()
-	}
-	wg.Wait()
-	reader := adapters.NewProjectionReader(client, keys, "users")
-	var total int64
-	for u := range users {
-		v, err := projection.UserStats{}.Get(context.Background(), reader, int64(u+1))
-		require.NoError(t, err)
-		total += v.NumCheckins
-	}
-	assert.EqualValues(t, users*perUser/2, total, "each checkinId counted once")
 }
 
 func TestAutoPipelineHonoursTheCallersDeadline(t *testing.T) {

@@ -18,7 +18,8 @@ const (
 	PoisonFieldStream     = "poison:stream"
 	PoisonFieldEntryID    = "poison:entry_id"
 	PoisonFieldProjection = "poison:projection"
-	PoisonFieldGroup      = "poison:group" // consumer group (projection version) that failed
+	PoisonFieldGroup      = "poison:group"   // consumer group the event came through
+	PoisonFieldVersion    = "poison:version" // projection version that failed
 	PoisonFieldError      = "poison:error"
 	PoisonFieldAttempts   = "poison:attempts"
 	PoisonFieldFailedAt   = "poison:failed_at"
@@ -30,7 +31,8 @@ type PoisonEntry struct {
 	Stream     string            `json:"stream"`
 	EntryID    string            `json:"entryId"` // original entry ID in Stream
 	Projection string            `json:"projection"`
-	Group      string            `json:"group,omitempty"` // consumer group, e.g. users.v1
+	Group      string            `json:"group,omitempty"`   // consumer group, e.g. live or users.v2
+	Version    int               `json:"version,omitempty"` // projection version that failed (0: older entries, see Group)
 	Error      string            `json:"error"`
 	Attempts   int               `json:"attempts"`
 	FailedAt   time.Time         `json:"failedAt"`
@@ -119,7 +121,7 @@ func (q *PoisonQueue) DeleteIDs(ctx context.Context, ids ...string) (int64, erro
 }
 
 func poisonValues(e PoisonEntry) []any {
-	values := make([]any, 0, 2*(len(e.Fields)+7))
+	values := make([]any, 0, 2*(len(e.Fields)+8))
 	for k, v := range e.Fields {
 		if strings.HasPrefix(k, "poison:") {
 			continue // a replayed poison entry parked again keeps only the newest reason
@@ -128,7 +130,7 @@ func poisonValues(e PoisonEntry) []any {
 	}
 	values = append(values,
 		PoisonFieldStream, e.Stream, PoisonFieldEntryID, e.EntryID, PoisonFieldProjection, e.Projection,
-		PoisonFieldGroup, e.Group,
+		PoisonFieldGroup, e.Group, PoisonFieldVersion, strconv.Itoa(e.Version),
 		PoisonFieldError, e.Error, PoisonFieldAttempts, strconv.Itoa(e.Attempts),
 		PoisonFieldFailedAt, strconv.FormatInt(e.FailedAt.UnixMilli(), 10))
 	return values
@@ -226,6 +228,8 @@ func toPoisonEntry(x redis.XMessage) PoisonEntry {
 			e.Projection = s
 		case PoisonFieldGroup:
 			e.Group = s
+		case PoisonFieldVersion:
+			e.Version, _ = strconv.Atoi(s)
 		case PoisonFieldError:
 			e.Error = s
 		case PoisonFieldAttempts:

@@ -1,6 +1,7 @@
 package adapters
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -121,33 +124,25 @@ func EntryFields(ctx context.Context, client redis.UniversalClient, stream, id s
 	return stringFields(xs[0].Values), nil
 }
 
-// FindPendingEntry looks among the first limit entries pending in group for one that match
-// accepts, and returns its ID and fields ("" when none matches). It exists for subscribers that
-// do not tell the entry ID of a message.
-func FindPendingEntry(ctx context.Context, client redis.UniversalClient, stream, group string, limit int64, match func(values map[string]any) bool) (string, map[string]string, error) {
-	ps, err := client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: stream, Group: group, Start: "-", End: "+", Count: limit}).Result()
-	if err != nil {
-		return "", nil, fmt.Errorf("XPENDING %s %s: %w", stream, group, err)
-	}
-	if len(ps) == 0 {
-		return "", nil, nil
-	}
+// matchEntry reads the entries ids of stream and returns the ID of the first one match accepts
+// ("" when none does).
+func matchEntry(ctx context.Context, client redis.UniversalClient, stream string, ids []string, match func(values map[string]any) bool) (string, error) {
 	cmds, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, pe := range ps {
-			p.XRangeN(ctx, stream, pe.ID, pe.ID, 1)
+		for _, id := range ids {
+			p.XRangeN(ctx, stream, id, id, 1)
 		}
 		return nil
 	})
 	if err != nil {
-		return "", nil, fmt.Errorf("read pending entries of %s: %w", group, err)
+		return "", fmt.Errorf("read pending entries of %s: %w", stream, err)
 	}
 	for _, c := range cmds {
 		xs, _ := c.(*redis.XMessageSliceCmd).Result()
 		if len(xs) == 1 && match(xs[0].Values) {
-			return xs[0].ID, stringFields(xs[0].Values), nil
+			return xs[0].ID, nil
 		}
 	}
-	return "", nil, nil
+	return "", nil
 }
 
 func stringFields(values map[string]any) map[string]string {
@@ -160,4 +155,22 @@ func stringFields(values map[string]any) map[string]string {
 
 func isNoSuchKey(err error) bool {
 	return err != nil && !errors.Is(err, redis.Nil) && strings.Contains(err.Error(), "no such key")
+}
+
+// SameMessage reports whether a stream entry's values decode (with u) to msg: the same Watermill
+// UUID when the entry has one, and the same payload and metadata.
+func SameMessage(msg *message.Message, values map[string]any, u redisstream.Unmarshaller) bool {
+	if id, ok := values[redisstream.UUIDHeaderKey].(string); ok && id != msg.UUID {
+		return false
+	}
+	m, err := u.Unmarshal(values)
+	if err != nil || !bytes.Equal(m.Payload, msg.Payload) {
+		return false
+	}
+	for k, v := range m.Metadata {
+		if msg.Metadata.Get(k) != v {
+			return false
+		}
+	}
+	return true
 }

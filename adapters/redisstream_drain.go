@@ -13,6 +13,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// drainRescanDelay is longer than a stock subscriber's blocking read takes to return once its
+// subscription is closed.
+const drainRescanDelay = 300 * time.Millisecond
+
 // DrainingSubscriberConfig configures NewDrainingSubscriber.
 type DrainingSubscriberConfig struct {
 	// Inner is the stock watermill-redisstream subscriber for ConsumerGroup and Consumer.
@@ -28,7 +32,15 @@ type DrainingSubscriberConfig struct {
 	Logger       watermill.LoggerAdapter
 }
 
-// DrainingSubscriber makes the stock watermill-redisstream subscriber shut down clean. On Close
+// DrainingSubscriber makes the stock watermill-redisstream subscriber usable by the projections.
+//
+// It tells each message's stream entry ID (metadata MetaEntryID), which the stock subscriber
+// does not: it looks the message up among this consumer's pending entries (the stock subscriber
+// reads one entry at a time and waits for its ack, so there are only a few), by its Watermill
+// UUID, or by its content for an entry written without one. That is one round trip more per
+// message.
+//
+// And it shuts down clean. On Close
 // (or when the subscription's context ends) the stock subscriber drops the entries it had read
 // ahead and cancels the messages in flight, which leaves them pending in the group until another
 // consumer claims them after its idle time. When the inner subscription has ended, this one hands
@@ -68,11 +80,74 @@ func (s *DrainingSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 		defer close(out)
 		for m := range in {
 			m.Metadata.Set(MetaStream, topic)
+			if m.Metadata.Get(MetaEntryID) != "" {
+				out <- m // a redelivery after a nack: found already
+				continue
+			}
+			id, err := s.entryID(ctx, topic, m)
+			switch {
+			case err != nil:
+				// Redis is not reachable: hand it on without an ID, the projections nack it, and
+				// the stock subscriber delivers it again after its nack delay.
+				s.cfg.Logger.Error("Could not find the entry ID of a message; it is retried", err, watermill.LogFields{"topic": topic})
+			case id == "":
+				// Not pending for this consumer: the entry is someone else's now, acknowledged,
+				// or (after Redis restarted) not delivered any more, and then delivered again.
+				// Its processing is not this message's to do.
+				s.cfg.Logger.Info("Skipped a message whose entry is no longer pending for this consumer",
+					watermill.LogFields{"topic": topic, "message_uuid": m.UUID})
+				m.Ack()
+				continue
+			default:
+				m.Metadata.Set(MetaEntryID, id)
+			}
 			out <- m
 		}
 		s.drain(ctx, topic, out)
 	}()
 	return out, nil
+}
+
+// entryID finds m among this consumer's pending entries (a few: the stock subscriber waits for
+// each message's ack; after an outage it may also hold many it claimed), page by page. It looks
+// three times before it says the entry is not pending ("").
+func (s *DrainingSubscriber) entryID(ctx context.Context, topic string, m *message.Message) (string, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	for attempt, wait := range []time.Duration{0, 50 * time.Millisecond, 250 * time.Millisecond} {
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+		id, err := s.findPending(ctx, topic, m)
+		if err != nil || id != "" || attempt == 2 {
+			return id, err
+		}
+	}
+	return "", nil
+}
+
+func (s *DrainingSubscriber) findPending(ctx context.Context, topic string, m *message.Message) (string, error) {
+	start := "-"
+	for {
+		ps, err := s.cfg.Client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: topic, Group: s.cfg.ConsumerGroup,
+			Consumer: s.cfg.Consumer, Start: start, End: "+", Count: 100}).Result()
+		if err != nil || len(ps) == 0 {
+			return "", err
+		}
+		ids := make([]string, len(ps))
+		for i, p := range ps {
+			ids[i] = p.ID
+		}
+		id, err := matchEntry(ctx, s.cfg.Client, topic, ids, func(values map[string]any) bool {
+			return SameMessage(m, values, s.cfg.Unmarshaller)
+		})
+		if err != nil || id != "" || len(ps) < 100 {
+			return id, err
+		}
+		start = "(" + ps[len(ps)-1].ID
+	}
 }
 
 // Close closes the inner subscriber and waits for the drains to finish.
@@ -92,7 +167,7 @@ func (s *DrainingSubscriber) drain(ctx context.Context, topic string, out chan<-
 			s.cfg.Logger.Info("Drained pending entries at shutdown", fields.Add(watermill.LogFields{"handed": handed, "acked": acked}))
 		}
 	}()
-	last := "0"
+	last, rescanned := "0", false
 	for ctx.Err() == nil {
 		// ID "0" and up reads this consumer's own pending entries, with their fields.
 		res, err := s.cfg.Client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: s.cfg.ConsumerGroup, Consumer: s.cfg.Consumer,
@@ -104,7 +179,17 @@ func (s *DrainingSubscriber) drain(ctx context.Context, topic string, out chan<-
 			return
 		}
 		if len(res) == 0 || len(res[0].Messages) == 0 {
-			return
+			if rescanned {
+				return
+			}
+			// A read the stock subscriber had in flight when it closed may still land in this
+			// consumer's PEL after the first scan: look once more after its block time.
+			rescanned, last = true, "0"
+			select {
+			case <-time.After(drainRescanDelay):
+			case <-ctx.Done():
+			}
+			continue
 		}
 		for _, xm := range res[0].Messages {
 			last = xm.ID

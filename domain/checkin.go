@@ -2,6 +2,7 @@ package domain
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"strconv"
 	"time"
@@ -107,4 +108,21 @@ func (in CheckinInput) Fingerprint() string {
 		h.Write([]byte(strconv.FormatInt(*v, 10) + "|"))
 	}
 	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// Identity tells check-ins apart: two check-ins are the same one when they carry the same
+// checkinId and the same content (user, location, rating, timestamp), however often and whenever
+// they were recorded. Projections count each identity once, so a retried publish counts once
+// while a checkinId reused with another body is another check-in, counted by every projection.
+// It is the first 63 bits of SHA-256 over the fields, a non-negative integer: compact to keep
+// in Redis, and infeasible to forge into another check-in's identity.
+func (c Checkin) Identity() int64 {
+	b := make([]byte, 0, len(c.ID)+64)
+	b = append(b, c.ID...)
+	for _, v := range []int64{c.UserID, c.LocationID, int64(c.StarRating), c.Timestamp} {
+		b = append(b, '|')
+		b = strconv.AppendInt(b, v, 10)
+	}
+	sum := sha256.Sum256(b)
+	return int64(binary.BigEndian.Uint64(sum[:8]) >> 1)
 }

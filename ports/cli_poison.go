@@ -38,8 +38,11 @@ type PoisonOpsConfig struct {
 	Redis       redis.UniversalClient
 	Keys        adapters.KeySpace
 	Projections []projection.Projection // every projection this build knows
-	Logger      *slog.Logger
-	Now         func() time.Time // default time.Now
+	// Applier applies a replayed event (with markers of its own per projection version, so a
+	// replay that is interrupted, or run twice at once, still counts the event once).
+	Applier *adapters.ProjectionApplier
+	Logger  *slog.Logger
+	Now     func() time.Time // default time.Now
 }
 
 // PoisonOps lists, shows, replays and purges parked events.
@@ -52,8 +55,8 @@ type PoisonOps struct {
 
 // NewPoisonOps fails fast on missing dependencies.
 func NewPoisonOps(cfg PoisonOpsConfig) (*PoisonOps, error) {
-	if cfg.Redis == nil || cfg.Logger == nil {
-		return nil, errors.New("ports: PoisonOps needs Redis and Logger")
+	if cfg.Redis == nil || cfg.Logger == nil || cfg.Applier == nil {
+		return nil, errors.New("ports: PoisonOps needs Redis, an Applier and Logger")
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -147,7 +150,16 @@ const (
 	ReplayReplayed      = "replayed"
 	ReplayFailed        = "failed"
 	ReplayNotReplayable = "not_replayable"
+	// ReplayGone: another run replayed or purged the entry first; this one changed nothing.
+	ReplayGone = "gone"
 )
+
+// ReplayGroup names the markers a replay of projection version writes under: a group of its
+// own, whose markers are never pruned (replays are few), so that a replay run twice, at once or
+// after an interruption, counts the event once.
+func ReplayGroup(name string, version int) string {
+	return "replay." + adapters.MemberName(name, version)
+}
 
 // Replay runs one parked event through the projection that failed, directly against its store
 // (whose dedupe makes a replay of an event already counted a no-op), and deletes the entry on
@@ -166,34 +178,41 @@ func (o *PoisonOps) Replay(ctx context.Context, id string) (ReplayResult, error)
 
 func (o *PoisonOps) replay(ctx context.Context, e adapters.PoisonEntry) (ReplayResult, error) {
 	res := ReplayResult{ID: e.ID, Projection: e.Projection}
+	parsed, err := domain.ParseEvent(e.Fields)
+	if err != nil {
+		res.Status, res.Error = ReplayNotReplayable, fmt.Sprintf("the parked entry is not a valid event: %v", err)
+		return res, fmt.Errorf("%w: poison entry %s: %s", ErrNotReplayable, e.ID, res.Error)
+	}
 	p, ok := o.byName[e.Projection]
 	if !ok {
 		res.Status, res.Error = ReplayNotReplayable, fmt.Sprintf("projection %q is not known to this build (known: %s)", e.Projection, strings.Join(o.names(), ", "))
 		return res, fmt.Errorf("%w: poison entry %s: %s", ErrNotReplayable, e.ID, res.Error)
 	}
-	if _, err := domain.ParseEvent(e.Fields); err != nil {
-		res.Status, res.Error = ReplayNotReplayable, fmt.Sprintf("the parked entry is not a valid event: %v", err)
+	ev, ok := parsed.(domain.CheckinRecorded)
+	if !ok {
+		res.Status, res.Error = ReplayNotReplayable, fmt.Sprintf("events of type %s cannot be replayed", parsed.EventName())
 		return res, fmt.Errorf("%w: poison entry %s: %s", ErrNotReplayable, e.ID, res.Error)
 	}
 	version, err := o.replayVersion(ctx, e)
 	if err != nil {
 		return res, unavailable(err)
 	}
-	store, err := adapters.NewProjectionStore(o.cfg.Redis, o.cfg.Keys, p.Name(), version)
-	if err != nil {
-		return res, err
-	}
-	rec := &recordingStore{Store: store}
-	err = ReplayPoisoned(ctx, e, p, rec)
+	outcome, err := o.cfg.Applier.ApplyEvent(ctx, ReplayGroup(p.Name(), version), p, version, ev, e.EntryID)
 	switch {
 	case err == nil:
-		res.Status, res.Applied = ReplayReplayed, rec.applied
-		if _, derr := o.queue.DeleteIDs(ctx, e.ID); derr != nil {
-			// Replaying again later is harmless (dedupe); say so rather than pretend.
+		res.Status, res.Applied = ReplayReplayed, outcome == adapters.Applied
+		n, derr := o.queue.DeleteIDs(ctx, e.ID)
+		if derr != nil {
+			// Replaying again later is harmless (markers); say so rather than pretend.
 			return res, unavailable(fmt.Errorf("replayed poison entry %s but could not delete it (a later replay is a no-op): %w", e.ID, derr))
 		}
+		if n == 0 {
+			// Another run got there first: it replayed (or purged) the entry, and reports it.
+			res.Status, res.Applied = ReplayGone, false
+			return res, fmt.Errorf("poison entry %s was replayed or purged by another run meanwhile: %w", e.ID, domain.ErrNotFound)
+		}
 		o.cfg.Logger.Info("poison entry replayed", "poison_id", e.ID, "projection", e.Projection, "version", version,
-			"entry_id", e.EntryID, "applied", rec.applied)
+			"entry_id", e.EntryID, "applied", res.Applied)
 		return res, nil
 	case ctx.Err() != nil || IsTransient(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 		// Not the event's fault: keep the entry as it is.
@@ -223,6 +242,9 @@ func (o *PoisonOps) replayVersion(ctx context.Context, e adapters.PoisonEntry) (
 	if err != nil {
 		return 0, err
 	}
+	if e.Version > current {
+		return e.Version, nil
+	}
 	if _, v, ok := strings.Cut(e.Group, ".v"); ok {
 		if n, err := strconv.Atoi(v); err == nil && n > current {
 			return n, nil
@@ -245,7 +267,10 @@ type BulkRequest struct {
 
 // BulkResult summarises a bulk replay or purge.
 type BulkResult struct {
-	Replayed      int            `json:"replayed,omitempty"`
+	Replayed int `json:"replayed,omitempty"`
+	// Gone counts entries another run replayed or purged first (this run changed nothing for
+	// them), so the totals of concurrent runs add up to what was parked.
+	Gone          int            `json:"gone,omitempty"`
 	Failed        int            `json:"failed,omitempty"`
 	NotReplayable int            `json:"notReplayable,omitempty"`
 	Purged        int64          `json:"purged,omitempty"`
@@ -275,6 +300,9 @@ func (o *PoisonOps) ReplayAll(ctx context.Context, r BulkRequest) (BulkResult, e
 			switch {
 			case err == nil:
 				res.Replayed++
+				continue
+			case rr.Status == ReplayGone:
+				res.Gone++
 				continue
 			case errors.Is(err, ErrReplayFailed):
 				res.Failed++
@@ -418,18 +446,6 @@ func (o *PoisonOps) names() []string {
 		out = append(out, n)
 	}
 	return out
-}
-
-// recordingStore remembers whether an update changed anything (false: already counted).
-type recordingStore struct {
-	projection.Store
-	applied bool
-}
-
-func (s *recordingStore) Apply(ctx context.Context, u *projection.Update) (bool, error) {
-	ok, err := s.Store.Apply(ctx, u)
-	s.applied = s.applied || ok
-	return ok, err
 }
 
 func validateCursor(c string) error { return validateCursorField("cursor", c) }

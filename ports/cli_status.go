@@ -59,11 +59,17 @@ type Status struct {
 	Projections  []ProjectionStatus `json:"projections"`
 }
 
-// ProjectionStatus is one consumer group: a projection version.
+// ProjectionStatus is one consumer group: a live group, which feeds Members (projection
+// versions) together, or the own group of one projection version (Projection, Version), which
+// backfills it up to its join position (BackfillTo) or, from the service's earlier layout, fed
+// it alone.
 type ProjectionStatus struct {
-	Projection string `json:"projection"`
-	Version    int    `json:"version"`
-	Group      string `json:"group"`
+	Projection string   `json:"projection,omitempty"`
+	Version    int      `json:"version,omitempty"`
+	Group      string   `json:"group"`
+	Kind       string   `json:"kind"` // live, backfill or group (any other consumer group)
+	Members    []string `json:"members,omitempty"`
+	BackfillTo string   `json:"backfillTo,omitempty"`
 	// Serving is true for the version that answers reads.
 	Serving bool `json:"serving"`
 	// GroupExists is false until a projector has subscribed once.
@@ -117,11 +123,31 @@ func (s *StatusOps) Status(ctx context.Context) (Status, error) {
 	for _, n := range poisoned {
 		st.Poisoned += n
 	}
+	live, _, err := adapters.NewLiveGroups(s.client, s.keys).ReadAll(ctx)
+	if err != nil {
+		return st, unavailable(err)
+	}
 	seen := map[string]bool{}
 	for _, g := range info.Groups {
 		name, version := splitGroup(g.Name)
-		ps := ProjectionStatus{Projection: name, Version: version, Group: g.Name, GroupExists: true,
+		ps := ProjectionStatus{Projection: name, Version: version, Group: g.Name, Kind: "group", GroupExists: true,
 			Consumers: []ConsumerStatus{}, Pending: g.Pending, LastDeliveredID: g.LastDeliveredID, Poisoned: poisoned[name]}
+		if ms, ok := live[g.Name]; ok {
+			// Entries that are not events at all are parked once per group, under no projection.
+			ps.Projection, ps.Version, ps.Kind, ps.Poisoned = "", 0, "live", poisoned[""]
+			counted := map[string]bool{}
+			for m := range ms.Members {
+				ps.Members = append(ps.Members, m)
+				if n, _, ok := adapters.ParseMemberName(m); ok && !counted[n] {
+					counted[n] = true
+					ps.Poisoned += poisoned[n]
+					seen[n] = true
+				}
+			}
+			slices.Sort(ps.Members)
+		} else if _, m, ok := memberOf(live, g.Name); ok {
+			ps.Kind, ps.BackfillTo = "backfill", m.Join
+		}
 		if g.Lag >= 0 {
 			lag := g.Lag
 			ps.Lag = &lag
@@ -140,15 +166,18 @@ func (s *StatusOps) Status(ctx context.Context) (Status, error) {
 		st.Projections = append(st.Projections, ps)
 		seen[name] = true
 	}
-	// Projections this build runs whose group does not exist yet (never started).
+	// Projections this build runs that no group feeds yet (never started).
 	for _, n := range s.names {
 		if !seen[n] {
 			st.Projections = append(st.Projections, ProjectionStatus{Projection: n, Version: 1, Group: s.keys.Group(n, 1),
-				Consumers: []ConsumerStatus{}, Poisoned: poisoned[n]})
+				Kind: "group", Consumers: []ConsumerStatus{}, Poisoned: poisoned[n]})
 		}
 	}
 	for i := range st.Projections {
 		p := &st.Projections[i]
+		if p.Kind == "live" {
+			continue
+		}
 		if vs, err := s.versions.State(ctx, p.Projection); err == nil {
 			p.Serving = vs.Serving == p.Version
 			p.Building = vs.Building == p.Version
@@ -198,7 +227,7 @@ func WriteStatusText(w io.Writer, st Status) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "stream %s: %d entries, last %s; poison queue %s: %d entries\n\n", st.Stream, st.StreamLength,
 		orDash(st.LastEntryID), st.PoisonStream, st.Poisoned)
-	fmt.Fprintln(tw, "PROJECTION\tGROUP\tSERVING\tCONSUMERS\tPENDING\tLAG\tOLDEST PENDING\tPOISONED\tSTATE")
+	fmt.Fprintln(tw, "GROUP\tFEEDS\tSERVING\tCONSUMERS\tPENDING\tLAG\tOLDEST PENDING\tPOISONED\tSTATE")
 	for _, p := range st.Projections {
 		lag := "?"
 		if p.Lag != nil {
@@ -213,14 +242,23 @@ func WriteStatusText(w io.Writer, st Status) error {
 		if !p.GroupExists {
 			group += " (not created yet)"
 		}
+		feeds, serving := adapters.MemberName(p.Projection, max(p.Version, 1)), strconv.FormatBool(p.Serving)
+		switch p.Kind {
+		case "live":
+			feeds, serving = strings.Join(p.Members, " "), "-"
+		case "backfill":
+			feeds += " up to " + p.BackfillTo
+		}
 		state := "ok"
 		switch {
 		case p.Stalled:
 			state = "STALLED"
 		case p.Building:
 			state = "rebuilding"
+		case p.Kind == "backfill":
+			state = "backfilling"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%t\t%d\t%d\t%s\t%s\t%d\t%s\n", p.Projection, group, p.Serving, len(p.Consumers), p.Pending, lag, oldest, p.Poisoned, state)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%d\t%s\n", group, feeds, serving, len(p.Consumers), p.Pending, lag, oldest, p.Poisoned, state)
 	}
 	for _, p := range st.Projections {
 		if p.Stalled {

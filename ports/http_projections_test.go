@@ -54,10 +54,14 @@ func (a *projAPI) apply(t *testing.T, events []domain.CheckinRecorded, minChecki
 		projection.Projection
 		projection.CheckinRecordedHandler
 	}{projection.Leaderboards{MinCheckins: minCheckins}, projection.RecentCheckins{}, projection.DailyCheckins{}} {
-		store, err := adapters.NewProjectionStore(a.client, a.keys, h.Name(), 1)
+		applier, err := adapters.NewProjectionApplier(a.client, a.keys, 0)
 		require.NoError(t, err)
 		for _, e := range events {
-			require.NoError(t, h.OnCheckinRecorded(context.Background(), e, store))
+			if e.RecordedAt == 0 {
+				e.RecordedAt = e.Timestamp // the clock of the dedupe window, without a stream
+			}
+			_, err := applier.ApplyEvent(context.Background(), "test."+h.Name(), h, 1, e, "")
+			require.NoError(t, err)
 		}
 	}
 }

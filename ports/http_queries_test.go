@@ -41,16 +41,16 @@ func TestGetStatsReturnsNumbers(t *testing.T) {
 	ctx := context.Background()
 	// Write the read models directly through the projections, as the projector would.
 	for _, ev := range []domain.CheckinRecorded{
-		{Checkin: domain.Checkin{ID: "a", UserID: 42, LocationID: 7, StarRating: 5, Timestamp: 2000}},
-		{Checkin: domain.Checkin{ID: "b", UserID: 42, LocationID: 8, StarRating: 2, Timestamp: 1000}},
-		{Checkin: domain.Checkin{ID: "c", UserID: 43, LocationID: 7, StarRating: 3, Timestamp: 3000}},
+		{Checkin: domain.Checkin{ID: "a", UserID: 42, LocationID: 7, StarRating: 5, Timestamp: 2000}, RecordedAt: 2000},
+		{Checkin: domain.Checkin{ID: "b", UserID: 42, LocationID: 8, StarRating: 2, Timestamp: 1000}, RecordedAt: 2001},
+		{Checkin: domain.Checkin{ID: "c", UserID: 43, LocationID: 7, StarRating: 3, Timestamp: 3000}, RecordedAt: 3000},
 	} {
-		users, err := adapters.NewProjectionStore(e.rdb, e.keys, "users", 1)
+		applier, err := adapters.NewProjectionApplier(e.rdb, e.keys, 0)
 		require.NoError(t, err)
-		locations, err := adapters.NewProjectionStore(e.rdb, e.keys, "locations", 1)
-		require.NoError(t, err)
-		require.NoError(t, projection.UserStats{}.OnCheckinRecorded(ctx, ev, users))
-		require.NoError(t, projection.LocationStats{}.OnCheckinRecorded(ctx, ev, locations))
+		for _, p := range []projection.Projection{projection.UserStats{}, projection.LocationStats{}} {
+			_, err := applier.ApplyEvent(ctx, "test."+p.Name(), p, 1, ev, "")
+			require.NoError(t, err)
+		}
 	}
 
 	resp := e.get(t, "/users/42")

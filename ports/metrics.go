@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -19,10 +20,11 @@ import (
 // Metrics are the process's Prometheus instruments: HTTP requests, and projection events as a
 // ProjectionObserver.
 type Metrics struct {
-	httpRequests    *prometheus.CounterVec
-	httpDuration    *prometheus.HistogramVec
-	events          *prometheus.CounterVec
-	handlerDuration *prometheus.HistogramVec
+	httpRequests  *prometheus.CounterVec
+	httpDuration  *prometheus.HistogramVec
+	events        *prometheus.CounterVec
+	batchDuration *prometheus.HistogramVec
+	transient     *prometheus.CounterVec
 }
 
 var _ ProjectionObserver = (*Metrics)(nil)
@@ -39,14 +41,18 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"route", "method", "status"}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "checkins_projection_events_total",
-			Help: "Events handled per projection by outcome: applied, failed (one attempt; it may be retried) or poisoned (parked).",
+			Help: "Events handled per projection by outcome: applied, duplicate (another copy of the check-in was counted), failed (one attempt; it may be retried) or poisoned (parked).",
 		}, []string{"projection", "outcome"}),
-		handlerDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "checkins_projection_handler_duration_seconds", Help: "Time one handler attempt took, per projection.",
-			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1, 5},
+		batchDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "checkins_projection_batch_duration_seconds", Help: "Time one batch of events took to handle and apply, per projection fed by it.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}, []string{"projection"}),
+		transient: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "checkins_projection_transient_failures_total",
+			Help: "Batches that could not be applied because of a passing failure (retried, never parked), by consumer group and reason.",
+		}, []string{"group", "reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.httpRequests, m.httpDuration, m.events, m.handlerDuration} {
+	for _, c := range []prometheus.Collector{m.httpRequests, m.httpDuration, m.events, m.batchDuration, m.transient} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
 		}
@@ -55,11 +61,16 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 // Handled implements ProjectionObserver.
-func (m *Metrics) Handled(projection, outcome string, d time.Duration) {
-	m.events.WithLabelValues(projection, outcome).Inc()
-	if outcome != OutcomePoisoned {
-		m.handlerDuration.WithLabelValues(projection).Observe(d.Seconds())
+func (m *Metrics) Handled(projection, outcome string, n int, d time.Duration) {
+	m.events.WithLabelValues(projection, outcome).Add(float64(n))
+	if outcome == OutcomeApplied {
+		m.batchDuration.WithLabelValues(projection).Observe(d.Seconds())
 	}
+}
+
+// Transient implements ProjectionObserver.
+func (m *Metrics) Transient(group, reason string) {
+	m.transient.WithLabelValues(group, reason).Inc()
 }
 
 // Middleware counts and times requests by route pattern (not the raw path, which would give a
@@ -262,34 +273,76 @@ func (c *StreamCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
 	ch <- prometheus.MustNewConstMetric(c.streamLen, prometheus.GaugeValue, float64(info.Length))
 	ch <- prometheus.MustNewConstMetric(c.poison, prometheus.GaugeValue, float64(depth))
+	live, _, err := adapters.NewLiveGroups(c.monitor.client, c.monitor.keys).ReadAll(ctx)
+	if err != nil {
+		live = nil // the series of live groups come without their members' labels this time
+	}
 	for _, g := range gs {
-		name, version := splitGroup(g.Group)
-		lv := []string{name, strconv.Itoa(version), g.Group}
+		// A live group's figures are those of every projection version it feeds: one series
+		// per member, so that a dashboard per projection finds them.
+		type pv struct {
+			name    string
+			version int
+		}
+		var labels []pv
+		if ms, ok := live[g.Group]; ok {
+			for m := range ms.Members {
+				if n, v, ok := adapters.ParseMemberName(m); ok {
+					labels = append(labels, pv{n, v})
+				}
+			}
+		}
+		if len(labels) == 0 {
+			n, v := splitGroup(g.Group)
+			labels = append(labels, pv{n, v})
+		}
 		stalled := 0.0
 		if g.Stalled {
 			stalled = 1
 		}
-		ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(g.Lag), lv...)
-		ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(g.Pending), lv...)
-		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, g.OldestAge.Seconds(), lv...)
-		ch <- prometheus.MustNewConstMetric(c.consumers, prometheus.GaugeValue, float64(g.Consumers), lv...)
-		ch <- prometheus.MustNewConstMetric(c.stalled, prometheus.GaugeValue, stalled, lv...)
+		for _, l := range labels {
+			lv := []string{l.name, strconv.Itoa(l.version), g.Group}
+			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(g.Lag), lv...)
+			ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(g.Pending), lv...)
+			ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, g.OldestAge.Seconds(), lv...)
+			ch <- prometheus.MustNewConstMetric(c.consumers, prometheus.GaugeValue, float64(g.Consumers), lv...)
+			ch <- prometheus.MustNewConstMetric(c.stalled, prometheus.GaugeValue, stalled, lv...)
+		}
 	}
 }
 
-// ActiveGroups are the groups that should be consuming for the named projections: each one's
-// serving version and, during a rebuild, its building version (for ProgressMonitor).
+// ActiveGroups are the groups that should be consuming for the named projections (for
+// ProgressMonitor): the live group feeding each one's serving version (and, during a rebuild,
+// its building version), and the own group of a version still backfilling (or not started).
 func (o *ProjectionOps) ActiveGroups(names []string) func(ctx context.Context) ([]string, error) {
 	return func(ctx context.Context) ([]string, error) {
+		groups, _, err := o.live.ReadAll(ctx)
+		if err != nil {
+			return nil, err
+		}
 		var out []string
+		add := func(g string) {
+			if !slices.Contains(out, g) {
+				out = append(out, g)
+			}
+		}
 		for _, n := range names {
 			st, err := o.versions.State(ctx, n)
 			if err != nil {
 				return nil, err
 			}
-			out = append(out, o.keys.Group(n, st.Serving))
-			if st.Building > 0 {
-				out = append(out, o.keys.Group(n, st.Building))
+			for _, v := range []int{st.Serving, st.Building} {
+				if v == 0 {
+					continue
+				}
+				member := adapters.MemberName(n, v)
+				lg, m, ok := memberOf(groups, member)
+				if ok {
+					add(lg)
+				}
+				if !ok || m.Own == adapters.BackfillRunning {
+					add(member)
+				}
 			}
 		}
 		return out, nil

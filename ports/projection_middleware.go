@@ -1,24 +1,19 @@
 package ports
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
-	"net"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/checkins/checkins/adapters"
 )
@@ -59,59 +54,80 @@ var ErrHandlerTimeout = errors.New("handler timed out")
 
 func permanent(err error) error { return fmt.Errorf("%w: %w", ErrPermanent, err) }
 
-// IsTransient reports infrastructure failures (Redis down or restarting) that say nothing about
-// the event: those are retried forever with backoff and never parked in the poison queue.
+// IsTransient reports infrastructure failures (Redis down, restarting, out of memory, busy)
+// that say nothing about the event: those are retried for as long as they last and never parked
+// in the poison queue. The classification itself is adapters.TransientReason.
 func IsTransient(err error) bool {
 	if err == nil || errors.Is(err, ErrPermanent) || errors.Is(err, ErrHandlerTimeout) {
 		return false
 	}
-	var ne net.Error
-	if errors.As(err, &ne) {
-		return true
-	}
-	// A closed client or pipeline means the process is stopping: not the event's fault either.
-	for _, target := range []error{io.EOF, io.ErrUnexpectedEOF, syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.EPIPE,
-		redis.ErrClosed, redis.ErrPoolTimeout, adapters.ErrPipelineClosed} {
-		if errors.Is(err, target) {
-			return true
-		}
-	}
-	msg := err.Error()
-	for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "connection refused", "broken pipe", "connection reset"} {
-		if strings.Contains(msg, p) {
-			return true
-		}
-	}
-	return false
+	return adapters.IsTransient(err)
 }
 
-type attemptsKey struct{}
-
-// attemptCounter travels in the message context from the poison middleware to the retry one.
-type attemptCounter struct{ n int }
-
-func attemptsOf(ctx context.Context) *attemptCounter {
-	if c, ok := ctx.Value(attemptsKey{}).(*attemptCounter); ok {
-		return c
-	}
-	return &attemptCounter{}
-}
-
-// retryMiddleware retries failed attempts with exponential backoff and jitter. Permanent failures
-// are not retried. It never spins: every retry waits, and waiting stops when the message's
-// context ends (shutdown).
+// retryMiddleware retries the failed units of a batch with exponential backoff and jitter, and
+// a whole batch whose handling failed (Redis). Permanent failures are not retried, and their
+// entries are held back (not applied) until the poison middleware has parked them. It never
+// spins: every retry waits, and waiting stops when the message's context ends (shutdown).
 func retryMiddleware(p RetryPolicy) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			counter := attemptsOf(msg.Context())
+			base := planOf(msg.Context())
+			units := base.units
+			hold := map[int]bool{}
+			for e := range base.hold {
+				hold[e] = true
+			}
+			attempts := map[unit]int{}
+			var final []unitFailure // permanent failures, kept for the poison middleware
 			delay := p.InitialInterval
 			for attempt := 1; ; attempt++ {
-				counter.n = attempt
-				out, err := h(msg)
-				if err == nil || attempt >= p.MaxAttempts || errors.Is(err, ErrPermanent) {
-					return out, err
+				plan := &attemptPlan{units: units, hold: hold, progress: &attemptProgress{}}
+				out, err := h(withPlan(msg, plan))
+				if err == nil {
+					if len(final) > 0 {
+						return nil, &BatchFailure{Failed: final}
+					}
+					return out, nil
 				}
-				// Jitter in [delay/2, delay*3/2) keeps many consumers failing together from retrying in lockstep.
+				bf, partial := asBatchFailure(err)
+				if !partial && errors.Is(err, ErrHandlerTimeout) && !plan.progress.flushing.Load() {
+					// A handler ran past the deadline: that unit failed, the others of the
+					// attempt go again. (A timeout while applying is Redis being slow: the
+					// whole batch goes again, and is never parked for it.)
+					if cur, ok := plan.progress.current.Load().(unit); ok {
+						bf, partial = timedOut(cur, plan.progress.all(), err), true
+					}
+				}
+				if !partial {
+					if attempt >= p.MaxAttempts {
+						return nil, err
+					}
+					if units == nil {
+						units = plan.progress.all()
+					}
+				} else {
+					var retry []unitFailure
+					for _, f := range bf.Failed {
+						attempts[f.unit]++
+						f.attempts = attempts[f.unit]
+						if errors.Is(f.err, ErrPermanent) {
+							final = append(final, f)
+							hold[f.unit.entry] = true
+						} else {
+							retry = append(retry, f)
+						}
+					}
+					if len(retry) == 0 || attempt >= p.MaxAttempts {
+						return nil, &BatchFailure{Failed: append(final, retry...), Held: bf.Held}
+					}
+					units = make([]unit, 0, len(retry)+len(bf.Held))
+					for _, f := range retry {
+						units = append(units, f.unit)
+					}
+					units = append(units, bf.Held...)
+				}
+				// Jitter in [delay/2, delay*3/2) keeps many consumers failing together from
+				// retrying in lockstep.
 				sleep := delay/2 + rand.N(delay)
 				t := time.NewTimer(sleep)
 				select {
@@ -126,11 +142,23 @@ func retryMiddleware(p RetryPolicy) message.HandlerMiddleware {
 	}
 }
 
+// timedOut is the failure of an attempt whose handler for cur ran past its deadline.
+func timedOut(cur unit, all []unit, err error) *BatchFailure {
+	bf := &BatchFailure{Failed: []unitFailure{{unit: cur, err: err}}}
+	for _, u := range all {
+		if u != cur {
+			bf.Held = append(bf.Held, u)
+		}
+	}
+	return bf
+}
+
 // timeoutMiddleware bounds one attempt. The attempt runs on a copy of the message carrying the
 // deadline, so the message itself never holds a cancelled context (the next attempt and the
 // poison publish would otherwise fail on it). A handler that ignores its context is abandoned
-// at the deadline rather than allowed to hold the message, and with it the consumer, forever;
-// whatever it still writes goes through the store's dedupe, so it cannot double count.
+// at the deadline rather than allowed to hold the batch, and with it the consumer, forever; an
+// abandoned attempt applies nothing (the batch handler checks its context before applying), and
+// whatever it might still write goes through the markers, so it cannot double count.
 func timeoutMiddleware(d time.Duration) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -153,7 +181,7 @@ func timeoutMiddleware(d time.Duration) message.HandlerMiddleware {
 			}()
 			select {
 			case r := <-done:
-				if r.err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) && orig.Err() == nil {
+				if r.err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) && orig.Err() == nil && !errors.Is(r.err, ErrHandlerTimeout) {
 					return r.out, fmt.Errorf("%w after %s: %w", ErrHandlerTimeout, d, r.err)
 				}
 				return r.out, r.err
@@ -191,99 +219,130 @@ func (t *throttledLog) allow() (bool, int) {
 // its whole stack trace).
 const maxPoisonErrorLen = 4000
 
-// poisonMiddleware parks an event whose handling failed for good, then acks the original, so
-// nothing behind it stalls. Transient failures (Redis down) are never parked: they are nacked
-// and redelivered after the subscriber's nack delay, logged once per interval. A failure to
-// park is a nack too: the event stays pending and comes back, it is never dropped.
-func (r *ProjectionRouter) poisonMiddleware(name, group string) message.HandlerMiddleware {
+// poisonMiddleware parks the units of a batch that failed for good, then applies what their
+// entries still owe the other projections, then acks, so nothing behind them stalls. Transient
+// failures (Redis down, out of memory, busy) are never parked: the batch is nacked and
+// redelivered after the subscriber's nack delay, logged once per interval. A failure to park is
+// a nack too: nothing of such an entry was applied, it stays pending and comes back, never lost.
+func (r *ProjectionRouter) poisonMiddleware(group string) message.HandlerMiddleware {
 	transient := &throttledLog{interval: 10 * time.Second}
 	parkFailed := &throttledLog{interval: 10 * time.Second}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			counter := &attemptCounter{}
-			msg.SetContext(context.WithValue(msg.Context(), attemptsKey{}, counter))
-			out, err := h(msg)
-			if err == nil {
-				return out, nil
-			}
-			if msg.Context().Err() != nil {
-				return nil, err // shutting down: leave it pending for whoever runs next
-			}
-			if IsTransient(err) {
-				if ok, n := transient.allow(); ok {
-					r.log.Warn("projection cannot reach Redis, will retry", "projection", name, "group", group,
-						"error", err, "suppressed", n)
-				}
+			b, err := batchOf(msg)
+			if err != nil {
 				return nil, err
 			}
-			errText := err.Error()
-			if len(errText) > maxPoisonErrorLen {
-				errText = errText[:maxPoisonErrorLen] + "...(truncated)"
-			}
-			// The message context may be cancelled by a timeout; parking must not depend on it.
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), 5*time.Second)
-			defer cancel()
-			entry := adapters.PoisonEntry{
-				Stream: msg.Metadata.Get(adapters.MetaStream), EntryID: msg.Metadata.Get(adapters.MetaEntryID),
-				Projection: name, Group: group, Error: errText, Attempts: max(counter.n, 1), FailedAt: time.Now(),
-			}
-			if entry.Stream == "" {
-				entry.Stream = r.cfg.Keys.Stream()
-			}
-			entry.EntryID, entry.Fields = r.originalEntry(ctx, msg, entry.Stream, entry.EntryID, group)
-			id, perr := r.poison.Park(ctx, entry)
-			if perr != nil {
-				if ok, n := parkFailed.allow(); ok {
-					r.log.Error("could not park failed event, it stays pending and is retried", "projection", name,
-						"entry_id", entry.EntryID, "error", perr, "handler_error", errText, "suppressed", n)
+			plan := planOf(msg.Context())
+			for round := 0; ; round++ {
+				_, err := h(withPlan(msg, plan))
+				if err == nil {
+					r.transientCleared(group)
+					return nil, nil
 				}
-				return nil, perr
+				if msg.Context().Err() != nil {
+					return nil, err // shutting down: leave it pending for whoever runs next
+				}
+				bf, partial := asBatchFailure(err)
+				var stuck []unitFailure
+				if partial {
+					for _, f := range bf.Failed {
+						if IsTransient(f.err) {
+							stuck = append(stuck, f)
+						}
+					}
+				}
+				if !partial || len(stuck) > 0 || round >= 3 {
+					cause := err
+					if len(stuck) > 0 {
+						cause = stuck[0].err
+					}
+					r.transientFailure(group, cause)
+					if ok, n := transient.allow(); ok {
+						r.log.Warn("projections cannot apply a batch now, will retry", "group", group,
+							"reason", transientReasonText(cause), "error", cause, "suppressed", n)
+					}
+					return nil, err
+				}
+				if err := r.park(msg.Context(), b, group, bf.Failed, parkFailed); err != nil {
+					return nil, err
+				}
+				// Resolve entries with nothing left to apply now, so that a later nack of the
+				// batch does not park them again.
+				left := map[int]bool{}
+				for _, u := range bf.Held {
+					left[u.entry] = true
+				}
+				for _, f := range bf.Failed {
+					if !left[f.unit.entry] {
+						b.resolve(f.unit.entry)
+					}
+				}
+				if len(bf.Held) == 0 {
+					return nil, nil
+				}
+				plan = &attemptPlan{units: bf.Held}
 			}
-			r.cfg.Observer.Handled(name, OutcomePoisoned, 0)
-			r.log.Error("event parked in poison queue", "projection", name, "group", group, "entry_id", entry.EntryID,
-				"poison_id", id, "attempts", entry.Attempts, "error", errText,
-				"correlation_id", msg.Metadata.Get(adapters.MetaCorrelationID))
-			return nil, nil
 		}
 	}
 }
 
-// originalEntry returns the entry ID and the exact fields of the stream entry behind msg, read
-// back from the stream (which is never trimmed), so the poison entry keeps the event unchanged.
-// The batched subscriber tells the entry ID; the stock one does not, so the group's pending
-// entries are searched for the one that decodes to this message. When nothing is found (Redis
-// failing), the fields are rebuilt from the message.
-func (r *ProjectionRouter) originalEntry(ctx context.Context, msg *message.Message, stream, entryID, group string) (string, map[string]string) {
-	if entryID != "" {
-		if fields, err := adapters.EntryFields(ctx, r.cfg.Redis, stream, entryID); err == nil {
-			return entryID, fields
+// park puts each failed unit in the poison queue with its reason and the entry's exact fields.
+func (r *ProjectionRouter) park(ctx context.Context, b *batch, group string, failed []unitFailure, parkFailed *throttledLog) error {
+	// The message context may be cancelled by a timeout; parking must not depend on it.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	counts := map[string]int{}
+	for _, f := range failed {
+		name, version, _ := adapters.ParseMemberName(f.unit.member)
+		m := b.msgs[f.unit.entry]
+		errText := f.err.Error()
+		if len(errText) > maxPoisonErrorLen {
+			errText = errText[:maxPoisonErrorLen] + "...(truncated)"
 		}
-		return entryID, messageFields(msg)
+		entry := adapters.PoisonEntry{
+			Stream: m.Metadata.Get(adapters.MetaStream), EntryID: m.Metadata.Get(adapters.MetaEntryID),
+			Projection: name, Version: version, Group: group, Error: errText, Attempts: max(f.attempts, 1), FailedAt: time.Now(),
+		}
+		if entry.Stream == "" {
+			entry.Stream = r.cfg.Keys.Stream()
+		}
+		fields, err := adapters.EntryFields(ctx, r.cfg.Redis, entry.Stream, entry.EntryID)
+		if err != nil {
+			fields = messageFields(m)
+		}
+		entry.Fields = fields
+		id, err := r.poison.Park(ctx, entry)
+		if err != nil {
+			if ok, n := parkFailed.allow(); ok {
+				r.log.Error("could not park a failed event; it stays pending and is retried", "projection", name,
+					"entry_id", entry.EntryID, "error", err, "handler_error", errText, "suppressed", n)
+			}
+			return err
+		}
+		counts[name]++
+		r.log.Error("event parked in poison queue", "projection", name, "group", group, "entry_id", entry.EntryID,
+			"poison_id", id, "attempts", entry.Attempts, "error", errText,
+			"correlation_id", m.Metadata.Get(adapters.MetaCorrelationID))
 	}
-	id, fields, err := adapters.FindPendingEntry(ctx, r.cfg.Redis, stream, group, 200, func(values map[string]any) bool {
-		return sameMessage(msg, values)
-	})
-	if err != nil || id == "" {
-		return "", messageFields(msg)
+	for name, n := range counts {
+		r.cfg.Observer.Handled(name, OutcomePoisoned, n, 0)
 	}
-	return id, fields
+	return nil
 }
 
-// sameMessage reports whether a stream entry decodes to msg.
-func sameMessage(msg *message.Message, values map[string]any) bool {
-	if u, ok := values[redisstream.UUIDHeaderKey].(string); ok && u != msg.UUID {
-		return false
+// transientReasonText is the short reason of a transient failure, for logs and readiness.
+func transientReasonText(err error) string {
+	if reason, ok := adapters.TransientReason(err); ok {
+		return reason
 	}
-	m, err := adapters.FlatMarshaller{}.Unmarshal(values)
-	if err != nil || !bytes.Equal(m.Payload, msg.Payload) {
-		return false
+	if errors.Is(err, ErrHandlerTimeout) {
+		return "applying took longer than HANDLER_TIMEOUT (redis slow?)"
 	}
-	for k, v := range m.Metadata {
-		if msg.Metadata.Get(k) != v {
-			return false
-		}
+	if errors.Is(err, ErrForeignMember) {
+		return "the live group has a member this build does not run"
 	}
-	return true
+	return err.Error()
 }
 
 // messageFields rebuilds the stream entry's fields from the message (a fallback when the entry

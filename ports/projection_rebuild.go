@@ -47,14 +47,16 @@ type ProjectionOpsConfig struct {
 // ProjectionOps lists projection versions and rebuilds projections without downtime.
 //
 // A rebuild of projection p serving version N:
-//  1. marks N+1 as building in the registry and creates group p.v<N+1> at "0";
-//  2. every projector polls the registry and starts a handler for p.v<N+1> next to p.v<N>,
-//     writing under the key prefix of N+1, while reads still go to N;
-//  3. once p.v<N+1> has caught up (nothing undelivered and nothing pending, or at least as
-//     current as p.v<N>), whoever drives the rebuild switches reads to N+1 in one registry
-//     write (compare-and-set, so concurrent drivers switch once);
-//  4. projectors stop their p.v<N> handler on their next poll; after RetireGrace the driver
-//     destroys group p.v<N> and unlinks its keys.
+//  1. marks N+1 as building in the registry and creates its own group p.v<N+1> at "0";
+//  2. every projector polls the registry; the first to see N+1 joins it to its live group at
+//     the stream's last entry J: from then on the live group feeds N+1 next to N (writing under
+//     the key prefix of N+1), and the own group backfills N+1 with everything up to J, while
+//     reads still go to N;
+//  3. once the backfill has delivered and acknowledged everything up to J, N+1 is exactly as
+//     current as N (the live group feeds both from the same batches), and whoever drives the
+//     rebuild switches reads to N+1 in one registry write (compare-and-set, so concurrent
+//     drivers switch once) and takes N out of the live group;
+//  4. after RetireGrace (batches in flight finish) the driver unlinks N's keys.
 //
 // Every step is idempotent and its state lives in Redis, so the driver may be the CLI, the HTTP
 // request's process or any projector, and a driver that dies is simply replaced: projectors
@@ -63,6 +65,7 @@ type ProjectionOps struct {
 	client   redis.UniversalClient
 	keys     adapters.KeySpace
 	versions *adapters.ProjectionVersions
+	live     *adapters.LiveGroups
 	projs    []projection.Projection
 	grace    time.Duration
 	stall    time.Duration
@@ -79,6 +82,7 @@ func NewProjectionOps(cfg ProjectionOpsConfig) (*ProjectionOps, error) {
 		cfg.RetireGrace = DefaultRetireGrace
 	}
 	return &ProjectionOps{client: cfg.Redis, keys: cfg.Keys, versions: adapters.NewProjectionVersions(cfg.Redis, cfg.Keys),
+		live:  adapters.NewLiveGroups(cfg.Redis, cfg.Keys),
 		projs: cfg.Projections, grace: cfg.RetireGrace, stall: cfg.StallAfter, log: cfg.Logger, now: time.Now}, nil
 }
 
@@ -100,10 +104,15 @@ type RebuildProgress struct {
 
 // ProjectionVersionStatus is one version of a projection: a key prefix and a consumer group.
 type ProjectionVersionStatus struct {
-	Projection  string `json:"projection"`
-	Version     int    `json:"version"`
-	Role        string `json:"role"` // serving, building or retiring
+	Projection string `json:"projection"`
+	Version    int    `json:"version"`
+	Role       string `json:"role"` // serving, building or retiring
+	// Group is the consumer group the version is being fed through right now: its own group
+	// while it backfills (LiveGroup then feeds it everything after Join), else LiveGroup.
 	Group       string `json:"group"`
+	LiveGroup   string `json:"liveGroup,omitempty"`
+	Join        string `json:"join,omitempty"`
+	Backfill    string `json:"backfill,omitempty"` // running or done
 	GroupExists bool   `json:"groupExists"`
 	Consumers   int    `json:"consumers"`
 	Lag         *int64 `json:"lag"` // null when unknown
@@ -164,6 +173,10 @@ func (o *ProjectionOps) List(ctx context.Context) (ProjectionsReport, error) {
 	if err != nil {
 		return rep, unavailable(err)
 	}
+	groups, _, err := o.live.ReadAll(ctx)
+	if err != nil {
+		return rep, unavailable(err)
+	}
 	for _, p := range o.projs {
 		name := p.Name()
 		st, err := o.versions.State(ctx, name)
@@ -179,6 +192,12 @@ func (o *ProjectionOps) List(ctx context.Context) (ProjectionsReport, error) {
 				continue
 			}
 			vs := ProjectionVersionStatus{Projection: name, Version: v.version, Role: v.role, Group: o.keys.Group(name, v.version)}
+			if lg, m, ok := memberOf(groups, adapters.MemberName(name, v.version)); ok {
+				vs.LiveGroup, vs.Join, vs.Backfill = lg, m.Join, m.Own
+				if m.Own == adapters.BackfillDone {
+					vs.Group = lg
+				}
+			}
 			if g := findGroup(info, vs.Group); g != nil {
 				lag, err := o.groupLag(ctx, info, g)
 				if err != nil {
@@ -228,12 +247,24 @@ func (o *ProjectionOps) flagStalls(ctx context.Context, vs []ProjectionVersionSt
 	return nil
 }
 
+// memberOf finds the live group a projection version is a member of.
+func memberOf(groups map[string]adapters.Membership, member string) (string, adapters.LiveMember, bool) {
+	for g, ms := range groups {
+		if m, ok := ms.Members[member]; ok {
+			return g, m, true
+		}
+	}
+	return "", adapters.LiveMember{}, false
+}
+
 func versionState(v ProjectionVersionStatus) string {
 	switch {
 	case v.Role == "retiring":
-		return "retired: keys and group are removed after the grace period"
+		return "retired: keys are removed after the grace period"
 	case !v.GroupExists:
-		return "not started: no projector has subscribed yet"
+		return "not started: no projector has run it yet"
+	case v.Backfill == adapters.BackfillRunning && v.Lag != nil:
+		return fmt.Sprintf("backfilling up to %s: %d to go, %d pending (the live group feeds what came after)", v.Join, *v.Lag, v.Pending)
 	case v.Lag != nil && *v.Lag == 0 && v.Pending == 0:
 		if v.Role == "building" {
 			return "caught up: switching reads"
@@ -362,11 +393,24 @@ func (o *ProjectionOps) Step(ctx context.Context, name string) (RebuildProgress,
 			}
 			rp.Pending = b.Pending
 		}
-		s := findGroup(info, o.keys.Group(name, st.Serving))
-		caught, err := o.caughtUp(ctx, info, b, s)
+		groups, _, err := o.live.ReadAll(ctx)
 		if err != nil {
 			return rp, err
 		}
+		// Caught up: the version is in a live group (fed with v<serving> from the same batches)
+		// and its backfill of what came before delivered and acknowledged everything.
+		building := adapters.MemberName(name, st.Building)
+		lg, m, member := memberOf(groups, building)
+		if member && m.Own == adapters.BackfillRunning && b != nil && b.Pending == 0 &&
+			adapters.CompareEntryIDs(b.LastDeliveredID, m.Join) >= 0 {
+			// What the projectors' checkpoints find too: the backfill delivered and acknowledged
+			// everything up to the join position.
+			if _, err := o.live.FinishBackfill(ctx, lg, building, o.now()); err != nil {
+				return rp, err
+			}
+			m.Own = adapters.BackfillDone
+		}
+		caught := member && m.Own == adapters.BackfillDone
 		if caught {
 			now := o.now().UTC()
 			switched, err := o.versions.Promote(ctx, name, st.Serving, st.Building, now)
@@ -379,7 +423,10 @@ func (o *ProjectionOps) Step(ctx context.Context, name string) (RebuildProgress,
 			}
 			rp.State, rp.SwitchedAt = RebuildRetiring, &now
 			o.log.Info("rebuild caught up: reads switched", "projection", name, "from", st.Serving, "to", st.Building,
-				"lag", rp.Lag, "pending", rp.Pending)
+				"live_group", lg)
+			if err := o.leave(ctx, groups, adapters.MemberName(name, st.Serving)); err != nil {
+				return rp, err
+			}
 		}
 		return rp, o.saveProgress(ctx, rp)
 	case st.Retiring > 0:
@@ -388,6 +435,13 @@ func (o *ProjectionOps) Step(ctx context.Context, name string) (RebuildProgress,
 		rp.SwitchedAt = &switchedAt
 		if o.now().Sub(switchedAt) < o.grace {
 			return rp, o.saveProgress(ctx, rp)
+		}
+		groups, _, err := o.live.ReadAll(ctx)
+		if err != nil {
+			return rp, err
+		}
+		if err := o.leave(ctx, groups, adapters.MemberName(name, st.Retiring)); err != nil {
+			return rp, err
 		}
 		removed, err := o.removeVersion(ctx, name, st.Retiring)
 		if err != nil {
@@ -408,28 +462,17 @@ func (o *ProjectionOps) Step(ctx context.Context, name string) (RebuildProgress,
 	}
 }
 
-// caughtUp: the building group has nothing undelivered and nothing pending; or, since under a
-// steady load a group is rarely idle at the instant we look, nothing undelivered and no more in
-// flight than the serving group has behind it (switching then makes no read staler than now).
-func (o *ProjectionOps) caughtUp(ctx context.Context, info adapters.StreamInfo, b, s *adapters.GroupInfo) (bool, error) {
-	if b == nil {
-		return false, nil
+// leave takes member out of whichever live group feeds it (a retired version): batches read
+// after that do not feed it.
+func (o *ProjectionOps) leave(ctx context.Context, groups map[string]adapters.Membership, member string) error {
+	for g, ms := range groups {
+		if _, ok := ms.Members[member]; ok {
+			if err := o.live.Leave(ctx, g, member); err != nil {
+				return fmt.Errorf("take %s out of live group %s: %w", member, g, err)
+			}
+		}
 	}
-	bl, err := o.groupLag(ctx, info, b)
-	if err != nil || bl != 0 {
-		return false, err
-	}
-	if b.Pending == 0 {
-		return true, nil
-	}
-	if s == nil {
-		return false, nil
-	}
-	sl, err := o.groupLag(ctx, info, s)
-	if err != nil || sl < 0 {
-		return false, err
-	}
-	return b.Pending <= sl+s.Pending, nil
+	return nil
 }
 
 // Drive runs Step every interval until the rebuild is done or ctx ends, reporting each step.
@@ -507,7 +550,10 @@ func (o *ProjectionOps) reconcile(ctx context.Context, router *ProjectionRouter,
 	if err != nil {
 		return err
 	}
-	if _, _, err := router.SetTargets(targets); err != nil {
+	if _, _, err := router.SetTargets(ctx, targets); err != nil {
+		return err
+	}
+	if err := o.removeFinishedBackfills(ctx); err != nil {
 		return err
 	}
 	for _, p := range projs {
@@ -532,6 +578,26 @@ func (o *ProjectionOps) removeVersion(ctx context.Context, name string, version 
 		return 0, fmt.Errorf("destroy group %s: %w", o.keys.Group(name, version), err)
 	}
 	pattern := escapeGlob(o.keys.ProjectionPrefix(name, version)) + "*"
+	removed, err := o.unlinkMatching(ctx, pattern)
+	if err != nil {
+		return removed, err
+	}
+	// Once more: a subscription of a projector that had not yet retired the version may have
+	// recreated the group while the keys went.
+	if err := o.client.XGroupDestroy(ctx, o.keys.Stream(), o.keys.Group(name, version)).Err(); err != nil && !strings.Contains(err.Error(), "no such key") {
+		return removed, fmt.Errorf("destroy group %s: %w", o.keys.Group(name, version), err)
+	}
+	// The progress monitor's observation of the group goes with it, and the group's markers.
+	if err := o.client.HDel(ctx, progressKey(o.keys), o.keys.Group(name, version)).Err(); err != nil {
+		return removed, err
+	}
+	n, err := o.removeOwnGroup(ctx, o.keys.Group(name, version))
+	return removed + n, err
+}
+
+// unlinkMatching unlinks, in batches, every key matching pattern (on every master of a
+// cluster); it returns how many went.
+func (o *ProjectionOps) unlinkMatching(ctx context.Context, pattern string) (int64, error) {
 	var removed int64
 	scan := func(ctx context.Context, c redis.UniversalClient) error {
 		iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
@@ -558,6 +624,7 @@ func (o *ProjectionOps) removeVersion(ctx context.Context, name string, version 
 		}
 		return flush()
 	}
+	var err error
 	if cc, ok := o.client.(*redis.ClusterClient); ok {
 		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
 	} else {
@@ -566,16 +633,63 @@ func (o *ProjectionOps) removeVersion(ctx context.Context, name string, version 
 	if err != nil {
 		return removed, fmt.Errorf("remove keys %s: %w", pattern, err)
 	}
-	// Once more: a subscription of a projector that had not yet retired the version may have
-	// recreated the group while the keys went.
-	if err := o.client.XGroupDestroy(ctx, o.keys.Stream(), o.keys.Group(name, version)).Err(); err != nil && !strings.Contains(err.Error(), "no such key") {
-		return removed, fmt.Errorf("destroy group %s: %w", o.keys.Group(name, version), err)
-	}
-	// The progress monitor's observation of the group goes with it.
-	if err := o.client.HDel(ctx, progressKey(o.keys), o.keys.Group(name, version)).Err(); err != nil {
-		return removed, err
-	}
 	return removed, nil
+}
+
+// removeOwnGroup destroys a version's own group once its backfill is over, with its markers and
+// its recorded position; it returns how many keys went.
+func (o *ProjectionOps) removeOwnGroup(ctx context.Context, group string) (int64, error) {
+	err := o.client.XGroupDestroy(ctx, o.keys.Stream(), group).Err()
+	if err != nil && !strings.Contains(err.Error(), "no such key") {
+		return 0, fmt.Errorf("destroy group %s: %w", group, err)
+	}
+	n, err := o.unlinkMatching(ctx, escapeGlob(o.keys.MarkerPrefix(group))+"*")
+	if err != nil {
+		return n, err
+	}
+	if err := o.live.ForgetAcked(ctx, group); err != nil {
+		return n, err
+	}
+	return n, o.client.HDel(ctx, progressKey(o.keys), group).Err()
+}
+
+// removeFinishedBackfills removes the own groups of versions whose backfill finished more than
+// RetireGrace ago (every projector has stopped its handler by then), and, after an upgrade, the
+// earlier layout's dedupe sets of those versions.
+func (o *ProjectionOps) removeFinishedBackfills(ctx context.Context) error {
+	groups, _, err := o.live.ReadAll(ctx)
+	if err != nil {
+		return err
+	}
+	info, err := adapters.ReadStreamInfo(ctx, o.client, o.keys.Stream())
+	if err != nil {
+		return err
+	}
+	for _, ms := range groups {
+		for member, m := range ms.Members {
+			if m.Own != adapters.BackfillDone || findGroup(info, member) == nil {
+				continue
+			}
+			doneAt, err := strconv.ParseInt(m.DoneAt, 10, 64)
+			if err != nil || o.now().Sub(time.UnixMilli(doneAt)) < o.grace {
+				continue
+			}
+			n, err := o.removeOwnGroup(ctx, member)
+			if err != nil {
+				return err
+			}
+			if m.Legacy != "" {
+				name, version, _ := adapters.ParseMemberName(member)
+				k, err := o.unlinkMatching(ctx, escapeGlob(o.keys.ProjectionPrefix(name, version))+"{*}:seen")
+				if err != nil {
+					return err
+				}
+				n += k
+			}
+			o.log.Info("backfill group removed", "group", member, "keys_removed", n)
+		}
+	}
+	return nil
 }
 
 func escapeGlob(s string) string {

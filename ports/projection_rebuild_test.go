@@ -5,8 +5,10 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -49,14 +51,19 @@ func TestRebuildDrivenByTheProjectorLoop(t *testing.T) {
 			router, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
 				Keys: keys, Targets: []ports.ProjectionTarget{{Projection: projection.UserStats{}, Version: 1}}, Redis: client,
 				Logger: log, CloseTimeout: 10 * time.Second, Retry: ports.DefaultRetryPolicy(),
-				NewSubscriber: func(group string) (message.Subscriber, error) {
+				NewSubscriber: func(group string, start func(context.Context) (string, error)) (message.Subscriber, error) {
 					c := redistest.Client(t, env.URL)
 					if sub == "watermill" {
-						return redisstream.NewSubscriber(redisstream.SubscriberConfig{Client: c, Unmarshaller: adapters.FlatMarshaller{},
+						stock, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{Client: c, Unmarshaller: adapters.FlatMarshaller{},
 							Consumer: "c1", ConsumerGroup: group, OldestId: "0", BlockTime: 50 * time.Millisecond,
 							DisableIndefiniteInitialBlock: true}, watermill.NopLogger{})
+						if err != nil {
+							return nil, err
+						}
+						return adapters.NewDrainingSubscriber(adapters.DrainingSubscriberConfig{Inner: stock, Client: redistest.Client(t, env.URL),
+							ConsumerGroup: group, Consumer: "c1", Unmarshaller: adapters.FlatMarshaller{}, DrainTimeout: 5 * time.Second})
 					}
-					return batchsub.NewSubscriber(batchsub.Config{Client: c, ConsumerGroup: group, Consumer: "c1",
+					return batchsub.NewSubscriber(batchsub.Config{Client: c, ConsumerGroup: group, Consumer: "c1", StartID: start,
 						Unmarshaller: adapters.FlatMarshaller{}, BlockTime: 50 * time.Millisecond, DrainTimeout: 5 * time.Second,
 						Logger: watermill.NopLogger{}})
 				},
@@ -119,15 +126,22 @@ func TestRebuildDrivenByTheProjectorLoop(t *testing.T) {
 				require.NoError(t, err)
 				return st.Serving == 2 && st.Building == 0 && st.Retiring == 0
 			}, 20*time.Second, 20*time.Millisecond, "the rebuild never finished")
-			assert.Equal(t, []string{"users.v2"}, router.Groups(), "v1's handler stopped, v2's runs")
+			// v2 backfilled through its own group while the live group fed v1 and v2; once the
+			// backfill is over, the live group alone feeds v2.
+			assert.Eventually(t, func() bool { return slices.Equal([]string{"live"}, router.Groups()) }, 10*time.Second, 20*time.Millisecond,
+				"the backfill handler stopped: %v", router.Groups())
 			assert.True(t, router.Running())
 			add(50)
 			require.Eventually(t, func() bool { return count() == 250 }, 10*time.Second, 20*time.Millisecond, "reads come from v2, which stays current")
 
-			groups, err := client.XInfoGroups(ctx, keys.Stream()).Result()
+			assert.Eventually(t, func() bool {
+				groups, err := client.XInfoGroups(ctx, keys.Stream()).Result()
+				require.NoError(t, err)
+				return len(groups) == 1 && groups[0].Name == "live"
+			}, 10*time.Second, 20*time.Millisecond, "the backfill group is removed after the grace period")
+			ms, err := adapters.NewLiveGroups(client, keys).Read(ctx, "live")
 			require.NoError(t, err)
-			require.Len(t, groups, 1)
-			assert.Equal(t, "users.v2", groups[0].Name)
+			assert.Equal(t, []string{"users.v2"}, slices.Sorted(maps.Keys(ms.Members)), "v1 left the live group")
 			left, err := client.Keys(ctx, keys.ProjectionPrefix("users", 1)+"*").Result()
 			require.NoError(t, err)
 			assert.Empty(t, left, "v1 keys removed")

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,24 +18,28 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app/projection"
-	"github.com/checkins/checkins/domain"
 )
 
-// Outcomes of handling one event, as reported to a ProjectionObserver.
+// Outcomes of handling events, as reported to a ProjectionObserver.
 const (
-	OutcomeApplied  = "applied"
-	OutcomeFailed   = "failed"   // an attempt failed (it may be retried)
-	OutcomePoisoned = "poisoned" // parked in the poison queue
+	OutcomeApplied   = "applied"
+	OutcomeDuplicate = "duplicate" // another copy of the check-in was counted
+	OutcomeFailed    = "failed"    // an attempt failed (it may be retried)
+	OutcomePoisoned  = "poisoned"  // parked in the poison queue
 )
 
-// ProjectionObserver sees every handled event (metrics hook up here).
+// ProjectionObserver sees what the router does (metrics hook up here): n events of projection
+// had outcome in a batch that took d; and batches that could not be applied because of a
+// transient failure, with its short reason ("redis out of memory").
 type ProjectionObserver interface {
-	Handled(projection, outcome string, d time.Duration)
+	Handled(projection, outcome string, n int, d time.Duration)
+	Transient(group, reason string)
 }
 
 type noObserver struct{}
 
-func (noObserver) Handled(string, string, time.Duration) {}
+func (noObserver) Handled(string, string, int, time.Duration) {}
+func (noObserver) Transient(string, string)                   {}
 
 // ProjectionTarget is one projection version fed by the router.
 type ProjectionTarget struct {
@@ -40,47 +47,104 @@ type ProjectionTarget struct {
 	Version    int
 }
 
+// LiveGroupName is the processing group of a process running projections names; all is every
+// projection of the build (the default). Processes running the same projections share it.
+func LiveGroupName(names []string, all bool) string {
+	if all || len(names) == 0 {
+		return "live"
+	}
+	s := append([]string(nil), names...)
+	sort.Strings(s)
+	return "live:" + strings.Join(s, ",")
+}
+
 // ProjectionRouterConfig wires the shared machinery every projection gets.
 type ProjectionRouterConfig struct {
-	// Pipeline, when set, batches the projection updates of concurrent handlers into pipelines.
-	Pipeline *adapters.AutoPipeline
-	Keys     adapters.KeySpace
-	Targets  []ProjectionTarget
-	// Redis is used by the projection stores and the poison queue (not by subscribers).
+	Keys adapters.KeySpace
+	// Projections are the projections this process runs (any version of them); default: those
+	// of Targets.
+	Projections []projection.Projection
+	// Targets, when set, are the versions Run starts feeding (SetTargets changes them later).
+	Targets []ProjectionTarget
+	// LiveGroup is the processing group they share (LiveGroupName).
+	LiveGroup string
+	// Redis holds the registry, the poison queue and the groups' progress (not the subscribers').
 	Redis redis.UniversalClient
-	// NewSubscriber returns a fresh subscriber for a consumer group.
-	NewSubscriber  func(group string) (message.Subscriber, error)
+	// Applier applies the projections' updates; default: one on Redis with the default
+	// dedupe window.
+	Applier *adapters.ProjectionApplier
+	// NewSubscriber returns a fresh subscriber for a consumer group; start says where the group
+	// stands when it has to be created (or recreated after Redis lost it).
+	NewSubscriber func(group string, start func(context.Context) (string, error)) (message.Subscriber, error)
+	// BatchSize bounds the entries of one batch handed to the projections.
+	BatchSize      int
 	Retry          RetryPolicy
 	HandlerTimeout time.Duration
 	CloseTimeout   time.Duration
-	Observer       ProjectionObserver
-	Logger         *slog.Logger
+	// CheckpointInterval is how often each group's acknowledged position is recorded (the
+	// markers below it are pruned from then on); default 1s.
+	CheckpointInterval time.Duration
+	Observer           ProjectionObserver
+	Logger             *slog.Logger
 }
 
-// ProjectionRouter is the Watermill router that feeds every projection from the event stream,
-// one handler and one consumer group per projection version.
+// ProjectionRouter is the Watermill router that feeds the projections from the event stream:
+// one handler for the live group, which feeds every projection version that has joined it,
+// and one per version still backfilling through its own group.
 type ProjectionRouter struct {
-	cfg       ProjectionRouterConfig
-	router    *message.Router
-	poison    *adapters.PoisonQueue
-	handlers  map[string]*message.Handler
-	transient map[string]*throttledLog
-	running   atomic.Bool
-	log       *slog.Logger
+	cfg     ProjectionRouterConfig
+	router  *message.Router
+	poison  *adapters.PoisonQueue
+	groups  *adapters.LiveGroups
+	projs   map[string]projection.Projection
+	running atomic.Bool
+	log     *slog.Logger
 
-	// Dynamic handlers (SetTargets): mu guards handlers, transient, subs and retired once the
-	// router runs; runCtx is Run's context, which handlers added later run under.
-	mu      sync.Mutex
-	runCtx  context.Context
-	subs    map[string]message.Subscriber
-	retired map[string]bool
-	stopped chan string
+	// Handlers by consumer group; mu guards them, once the router runs. runCtx is Run's context,
+	// which handlers added later run under.
+	mu       sync.Mutex
+	runCtx   context.Context
+	handlers map[string]*runningHandler
+	retired  map[string]bool
+	stopped  chan string
+	joined   map[string]bool // members this process joined (or found joined)
+
+	msMu    sync.Mutex
+	msCache map[string]adapters.Membership
+
+	ackMu sync.RWMutex
+	acked map[string]string // group -> acknowledged through (the registry's checkpoints)
+
+	probMu  sync.Mutex
+	problem map[string]string // group -> why its batches cannot be applied now
 }
 
-// NewProjectionRouter builds the router; Run starts it.
+type runningHandler struct {
+	h   *message.Handler
+	sub message.Subscriber
+}
+
+// NewProjectionRouter builds the router; SetTargets tells it what to feed, Run starts it.
 func NewProjectionRouter(cfg ProjectionRouterConfig) (*ProjectionRouter, error) {
 	if cfg.Redis == nil || cfg.NewSubscriber == nil || cfg.Logger == nil {
 		return nil, errors.New("ports: ProjectionRouter needs Redis, NewSubscriber and Logger")
+	}
+	if cfg.Applier == nil {
+		a, err := adapters.NewProjectionApplier(cfg.Redis, cfg.Keys, 0)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Applier = a
+	}
+	if len(cfg.Projections) == 0 {
+		for _, t := range cfg.Targets {
+			if !slices.ContainsFunc(cfg.Projections, func(p projection.Projection) bool { return p.Name() == t.Projection.Name() }) {
+				cfg.Projections = append(cfg.Projections, t.Projection)
+			}
+		}
+	}
+	if cfg.LiveGroup == "" {
+		cfg.LiveGroup = LiveGroupName(nil, true)
 	}
 	if err := cfg.Retry.Validate(); err != nil {
 		return nil, err
@@ -91,57 +155,31 @@ func NewProjectionRouter(cfg ProjectionRouterConfig) (*ProjectionRouter, error) 
 	if cfg.CloseTimeout <= 0 {
 		cfg.CloseTimeout = 30 * time.Second
 	}
+	if cfg.CheckpointInterval <= 0 {
+		cfg.CheckpointInterval = time.Second
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = 500
+	}
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout}, newRouterLogger(cfg.Logger))
 	if err != nil {
 		return nil, err
 	}
 	r := &ProjectionRouter{cfg: cfg, router: router, poison: adapters.NewPoisonQueue(cfg.Redis, cfg.Keys),
-		handlers: map[string]*message.Handler{}, transient: map[string]*throttledLog{}, log: cfg.Logger,
-		subs: map[string]message.Subscriber{}, retired: map[string]bool{}, stopped: make(chan string, 64)}
-	for _, t := range cfg.Targets {
-		if err := r.addTarget(t); err != nil {
-			return nil, err
+		groups: adapters.NewLiveGroups(cfg.Redis, cfg.Keys), projs: map[string]projection.Projection{}, log: cfg.Logger,
+		handlers: map[string]*runningHandler{}, retired: map[string]bool{}, stopped: make(chan string, 64),
+		joined: map[string]bool{}, msCache: map[string]adapters.Membership{}, acked: map[string]string{},
+		problem: map[string]string{}}
+	for _, p := range cfg.Projections {
+		if !validProjectionName(p.Name()) {
+			return nil, fmt.Errorf("projection name %q: use lower-case letters, digits and _ only", p.Name())
 		}
+		if _, dup := r.projs[p.Name()]; dup {
+			return nil, fmt.Errorf("projection %s listed twice", p.Name())
+		}
+		r.projs[p.Name()] = p
 	}
 	return r, nil
-}
-
-// addTarget adds the handler of one projection version; callers hold r.mu once Run started.
-func (r *ProjectionRouter) addTarget(t ProjectionTarget) error {
-	cfg := r.cfg
-	name := t.Projection.Name()
-	if !validProjectionName(name) {
-		return fmt.Errorf("projection name %q: use lower-case letters, digits and _ only", name)
-	}
-	group := cfg.Keys.Group(name, t.Version)
-	if _, dup := r.handlers[group]; dup {
-		return fmt.Errorf("projection %s v%d listed twice", name, t.Version)
-	}
-	store, err := adapters.NewProjectionStore(cfg.Redis, cfg.Keys, name, t.Version)
-	if err != nil {
-		return err
-	}
-	if cfg.Pipeline != nil {
-		store.WithAutoPipeline(cfg.Pipeline)
-	}
-	sub, err := cfg.NewSubscriber(group)
-	if err != nil {
-		return fmt.Errorf("subscriber for %s: %w", group, err)
-	}
-	sub = watchSubscription(sub)
-	h := r.router.AddConsumerHandler(group, cfg.Keys.Stream(), sub, r.handlerFunc(t.Projection, store))
-	r.transient[group] = &throttledLog{interval: 10 * time.Second}
-	// The first added is the outermost: poison queue, then retry, then a per-attempt timeout,
-	// then panic recovery innermost, so a panic is retried and parked like any failure.
-	h.AddMiddleware(
-		r.poisonMiddleware(name, group),
-		retryMiddleware(cfg.Retry),
-		timeoutMiddleware(cfg.HandlerTimeout),
-		middleware.Recoverer,
-	)
-	r.handlers[group] = h
-	r.subs[group] = sub
-	return nil
 }
 
 func validProjectionName(s string) bool {
@@ -156,9 +194,69 @@ func validProjectionName(s string) bool {
 	return true
 }
 
+// LiveGroup is the processing group this router feeds.
+func (r *ProjectionRouter) LiveGroup() string { return r.cfg.LiveGroup }
+
+// addHandler adds (not starts) the handler of one consumer group; callers hold r.mu.
+func (r *ProjectionRouter) addHandler(group, member string) error {
+	sub, err := r.cfg.NewSubscriber(group, func(ctx context.Context) (string, error) { return r.groupStart(ctx, group, member) })
+	if err != nil {
+		return fmt.Errorf("subscriber for %s: %w", group, err)
+	}
+	sub = watchSubscription(batching(sub, r.cfg.BatchSize))
+	f := &feed{r: r, group: group, member: member}
+	h := r.router.AddConsumerHandler(group, r.cfg.Keys.Stream(), sub, func(msg *message.Message) error {
+		_, err := f.handle(msg)
+		return err
+	})
+	// The first added is the outermost: poison queue, then retry, then a per-attempt timeout,
+	// then panic recovery innermost, so a panic is retried and parked like any failure.
+	h.AddMiddleware(
+		r.poisonMiddleware(group),
+		retryMiddleware(r.cfg.Retry),
+		timeoutMiddleware(r.cfg.HandlerTimeout),
+		middleware.Recoverer,
+	)
+	r.handlers[group] = &runningHandler{h: h, sub: sub}
+	delete(r.retired, group)
+	return nil
+}
+
+// groupStart is where a group must be (re)created: where it had acknowledged through, so
+// nothing is skipped and what is delivered again is caught by the markers; without a record,
+// the live group at its first member's join position and an own group at the start.
+func (r *ProjectionRouter) groupStart(ctx context.Context, group, member string) (string, error) {
+	acked, err := r.groups.Acked(ctx, group)
+	if err != nil || acked != "" {
+		return acked, err
+	}
+	if member != "" {
+		return "0", nil
+	}
+	ms, err := r.groups.Read(ctx, group)
+	if err != nil {
+		return "", err
+	}
+	start := ""
+	for _, m := range ms.Members {
+		if start == "" || adapters.CompareEntryIDs(m.Join, start) < 0 {
+			start = m.Join
+		}
+	}
+	if start == "" {
+		return "", fmt.Errorf("live group %s has no members: nothing to create it for", group)
+	}
+	return start, nil
+}
+
 // Run blocks until ctx ends (then closes gracefully) or the router stops on its own, which is
 // always an error: a projector that silently stopped consuming must not keep running.
 func (r *ProjectionRouter) Run(ctx context.Context) error {
+	if len(r.cfg.Targets) > 0 {
+		if _, _, err := r.SetTargets(ctx, r.cfg.Targets); err != nil {
+			return fmt.Errorf("projection router: %w", err)
+		}
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	r.mu.Lock()
@@ -167,6 +265,7 @@ func (r *ProjectionRouter) Run(ctx context.Context) error {
 		go r.watchHandler(runCtx, group, h)
 	}
 	r.mu.Unlock()
+	go r.keepCheckpoints(runCtx)
 	errc := make(chan error, 1)
 	go func() { errc <- r.router.Run(runCtx) }()
 	select {
@@ -193,18 +292,15 @@ func (r *ProjectionRouter) Run(ctx context.Context) error {
 
 // watchHandler marks the router running once a handler consumes and reports a handler that
 // stops on its own; a handler retired by SetTargets stops on purpose.
-func (r *ProjectionRouter) watchHandler(ctx context.Context, group string, h *message.Handler) {
+func (r *ProjectionRouter) watchHandler(ctx context.Context, group string, h *runningHandler) {
 	select {
-	case <-h.Started():
+	case <-h.h.Started():
 	case <-ctx.Done():
 		return
 	}
 	r.running.Store(true)
-	r.mu.Lock()
-	ended := subscriptionEnded(r.subs[group])
-	r.mu.Unlock()
 	select {
-	case <-ended:
+	case <-subscriptionEnded(h.sub):
 		r.mu.Lock()
 		retired := r.retired[group]
 		r.mu.Unlock()
@@ -218,56 +314,116 @@ func (r *ProjectionRouter) watchHandler(ctx context.Context, group string, h *me
 	}
 }
 
-// ErrRouterNotRunning is returned by SetTargets before Run started consuming.
-var ErrRouterNotRunning = errors.New("projection router is not running yet")
+// ErrRouterNotRunning is returned by SetTargets after the router stopped.
+var ErrRouterNotRunning = errors.New("projection router is not running")
 
-// SetTargets makes the running router feed exactly targets: it adds (and starts) a handler for
-// each projection version it does not run yet, and stops and forgets the handlers of versions no
-// longer listed. This is how a rebuild's new version starts and a retired one stops without a
-// restart. It returns once retired handlers have stopped.
-func (r *ProjectionRouter) SetTargets(targets []ProjectionTarget) (added, removed []string, err error) {
-	if !r.router.IsRunning() {
-		return nil, nil, ErrRouterNotRunning
-	}
-	stopping, added, removed, err := r.swapTargets(targets)
-	// Wait (without the lock: watchHandler takes it) until retired handlers have finished their
-	// in-flight events and their subscriptions are closed. Only then may the version's group be
-	// destroyed: a subscription still reading would recreate a group it finds missing.
-	for _, rt := range stopping {
-		<-rt.h.Stopped()
-		if cerr := rt.sub.Close(); cerr != nil {
-			r.log.Warn("closing subscriber of retired projection version", "group", rt.group, "error", cerr)
+// ErrLiveGroupConflict means a projection version is already fed by another live group: the
+// processes that run it have different PROJECTIONS lists.
+var ErrLiveGroupConflict = errors.New("projection version is fed by another live group")
+
+// SetTargets makes the router feed exactly targets (the serving and building versions of the
+// projections this process runs): each joins the live group (once; the first time, at the
+// stream's last entry, with its own group to backfill what came before), a handler runs for the
+// live group and for every own group still backfilling, and the handlers no longer needed
+// stop. It may be called before Run and then periodically; it returns once stopped handlers
+// have finished their in-flight batches.
+func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ProjectionTarget) (added, removed []string, err error) {
+	for _, t := range targets {
+		if _, ok := r.projs[t.Projection.Name()]; !ok {
+			return nil, nil, fmt.Errorf("projection %s is not run by this router", t.Projection.Name())
 		}
-		r.log.Info("projection handler stopped: version retired", "group", rt.group)
+		if err := r.join(ctx, adapters.MemberName(t.Projection.Name(), t.Version)); err != nil {
+			return nil, nil, err
+		}
+	}
+	ms, err := r.groups.Read(ctx, r.cfg.LiveGroup)
+	if err != nil {
+		return nil, nil, err
+	}
+	want := map[string]string{} // group -> member ("" for the live group)
+	for _, t := range targets {
+		name := adapters.MemberName(t.Projection.Name(), t.Version)
+		m, ok := ms.Members[name]
+		if !ok {
+			continue
+		}
+		want[r.cfg.LiveGroup] = ""
+		if m.Own == adapters.BackfillRunning {
+			want[name] = name
+		}
+	}
+	stopping, added, removed, err := r.swapHandlers(want)
+	// Wait (without the lock: watchHandler takes it) until stopped handlers have finished their
+	// in-flight batches and their subscriptions are closed.
+	for _, rt := range stopping {
+		<-rt.h.h.Stopped()
+		if cerr := rt.h.sub.Close(); cerr != nil {
+			r.log.Warn("closing subscriber of a stopped projection handler", "group", rt.group, "error", cerr)
+		}
+		r.log.Info("projection handler stopped", "group", rt.group)
 	}
 	return added, removed, err
 }
 
-type retiringHandler struct {
-	group string
-	h     *message.Handler
-	sub   message.Subscriber
+// join makes member part of the live group unless it already is; a member of another live
+// group is a configuration error.
+func (r *ProjectionRouter) join(ctx context.Context, member string) error {
+	r.mu.Lock()
+	done := r.joined[member]
+	r.mu.Unlock()
+	if done {
+		return nil
+	}
+	all, _, err := r.groups.ReadAll(ctx)
+	if err != nil {
+		return err
+	}
+	for g, ms := range all {
+		if _, ok := ms.Members[member]; ok && g != r.cfg.LiveGroup {
+			return fmt.Errorf("%w: %s is fed by live group %q, this process would feed it through %q: run every projector with the same PROJECTIONS (or with sets that share no projection)",
+				ErrLiveGroupConflict, member, g, r.cfg.LiveGroup)
+		}
+	}
+	ms, err := r.groups.Join(ctx, r.cfg.LiveGroup, member)
+	if err != nil {
+		return err
+	}
+	m := ms.Members[member]
+	r.log.Info("projection version is in the live group", "member", member, "group", r.cfg.LiveGroup, "join", m.Join,
+		"backfill", m.Own, "legacy_up_to", m.Legacy)
+	r.mu.Lock()
+	r.joined[member] = true
+	r.mu.Unlock()
+	return nil
 }
 
-func (r *ProjectionRouter) swapTargets(targets []ProjectionTarget) (stopping []retiringHandler, added, removed []string, err error) {
+type stoppingHandler struct {
+	group string
+	h     *runningHandler
+}
+
+func (r *ProjectionRouter) swapHandlers(want map[string]string) (stopping []stoppingHandler, added, removed []string, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.runCtx == nil || r.runCtx.Err() != nil || r.router.IsClosed() {
+	running := r.runCtx != nil
+	if running && (r.runCtx.Err() != nil || r.router.IsClosed()) {
 		return nil, nil, nil, ErrRouterNotRunning
 	}
-	want := map[string]bool{}
-	for _, t := range targets {
-		group := r.cfg.Keys.Group(t.Projection.Name(), t.Version)
-		want[group] = true
+	groups := make([]string, 0, len(want))
+	for g := range want {
+		groups = append(groups, g)
+	}
+	sort.Strings(groups)
+	for _, group := range groups {
 		if _, ok := r.handlers[group]; ok {
 			continue
 		}
-		if err := r.addTarget(t); err != nil {
+		if err := r.addHandler(group, want[group]); err != nil {
 			return nil, added, nil, err
 		}
 		added = append(added, group)
 	}
-	if len(added) > 0 {
+	if running && len(added) > 0 {
 		if err := r.router.RunHandlers(r.runCtx); err != nil {
 			return nil, added, nil, fmt.Errorf("start handlers %v: %w", added, err)
 		}
@@ -278,71 +434,28 @@ func (r *ProjectionRouter) swapTargets(targets []ProjectionTarget) (stopping []r
 	}
 	// Stopping after starting keeps the router from ever having zero handlers, which would close it.
 	for group, h := range r.handlers {
-		if want[group] {
+		if _, ok := want[group]; ok {
 			continue
 		}
+		if len(r.handlers) == 1 {
+			break // the last one stays: a router without handlers closes
+		}
 		r.retired[group] = true
-		h.Stop()
-		stopping = append(stopping, retiringHandler{group, h, r.subs[group]})
+		if running {
+			h.h.Stop()
+			stopping = append(stopping, stoppingHandler{group, h})
+		}
 		delete(r.handlers, group)
-		delete(r.subs, group)
 		removed = append(removed, group)
 	}
 	return stopping, added, removed, nil
 }
 
-// Running reports whether every handler is consuming.
+// Running reports whether the router consumes.
 func (r *ProjectionRouter) Running() bool { return r.running.Load() && r.router.IsRunning() }
 
 // Close stops consuming, lets in-flight handlers finish and acks what finished.
 func (r *ProjectionRouter) Close() error { return r.router.Close() }
-
-func (r *ProjectionRouter) handlerFunc(p projection.Projection, store projection.Store) message.NoPublishHandlerFunc {
-	name := p.Name()
-	return func(msg *message.Message) error {
-		start := time.Now()
-		err := handleEvent(msg, p, store)
-		outcome := OutcomeApplied
-		if err != nil {
-			outcome = OutcomeFailed
-		}
-		r.cfg.Observer.Handled(name, outcome, time.Since(start))
-		return err
-	}
-}
-
-func handleEvent(msg *message.Message, p projection.Projection, store projection.Store) error {
-	fields, err := adapters.DecodeFields(msg)
-	if err != nil {
-		return permanent(err)
-	}
-	ev, err := domain.ParseEvent(fields)
-	if err != nil {
-		return permanent(err)
-	}
-	switch e := ev.(type) {
-	case domain.CheckinRecorded:
-		if h, ok := p.(projection.CheckinRecordedHandler); ok {
-			return h.OnCheckinRecorded(msg.Context(), e, store)
-		}
-	}
-	return nil
-}
-
-// ReplayPoisoned runs one parked event through its projection's handler again, directly against
-// the projection's store (dedupe makes this safe), and removes it from the queue on success.
-func ReplayPoisoned(ctx context.Context, e adapters.PoisonEntry, p projection.Projection, store projection.Store) error {
-	ev, err := domain.ParseEvent(e.Fields)
-	if err != nil {
-		return fmt.Errorf("poison entry %s cannot be replayed: %w", e.ID, err)
-	}
-	if c, ok := ev.(domain.CheckinRecorded); ok {
-		if h, ok := p.(projection.CheckinRecordedHandler); ok {
-			return h.OnCheckinRecorded(ctx, c, store)
-		}
-	}
-	return nil
-}
 
 // Groups lists the consumer groups the router feeds.
 func (r *ProjectionRouter) Groups() []string {
@@ -352,5 +465,140 @@ func (r *ProjectionRouter) Groups() []string {
 	for g := range r.handlers {
 		out = append(out, g)
 	}
+	sort.Strings(out)
 	return out
+}
+
+// membership is group's membership as the registry says now: read once per batch, so that a
+// version joining is seen by every batch delivered after its join position.
+func (r *ProjectionRouter) membership(ctx context.Context, group string) (adapters.Membership, error) {
+	raw, err := r.cfg.Redis.HGet(ctx, r.cfg.Keys.Projections(), "live:"+r.cfg.LiveGroup).Result()
+	if errors.Is(err, redis.Nil) {
+		raw, err = "{}", nil
+	}
+	if err != nil {
+		return adapters.Membership{}, fmt.Errorf("read the live group's membership: %w", err)
+	}
+	r.msMu.Lock()
+	defer r.msMu.Unlock()
+	if ms, ok := r.msCache[group]; ok && ms.Raw == raw {
+		return ms, nil
+	}
+	ms, err := adapters.ParseMembership(r.cfg.LiveGroup, raw)
+	if err != nil {
+		return adapters.Membership{}, err
+	}
+	r.msCache[group] = ms
+	return ms, nil
+}
+
+// prune is the applier's Prune: markers of a group below its recorded checkpoint may go.
+func (r *ProjectionRouter) prune(group string) (string, bool) {
+	r.ackMu.RLock()
+	defer r.ackMu.RUnlock()
+	a, ok := r.acked[group]
+	return a, ok
+}
+
+// keepCheckpoints records, every CheckpointInterval, how far each group this process feeds has
+// acknowledged, recreates a group Redis lost (at that position), and finishes backfills.
+func (r *ProjectionRouter) keepCheckpoints(ctx context.Context) {
+	t := time.NewTicker(r.cfg.CheckpointInterval)
+	defer t.Stop()
+	failing := &throttledLog{interval: time.Minute}
+	for {
+		if err := r.checkpoint(ctx); err != nil && ctx.Err() == nil {
+			if ok, n := failing.allow(); ok {
+				r.log.Warn("cannot record the projections' progress, will retry", "error", err, "suppressed", n)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
+	stream := r.cfg.Keys.Stream()
+	groups := r.Groups()
+	info, err := adapters.ReadGroupsProgress(ctx, r.cfg.Redis, stream)
+	if err != nil {
+		return err
+	}
+	ms, err := r.groups.Read(ctx, r.cfg.LiveGroup)
+	if err != nil {
+		return err
+	}
+	for _, g := range groups {
+		p, ok := info[g]
+		if !ok {
+			member := ""
+			if g != r.cfg.LiveGroup {
+				member = g
+			}
+			start, err := r.groupStart(ctx, g, member)
+			if err != nil {
+				return err
+			}
+			err = r.cfg.Redis.XGroupCreateMkStream(ctx, stream, g, start).Err()
+			if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+				return fmt.Errorf("recreate consumer group %s: %w", g, err)
+			}
+			r.log.Warn("consumer group was missing; recreated it where it had acknowledged through", "group", g, "start", start)
+			continue
+		}
+		if err := r.groups.Checkpoint(ctx, g, p.AckedThrough); err != nil {
+			return err
+		}
+		if m, own := ms.Members[g]; own && m.Own == adapters.BackfillRunning &&
+			p.Pending == 0 && adapters.CompareEntryIDs(p.LastDeliveredID, m.Join) >= 0 {
+			if changed, err := r.groups.FinishBackfill(ctx, r.cfg.LiveGroup, g, time.Now()); err != nil {
+				return err
+			} else if changed {
+				r.log.Info("backfill finished: the version is fed by the live group alone", "member", g, "join", m.Join)
+			}
+		}
+	}
+	_, acked, err := r.groups.ReadAll(ctx)
+	if err != nil {
+		return err
+	}
+	r.ackMu.Lock()
+	r.acked = acked
+	r.ackMu.Unlock()
+	return nil
+}
+
+// transientFailure records why group's batches cannot be applied now (for readiness).
+func (r *ProjectionRouter) transientFailure(group string, err error) {
+	reason := transientReasonText(err)
+	r.probMu.Lock()
+	r.problem[group] = reason
+	r.probMu.Unlock()
+	r.cfg.Observer.Transient(group, reason)
+}
+
+func (r *ProjectionRouter) transientCleared(group string) {
+	r.probMu.Lock()
+	delete(r.problem, group)
+	r.probMu.Unlock()
+}
+
+func (r *ProjectionRouter) foreign(err error) {
+	r.transientFailure(r.cfg.LiveGroup, err)
+}
+
+// Problem says why projections cannot be applied right now ("" when they can): readiness
+// reports it.
+func (r *ProjectionRouter) Problem() string {
+	r.probMu.Lock()
+	defer r.probMu.Unlock()
+	var parts []string
+	for g, reason := range r.problem {
+		parts = append(parts, g+": "+reason)
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, "; ")
 }

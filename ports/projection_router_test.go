@@ -79,8 +79,7 @@ func (p *faultyProjection) OnCheckinRecorded(ctx context.Context, e domain.Check
 			return err
 		}
 	}
-	_, err := s.Apply(ctx, projection.NewUpdate("all", e.ID).HIncrBy("stats", "count", 1).HIncrBy("stats", "stars", int64(e.StarRating)))
-	return err
+	return s.Apply(ctx, projection.NewUpdate("all").HIncrBy("stats", "count", 1).HIncrBy("stats", "stars", int64(e.StarRating)))
 }
 
 // syncBuffer is a log sink the router's goroutines can share.
@@ -118,7 +117,7 @@ type harnessOptions struct {
 	nackDelay      time.Duration
 }
 
-const testGroup = "faulty.v1"
+const testGroup = "live"
 
 func startHarness(t *testing.T, p *faultyProjection, o harnessOptions) *harness {
 	t.Helper()
@@ -132,17 +131,22 @@ func startHarness(t *testing.T, p *faultyProjection, o harnessOptions) *harness 
 	}
 	log := slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	wlog := watermill.NewSlogLogger(log)
-	newSub := func(group string) (message.Subscriber, error) {
+	newSub := func(group string, start func(context.Context) (string, error)) (message.Subscriber, error) {
 		c := redistest.Client(t, env.URL)
 		if o.subscriber == "watermill" {
-			return redisstream.NewSubscriber(redisstream.SubscriberConfig{
+			stock, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
 				Client: c, Unmarshaller: adapters.FlatMarshaller{}, Consumer: "c1", ConsumerGroup: group, OldestId: "0",
 				NackResendSleep: o.nackDelay, ClaimInterval: time.Second, MaxIdleTime: 5 * time.Second,
 				BlockTime: 50 * time.Millisecond, DisableIndefiniteInitialBlock: true,
 			}, wlog)
+			if err != nil {
+				return nil, err
+			}
+			return adapters.NewDrainingSubscriber(adapters.DrainingSubscriberConfig{Inner: stock, Client: redistest.Client(t, env.URL),
+				ConsumerGroup: group, Consumer: "c1", Unmarshaller: adapters.FlatMarshaller{}, DrainTimeout: 5 * time.Second, Logger: wlog})
 		}
 		return batchsub.NewSubscriber(batchsub.Config{
-			Client: c, ConsumerGroup: group, Consumer: "c1", Unmarshaller: adapters.FlatMarshaller{},
+			Client: c, ConsumerGroup: group, Consumer: "c1", Unmarshaller: adapters.FlatMarshaller{}, StartID: start,
 			BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: o.nackDelay,
 			ClaimInterval: time.Second, ClaimMinIdle: 5 * time.Second, DrainTimeout: 5 * time.Second, Logger: wlog,
 		})
@@ -421,7 +425,9 @@ func TestRouterRunFailsWhenASubscriptionEndsUnexpectedly(t *testing.T) {
 	r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
 		Keys: adapters.KeySpace{Prefix: env.Prefix}, Targets: []ports.ProjectionTarget{{Projection: newFaulty("faulty", nil), Version: 1}},
 		Redis: redistest.Client(t, env.URL), Retry: ports.DefaultRetryPolicy(), Logger: slog.New(slog.DiscardHandler),
-		NewSubscriber: func(string) (message.Subscriber, error) { return closingSubscriber{}, nil },
+		NewSubscriber: func(string, func(context.Context) (string, error)) (message.Subscriber, error) {
+			return closingSubscriber{}, nil
+		},
 	})
 	require.NoError(t, err)
 	done := make(chan error, 1)
@@ -472,10 +478,18 @@ func TestIsTransient(t *testing.T) {
 		{"reset", fmt.Errorf("apply: %w", syscall.ECONNRESET), true},
 		{"client closed", fmt.Errorf("apply: %w", redis.ErrClosed), true},
 		{"pipeline closed", fmt.Errorf("apply: %w", adapters.ErrPipelineClosed), true},
-		{"loading", errors.New("LOADING Redis is loading the dataset in memory"), true},
-		{"read-only replica", errors.New("READONLY You can't write against a read only replica."), true},
+		{"loading", redisReply("LOADING Redis is loading the dataset in memory"), true},
+		{"read-only replica", redisReply("READONLY You can't write against a read only replica."), true},
+		{"out of memory", fmt.Errorf("apply: %w", redisReply("OOM command not allowed when used memory > 'maxmemory'. script: 1f2e, on @user_script:20.")), true},
+		{"busy script", redisReply("BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT."), true},
+		{"lost scripts", redisReply("NOSCRIPT No matching script. Please use EVAL."), true},
+		{"failover", redisReply("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."), true},
+		{"cluster", redisReply("CLUSTERDOWN The cluster is down"), true},
+		{"resharding", redisReply("TRYAGAIN Multiple keys request during rehashing of slot"), true},
+		{"text that mentions LOADING but is not a reply", errors.New("LOADING Redis is loading the dataset in memory"), false},
 		{"bug", errors.New("index out of range"), false},
-		{"script error", errors.New("ERR Error running script: unknown op"), false},
+		{"script error", redisReply("ERR Error running script: unknown op"), false},
+		{"wrong type", redisReply("WRONGTYPE Operation against a key holding the wrong kind of value"), false},
 		{"invalid event", fmt.Errorf("%w: userId: is missing", ports.ErrPermanent), false},
 		{"timeout", fmt.Errorf("%w after 1s: %w", ports.ErrHandlerTimeout, context.DeadlineExceeded), false},
 	}
@@ -486,3 +500,9 @@ func TestIsTransient(t *testing.T) {
 		})
 	}
 }
+
+// redisReply is an error reply as go-redis returns it from a server.
+type redisReply string
+
+func (e redisReply) Error() string { return string(e) }
+func (redisReply) RedisError()     {}

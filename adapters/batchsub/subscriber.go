@@ -51,6 +51,7 @@ const (
 	MetaStream       = "_stream"          // stream the entry came from
 	MetaEntryID      = "_entry_id"        // Redis stream entry ID (e.g. "1700000000000-0")
 	MetaDeliveries   = "_deliveries"      // delivery count as Redis reports it (XPENDING/XAUTOCLAIM), "1" for a first read
+	MetaQueued       = "_queued"          // messages ready to be handed out right after this one
 	MetaUnmarshalErr = "_unmarshal_error" // set when the Unmarshaller failed; the raw fields follow under MetaRawPrefix
 	// MetaRawPrefix prefixes the raw fields of an entry that could not be unmarshalled
 	// ("_raw.payload", ...), so a downstream middleware can park the entry in a poison queue.
@@ -90,7 +91,11 @@ type Config struct {
 	Consumer      string                   // default: hostname-pid-shortrandom, must be unique per process
 	Unmarshaller  redisstream.Unmarshaller // default redisstream.DefaultMarshallerUnmarshaller{}
 	OldestID      string                   // where a new group starts; default "0" (whole history)
-	BatchSize     int64                    // XREADGROUP / XAUTOCLAIM COUNT, default 500
+	// StartID, when set, replaces OldestID: it is asked each time the group has to be created
+	// (first subscription, or a group Redis lost) and may say where processing really stands
+	// (an error leaves the group missing and is retried with the next read).
+	StartID   func(ctx context.Context) (string, error)
+	BatchSize int64 // XREADGROUP / XAUTOCLAIM COUNT, default 500
 	// MaxInFlight bounds the entries read from Redis and not yet acked: queued for delivery,
 	// handed out, or nacked and waiting for their redelivery (a nacked message keeps its slot, so
 	// a stream of failing messages cannot pull in unbounded work). Reading stops while full.
@@ -313,7 +318,23 @@ func (s *Subscriber) unregister(topic string, err error) {
 // createGroup creates the consumer group (and the stream) unless it exists, and reports
 // whether it had to create it.
 func (s *Subscriber) createGroup(ctx context.Context, topic string) (bool, error) {
-	err := s.cfg.Client.XGroupCreateMkStream(ctx, topic, s.cfg.ConsumerGroup, s.cfg.OldestID).Err()
+	start := s.cfg.OldestID
+	if s.cfg.StartID != nil {
+		// The group usually exists: ask for a start only when it does not.
+		if gs, err := s.cfg.Client.XInfoGroups(ctx, topic).Result(); err == nil {
+			for _, g := range gs {
+				if g.Name == s.cfg.ConsumerGroup {
+					return false, nil
+				}
+			}
+		}
+		id, err := s.cfg.StartID(ctx)
+		if err != nil {
+			return false, fmt.Errorf("start of consumer group %q: %w", s.cfg.ConsumerGroup, err)
+		}
+		start = id
+	}
+	err := s.cfg.Client.XGroupCreateMkStream(ctx, topic, s.cfg.ConsumerGroup, start).Err()
 	switch {
 	case err == nil:
 		return true, nil

@@ -215,6 +215,13 @@ func (sub *subscription) dispatch() (hard bool) {
 		)
 		if next != nil {
 			out, msg = sub.out, next.msg
+			// How many more are ready right behind this one: a consumer batching messages
+			// can take them without waiting to see whether another comes.
+			queued := queue.len()
+			if !fromRetry {
+				queued--
+			}
+			msg.Metadata.Set(MetaQueued, strconv.Itoa(queued))
 		}
 
 		var changed <-chan struct{}

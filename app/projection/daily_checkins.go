@@ -38,8 +38,7 @@ func (DailyCheckins) Name() string { return "daily_checkins" }
 // OnCheckinRecorded counts the check-in on its UTC day.
 func (DailyCheckins) OnCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, s Store) error {
 	day := time.UnixMilli(e.Timestamp).UTC().Format(DayLayout)
-	_, err := s.Apply(ctx, NewUpdate(locationSlot(e.LocationID), e.ID).HIncrBy("daily", day, 1))
-	return err
+	return s.Apply(ctx, NewUpdate(locationSlot(e.LocationID)).HIncrBy("daily", day, 1))
 }
 
 // ParseDayRange validates a from..to range of days (inclusive, YYYY-MM-DD, UTC).

@@ -62,14 +62,12 @@ func (Leaderboards) Name() string { return "leaderboards" }
 // MinCheckins, sets its rating score from the counts the same script just updated.
 func (l Leaderboards) OnCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, s Store) error {
 	loc := strconv.FormatInt(e.LocationID, 10)
-	u := NewUpdate(leaderboardSlot, e.ID).
+	return s.Apply(ctx, NewUpdate(leaderboardSlot).
 		ZIncrBy(lbLocationCheckins, 1, loc).
 		HIncrBy(lbLocationCounts, loc+":n", 1).
 		HIncrBy(lbLocationCounts, loc+":stars", int64(e.StarRating)).
 		ZRatioAtMin(lbLocationRating, loc, lbLocationCounts, loc+":stars", loc+":n", max(l.MinCheckins, 1)).
-		ZIncrBy(lbUserCheckins, 1, strconv.FormatInt(e.UserID, 10))
-	_, err := s.Apply(ctx, u)
-	return err
+		ZIncrBy(lbUserCheckins, 1, strconv.FormatInt(e.UserID, 10)))
 }
 
 // ValidateLeaderboardLimit turns 0 into the default and rejects anything outside 1..Max.

@@ -42,7 +42,7 @@ func (p projTest) applyAll(t *testing.T, h interface {
 	projection.CheckinRecordedHandler
 }, events []domain.CheckinRecorded, seed uint64) {
 	t.Helper()
-	store, err := adapters.NewProjectionStore(p.client, p.keys, h.Name(), 1)
+	applier, err := adapters.NewProjectionApplier(p.client, p.keys, 0)
 	require.NoError(t, err)
 	rng := rand.New(rand.NewPCG(seed, 7))
 	deliveries := append([]domain.CheckinRecorded{}, events...)
@@ -60,7 +60,10 @@ func (p projTest) applyAll(t *testing.T, h interface {
 		go func() {
 			defer wg.Done()
 			for e := range work {
-				if err := h.OnCheckinRecorded(context.Background(), e, store); err != nil {
+				if e.RecordedAt == 0 {
+					e.RecordedAt = e.Timestamp // the clock of the dedupe window, without a stream
+				}
+				if _, err := applier.ApplyEvent(context.Background(), "test", h, 1, e, ""); err != nil {
 					errs <- err
 				}
 			}

@@ -22,14 +22,21 @@ type LocationStatsView struct {
 // Name implements Projection.
 func (LocationStats) Name() string { return "locations" }
 
-// OnCheckinRecorded adds the check-in and its stars and recomputes the rounded average.
+// OnCheckinRecorded adds the check-in and its stars. The rounded average is computed when read
+// (Get): storing it would cost Redis a write per event for a value the two counts determine.
 func (LocationStats) OnCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, s Store) error {
-	u := NewUpdate(locationSlot(e.LocationID), e.ID).
+	return s.Apply(ctx, NewUpdate(locationSlot(e.LocationID)).
 		HIncrBy("stats", "numCheckins", 1).
-		HIncrBy("stats", "numStars", int64(e.StarRating)).
-		HRound("stats", "averageStars", "numStars", "numCheckins")
-	_, err := s.Apply(ctx, u)
-	return err
+		HIncrBy("stats", "numStars", int64(e.StarRating)))
+}
+
+// AverageStars is floor(stars/checkins + 0.5) in integers (the rounding the original sample
+// stores), 0 without check-ins.
+func AverageStars(stars, checkins int64) int64 {
+	if checkins <= 0 {
+		return 0
+	}
+	return (2*stars + checkins) / (2 * checkins)
 }
 
 // Get reads one location's statistics; domain.ErrNotFound when nobody checked in there.
@@ -45,11 +52,12 @@ func (LocationStats) Get(ctx context.Context, r Reader, locationID int64) (Locat
 	for _, f := range []struct {
 		name string
 		dst  *int64
-	}{{"numCheckins", &v.NumCheckins}, {"numStars", &v.NumStars}, {"averageStars", &v.AverageStars}} {
+	}{{"numCheckins", &v.NumCheckins}, {"numStars", &v.NumStars}} {
 		if *f.dst, err = ParseInt(h[f.name]); err != nil {
 			return LocationStatsView{}, fmt.Errorf("location %d field %s: %w", locationID, f.name, err)
 		}
 	}
+	v.AverageStars = AverageStars(v.NumStars, v.NumCheckins)
 	return v, nil
 }
 

@@ -2,14 +2,16 @@
 // with a stable Name and handlers for the events it wants; the shared machinery (subscription,
 // consumer group, retry, poison queue, dedupe, metrics, backfill) comes from ports and adapters.
 //
-// Writes go through Store as Updates: every Update names the entity (slot) it touches and the
-// event it comes from, and the store applies it atomically at most once per (projection, slot,
-// event). A projection author cannot forget idempotency, and every update stays in one Redis
-// Cluster hash slot.
+// Writes go through Store as Updates: every Update names the entity (slot) it touches. The
+// machinery applies a handler's updates after it returns, each atomically, and at most once per
+// (projection version, slot, check-in): it knows which event the handler was given and dedupes
+// on that check-in's identity (domain.Checkin.Identity), so a projection author cannot forget
+// idempotency, and every update stays in one Redis Cluster hash slot.
 package projection
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -27,11 +29,12 @@ type CheckinRecordedHandler interface {
 	OnCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, s Store) error
 }
 
-// Store applies updates to one projection's read model (its current version).
+// Store takes the updates a handler makes for the one event it is handling. They are applied
+// once the handler has returned without an error (and not at all when it fails, so a failed
+// handler never leaves half its work behind): each update atomically, and not again if the same
+// check-in already reached that slot of this projection version.
 type Store interface {
-	// Apply runs u atomically. It returns false when u.EventID was already applied to u.Slot,
-	// in which case nothing changed.
-	Apply(ctx context.Context, u *Update) (bool, error)
+	Apply(ctx context.Context, u *Update) error
 }
 
 // Reader reads one projection's read model (the version that currently serves reads).
@@ -73,14 +76,13 @@ type Op struct {
 
 // Update is one atomic, idempotent change to the keys of one slot.
 type Update struct {
-	Slot    string // the entity the keys belong to, e.g. "user:42"; all keys share its hash slot
-	EventID string // the business ID of the event (checkinId)
-	Ops     []Op
+	Slot string // the entity the keys belong to, e.g. "user:42"; all keys share its hash slot
+	Ops  []Op
 }
 
-// NewUpdate starts an update of slot for the event eventID.
-func NewUpdate(slot, eventID string) *Update {
-	return &Update{Slot: slot, EventID: eventID}
+// NewUpdate starts an update of slot.
+func NewUpdate(slot string) *Update {
+	return &Update{Slot: slot}
 }
 
 func (u *Update) add(kind OpKind, keys []string, args ...string) *Update {
@@ -140,4 +142,40 @@ func ParseInt(s string) (int64, error) {
 		return 0, nil
 	}
 	return strconv.ParseInt(s, 10, 64)
+}
+
+// Handles reports whether p wants events like e.
+func Handles(p Projection, e domain.Event) bool {
+	switch e.(type) {
+	case domain.CheckinRecorded:
+		_, ok := p.(CheckinRecordedHandler)
+		return ok
+	}
+	return false
+}
+
+// Updates runs p's handler for e and returns the updates it made: none when p has no handler
+// for e's type. An error means the handler failed; its updates must then not be applied.
+func Updates(ctx context.Context, p Projection, e domain.Event) ([]*Update, error) {
+	var c collector
+	switch ev := e.(type) {
+	case domain.CheckinRecorded:
+		if h, ok := p.(CheckinRecordedHandler); ok {
+			if err := h.OnCheckinRecorded(ctx, ev, &c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return c.updates, nil
+}
+
+// collector is the Store handlers get: it keeps their updates for the machinery to apply.
+type collector struct{ updates []*Update }
+
+func (c *collector) Apply(_ context.Context, u *Update) error {
+	if u == nil {
+		return errors.New("projection: Apply(nil)")
+	}
+	c.updates = append(c.updates, u)
+	return nil
 }

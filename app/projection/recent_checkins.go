@@ -40,11 +40,9 @@ func (RecentCheckins) OnCheckinRecorded(ctx context.Context, e domain.CheckinRec
 	if err != nil {
 		return fmt.Errorf("encode recent check-in %s: %w", e.ID, err)
 	}
-	u := NewUpdate(userSlot(e.UserID), e.ID).
+	return s.Apply(ctx, NewUpdate(userSlot(e.UserID)).
 		ZAdd("recent", float64(e.Timestamp), string(member)).
-		ZKeepTop("recent", RecentCheckinsKept)
-	_, err = s.Apply(ctx, u)
-	return err
+		ZKeepTop("recent", RecentCheckinsKept))
 }
 
 // Get reads a user's latest check-ins; domain.ErrNotFound when the user has none.

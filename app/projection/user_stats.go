@@ -24,12 +24,10 @@ func (UserStats) Name() string { return "users" }
 
 // OnCheckinRecorded counts the check-in once and moves lastCheckin forward only.
 func (UserStats) OnCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, s Store) error {
-	u := NewUpdate(userSlot(e.UserID), e.ID).
+	return s.Apply(ctx, NewUpdate(userSlot(e.UserID)).
 		HIncrBy("stats", "numCheckins", 1).
 		HMaxBy("stats", "lastCheckin", e.Timestamp, "lastCheckinId", e.ID,
-			"lastSeenAt", strconv.FormatInt(e.LocationID, 10))
-	_, err := s.Apply(ctx, u)
-	return err
+			"lastSeenAt", strconv.FormatInt(e.LocationID, 10)))
 }
 
 // Get reads one user's statistics; domain.ErrNotFound when the user never checked in.

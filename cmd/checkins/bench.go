@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -133,6 +135,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.StringVar(&f.target, "target", "", "base URL of a running API (e.g. http://127.0.0.1:8080) for ingest instead of the in-process one")
 	fs.IntVar(&f.memoryEvents, "memory-events", 100000, "events of the first memory run; the second writes twice as many")
 	asJSON := fs.Bool("json", false, "print the result as JSON on stdout instead of the table")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (service, load and baselines) to this file, for go tool pprof")
 	fs.Usage = func() {
 		// PROJECTIONS is a service setting; in the bench it selects what is measured and checked.
 		if pf := fs.Lookup("projections"); pf != nil {
@@ -158,6 +161,17 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	b, err := newBencher(ctx, cfg, opts, log, stderr)
 	if err != nil {
 		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("invalid --cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	res, runErr := b.run(ctx)
 	b.close()

@@ -110,14 +110,7 @@ func (b *bencher) phaseDrain(ctx context.Context, data *drainData, k int, baseli
 		fail = make(chan error, 2*k*len(b.opts.Projections)+k)
 	)
 	if baseline {
-		versions := adapters.NewProjectionVersions(b.admin, keys)
-		for _, name := range b.opts.Projections {
-			v, err := versions.Current(ctx, name)
-			if err != nil {
-				return PhaseResult{}, err
-			}
-			groups = append(groups, keys.Group(name, v))
-		}
+		groups = append(groups, baselineGroup)
 		m, t0 = b.startMeter(ctx), time.Now()
 		stop = b.startBaselineConsumers(ctx, keys, k, fail)
 	} else {
@@ -228,10 +221,11 @@ func lastEntryID(ctx context.Context, c *redis.Client, stream string) (string, e
 	return ms[0].ID, nil
 }
 
-// startBaselineConsumers runs k raw readers per projection; stop ends them.
+// startBaselineConsumers runs k raw readers of one consumer group feeding every projection;
+// stop ends them.
 func (b *bencher) startBaselineConsumers(ctx context.Context, keys adapters.KeySpace, k int, fail chan<- error) (stop func() error) {
 	client, err := adapters.NewRedisClient(adapters.ClientOptions{URL: b.redis.url, DialTimeout: 2 * time.Second,
-		ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second, PoolSize: 2*k*len(b.opts.Projections) + 4})
+		ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second, PoolSize: 2*k + 4})
 	if err != nil {
 		fail <- err
 		return func() error { return nil }
@@ -243,23 +237,22 @@ func (b *bencher) startBaselineConsumers(ctx context.Context, keys adapters.KeyS
 		fail <- err
 		return client.Close
 	}
+	applier, err := adapters.NewProjectionApplier(client, keys, cfg.DedupeWindow)
+	if err != nil {
+		fail <- err
+		return client.Close
+	}
 	rctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for i := range k {
-		for _, p := range projs {
-			h, ok := p.(projection.CheckinRecordedHandler)
-			if !ok {
-				continue
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := baselineConsumer{client: client, applier: applier, stream: keys.Stream(), consumer: fmt.Sprintf("baseline-%d", i), projs: projs}
+			if err := c.run(rctx, keys); err != nil {
+				fail <- fmt.Errorf("baseline consumer %s: %w", c.consumer, err)
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				c := baselineConsumer{client: client, stream: keys.Stream(), consumer: fmt.Sprintf("baseline-%d", i), handler: h}
-				if err := c.run(rctx, keys, p.Name()); err != nil {
-					fail <- fmt.Errorf("baseline consumer %s for %s: %w", c.consumer, p.Name(), err)
-				}
-			}()
-		}
+		}()
 	}
 	return func() error {
 		cancel()
@@ -268,33 +261,38 @@ func (b *bencher) startBaselineConsumers(ctx context.Context, keys adapters.KeyS
 	}
 }
 
-// baselineConsumer is the raw limit: XREADGROUP COUNT 500, the projection's own updates sent
-// through the same Lua script as one pipeline (ProjectionStore.ApplyBatch), one XACK per batch.
+// baselineGroup is the consumer group the baseline readers share.
+const baselineGroup = "baseline"
+
+// baselineConsumer is the raw limit: XREADGROUP COUNT 500 on one group, every projection's
+// updates applied the way the service applies them (ProjectionApplier.Apply: a few script calls
+// per batch), one XACK per batch; no Watermill, no middleware, no batching subscriber.
 type baselineConsumer struct {
 	client   *redis.Client
+	applier  *adapters.ProjectionApplier
 	stream   string
 	consumer string
-	handler  projection.CheckinRecordedHandler
+	projs    []projection.Projection
 }
 
-func (c baselineConsumer) run(ctx context.Context, keys adapters.KeySpace, name string) error {
-	version, err := adapters.NewProjectionVersions(c.client, keys).Current(ctx, name)
-	if err != nil {
-		return err
+func (c baselineConsumer) run(ctx context.Context, keys adapters.KeySpace) error {
+	versions := adapters.NewProjectionVersions(c.client, keys)
+	vs := make([]int, len(c.projs))
+	for i, p := range c.projs {
+		v, err := versions.Current(ctx, p.Name())
+		if err != nil {
+			return err
+		}
+		vs[i] = v
 	}
-	group := keys.Group(name, version)
-	store, err := adapters.NewProjectionStore(c.client, keys, name, version)
-	if err != nil {
-		return err
-	}
-	if err := c.client.XGroupCreateMkStream(ctx, c.stream, group, "0").Err(); err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+	if err := c.client.XGroupCreateMkStream(ctx, c.stream, baselineGroup, "0").Err(); err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
 		return fmt.Errorf("XGROUP CREATE: %w", err)
 	}
-	capture := &captureStore{}
 	fields := map[string]string{}
 	var ids []string
+	var works []adapters.Work
 	for {
-		res, err := c.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: c.consumer,
+		res, err := c.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: baselineGroup, Consumer: c.consumer,
 			Streams: []string{c.stream, ">"}, Count: 500, Block: 100 * time.Millisecond}).Result()
 		if ctx.Err() != nil {
 			return nil
@@ -305,7 +303,7 @@ func (c baselineConsumer) run(ctx context.Context, keys adapters.KeySpace, name 
 		if err != nil {
 			return fmt.Errorf("XREADGROUP: %w", err)
 		}
-		capture.updates, ids = capture.updates[:0], ids[:0]
+		works, ids = works[:0], ids[:0]
 		for _, s := range res {
 			for _, m := range s.Messages {
 				ids = append(ids, m.ID)
@@ -319,21 +317,30 @@ func (c baselineConsumer) run(ctx context.Context, keys adapters.KeySpace, name 
 				if err != nil {
 					continue // never in the preloaded data; a real consumer would park it
 				}
-				if e, ok := ev.(domain.CheckinRecorded); ok {
-					if err := c.handler.OnCheckinRecorded(ctx, e, capture); err != nil {
+				e, ok := ev.(domain.CheckinRecorded)
+				if !ok {
+					continue
+				}
+				for i, p := range c.projs {
+					us, err := projection.Updates(ctx, p, e)
+					if err != nil {
 						return err
+					}
+					if len(us) > 0 {
+						works = append(works, adapters.Work{Group: baselineGroup, Projection: p.Name(), Version: vs[i],
+							Event: adapters.RefOf(e, m.ID), Updates: us})
 					}
 				}
 			}
 		}
-		if err := store.ApplyBatch(ctx, capture.updates); err != nil {
+		if _, err := c.applier.Apply(ctx, works, nil); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
 		}
 		if len(ids) > 0 {
-			if err := c.client.XAck(ctx, c.stream, group, ids...).Err(); err != nil {
+			if err := c.client.XAck(ctx, c.stream, baselineGroup, ids...).Err(); err != nil {
 				if ctx.Err() != nil {
 					return nil
 				}
@@ -341,13 +348,4 @@ func (c baselineConsumer) run(ctx context.Context, keys adapters.KeySpace, name 
 			}
 		}
 	}
-}
-
-// captureStore collects a projection's updates instead of applying them, so the baseline can
-// send a whole batch in one pipeline.
-type captureStore struct{ updates []*projection.Update }
-
-func (c *captureStore) Apply(_ context.Context, u *projection.Update) (bool, error) {
-	c.updates = append(c.updates, u)
-	return true, nil
 }

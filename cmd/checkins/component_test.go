@@ -376,14 +376,15 @@ func testProjectionsMatchAcceptedCheckins(t *testing.T, subscriber string) {
 	require.NoError(t, svc.stop(t), "a graceful stop returns nil")
 	groups, err := client.XInfoGroups(ctx, keys.Stream()).Result()
 	require.NoError(t, err)
-	require.Len(t, groups, len(allProjections(Config{})), "one consumer group per projection")
+	require.Len(t, groups, 1, "one consumer group, the live group, feeds every projection")
+	assert.Equal(t, "live", groups[0].Name)
 	for _, g := range groups {
 		assert.Zero(t, g.Pending, "group %s: a clean shutdown acks everything it handled", g.Name)
 	}
 }
 
-// TestComponentProjectionsSelectsGroups runs the service with PROJECTIONS=users: only the users
-// consumer group exists and the locations read model is never written.
+// TestComponentProjectionsSelectsGroups runs the service with PROJECTIONS=users: its live group,
+// named after that set, is the only consumer group, and the locations read model is never written.
 func TestComponentProjectionsSelectsGroups(t *testing.T) {
 	t.Parallel()
 	rdb := redistest.Open(t)
@@ -408,7 +409,7 @@ func TestComponentProjectionsSelectsGroups(t *testing.T) {
 	for _, g := range groups {
 		names = append(names, g.Name)
 	}
-	assert.Equal(t, []string{keys.Group("users", 1)}, names)
+	assert.Equal(t, []string{"live:users"}, names)
 
 	status, _, err = testGetStats(svc.base, "/locations/42")
 	require.NoError(t, err)

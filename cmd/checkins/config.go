@@ -36,6 +36,7 @@ type Config struct {
 	RetryMax        time.Duration
 	RetryAttempts   int
 	IdempotencyTTL  time.Duration
+	DedupeWindow    time.Duration
 
 	// ConsumerIdleRemove: consumers idle this long with nothing pending leave their group.
 	ConsumerIdleRemove time.Duration
@@ -143,9 +144,9 @@ func settings() []setting {
 		{"CLAIM_INTERVAL", "claim-interval", "5s", "how often to look for such events", dur(func(c *Config) *time.Duration { return &c.ClaimInterval }, time.Millisecond)},
 		{"CONSUMER_IDLE_REMOVE", "consumer-idle-remove", "10m", "a consumer idle this long with nothing pending (a dead process) is removed from its group", dur(func(c *Config) *time.Duration { return &c.ConsumerIdleRemove }, time.Millisecond)},
 		{"NACK_DELAY", "nack-delay", "1s", "wait before an event whose handling failed transiently is delivered again", dur(func(c *Config) *time.Duration { return &c.NackDelay }, time.Millisecond)},
-		{"BATCH_SIZE", "batch-size", "500", "entries read (XREADGROUP COUNT) and acked per round trip", integer(func(c *Config) *int { return &c.BatchSize }, 1)},
-		{"MAX_IN_FLIGHT", "max-in-flight", "1000", "events handled concurrently per projection", integer(func(c *Config) *int { return &c.MaxInFlight }, 1)},
-		{"HANDLER_TIMEOUT", "handler-timeout", "10s", "longest one handler attempt may take", dur(func(c *Config) *time.Duration { return &c.HandlerTimeout }, time.Millisecond)},
+		{"BATCH_SIZE", "batch-size", "500", "entries read (XREADGROUP COUNT) per round trip, and at most handed to the projections as one batch", integer(func(c *Config) *int { return &c.BatchSize }, 1)},
+		{"MAX_IN_FLIGHT", "max-in-flight", "1000", "entries read and not yet acknowledged, per consumer group", integer(func(c *Config) *int { return &c.MaxInFlight }, 1)},
+		{"HANDLER_TIMEOUT", "handler-timeout", "10s", "longest one attempt at a batch may take (the projections' handlers and applying their updates)", dur(func(c *Config) *time.Duration { return &c.HandlerTimeout }, time.Millisecond)},
 		{"RETRY_INITIAL_INTERVAL", "retry-initial-interval", "100ms", "first wait between handler attempts", dur(func(c *Config) *time.Duration { return &c.RetryInitial }, time.Millisecond)},
 		{"RETRY_MULTIPLIER", "retry-multiplier", "2", "each wait is the previous times this (with jitter)", func(c *Config, v string) error {
 			f, err := strconv.ParseFloat(v, 64)
@@ -158,6 +159,7 @@ func settings() []setting {
 		{"RETRY_MAX_INTERVAL", "retry-max-interval", "5s", "longest wait between attempts", dur(func(c *Config) *time.Duration { return &c.RetryMax }, time.Millisecond)},
 		{"RETRY_MAX_ATTEMPTS", "retry-max-attempts", "5", "attempts before an event is parked in the poison queue", integer(func(c *Config) *int { return &c.RetryAttempts }, 1)},
 		{"IDEMPOTENCY_TTL", "idempotency-ttl", "24h", "how long a checkinId is remembered for safe retries and 409 on reuse", dur(func(c *Config) *time.Duration { return &c.IdempotencyTTL }, time.Second)},
+		{"DEDUPE_WINDOW", "dedupe-window", "48h", "projections count another copy of a check-in (same checkinId and content) recorded this close to the counted one as a duplicate; at least IDEMPOTENCY_TTL", dur(func(c *Config) *time.Duration { return &c.DedupeWindow }, time.Second)},
 		{"LEADERBOARD_MIN_CHECKINS", "leaderboard-min-checkins", "5", "check-ins a location needs to enter the rating leaderboard (changing it takes a rebuild of leaderboards)", func(c *Config, v string) error {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil || n < 1 {
@@ -216,6 +218,9 @@ func parseConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (C
 	}
 	if c.RetireGrace <= c.ProjectionPoll {
 		return Config{}, nil, fmt.Errorf("invalid PROJECTION_RETIRE_GRACE: %s must be above PROJECTION_POLL_INTERVAL %s, or projectors may still write to a version being removed", c.RetireGrace, c.ProjectionPoll)
+	}
+	if c.DedupeWindow < c.IdempotencyTTL {
+		return Config{}, nil, fmt.Errorf("invalid DEDUPE_WINDOW: %s is below IDEMPOTENCY_TTL %s: a client retry the API no longer recognises must still be recognised by the projections", c.DedupeWindow, c.IdempotencyTTL)
 	}
 	if c.RetryMax < c.RetryInitial {
 		return Config{}, nil, fmt.Errorf("invalid RETRY_MAX_INTERVAL: %s is below RETRY_INITIAL_INTERVAL %s", c.RetryMax, c.RetryInitial)

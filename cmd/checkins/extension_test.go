@@ -44,10 +44,8 @@ func (RatingsHistogram) Name() string { return "ratings_histogram" }
 
 // OnCheckinRecorded counts the check-in's rating at its location.
 func (RatingsHistogram) OnCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, s projection.Store) error {
-	u := projection.NewUpdate("location:"+strconv.FormatInt(e.LocationID, 10), e.ID).
-		HIncrBy("histogram", strconv.Itoa(e.StarRating), 1)
-	_, err := s.Apply(ctx, u)
-	return err
+	return s.Apply(ctx, projection.NewUpdate("location:"+strconv.FormatInt(e.LocationID, 10)).
+		HIncrBy("histogram", strconv.Itoa(e.StarRating), 1))
 }
 
 // Get reads a location's histogram: index i is the number of check-ins with i stars.
@@ -116,8 +114,8 @@ func testProjector(t *testing.T, url string, keys adapters.KeySpace, targets []p
 	r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
 		Keys: keys, Targets: targets, Redis: client, Logger: log, CloseTimeout: 20 * time.Second,
 		HandlerTimeout: 10 * time.Second, Retry: ports.DefaultRetryPolicy(),
-		NewSubscriber: func(group string) (message.Subscriber, error) {
-			return batchsub.NewSubscriber(batchsub.Config{Client: redistest.Client(t, url), ConsumerGroup: group,
+		NewSubscriber: func(group string, start func(context.Context) (string, error)) (message.Subscriber, error) {
+			return batchsub.NewSubscriber(batchsub.Config{Client: redistest.Client(t, url), ConsumerGroup: group, StartID: start,
 				Consumer: "test-projector", Unmarshaller: adapters.FlatMarshaller{}, BatchSize: 100, MaxInFlight: 200,
 				BlockTime: 50 * time.Millisecond, DrainTimeout: 10 * time.Second, Logger: watermill.NopLogger{}})
 		},

@@ -118,7 +118,7 @@ func TestRebuildMatchesIncrementalProcessing(t *testing.T) {
 	targets, err = ops.Targets(ctx, projs)
 	require.NoError(t, err)
 	require.Len(t, targets, 2*len(projs))
-	added, removed, err := router.SetTargets(targets)
+	added, removed, err := router.SetTargets(ctx, targets)
 	require.NoError(t, err)
 	assert.Len(t, added, len(projs))
 	assert.Empty(t, removed)
@@ -152,7 +152,7 @@ func TestRebuildMatchesIncrementalProcessing(t *testing.T) {
 	}
 	targets, err = ops.Targets(ctx, projs)
 	require.NoError(t, err)
-	_, removed, err = router.SetTargets(targets)
+	_, removed, err = router.SetTargets(ctx, targets)
 	require.NoError(t, err)
 	assert.Len(t, removed, len(projs), "the v1 handlers stop")
 	for _, p := range projs {
@@ -169,7 +169,15 @@ func TestRebuildMatchesIncrementalProcessing(t *testing.T) {
 		groups = append(groups, g.Name)
 	}
 	slices.Sort(groups)
-	assert.Equal(t, []string{"daily_checkins.v2", "leaderboards.v2", "locations.v2", "recent_checkins.v2", "users.v2"}, groups)
+	// The live group feeds v2 of each; their own groups finished their backfill (a projector's
+	// registry watcher removes them after the grace period).
+	assert.Equal(t, []string{"daily_checkins.v2", "leaderboards.v2", "live", "locations.v2", "recent_checkins.v2", "users.v2"}, groups)
+	ms, err := adapters.NewLiveGroups(client, keys).Read(ctx, "live")
+	require.NoError(t, err)
+	for _, p := range projs {
+		assert.Equal(t, adapters.BackfillDone, ms.Members[adapters.MemberName(p.Name(), 2)].Own, p.Name())
+		assert.NotContains(t, ms.Members, adapters.MemberName(p.Name(), 1), "v1 left the live group")
+	}
 }
 
 // rebuildSent is a check-in the API accepted.
@@ -269,7 +277,7 @@ func TestRebuildWhileCheckinsFlow(t *testing.T) {
 	code, out, stderr = runCLI(t, env, "projections", "list")
 	require.Equal(t, 0, code, stderr)
 	for _, name := range []string{"leaderboards", "recent_checkins", "daily_checkins"} {
-		assert.Regexp(t, name+`\s+v2\s+-\s+v2 \(serving\)\s+`+name+`\.v2\s+0\s+0\s+caught up`, out)
+		assert.Regexp(t, name+`\s+v2\s+-\s+v2 \(serving\)\s+live\s+0\s+0\s+caught up`, out)
 		assert.Empty(t, dumpVersion(t, client, keys, name, 1), "%s v1 removed", name)
 	}
 
@@ -336,7 +344,7 @@ func TestRebuildWhileCheckinsFlow(t *testing.T) {
 
 	status, metrics := getBody(t, svc.base+"/metrics")
 	require.Equal(t, http.StatusOK, status)
-	assert.Contains(t, metrics, `checkins_projection_lag{group="leaderboards.v2",projection="leaderboards",version="2"} 0`)
+	assert.Contains(t, metrics, `checkins_projection_lag{group="live",projection="leaderboards",version="2"} 0`)
 	assert.Contains(t, metrics, `checkins_http_requests_total{method="POST",route="/checkins",status="202"}`)
 }
 
@@ -386,5 +394,5 @@ func TestCLIProjectionsRejectsBadUse(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
 	require.Len(t, rep.Projections, 5)
 	assert.Equal(t, ports.ProjectionRow{Projection: "users", Serving: 1}, rep.Projections[0])
-	assert.Equal(t, "not started: no projector has subscribed yet", rep.Versions[0].State)
+	assert.Equal(t, "not started: no projector has run it yet", rep.Versions[0].State)
 }

@@ -128,23 +128,31 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		if err != nil {
 			return nil, err
 		}
-		subClient, err := newClient(8 * len(s.proj.projs)) // room for a rebuild's second version of each
+		subClient, err := newClient(8 * len(s.proj.projs)) // room for a rebuild's own groups
 		if err != nil {
 			return nil, err
 		}
 		s.closers = append(s.closers, subClient.Close)
-		// Updates of concurrent handlers share pipelines on a pool of their own, so reads and
-		// the API never queue behind a burst of projection writes.
+		// Updates go through a pool of their own, so reads and the API never queue behind a
+		// batch of projection writes.
 		storeClient, err := newClient(16)
 		if err != nil {
 			return nil, err
 		}
-		pipeline := adapters.NewAutoPipeline(storeClient, cfg.BatchSize, 4)
-		s.closers = append(s.closers, storeClient.Close, pipeline.Close)
+		s.closers = append(s.closers, storeClient.Close)
+		applier, err := adapters.NewProjectionApplier(storeClient, s.keys, cfg.DedupeWindow)
+		if err != nil {
+			return nil, err
+		}
+		names := make([]string, len(s.proj.projs))
+		for i, p := range s.proj.projs {
+			names[i] = p.Name()
+		}
 		s.router, err = ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-			Keys: s.keys, Targets: targets, Redis: s.client, Pipeline: pipeline,
-			NewSubscriber: func(group string) (message.Subscriber, error) {
-				return s.newSubscriber(group, subClient, newClient, wlog)
+			Keys: s.keys, Projections: s.proj.projs, LiveGroup: ports.LiveGroupName(names, len(cfg.Projections) == 0),
+			Redis: s.client, Applier: applier, BatchSize: cfg.BatchSize,
+			NewSubscriber: func(group string, start func(context.Context) (string, error)) (message.Subscriber, error) {
+				return s.newSubscriber(group, start, subClient, newClient, wlog)
 			},
 			Retry: ports.RetryPolicy{InitialInterval: cfg.RetryInitial, Multiplier: cfg.RetryMultiplier,
 				MaxInterval: cfg.RetryMax, MaxAttempts: cfg.RetryAttempts},
@@ -152,6 +160,16 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		})
 		if err != nil {
 			return nil, err
+		}
+		if len(targets) > 0 {
+			if _, _, err := s.router.SetTargets(pingCtx, targets); err != nil {
+				if !ports.IsTransient(err) && !errors.Is(err, context.DeadlineExceeded) {
+					return nil, err
+				}
+				// Redis cannot be reached yet: the registry watcher starts the projections when
+				// it answers.
+				log.Warn("projections start when Redis answers", "error", err)
+			}
 		}
 	}
 	s.http = ports.NewHTTPServer(application, s, ports.HTTPConfig{RequestTimeout: cfg.RequestTimeout}, log)
@@ -164,7 +182,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 	return s, nil
 }
 
-func (s *Service) newSubscriber(group string, shared *redis.Client, newClient func(int) (*redis.Client, error), wlog watermill.LoggerAdapter) (message.Subscriber, error) {
+func (s *Service) newSubscriber(group string, start func(context.Context) (string, error), shared *redis.Client, newClient func(int) (*redis.Client, error), wlog watermill.LoggerAdapter) (message.Subscriber, error) {
 	switch s.cfg.Subscriber {
 	case "watermill":
 		// The stock subscriber closes its client on Close: one client each.
@@ -187,7 +205,7 @@ func (s *Service) newSubscriber(group string, shared *redis.Client, newClient fu
 	default:
 		return batchsub.NewSubscriber(batchsub.Config{
 			Client: shared, ConsumerGroup: group, Consumer: s.cfg.ConsumerName, Unmarshaller: adapters.FlatMarshaller{},
-			OldestID: "0", BatchSize: int64(s.cfg.BatchSize), MaxInFlight: s.cfg.MaxInFlight,
+			StartID: start, BatchSize: int64(s.cfg.BatchSize), MaxInFlight: s.cfg.MaxInFlight,
 			ClaimInterval: s.cfg.ClaimInterval, ClaimMinIdle: s.cfg.ClaimIdle, NackDelay: s.cfg.NackDelay,
 			DrainTimeout: s.cfg.DrainTimeout, ConsumerIdleRemove: s.cfg.ConsumerIdleRemove, Logger: wlog,
 		})
@@ -203,6 +221,11 @@ func (s *Service) Ready(ctx context.Context) error {
 	}
 	if s.router != nil && !s.router.Running() {
 		return errors.New("projection router is not running")
+	}
+	if s.router != nil {
+		if p := s.router.Problem(); p != "" {
+			return fmt.Errorf("projections cannot apply events: %s", p)
+		}
 	}
 	if err := s.projectionsReady(ctx); err != nil {
 		return err

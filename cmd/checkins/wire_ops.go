@@ -39,7 +39,11 @@ func opsCommands() map[string]subcommand {
 // wireOps adds the /ops HTTP routes to the service.
 func (s *Service) wireOps() error {
 	projs := allProjections(s.cfg)
-	poison, err := ports.NewPoisonOps(ports.PoisonOpsConfig{Redis: s.client, Keys: s.keys, Projections: projs, Logger: s.log})
+	applier, err := adapters.NewProjectionApplier(s.client, s.keys, s.cfg.DedupeWindow)
+	if err != nil {
+		return err
+	}
+	poison, err := ports.NewPoisonOps(ports.PoisonOpsConfig{Redis: s.client, Keys: s.keys, Projections: projs, Applier: applier, Logger: s.log})
 	if err != nil {
 		return err
 	}
@@ -98,7 +102,12 @@ func setupOps(name string, args []string, getenv func(string) string, stderr io.
 	keys := adapters.KeySpace{Prefix: cfg.KeyPrefix}
 	log := newLogger(stderr, cfg.LogLevel)
 	projs := allProjections(cfg)
-	poison, err := ports.NewPoisonOps(ports.PoisonOpsConfig{Redis: client, Keys: keys, Projections: projs, Logger: log})
+	applier, err := adapters.NewProjectionApplier(client, keys, cfg.DedupeWindow)
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	poison, err := ports.NewPoisonOps(ports.PoisonOpsConfig{Redis: client, Keys: keys, Projections: projs, Applier: applier, Logger: log})
 	if err != nil {
 		_ = client.Close()
 		return nil, err

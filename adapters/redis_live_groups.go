@@ -1,0 +1,341 @@
+package adapters
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Processing groups ("live groups"): the projection versions a projector runs together consume
+// the stream through one consumer group, so each entry is read, decoded and acknowledged once
+// for all of them. A version joins its live group at a stream position J: entries after J reach
+// it through the live group; entries up to J through its own group, <name>.v<N>, which starts at
+// the beginning of the stream (a backfill, a rebuild) or where the service's earlier layout left
+// it (an upgrade), and is removed once it has delivered and acknowledged everything up to J.
+//
+// The membership lives in the projections registry (KeySpace.Projections), field
+// live:<group>, as JSON; the position every group has acknowledged through, in acked:<group>.
+
+// LiveMember is one projection version's membership of a live group.
+type LiveMember struct {
+	// Join: entries after it reach the version through the live group.
+	Join string `json:"join"`
+	// Own is BackfillRunning while the version's own group still delivers entries up to Join,
+	// BackfillDone after.
+	Own string `json:"own"`
+	// DoneAt (ms, as a string) is when the backfill was found finished.
+	DoneAt string `json:"doneAt,omitempty"`
+	// Legacy: entries up to it may have been applied under the earlier layout's dedupe sets
+	// (an upgrade); they are checked there too.
+	Legacy string `json:"legacy,omitempty"`
+}
+
+// Backfill states of LiveMember.Own.
+const (
+	BackfillRunning = "running"
+	BackfillDone    = "done"
+)
+
+// Membership is a live group's members, by "<name>.v<N>". Raw is the registry value it was
+// parsed from, so a reader can tell cheaply whether it changed.
+type Membership struct {
+	Raw     string
+	Members map[string]LiveMember
+}
+
+// MemberName is how a projection version is named in a membership (and its own group).
+func MemberName(name string, version int) string { return name + ".v" + strconv.Itoa(version) }
+
+// ParseMemberName reads "users.v2" as ("users", 2).
+func ParseMemberName(s string) (string, int, bool) {
+	i := strings.LastIndex(s, ".v")
+	if i <= 0 {
+		return "", 0, false
+	}
+	v, err := strconv.Atoi(s[i+2:])
+	if err != nil || v < 1 {
+		return "", 0, false
+	}
+	return s[:i], v, true
+}
+
+const (
+	liveField  = "live:"
+	ackedField = "acked:"
+)
+
+// LiveGroups reads and changes live-group membership and acknowledged positions.
+type LiveGroups struct {
+	client redis.UniversalClient
+	keys   KeySpace
+}
+
+// NewLiveGroups works on the registry of keys.
+func NewLiveGroups(client redis.UniversalClient, keys KeySpace) *LiveGroups {
+	return &LiveGroups{client: client, keys: keys}
+}
+
+// Read is one live group's membership (empty when nobody joined yet).
+func (l *LiveGroups) Read(ctx context.Context, group string) (Membership, error) {
+	raw, err := l.client.HGet(ctx, l.keys.Projections(), liveField+group).Result()
+	if errors.Is(err, redis.Nil) {
+		return Membership{Members: map[string]LiveMember{}}, nil
+	}
+	if err != nil {
+		return Membership{}, err
+	}
+	return ParseMembership(group, raw)
+}
+
+// ParseMembership decodes a registry value.
+func ParseMembership(group, raw string) (Membership, error) {
+	m := Membership{Raw: raw, Members: map[string]LiveMember{}}
+	if err := json.Unmarshal([]byte(raw), &m.Members); err != nil {
+		return Membership{}, fmt.Errorf("live group %s: registry membership %q is not JSON: %w", group, raw, err)
+	}
+	return m, nil
+}
+
+// ReadAll is every live group's membership and every group's acknowledged position.
+func (l *LiveGroups) ReadAll(ctx context.Context) (map[string]Membership, map[string]string, error) {
+	h, err := l.client.HGetAll(ctx, l.keys.Projections()).Result()
+	if err != nil {
+		return nil, nil, err
+	}
+	groups, acked := map[string]Membership{}, map[string]string{}
+	for f, v := range h {
+		if g, ok := strings.CutPrefix(f, liveField); ok {
+			m, err := ParseMembership(g, v)
+			if err != nil {
+				return nil, nil, err
+			}
+			groups[g] = m
+		} else if g, ok := strings.CutPrefix(f, ackedField); ok {
+			acked[g] = v
+		}
+	}
+	return groups, acked, nil
+}
+
+// joinLua: KEYS[1] registry, KEYS[2] stream; ARGV[1] live group, ARGV[2] member (= its own
+// group's name), ARGV[3] now (ms). Joins once; later calls return the membership.
+//
+// A member with nothing behind it (its own group missing or never read from) joining a live
+// group that has not delivered anything yet (a first start, every projection at once) joins at
+// the start: the live group alone feeds it the whole stream. Otherwise it joins at the stream's
+// last entry J, creating the live group there if it is new, and its own group backfills the
+// entries up to J: from the start (created here, unless a rebuild created it), or from where the
+// service's earlier layout left it (an upgrade, whose entries up to that point are also looked
+// up in that layout's dedupe sets).
+var joinLua = redis.NewScript(`
+local field = 'live:' .. ARGV[1]
+local raw = redis.call('HGET', KEYS[1], field)
+local m = {}
+if raw then m = cjson.decode(raw) end
+if m[ARGV[2]] then return raw end
+local live, own = nil, nil
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[2])) do
+    local name, ld
+    for x = 1, #g, 2 do
+      if g[x] == 'name' then name = g[x+1] elseif g[x] == 'last-delivered-id' then ld = g[x+1] end
+    end
+    if name == ARGV[1] then live = ld elseif name == ARGV[2] then own = ld end
+  end
+end
+local rec
+if (live == nil or live == '0-0') and (own == nil or own == '0-0') then
+  rec = {join = '0-0', own = 'done', doneAt = ARGV[3]}
+  if live == nil then redis.call('XGROUP', 'CREATE', KEYS[2], ARGV[1], '0', 'MKSTREAM') end
+else
+  local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+  local j = '0-0'
+  if #last > 0 then j = last[1][1] end
+  rec = {join = j, own = 'running'}
+  if live == nil then redis.call('XGROUP', 'CREATE', KEYS[2], ARGV[1], j, 'MKSTREAM') end
+  if own == nil then
+    redis.call('XGROUP', 'CREATE', KEYS[2], ARGV[2], '0')
+  elseif own ~= '0-0' then
+    rec.legacy = own
+  end
+end
+m[ARGV[2]] = rec
+local enc = cjson.encode(m)
+redis.call('HSET', KEYS[1], field, enc)
+return enc
+`)
+
+// Join makes member (MemberName) part of live group, once: later calls return the membership.
+func (l *LiveGroups) Join(ctx context.Context, group, member string) (Membership, error) {
+	raw, err := joinLua.Run(ctx, l.client, []string{l.keys.Projections(), l.keys.Stream()}, group, member,
+		strconv.FormatInt(time.Now().UnixMilli(), 10)).Text()
+	if err != nil {
+		return Membership{}, fmt.Errorf("join %s to live group %s: %w", member, group, err)
+	}
+	return ParseMembership(group, raw)
+}
+
+var updateMemberLua = redis.NewScript(`
+local field = 'live:' .. ARGV[1]
+local raw = redis.call('HGET', KEYS[1], field)
+if not raw then return 0 end
+local m = cjson.decode(raw)
+local rec = m[ARGV[2]]
+if not rec then return 0 end
+if ARGV[3] == 'leave' then
+  m[ARGV[2]] = nil
+elseif ARGV[3] == 'done' then
+  if rec.own == 'done' then return 0 end
+  rec.own, rec.doneAt = 'done', ARGV[4]
+end
+if next(m) == nil then redis.call('HSET', KEYS[1], field, '{}') else redis.call('HSET', KEYS[1], field, cjson.encode(m)) end
+return 1
+`)
+
+// FinishBackfill records that member's own group has delivered and acknowledged everything up
+// to its join position. It reports whether this call changed it.
+func (l *LiveGroups) FinishBackfill(ctx context.Context, group, member string, at time.Time) (bool, error) {
+	n, err := updateMemberLua.Run(ctx, l.client, []string{l.keys.Projections()}, group, member, "done",
+		strconv.FormatInt(at.UnixMilli(), 10)).Int()
+	return n == 1, err
+}
+
+// Leave removes member from group (a retired version).
+func (l *LiveGroups) Leave(ctx context.Context, group, member string) error {
+	return updateMemberLua.Run(ctx, l.client, []string{l.keys.Projections()}, group, member, "leave", "").Err()
+}
+
+var checkpointLua = redis.NewScript(`
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if cur then
+  local cm, cs = parse(cur)
+  local nm, ns = parse(ARGV[2])
+  if cm and (nm < cm or (nm == cm and ns <= cs)) then return 0 end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+`)
+
+// Checkpoint records that group has acknowledged every entry up to acked (never moving back):
+// markers of the group below it are no longer needed, and a group lost with its data is
+// recreated there.
+func (l *LiveGroups) Checkpoint(ctx context.Context, group, acked string) error {
+	if _, ok := ScoreOfEntry(acked); !ok || !strings.Contains(acked, "-") {
+		return fmt.Errorf("checkpoint of %s: %q is not a stream entry ID", group, acked)
+	}
+	return checkpointLua.Run(ctx, l.client, []string{l.keys.Projections()}, ackedField+group, acked).Err()
+}
+
+// Acked is the position group has acknowledged through ("" when never recorded).
+func (l *LiveGroups) Acked(ctx context.Context, group string) (string, error) {
+	s, err := l.client.HGet(ctx, l.keys.Projections(), ackedField+group).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	return s, err
+}
+
+// ForgetAcked drops a removed group's acknowledged position.
+func (l *LiveGroups) ForgetAcked(ctx context.Context, group string) error {
+	return l.client.HDel(ctx, l.keys.Projections(), ackedField+group).Err()
+}
+
+// GroupProgress is how far one consumer group got.
+type GroupProgress struct {
+	LastDeliveredID string
+	Pending         int64
+	// AckedThrough: every entry up to it is acknowledged (just before the oldest pending
+	// entry, or the last delivered one when nothing is pending).
+	AckedThrough string
+}
+
+// ReadGroupsProgress reads every consumer group of stream (none when the stream is missing).
+func ReadGroupsProgress(ctx context.Context, client redis.UniversalClient, stream string) (map[string]GroupProgress, error) {
+	gs, err := client.XInfoGroups(ctx, stream).Result()
+	if isNoSuchKey(err) {
+		return map[string]GroupProgress{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
+	}
+	out := make(map[string]GroupProgress, len(gs))
+	pipe := client.Pipeline()
+	pend := map[string]*redis.XPendingCmd{}
+	for _, g := range gs {
+		out[g.Name] = GroupProgress{LastDeliveredID: g.LastDeliveredID, Pending: g.Pending, AckedThrough: g.LastDeliveredID}
+		if g.Pending > 0 {
+			pend[g.Name] = pipe.XPending(ctx, stream, g.Name)
+		}
+	}
+	if len(pend) > 0 {
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("XPENDING %s: %w", stream, err)
+		}
+	}
+	for name, c := range pend {
+		p, err := c.Result()
+		if err != nil || p.Count == 0 {
+			continue
+		}
+		gp := out[name]
+		gp.Pending = p.Count
+		prev, ok := PrevEntryID(p.Lower)
+		if !ok {
+			return nil, fmt.Errorf("group %s: pending entry ID %q is not ms-seq", name, p.Lower)
+		}
+		gp.AckedThrough = prev
+		out[name] = gp
+	}
+	return out, nil
+}
+
+// PrevEntryID is the greatest entry ID below id ("0-0" has none).
+func PrevEntryID(id string) (string, bool) {
+	ms, seq, ok := strings.Cut(id, "-")
+	m, err1 := strconv.ParseUint(ms, 10, 64)
+	s, err2 := strconv.ParseUint(seq, 10, 64)
+	if !ok || err1 != nil || err2 != nil {
+		return "", false
+	}
+	switch {
+	case s > 0:
+		return fmt.Sprintf("%d-%d", m, s-1), true
+	case m > 0:
+		return fmt.Sprintf("%d-%d", m-1, uint64(1<<64-1)), true
+	default:
+		return "0-0", true
+	}
+}
+
+// CompareEntryIDs orders two stream entry IDs (-1, 0, 1); malformed IDs sort first.
+func CompareEntryIDs(a, b string) int {
+	am, as, _ := strings.Cut(a, "-")
+	bm, bs, _ := strings.Cut(b, "-")
+	x, _ := strconv.ParseUint(am, 10, 64)
+	y, _ := strconv.ParseUint(bm, 10, 64)
+	if x != y {
+		if x < y {
+			return -1
+		}
+		return 1
+	}
+	p, _ := strconv.ParseUint(as, 10, 64)
+	q, _ := strconv.ParseUint(bs, 10, 64)
+	switch {
+	case p < q:
+		return -1
+	case p > q:
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,691 @@
+package adapters
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
+)
+
+// How projection updates are applied exactly once, with memory that does not grow with history:
+//
+//  1. Decide (once per event, shared by every projection). The dedupe registry of the event's
+//     user, <prefix>:dedupe:{user:<id>}, is a sorted set of check-in identities
+//     (domain.Checkin.Identity: checkinId plus content) scored by the stream position of the
+//     copy that was counted. The first copy of an identity to get there is counted; another copy
+//     within DEDUPE_WINDOW of it (measured on stream entry times, so a rebuild decides the same)
+//     is a duplicate for every projection alike; identities older than the window are pruned.
+//     Deciding is idempotent: the counted copy, delivered again, is still the counted copy.
+//  2. Apply (per consumer group and slot). The updates every projection version of a group made
+//     for one event in one slot run in one script with one marker: <prefix>:applied:<group>:
+//     {<slot>} holds the identities that group applied there, scored by stream position. A
+//     marker already present means the updates landed before (a redelivery, a retry after a
+//     timeout, a reclaim from a crashed consumer): nothing is applied again. A group delivers an
+//     entry again only while it is pending, so the caller prunes a group's markers below its
+//     oldest pending entry (Prune): they stay as few as the entries in flight.
+//
+// Positions are scores: ms*1024 + seq (seq capped at 1023), exact in a float64 until the year
+// 2248. Two copies of one identity recorded in the same millisecond with seq >= 1023 would look
+// like one copy to step 1; the markers of step 2 still catch them while they live.
+
+// ScoreOfEntry is the score of a stream entry ID ("ms-seq") in the registry and marker sets.
+func ScoreOfEntry(id string) (int64, bool) {
+	ms, seq, ok := strings.Cut(id, "-")
+	m, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil || m < 0 || m > maxScoreMs {
+		return 0, false
+	}
+	var q uint64
+	if ok {
+		if q, err = strconv.ParseUint(seq, 10, 64); err != nil {
+			return 0, false
+		}
+	}
+	return m*scorePerMs + int64(min(q, scorePerMs-1)), true
+}
+
+// ScoreOfTime is the score of the first entry a stream can hold at t.
+func ScoreOfTime(t time.Time) int64 { return t.UnixMilli() * scorePerMs }
+
+const (
+	scorePerMs = 1024
+	maxScoreMs = (1<<53)/scorePerMs - 1
+)
+
+// decideScript is step 1. KEYS: registry keys; those after the first ARGV[2] are pruned too.
+// ARGV[1]: window (score units), then per event: key index, identity, score. Returns 1 (count
+// it) or 0 (a duplicate) per event. Pruning is only about memory (the window is judged on
+// scores), so a call prunes some keys, not all: each prune is a command of its own.
+const decideScript = `
+local w, np = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out, top = {}, {}
+local e, i = 0, 3
+while i <= #ARGV do
+  local k, id, s = tonumber(ARGV[i]), ARGV[i+1], ARGV[i+2]
+  local key, sn = KEYS[k], tonumber(s)
+  e, i = e + 1, i + 3
+  local count = 1
+  if redis.call('ZADD', key, 'NX', s, id) == 0 then
+    local cur = tonumber(redis.call('ZSCORE', key, id))
+    if cur ~= sn then
+      if math.abs(sn - cur) <= w then
+        count = 0
+      elseif sn > cur then
+        redis.call('ZADD', key, s, id) -- beyond the window: counted again, and remembered anew
+      end
+    end
+  end
+  out[e] = count
+  if not top[k] or sn > top[k] then top[k] = sn end
+end
+for k, s in pairs(top) do
+  if k <= np then redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', '(' .. string.format('%.0f', s - w)) end
+end
+return out
+`
+
+// applyScript is step 2. KEYS: marker keys and the keys ops use. ARGV[1]: number of items,
+// ARGV[2]: number of marker bounds; per bound: marker key index, the score below which its
+// markers are stale (the group will not deliver those entries again), 1 to prune them now; then
+// per item (one event in one slot for one group): marker key index, identity, score, update
+// count, then per update: legacy key index (0: none), legacy member, op count, then per op: kind,
+// nkeys, nargs, key indexes, args. Returns 1 (applied) or 0 (already applied) per item.
+//
+// A stale marker counts as absent, so a copy the registry counts again (beyond the window) is
+// applied whether or not its marker was pruned yet: pruning is only about memory, and a call
+// prunes only some marker sets (each prune is a command of its own).
+//
+// It walks ARGV in place rather than building tables per op: Redis's single thread running these
+// scripts is what bounds the drain rate.
+const applyScript = `
+local function before(a, b)
+  -- Byte order, whatever locale redis-server runs in (Lua's < on strings follows strcoll).
+  local n = math.min(#a, #b)
+  for j = 1, n do
+    local x, y = string.byte(a, j), string.byte(b, j)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+local ni, nb = tonumber(ARGV[1]), tonumber(ARGV[2])
+local stale = {}
+local i = 3
+for _ = 1, nb do
+  local k = tonumber(ARGV[i])
+  stale[k] = tonumber(ARGV[i+1])
+  if ARGV[i+2] == '1' then redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', '(' .. ARGV[i+1]) end
+  i = i + 3
+end
+local out = {}
+for it = 1, ni do
+  local mki = tonumber(ARGV[i])
+  local mk, id, s, nu = KEYS[mki], ARGV[i+1], ARGV[i+2], tonumber(ARGV[i+3])
+  i = i + 4
+  local fresh = redis.call('ZADD', mk, 'NX', s, id) == 1
+  if not fresh and stale[mki] and tonumber(redis.call('ZSCORE', mk, id)) < stale[mki] then
+    redis.call('ZADD', mk, s, id)
+    fresh = true
+  end
+  out[it] = fresh and 1 or 0
+  for _ = 1, nu do
+    local lk, lm, n = tonumber(ARGV[i]), ARGV[i+1], tonumber(ARGV[i+2])
+    i = i + 3
+    local apply = fresh
+    if apply and lk > 0 and redis.call('SISMEMBER', KEYS[lk], lm) == 1 then
+      apply = false -- applied before this version of the service, under its dedupe set
+    end
+    local incr = {}
+    for _ = 1, n do
+      local kind, nk, na = ARGV[i], tonumber(ARGV[i+1]), tonumber(ARGV[i+2])
+      local ki = ARGV[i+3]
+      local k = KEYS[tonumber(ki)]
+      local a = i + 3 + nk
+      if apply then
+        if kind == 'hincrby' then
+          incr[ki .. ' ' .. ARGV[a]] = redis.call('HINCRBY', k, ARGV[a], ARGV[a+1])
+        elseif kind == 'hset' then
+          redis.call('HSET', k, ARGV[a], ARGV[a+1])
+        elseif kind == 'hmaxby' then
+          local cur = redis.call('HMGET', k, ARGV[a], ARGV[a+2])
+          local v, c = tonumber(ARGV[a+1]), tonumber(cur[1])
+          if c == nil or v > c or (v == c and (not cur[2] or before(cur[2], ARGV[a+3]))) then
+            redis.call('HSET', k, unpack(ARGV, a, a + na - 1))
+          end
+        elseif kind == 'hround' or kind == 'zratioatmin' then
+          local hk, hki, f0 = k, ki, a + 1 -- the numerator and denominator fields follow one arg
+          if kind == 'zratioatmin' then hki = ARGV[i+4]; hk = KEYS[tonumber(hki)] end
+          local num, den = incr[hki .. ' ' .. ARGV[f0]], incr[hki .. ' ' .. ARGV[f0+1]]
+          if num == nil or den == nil then
+            local cur = redis.call('HMGET', hk, ARGV[f0], ARGV[f0+1])
+            num, den = tonumber(cur[1]) or 0, tonumber(cur[2]) or 0
+          end
+          if kind == 'hround' then
+            if den > 0 then redis.call('HSET', k, ARGV[a], math.floor(num / den + 0.5)) end
+          elseif den > 0 and den >= tonumber(ARGV[a+3]) then
+            redis.call('ZADD', k, num / den, ARGV[a])
+          end
+        elseif kind == 'zadd' then
+          redis.call('ZADD', k, ARGV[a], ARGV[a+1])
+        elseif kind == 'zincrby' then
+          redis.call('ZINCRBY', k, ARGV[a], ARGV[a+1])
+        elseif kind == 'zkeeptop' then
+          redis.call('ZREMRANGEBYRANK', k, 0, -(tonumber(ARGV[a]) + 1))
+        else
+          return redis.error_reply('unknown op ' .. tostring(kind))
+        end
+      end
+      i = a + na
+    end
+  end
+end
+return out
+`
+
+var (
+	decideLua = redis.NewScript(decideScript)
+	applyLua  = redis.NewScript(applyScript)
+)
+
+// DefaultDedupeWindow is how long (in stream time) another copy of a counted check-in is still
+// recognised as a duplicate.
+const DefaultDedupeWindow = 48 * time.Hour
+
+// EventRef is what applying needs to know of the event an update comes from.
+type EventRef struct {
+	EntryID  string // stream entry ID; "" when unknown (RecordedAt is the clock then)
+	UserID   int64  // whose registry decides
+	Identity int64  // domain.Checkin.Identity
+	// RecordedAt (ms) stands in for the entry's time when EntryID is empty.
+	RecordedAt int64
+	// LegacyID, when set, is the checkinId to look up in the dedupe sets of the service's earlier
+	// layout (<...>:{<slot>}:seen): entries read before an upgrade may be applied there already.
+	LegacyID string
+}
+
+func (e EventRef) score() (int64, error) {
+	if e.EntryID != "" {
+		s, ok := ScoreOfEntry(e.EntryID)
+		if !ok {
+			return 0, fmt.Errorf("stream entry ID %q is not ms-seq", e.EntryID)
+		}
+		return s, nil
+	}
+	if e.RecordedAt <= 0 || e.RecordedAt > maxScoreMs {
+		return 0, fmt.Errorf("event has neither a stream entry ID nor a usable recordedAt (%d)", e.RecordedAt)
+	}
+	return e.RecordedAt * scorePerMs, nil
+}
+
+// Work is the updates one projection version made for one event, applied by one consumer group.
+type Work struct {
+	// Group is the consumer group the event came through: markers are kept per group, since
+	// only the group that delivered an entry delivers it again. Every update one group makes
+	// for one event in one slot is applied together, under one marker.
+	Group      string
+	Projection string
+	Version    int
+	Event      EventRef
+	Updates    []*projection.Update
+}
+
+// Prune tells, per consumer group, the stream position below which the group will deliver no
+// entry again (its oldest pending entry, or its last delivered one): markers below it may go.
+// ok false prunes nothing. A nil Prune prunes nothing.
+type Prune func(group string) (before string, ok bool)
+
+// Outcome of one Work.
+type Outcome int8
+
+// Outcomes.
+const (
+	Applied        Outcome = iota + 1 // at least one update was applied now
+	AlreadyApplied                    // every update had landed before (a redelivery)
+	Duplicate                         // another copy of this check-in was counted
+	Ignored                           // the projection made no update for the event
+)
+
+// ProjectionApplier applies projection updates in batches, each exactly once per check-in.
+type ProjectionApplier struct {
+	client  redis.UniversalClient
+	keys    KeySpace
+	window  int64 // score units
+	chunk   int   // updates per script call
+	cluster bool
+	// pruneEvery: see PruneEvery.
+	pruneEvery int
+}
+
+// DefaultPruneEvery: a registry or marker set is pruned in one of this many calls that touch
+// it. Pruning is a command per set; the sets stay as small as what a few calls add, and never
+// depend on history.
+const DefaultPruneEvery = 4
+
+// PruneEvery sets how often a set is pruned (1: in every call; 0: never, which only tests
+// want: correctness never depends on pruning).
+func (a *ProjectionApplier) PruneEvery(n int) *ProjectionApplier {
+	a.pruneEvery = n
+	return a
+}
+
+func (a *ProjectionApplier) pruneNow() bool {
+	return a.pruneEvery > 0 && (a.pruneEvery == 1 || rand.IntN(a.pruneEvery) == 0)
+}
+
+// NewProjectionApplier applies with the given dedupe window (0: DefaultDedupeWindow).
+func NewProjectionApplier(client redis.UniversalClient, keys KeySpace, window time.Duration) (*ProjectionApplier, error) {
+	if client == nil || keys.Prefix == "" {
+		return nil, errors.New("adapters: ProjectionApplier needs a client and a key prefix")
+	}
+	if window == 0 {
+		window = DefaultDedupeWindow
+	}
+	if window < time.Millisecond {
+		return nil, fmt.Errorf("adapters: dedupe window must be at least 1ms, got %s", window)
+	}
+	_, cluster := client.(*redis.ClusterClient)
+	// Script calls of about 100 updates keep each one under a millisecond of Redis time, so
+	// reads and the API never wait long behind a batch, while the per-call cost is shared.
+	return &ProjectionApplier{client: client, keys: keys, window: window.Milliseconds() * scorePerMs, chunk: 100, cluster: cluster, pruneEvery: DefaultPruneEvery}, nil
+}
+
+// Registry is the dedupe registry key of a user.
+func (k KeySpace) Registry(userID int64) string {
+	return k.Prefix + ":dedupe:{user:" + strconv.FormatInt(userID, 10) + "}"
+}
+
+// MarkerKey is the marker set of one consumer group in one slot.
+func (k KeySpace) MarkerKey(group, slot string) string {
+	return k.MarkerPrefix(group) + "{" + slot + "}"
+}
+
+// MarkerPrefix is what every marker key of group starts with.
+func (k KeySpace) MarkerPrefix(group string) string { return k.Prefix + ":applied:" + group + ":" }
+
+// legacyKeyName is the per-slot dedupe set of the service's earlier layout, read while the
+// entries a projector had in flight at the upgrade are finished, then removed.
+const legacyKeyName = "seen"
+
+// IsBookkeeping reports whether a key name inside a projection's slot belongs to the machinery
+// rather than to the projection's read model: names projections may not use.
+func IsBookkeeping(key string) bool { return key == legacyKeyName || key == "applied" }
+
+var knownOps = map[projection.OpKind]bool{
+	projection.OpHIncrBy: true, projection.OpHSet: true, projection.OpHMaxBy: true, projection.OpHRound: true,
+	projection.OpZAdd: true, projection.OpZIncrBy: true, projection.OpZKeepTop: true, projection.OpZRatioAtMin: true,
+}
+
+// Validate checks what Apply would refuse, so a bad update is caught before anything is sent.
+func Validate(name string, u *projection.Update) error {
+	if u == nil || u.Slot == "" {
+		return fmt.Errorf("projection %s: update needs a slot", name)
+	}
+	if strings.ContainsAny(u.Slot, "{}") {
+		return fmt.Errorf("projection %s: slot %q must not contain braces", name, u.Slot)
+	}
+	if len(u.Ops) == 0 {
+		return fmt.Errorf("projection %s: update of %s has no ops", name, u.Slot)
+	}
+	for _, op := range u.Ops {
+		if !knownOps[op.Kind] {
+			return fmt.Errorf("projection %s: unknown op %q", name, op.Kind)
+		}
+		for _, k := range op.Keys {
+			if k == "" || IsBookkeeping(k) {
+				return fmt.Errorf("projection %s: key name %q is reserved or empty", name, k)
+			}
+		}
+		if want := opArity[op.Kind]; len(op.Keys) != want[0] || len(op.Args) < want[1] {
+			return fmt.Errorf("projection %s: op %s needs %d keys and at least %d args, got %d and %d", name, op.Kind,
+				want[0], want[1], len(op.Keys), len(op.Args))
+		}
+	}
+	return nil
+}
+
+var opArity = map[projection.OpKind][2]int{
+	projection.OpHIncrBy: {1, 2}, projection.OpHSet: {1, 2}, projection.OpHMaxBy: {1, 4}, projection.OpHRound: {1, 3},
+	projection.OpZAdd: {1, 2}, projection.OpZIncrBy: {1, 2}, projection.OpZKeepTop: {1, 1}, projection.OpZRatioAtMin: {2, 4},
+}
+
+// Apply applies works: it decides which events count (step 1), then applies their updates with
+// markers (step 2), pruning markers as prune allows. Outcomes are per work, in order. An error
+// means some updates may have been applied and others not: calling Apply again with the same
+// works is safe and completes them.
+func (a *ProjectionApplier) Apply(ctx context.Context, works []Work, prune Prune) ([]Outcome, error) {
+	out := make([]Outcome, len(works))
+	if len(works) == 0 {
+		return out, nil
+	}
+	scores := make([]int64, len(works))
+	for i, w := range works {
+		for _, u := range w.Updates {
+			if err := Validate(w.Projection, u); err != nil {
+				return nil, err
+			}
+		}
+		s, err := w.Event.score()
+		if err != nil {
+			return nil, fmt.Errorf("projection %s: %w", w.Projection, err)
+		}
+		scores[i] = s
+	}
+	counted, err := a.decide(ctx, works, scores)
+	if err != nil {
+		return nil, err
+	}
+	applied, err := a.apply(ctx, works, scores, counted, prune)
+	if err != nil {
+		return nil, err
+	}
+	for i := range works {
+		switch {
+		case !counted[i]:
+			out[i] = Duplicate
+		case applied[i]:
+			out[i] = Applied
+		default:
+			out[i] = AlreadyApplied
+		}
+	}
+	return out, nil
+}
+
+// decideKey identifies one event in a batch: the same event appears once per projection.
+type decideKey struct {
+	identity, score int64
+}
+
+// decide runs step 1 once per distinct event of works.
+func (a *ProjectionApplier) decide(ctx context.Context, works []Work, scores []int64) ([]bool, error) {
+	type event struct {
+		user     int64
+		identity int64
+		score    int64
+	}
+	index := map[decideKey]int{}
+	var events []event
+	of := make([]int, len(works))
+	for i, w := range works {
+		k := decideKey{w.Event.Identity, scores[i]}
+		j, ok := index[k]
+		if !ok {
+			j = len(events)
+			index[k] = j
+			events = append(events, event{w.Event.UserID, w.Event.Identity, scores[i]})
+		}
+		of[i] = j
+	}
+	results := make([]bool, len(events))
+	calls := a.group(len(events), func(j int) string { return a.keys.Registry(events[j].user) })
+	pipe := a.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(calls))
+	for c, idx := range calls {
+		// The keys to prune in this call come first in KEYS.
+		var keys, rest []string
+		for _, j := range idx {
+			k := a.keys.Registry(events[j].user)
+			if !slices.Contains(keys, k) && !slices.Contains(rest, k) {
+				if a.pruneNow() {
+					keys = append(keys, k)
+				} else {
+					rest = append(rest, k)
+				}
+			}
+		}
+		np := len(keys)
+		keys = append(keys, rest...)
+		keyAt := make(map[string]int, len(keys))
+		for i, k := range keys {
+			keyAt[k] = i + 1
+		}
+		args := make([]any, 2, 2+3*len(idx))
+		args[0], args[1] = a.window, np
+		for _, j := range idx {
+			args = append(args, keyAt[a.keys.Registry(events[j].user)], events[j].identity, events[j].score)
+		}
+		cmds[c] = decideLua.EvalSha(ctx, pipe, keys, args...)
+	}
+	if err := a.exec(ctx, pipe, cmds, decideLua, "decide"); err != nil {
+		return nil, err
+	}
+	for c, idx := range calls {
+		vals, err := cmds[c].Int64Slice()
+		if err != nil || len(vals) != len(idx) {
+			return nil, fmt.Errorf("dedupe registry: unexpected reply %v: %w", cmds[c].Val(), err)
+		}
+		for n, j := range idx {
+			results[j] = vals[n] == 1
+		}
+	}
+	counted := make([]bool, len(works))
+	for i := range works {
+		counted[i] = results[of[i]]
+	}
+	return counted, nil
+}
+
+// item is what one marker covers: the updates one group made for one event in one slot.
+type item struct {
+	group, slot string
+	work        int // the first work of the item, for the event and its score
+	refs        []updateRef
+}
+
+type updateRef struct{ work, update int }
+
+// apply runs step 2 for the updates of counted works.
+func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []int64, counted []bool, prune Prune) ([]bool, error) {
+	type itemKey struct {
+		group, slot string
+		event       decideKey
+	}
+	index := map[itemKey]int{}
+	var items []item
+	// The same projection version given the same event twice in one batch (a caller delivering
+	// one entry twice) applies it once.
+	type once struct {
+		group, projection string
+		version           int
+		event             decideKey
+	}
+	seen := map[once]bool{}
+	for i, w := range works {
+		o := once{w.Group, w.Projection, w.Version, decideKey{w.Event.Identity, scores[i]}}
+		if !counted[i] || seen[o] {
+			continue
+		}
+		seen[o] = true
+		for j, u := range w.Updates {
+			k := itemKey{w.Group, u.Slot, decideKey{w.Event.Identity, scores[i]}}
+			n, ok := index[k]
+			if !ok {
+				n = len(items)
+				index[k] = n
+				items = append(items, item{group: w.Group, slot: u.Slot, work: i})
+			}
+			items[n].refs = append(items[n].refs, updateRef{i, j})
+		}
+	}
+	applied := make([]bool, len(works))
+	if len(items) == 0 {
+		return applied, nil
+	}
+	// Items of one slot go together (a cluster needs it; a single server shares the markers'
+	// pruning); the order within a slot stays the batch's.
+	slices.SortStableFunc(items, func(x, y item) int { return strings.Compare(x.slot, y.slot) })
+	calls := a.group(len(items), func(n int) string { return "{" + items[n].slot + "}" })
+	floors := map[string]string{} // group -> prune before, asked once per batch
+	pipe := a.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(calls))
+	for c, idx := range calls {
+		var keys []string
+		keyAt := map[string]int{}
+		keyIndex := func(k string) int {
+			ki, ok := keyAt[k]
+			if !ok {
+				keys = append(keys, k)
+				ki = len(keys)
+				keyAt[k] = ki
+			}
+			return ki
+		}
+		args := make([]any, 2, 2+16*len(idx))
+		if prune != nil {
+			done := map[string]bool{}
+			for _, n := range idx {
+				it := items[n]
+				mk := a.keys.MarkerKey(it.group, it.slot)
+				if done[mk] {
+					continue
+				}
+				done[mk] = true
+				before, ok := floors[it.group]
+				if !ok {
+					before, _ = prune(it.group)
+					floors[it.group] = before
+				}
+				if sc, ok := ScoreOfEntry(before); ok && before != "" {
+					now := 0
+					if a.pruneNow() {
+						now = 1
+					}
+					args = append(args, keyIndex(mk), sc, now)
+				}
+			}
+		}
+		args[0], args[1] = len(idx), (len(args)-2)/3
+		for _, n := range idx {
+			it := items[n]
+			w := works[it.work]
+			args = append(args, keyIndex(a.keys.MarkerKey(it.group, it.slot)), w.Event.Identity, scores[it.work], len(it.refs))
+			for _, r := range it.refs {
+				w, u := works[r.work], works[r.work].Updates[r.update]
+				prefix := a.keys.ProjectionPrefix(w.Projection, w.Version) + "{" + u.Slot + "}:"
+				legacyIdx := 0
+				if w.Event.LegacyID != "" {
+					legacyIdx = keyIndex(prefix + legacyKeyName)
+				}
+				args = append(args, legacyIdx, w.Event.LegacyID, len(u.Ops))
+				for _, op := range u.Ops {
+					args = append(args, string(op.Kind), len(op.Keys), len(op.Args))
+					for _, k := range op.Keys {
+						args = append(args, keyIndex(prefix+k))
+					}
+					for _, s := range op.Args {
+						args = append(args, s)
+					}
+				}
+			}
+		}
+		cmds[c] = applyLua.EvalSha(ctx, pipe, keys, args...)
+	}
+	if err := a.exec(ctx, pipe, cmds, applyLua, "apply"); err != nil {
+		return nil, err
+	}
+	for c, idx := range calls {
+		vals, err := cmds[c].Int64Slice()
+		if err != nil || len(vals) != len(idx) {
+			return nil, fmt.Errorf("apply projection updates: unexpected reply %v: %w", cmds[c].Val(), err)
+		}
+		for m, n := range idx {
+			if vals[m] == 1 {
+				for _, r := range items[n].refs {
+					applied[r.work] = true
+				}
+			}
+		}
+	}
+	return applied, nil
+}
+
+// group splits n items into script calls of about a.chunk items: in a cluster, one slot per
+// call (a script may only touch keys of one slot); on a single server, consecutive items, never
+// splitting the items of one key (slot tag) across calls.
+func (a *ProjectionApplier) group(n int, key func(int) string) [][]int {
+	var calls [][]int
+	if !a.cluster {
+		var cur []int
+		for i := range n {
+			if len(cur) >= a.chunk && key(i) != key(cur[len(cur)-1]) {
+				calls, cur = append(calls, cur), nil
+			}
+			cur = append(cur, i)
+		}
+		return append(calls, cur)
+	}
+	bySlot := map[int]int{} // slot -> index of its open call
+	for i := range n {
+		s := KeySlot(key(i))
+		c, ok := bySlot[s]
+		if !ok || len(calls[c]) >= a.chunk {
+			c = len(calls)
+			calls = append(calls, nil)
+			bySlot[s] = c
+		}
+		calls[c] = append(calls[c], i)
+	}
+	return calls
+}
+
+// exec runs the pipelined script calls, loading the script once if the server lost it (a
+// restart, SCRIPT FLUSH, a failover).
+func (a *ProjectionApplier) exec(ctx context.Context, pipe redis.Pipeliner, cmds []*redis.Cmd, script *redis.Script, what string) error {
+	_, err := pipe.Exec(ctx)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		retry := a.client.Pipeline()
+		for i, c := range cmds {
+			args := c.Args()
+			// EVALSHA sha numkeys keys... args...: the same call as EVAL of the script's source.
+			evalArgs := append([]any{"eval", scriptSource(script)}, args[2:]...)
+			cmds[i] = retry.Do(ctx, evalArgs...)
+		}
+		_, err = retry.Exec(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("%s projection updates: %w", what, err)
+	}
+	return nil
+}
+
+func scriptSource(s *redis.Script) string {
+	switch s {
+	case decideLua:
+		return decideScript
+	case applyLua:
+		return applyScript
+	}
+	panic("adapters: unknown script")
+}
+
+// ApplyEvent runs projection p (version) on one event and applies what it made, with group's
+// markers: how a parked event is replayed (under a group of its own), and a short way to feed a
+// projection in tests. entryID is the event's stream entry ("" uses its recordedAt as the
+// clock). It prunes nothing.
+func (a *ProjectionApplier) ApplyEvent(ctx context.Context, group string, p projection.Projection, version int, e domain.CheckinRecorded, entryID string) (Outcome, error) {
+	updates, err := projection.Updates(ctx, p, e)
+	if err != nil {
+		return 0, err
+	}
+	if len(updates) == 0 {
+		return Ignored, nil
+	}
+	out, err := a.Apply(ctx, []Work{{Group: group, Projection: p.Name(), Version: version, Event: RefOf(e, entryID), Updates: updates}}, nil)
+	if err != nil {
+		return 0, err
+	}
+	return out[0], nil
+}
+
+// RefOf is the EventRef of e read from the stream at entryID.
+func RefOf(e domain.CheckinRecorded, entryID string) EventRef {
+	return EventRef{EntryID: entryID, UserID: e.UserID, Identity: e.Identity(), RecordedAt: e.RecordedAt}
+}

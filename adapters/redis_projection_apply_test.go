@@ -1,0 +1,647 @@
+package adapters_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
+)
+
+// projEnv is one test's view of Redis: a client and a key prefix nobody else uses.
+type projEnv struct {
+	url    string
+	client *redis.Client
+	keys   adapters.KeySpace
+}
+
+func newProjEnv(t testing.TB) projEnv {
+	t.Helper()
+	env := redistest.Open(t)
+	return projEnv{url: env.URL, client: redistest.Client(t, env.URL), keys: adapters.KeySpace{Prefix: env.Prefix}}
+}
+
+// with returns the same server under another prefix, for runs that must not see each other.
+func (e projEnv) with(suffix string) projEnv {
+	e.keys = adapters.KeySpace{Prefix: e.keys.Prefix + "-" + suffix}
+	return e
+}
+
+func (e projEnv) applier(t testing.TB, client redis.UniversalClient) *adapters.ProjectionApplier {
+	t.Helper()
+	a, err := adapters.NewProjectionApplier(client, e.keys, 0)
+	require.NoError(t, err)
+	return a
+}
+
+func (e projEnv) userStats(t testing.TB, id int64) projection.UserStatsView {
+	t.Helper()
+	v, err := projection.UserStats{}.Get(context.Background(), adapters.NewProjectionReader(e.client, e.keys, "users"), id)
+	require.NoError(t, err)
+	return v
+}
+
+func (e projEnv) locationStats(t testing.TB, id int64) projection.LocationStatsView {
+	t.Helper()
+	v, err := projection.LocationStats{}.Get(context.Background(), adapters.NewProjectionReader(e.client, e.keys, "locations"), id)
+	require.NoError(t, err)
+	return v
+}
+
+func recorded(id string, user, loc int64, stars int, ts int64) domain.CheckinRecorded {
+	return domain.CheckinRecorded{
+		Checkin:    domain.Checkin{ID: id, UserID: user, LocationID: loc, StarRating: stars, Timestamp: ts},
+		RecordedAt: ts,
+	}
+}
+
+// entry is a stream entry ID at ms (sequence 0).
+func entry(ms int64) string { return strconv.FormatInt(ms, 10) + "-0" }
+
+// applyBoth feeds ev, read at entryID, to users and locations; it returns their outcomes.
+func applyBoth(t testing.TB, a *adapters.ProjectionApplier, ev domain.CheckinRecorded, entryID string) [2]adapters.Outcome {
+	t.Helper()
+	ctx := context.Background()
+	u, err := a.ApplyEvent(ctx, "g", projection.UserStats{}, 1, ev, entryID)
+	require.NoError(t, err)
+	l, err := a.ApplyEvent(ctx, "g", projection.LocationStats{}, 1, ev, entryID)
+	require.NoError(t, err)
+	return [2]adapters.Outcome{u, l}
+}
+
+// snapshot is every read-model key under the prefix with its full content, the prefix cut off,
+// so two prefixes that went through the same updates compare equal. The machinery's own keys
+// (markers, the dedupe registry) are left out: they are bookkeeping, pruned on their own clock.
+func snapshot(t testing.TB, c *redis.Client, prefix string) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := c.Keys(ctx, prefix+":p:*").Result()
+	require.NoError(t, err)
+	out := make(map[string]string, len(keys))
+	for _, k := range keys {
+		if adapters.IsBookkeeping(k[strings.LastIndex(k, ":")+1:]) {
+			continue
+		}
+		typ, err := c.Type(ctx, k).Result()
+		require.NoError(t, err)
+		var parts []string
+		switch typ {
+		case "hash":
+			h, err := c.HGetAll(ctx, k).Result()
+			require.NoError(t, err)
+			for f, v := range h {
+				parts = append(parts, f+"="+v)
+			}
+			sort.Strings(parts)
+		case "zset":
+			zs, err := c.ZRangeWithScores(ctx, k, 0, -1).Result()
+			require.NoError(t, err)
+			for _, z := range zs {
+				parts = append(parts, fmt.Sprintf("%v=%v", z.Member, z.Score))
+			}
+		default:
+			parts = []string{"unexpected type " + typ}
+		}
+		out[strings.TrimPrefix(k, prefix)] = typ + ":" + strings.Join(parts, ",")
+	}
+	return out
+}
+
+// expectedStats computes the read models from distinct check-ins, independently of the store.
+type expectedStats struct {
+	users     map[int64]projection.UserStatsView
+	locations map[int64]projection.LocationStatsView
+}
+
+func expect(evs []domain.CheckinRecorded) expectedStats {
+	seen := map[domain.Checkin]bool{}
+	lastID := map[int64]string{}
+	out := expectedStats{users: map[int64]projection.UserStatsView{}, locations: map[int64]projection.LocationStatsView{}}
+	for _, e := range evs {
+		if seen[e.Checkin] {
+			continue
+		}
+		seen[e.Checkin] = true
+		u := out.users[e.UserID]
+		u.UserID = e.UserID
+		u.NumCheckins++
+		if e.Timestamp > u.LastCheckin || e.Timestamp == u.LastCheckin && e.ID > lastID[e.UserID] {
+			u.LastCheckin, u.LastSeenAt, lastID[e.UserID] = e.Timestamp, e.LocationID, e.ID
+		}
+		out.users[e.UserID] = u
+		l := out.locations[e.LocationID]
+		l.LocationID = e.LocationID
+		l.NumCheckins++
+		l.NumStars += int64(e.StarRating)
+		// floor(num/den + 0.5) in integers: floor((2*num + den) / (2*den)).
+		l.AverageStars = (2*l.NumStars + l.NumCheckins) / (2 * l.NumCheckins)
+		out.locations[e.LocationID] = l
+	}
+	return out
+}
+
+func (e projEnv) assertStats(t testing.TB, want expectedStats) {
+	t.Helper()
+	for id, u := range want.users {
+		assert.Equal(t, u, e.userStats(t, id), "user %d", id)
+	}
+	for id, l := range want.locations {
+		assert.Equal(t, l, e.locationStats(t, id), "location %d", id)
+	}
+}
+
+func TestNewProjectionApplierValidates(t *testing.T) {
+	t.Parallel()
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	_, err := adapters.NewProjectionApplier(nil, adapters.KeySpace{Prefix: "x"}, 0)
+	assert.Error(t, err)
+	_, err = adapters.NewProjectionApplier(c, adapters.KeySpace{}, 0)
+	assert.Error(t, err)
+	_, err = adapters.NewProjectionApplier(c, adapters.KeySpace{Prefix: "x"}, time.Microsecond)
+	assert.Error(t, err)
+}
+
+func TestApplyCountsEachCheckinOnce(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	a := env.applier(t, env.client)
+	ev := recorded("ck-1", 42, 7, 4, 1_700_000_000_000)
+
+	assert.Equal(t, [2]adapters.Outcome{adapters.Applied, adapters.Applied}, applyBoth(t, a, ev, entry(1_700_000_000_001)))
+	before := snapshot(t, env.client, env.keys.Prefix)
+	require.NotEmpty(t, before)
+
+	// Redelivered (same entry): the markers say it landed.
+	assert.Equal(t, [2]adapters.Outcome{adapters.AlreadyApplied, adapters.AlreadyApplied}, applyBoth(t, a, ev, entry(1_700_000_000_001)))
+	// Published again (another entry, same check-in), a minute and a day later: the registry
+	// says another copy was counted, for both projections alike.
+	assert.Equal(t, [2]adapters.Outcome{adapters.Duplicate, adapters.Duplicate}, applyBoth(t, a, ev, entry(1_700_000_060_000)))
+	assert.Equal(t, [2]adapters.Outcome{adapters.Duplicate, adapters.Duplicate}, applyBoth(t, a, ev, entry(1_700_086_400_000)))
+	assert.Equal(t, before, snapshot(t, env.client, env.keys.Prefix), "a duplicate must change nothing")
+	assert.Equal(t, projection.UserStatsView{UserID: 42, NumCheckins: 1, LastCheckin: ev.Timestamp, LastSeenAt: 7}, env.userStats(t, 42))
+	assert.Equal(t, projection.LocationStatsView{LocationID: 7, NumCheckins: 1, NumStars: 4, AverageStars: 4}, env.locationStats(t, 7))
+
+	// The same checkinId with another body is another check-in: counted by both.
+	other := ev
+	other.StarRating = 1
+	assert.Equal(t, [2]adapters.Outcome{adapters.Applied, adapters.Applied}, applyBoth(t, a, other, entry(1_700_000_120_000)))
+	assert.Equal(t, int64(2), env.userStats(t, 42).NumCheckins)
+	assert.Equal(t, projection.LocationStatsView{LocationID: 7, NumCheckins: 2, NumStars: 5, AverageStars: 3}, env.locationStats(t, 7))
+
+	_, err := projection.LocationStats{}.Get(context.Background(), adapters.NewProjectionReader(env.client, env.keys, "locations"), 8)
+	assert.ErrorIs(t, err, domain.ErrNotFound)
+}
+
+func TestApplyDedupeWindow(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	a, err := adapters.NewProjectionApplier(env.client, env.keys, time.Hour)
+	require.NoError(t, err)
+	a.PruneEvery(1)
+	ctx := context.Background()
+	// As the projector does: every entry before the one at hand was acknowledged by every group,
+	// so the markers below it may go.
+	apply := func(ev domain.CheckinRecorded, at int64) adapters.Outcome {
+		us, err := projection.Updates(ctx, projection.UserStats{}, ev)
+		require.NoError(t, err)
+		out, err := a.Apply(ctx, []adapters.Work{{Group: "g", Projection: "users", Version: 1, Event: adapters.RefOf(ev, entry(at)), Updates: us}},
+			func(string) (string, bool) { return entry(at), true })
+		require.NoError(t, err)
+		return out[0]
+	}
+	ev := recorded("ck-w", 1, 1, 3, 1_000)
+	const t0 = 1_700_000_000_000
+	defer a.PruneEvery(1)
+	a.PruneEvery(0) // correctness must not depend on pruning: stale markers count as absent
+	assert.Equal(t, adapters.Applied, apply(ev, t0))
+	assert.Equal(t, adapters.Duplicate, apply(ev, t0+3_600_000), "exactly the window apart: a duplicate")
+	// Beyond the window the copy is counted again (the documented limit), and it becomes the
+	// copy later ones are judged against.
+	assert.Equal(t, adapters.Applied, apply(ev, t0+3_600_001))
+	assert.Equal(t, adapters.Duplicate, apply(ev, t0+7_000_000))
+	assert.Equal(t, int64(2), env.userStats(t, 1).NumCheckins)
+	a.PruneEvery(1)
+
+	// The registry keeps only the window: entries of other check-ins prune the old ones.
+	for i := range 20 {
+		apply(recorded("fill-"+strconv.Itoa(i), 1, 1, 1, 2_000), t0+10*3_600_000+int64(i))
+	}
+	n, err := env.client.ZCard(ctx, env.keys.Registry(1)).Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(20), n, "identities older than the window are pruned from the registry")
+	n, err = env.client.ZCard(ctx, env.keys.MarkerKey("g", "user:1")).Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n, "markers below what every group acknowledged are pruned")
+}
+
+func TestApplyMarkersArePruned(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	a := env.applier(t, env.client).PruneEvery(1)
+	ctx := context.Background()
+	const t0 = 1_700_000_000_000
+	works := map[string][]adapters.Work{}
+	for i := range 50 {
+		ev := recorded("ck-"+strconv.Itoa(i), 1, 1, 2, 5_000+int64(i))
+		for _, p := range []projection.Projection{projection.UserStats{}, projection.RecentCheckins{}} {
+			us, err := projection.Updates(ctx, p, ev)
+			require.NoError(t, err)
+			for _, g := range []string{"live", "users.v2"} {
+				if g == "users.v2" && p.Name() != "users" {
+					continue
+				}
+				works[g] = append(works[g], adapters.Work{Group: g, Projection: p.Name(), Version: 1 + strings.Count(g, "v2"),
+					Event: adapters.RefOf(ev, entry(t0+int64(i))), Updates: us})
+			}
+		}
+	}
+	live, own := works["live"], works["users.v2"] // two works (users, recent) per event in live
+	for _, ws := range [][]adapters.Work{live[:80], own[:40]} {
+		_, err := a.Apply(ctx, ws, nil)
+		require.NoError(t, err)
+	}
+	card := func(group string) int64 {
+		n, err := env.client.ZCard(ctx, env.keys.MarkerKey(group, "user:1")).Result()
+		require.NoError(t, err)
+		return n
+	}
+	require.Equal(t, int64(40), card("live"), "one marker per event and slot for the whole group")
+	require.Equal(t, int64(40), card("users.v2"))
+	// The live group acknowledged everything before entry 30; users.v2 nothing yet.
+	prune := func(group string) (string, bool) {
+		if group == "live" {
+			return entry(t0 + 30), true
+		}
+		return "", false
+	}
+	out, err := a.Apply(ctx, append(slices.Clone(live[70:]), own[35:]...), prune)
+	require.NoError(t, err)
+	want := slices.Repeat([]adapters.Outcome{adapters.AlreadyApplied}, 10)
+	want = append(want, slices.Repeat([]adapters.Outcome{adapters.Applied}, 20)...)
+	want = append(want, slices.Repeat([]adapters.Outcome{adapters.AlreadyApplied}, 5)...)
+	want = append(want, slices.Repeat([]adapters.Outcome{adapters.Applied}, 10)...)
+	assert.Equal(t, want, out)
+	assert.Equal(t, int64(20), card("live"), "markers of entries 30..49 remain")
+	assert.Equal(t, int64(50), card("users.v2"), "another group's markers are its own")
+	assert.Equal(t, int64(50), env.userStats(t, 1).NumCheckins)
+}
+
+func TestApplyLegacySeenSet(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	a := env.applier(t, env.client)
+	ctx := context.Background()
+	// The service's earlier layout deduped on a per-slot set of checkinIds.
+	require.NoError(t, env.client.SAdd(ctx, env.keys.ProjectionKey("users", 1, "user:5", "seen"), "old-1").Err())
+	for _, id := range []string{"old-1", "new-1"} {
+		ev := recorded(id, 5, 1, 1, 1_000)
+		us, err := projection.Updates(ctx, projection.UserStats{}, ev)
+		require.NoError(t, err)
+		ref := adapters.RefOf(ev, entry(1_700_000_000_000))
+		ref.LegacyID = id
+		_, err = a.Apply(ctx, []adapters.Work{{Group: "g", Projection: "users", Version: 1, Event: ref, Updates: us}}, nil)
+		require.NoError(t, err)
+	}
+	assert.Equal(t, int64(1), env.userStats(t, 5).NumCheckins, "old-1 was applied before the upgrade")
+}
+
+func permutations[T any](xs []T) [][]T {
+	if len(xs) <= 1 {
+		return [][]T{slices.Clone(xs)}
+	}
+	var out [][]T
+	for i := range xs {
+		rest := append(slices.Clone(xs[:i]), xs[i+1:]...)
+		for _, p := range permutations(rest) {
+			out = append(out, append([]T{xs[i]}, p...))
+		}
+	}
+	return out
+}
+
+func TestApplyOutOfOrderEveryPermutation(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	// Two check-ins share the greatest timestamp: the greater checkinId (ck-c, at location 3)
+	// must win whatever the order; ck-z has the greatest ID but an older timestamp.
+	evs := []domain.CheckinRecorded{
+		recorded("ck-d", 1, 4, 1, 100),
+		recorded("ck-a", 1, 1, 5, 300),
+		recorded("ck-c", 1, 3, 2, 300),
+		recorded("ck-z", 1, 5, 4, 200),
+	}
+	perms := permutations(evs)
+	require.Len(t, perms, 24)
+	want := expect(evs)
+	require.Equal(t, projection.UserStatsView{UserID: 1, NumCheckins: 4, LastCheckin: 300, LastSeenAt: 3}, want.users[1])
+
+	var first map[string]string
+	for i, perm := range perms {
+		e := env.with("perm" + strconv.Itoa(i))
+		a := e.applier(t, e.client)
+		for n, ev := range perm {
+			applyBoth(t, a, ev, entry(1_700_000_000_000+int64(n)))
+		}
+		// Every copy again, in reverse and from later entries: nothing changes.
+		for n, ev := range slices.Backward(perm) {
+			applyBoth(t, a, ev, entry(1_700_000_001_000+int64(n)))
+		}
+		e.assertStats(t, want)
+		snap := snapshot(t, e.client, e.keys.Prefix)
+		if first == nil {
+			first = snap
+			continue
+		}
+		require.Equal(t, first, snap, "permutation %d gives another state", i)
+	}
+}
+
+// TestApplyTieBreakIsByteOrder pins the tie-break to bytes: "a..." sorts after "B..." (0x61 >
+// 0x42), where an en_US collation would put "a" first. A Redis running in another locale must
+// give the same read model as one in C, or a rebuild elsewhere would disagree.
+func TestApplyTieBreakIsByteOrder(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	pairs := [][2]string{{"B-1", "a-1"}, {"Z", "a"}, {"aB", "ab"}, {"a", "a-"}, {"A.b", "A_b"}}
+	for i, pair := range pairs {
+		lo, hi := pair[0], pair[1]
+		require.Less(t, lo, hi, "Go compares bytes")
+		for order, ids := range [][2]string{{lo, hi}, {hi, lo}} {
+			e := env.with(fmt.Sprintf("tie%d-%d", i, order))
+			a := e.applier(t, e.client)
+			for n, id := range ids {
+				loc := int64(1)
+				if id == hi {
+					loc = 2
+				}
+				applyBoth(t, a, recorded(id, 1, loc, 1, 500), entry(1_700_000_000_000+int64(n)))
+			}
+			assert.Equal(t, int64(2), e.userStats(t, 1).LastSeenAt, "%q vs %q, %q first: the greater in byte order wins", lo, hi, ids[0])
+		}
+	}
+}
+
+func TestApplyAverageStars(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	a := env.applier(t, env.client)
+	// Fixed cases around the rounding edge: x.5 rounds up, below rounds down.
+	fixed := []struct {
+		loc   int64
+		stars []int
+		want  int64
+	}{
+		{100, []int{2, 3}, 3},       // 2.5
+		{101, []int{1, 2}, 2},       // 1.5
+		{102, []int{1, 1, 2}, 1},    // 1.33
+		{103, []int{0, 1, 1}, 1},    // 0.67
+		{104, []int{0, 0, 0, 1}, 0}, // 0.25
+		{105, []int{0}, 0},
+		{106, []int{5, 5, 4, 5}, 5}, // 4.75
+		{107, []int{4, 5}, 5},       // 4.5
+	}
+	var evs []domain.CheckinRecorded
+	at := int64(1_700_000_000_000)
+	next := func() string { at++; return entry(at) }
+	for _, f := range fixed {
+		for _, s := range f.stars {
+			ev := recorded("fx-"+strconv.Itoa(len(evs)), 1, f.loc, s, int64(len(evs)+1))
+			evs = append(evs, ev)
+			applyBoth(t, a, ev, next())
+		}
+		assert.Equal(t, f.want, env.locationStats(t, f.loc).AverageStars, "location %d stars %v", f.loc, f.stars)
+	}
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	for i := range 400 {
+		ev := recorded("rnd-"+strconv.Itoa(i), rng.Int64N(5)+1, rng.Int64N(6)+1, rng.IntN(6), 1_000+rng.Int64N(100))
+		evs = append(evs, ev)
+		applyBoth(t, a, ev, next())
+		if rng.IntN(4) == 0 { // duplicates must not move the average
+			dup := evs[rng.IntN(len(evs))]
+			evs = append(evs, dup)
+			applyBoth(t, a, dup, next())
+		}
+	}
+	env.assertStats(t, expect(evs))
+}
+
+// TestApplyConcurrentBatches: 30 writers apply overlapping batches (redeliveries and republished
+// copies of few users and locations) at once, on their own connections, through Apply as the
+// projector does; the read models equal an independent count.
+func TestApplyConcurrentBatches(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 2))
+	type copyOf struct {
+		ev    domain.CheckinRecorded
+		entry string
+	}
+	pool := make([]copyOf, 300)
+	for i := range pool {
+		pool[i] = copyOf{recorded(fmt.Sprintf("ck%04d", i), rng.Int64N(3)+1, rng.Int64N(3)+1, rng.IntN(6), 5_000+rng.Int64N(8)),
+			entry(1_700_000_000_000 + int64(i))}
+		if i > 0 && rng.IntN(5) == 0 { // a republished copy: same check-in, later entry
+			pool[i].ev = pool[rng.IntN(i)].ev
+		}
+	}
+	const writers, perWriter = 30, 40
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	var mu sync.Mutex
+	var all []domain.CheckinRecorded
+	for range writers {
+		picks := make([]copyOf, perWriter)
+		for j := range picks {
+			picks[j] = pool[rng.IntN(len(pool))]
+		}
+		mu.Lock()
+		for _, p := range picks {
+			all = append(all, p.ev)
+		}
+		mu.Unlock()
+		client := redistest.Client(t, env.url)
+		wg.Go(func() {
+			ctx := context.Background()
+			a, err := adapters.NewProjectionApplier(client, env.keys, 0)
+			if err != nil {
+				errs <- err
+				return
+			}
+			var works []adapters.Work
+			for _, p := range picks {
+				for _, proj := range []projection.Projection{projection.UserStats{}, projection.LocationStats{}} {
+					us, err := projection.Updates(ctx, proj, p.ev)
+					if err != nil {
+						errs <- err
+						return
+					}
+					works = append(works, adapters.Work{Group: "g", Projection: proj.Name(), Version: 1, Event: adapters.RefOf(p.ev, p.entry), Updates: us})
+				}
+			}
+			for chunk := range slices.Chunk(works, 16) {
+				if _, err := a.Apply(ctx, chunk, nil); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	env.assertStats(t, expect(all))
+}
+
+func TestApplyRejectsBeforeAnyWrite(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	a := env.applier(t, env.client)
+	ctx := context.Background()
+	valid := func() *projection.Update { return projection.NewUpdate("user:1").HIncrBy("stats", "n", 1) }
+	tests := map[string]*projection.Update{
+		"empty slot":             projection.NewUpdate("").HIncrBy("stats", "n", 1),
+		"slot with a brace":      projection.NewUpdate("user:{1}").HIncrBy("stats", "n", 1),
+		"no ops":                 projection.NewUpdate("user:1"),
+		"reserved key applied":   valid().HSet("applied", "x", "1"),
+		"reserved key seen":      valid().HSet("seen", "x", "1"),
+		"empty key":              valid().HSet("", "x", "1"),
+		"reserved second key":    valid().ZRatioAtMin("z", "m", "applied", "a", "b", 1),
+		"reserved after valid":   valid().HSet("stats", "a", "b").HRound("seen", "d", "n", "m"),
+		"missing args of an op":  {Slot: "user:1", Ops: []projection.Op{{Kind: projection.OpHIncrBy, Keys: []string{"stats"}, Args: []string{"n"}}}},
+		"unknown op after valid": {Slot: "user:1", Ops: []projection.Op{valid().Ops[0], {Kind: "del", Keys: []string{"stats"}}}},
+	}
+	ev := recorded("ck-1", 1, 1, 1, 1)
+	for name, u := range tests {
+		works := []adapters.Work{
+			{Group: "g", Projection: "users", Version: 1, Event: adapters.RefOf(ev, entry(1_700_000_000_000)), Updates: []*projection.Update{valid()}},
+			{Group: "g", Projection: "users", Version: 1, Event: adapters.RefOf(ev, entry(1_700_000_000_000)), Updates: []*projection.Update{u}},
+		}
+		_, err := a.Apply(ctx, works, nil)
+		assert.Error(t, err, name)
+		keys, err := env.client.Keys(ctx, env.keys.Prefix+":*").Result()
+		require.NoError(t, err)
+		assert.Empty(t, keys, "%s: nothing may be written, not even the registry", name)
+	}
+	_, err := a.Apply(ctx, []adapters.Work{{Group: "g", Projection: "users", Version: 1, Event: adapters.EventRef{UserID: 1, Identity: 1}, Updates: []*projection.Update{valid()}}}, nil)
+	assert.ErrorContains(t, err, "neither a stream entry ID nor a usable recordedAt")
+}
+
+func TestApplySurvivesScriptFlush(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	a := env.applier(t, env.client)
+	ctx := context.Background()
+	for i := range 5 {
+		require.NoError(t, env.client.ScriptFlush(ctx).Err())
+		applyBoth(t, a, recorded("ck-"+strconv.Itoa(i), 1, 1, 5, 100), entry(1_700_000_000_000+int64(i)))
+	}
+	assert.Equal(t, int64(5), env.userStats(t, 1).NumCheckins)
+}
+
+// keyslotServer is a cluster-enabled redis-server used only to answer CLUSTER KEYSLOT, which a
+// standalone server refuses.
+func keyslotServer(t *testing.T) *redis.Client {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	dir := t.TempDir()
+	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
+		"--save", "", "--appendonly", "no", "--cluster-enabled", "yes",
+		"--cluster-config-file", filepath.Join(dir, "nodes.conf"), "--logfile", filepath.Join(dir, "redis.log"))
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port)})
+	t.Cleanup(func() { _ = c.Close() })
+	require.EventuallyWithT(t, func(ct *assert.CollectT) {
+		assert.NoError(ct, c.Ping(context.Background()).Err())
+	}, 10*time.Second, 20*time.Millisecond)
+	return c
+}
+
+// TestApplyKeysShareOneSlotPerEntity: every key one update (and its marker) touches shares a
+// hash slot, and the registry of a user shares the user's slot; KeySlot agrees with Redis.
+func TestApplyKeysShareOneSlotPerEntity(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	slotter := keyslotServer(t)
+	a := env.applier(t, env.client)
+	for i := range 6 {
+		applyBoth(t, a, recorded("ck-"+strconv.Itoa(i), int64(i%3+1), int64(i%3+10), i%6, int64(1000+i)), entry(1_700_000_000_000+int64(i)))
+	}
+	ctx := context.Background()
+	keys, err := env.client.Keys(ctx, env.keys.Prefix+":*").Result()
+	require.NoError(t, err)
+	entities := map[string][]string{}
+	distinct := map[int]bool{}
+	for _, k := range keys {
+		open, end := strings.Index(k, "{"), strings.Index(k, "}")
+		require.True(t, open >= 0 && end > open+1, "key %q has no hash tag", k)
+		tag := k[open+1 : end]
+		entities[tag] = append(entities[tag], k)
+		want, err := slotter.ClusterKeySlot(ctx, k).Result()
+		require.NoError(t, err)
+		assert.EqualValues(t, want, adapters.KeySlot(k), "KeySlot(%q)", k)
+		distinct[adapters.KeySlot(k)] = true
+	}
+	require.Len(t, entities, 6, "3 users and 3 locations, got %v", keys)
+	for tag, ks := range entities {
+		if strings.HasPrefix(tag, "user:") {
+			assert.Len(t, ks, 3, "%s: the stats hash, the group's markers and the dedupe registry: %v", tag, ks)
+		} else {
+			assert.Len(t, ks, 2, "%s: the stats hash and the group's markers: %v", tag, ks)
+		}
+	}
+	assert.Greater(t, len(distinct), 1, "entities must spread over slots, not share one tag")
+	for k, want := range map[string]int{"foo": 12182, "{user1000}.following": 3443, "foo{}{bar}": 8363, "": 0} {
+		assert.Equal(t, want, adapters.KeySlot(k), "KeySlot(%q)", k)
+	}
+}
+
+func TestProjectionReaderFollowsCurrentVersion(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	ctx := context.Background()
+	a := env.applier(t, env.client)
+	applyBoth(t, a, recorded("a", 1, 1, 1, 10), entry(1_700_000_000_000))
+	// Version 2 reads the same stream: b is new, a is the same entry again.
+	for id, ev := range map[string]domain.CheckinRecorded{entry(1_700_000_000_001): recorded("b", 1, 2, 1, 20), entry(1_700_000_000_000): recorded("a", 1, 1, 1, 10)} {
+		out, err := a.ApplyEvent(ctx, "users.v2", projection.UserStats{}, 2, ev, id)
+		require.NoError(t, err)
+		assert.Equal(t, adapters.Applied, out)
+	}
+	assert.Equal(t, int64(1), env.userStats(t, 1).NumCheckins, "version 1 serves until switched")
+	require.NoError(t, env.client.HSet(ctx, env.keys.Projections(), "users.version", "2").Err())
+	assert.Equal(t, projection.UserStatsView{UserID: 1, NumCheckins: 2, LastCheckin: 20, LastSeenAt: 2}, env.userStats(t, 1))
+
+	require.NoError(t, env.client.HSet(ctx, env.keys.Projections(), "users.version", "zero").Err())
+	_, err := projection.UserStats{}.Get(ctx, adapters.NewProjectionReader(env.client, env.keys, "users"), 1)
+	require.Error(t, err)
+	assert.False(t, errors.Is(err, domain.ErrNotFound))
+}

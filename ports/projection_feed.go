@@ -1,0 +1,245 @@
+package ports
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
+)
+
+// decoded is one entry of a batch, decoded once for every projection and attempt.
+type decoded struct {
+	entryID string
+	event   domain.Event
+	err     error // undecodable or invalid: every projection parks it
+}
+
+func decodeAll(msgs []*message.Message) []decoded {
+	out := make([]decoded, len(msgs))
+	for i, m := range msgs {
+		d := &out[i]
+		d.entryID = m.Metadata.Get(adapters.MetaEntryID)
+		fields, err := adapters.DecodeFields(m)
+		if err != nil {
+			d.err = err
+			continue
+		}
+		d.event, d.err = domain.ParseEvent(fields)
+	}
+	return out
+}
+
+// ErrForeignMember means a live group lists a projection this process does not run: another
+// build (a newer one, during a rolling deploy) joined it. This process then leaves the group's
+// entries to the processes that run every member, since an entry is applied for all of them at
+// once or not at all.
+var ErrForeignMember = errors.New("the live group has a member this process does not run")
+
+// feed is one consumer group's batch handler: the live group, fed to every member whose join
+// position an entry is past, or a member's own group, which backfills it up to its join
+// position.
+type feed struct {
+	r      *ProjectionRouter
+	group  string
+	member string // "" for the live group
+}
+
+// member is a projection version this process can apply.
+type memberRef struct {
+	proj    projection.Projection
+	version int
+	join    string
+	legacy  string
+}
+
+// units lists every unit of b: each entry for each member it is for.
+func (f *feed) units(b *batch, ms adapters.Membership) ([]unit, map[string]memberRef, error) {
+	refs := map[string]memberRef{}
+	for name, m := range ms.Members {
+		if f.member != "" && name != f.member {
+			continue
+		}
+		pname, version, ok := adapters.ParseMemberName(name)
+		if !ok {
+			return nil, nil, fmt.Errorf("live group %s: member %q is not <projection>.v<N>", f.group, name)
+		}
+		p, ok := f.r.projs[pname]
+		if !ok {
+			return nil, nil, fmt.Errorf("%w: %s (in %s)", ErrForeignMember, name, f.group)
+		}
+		refs[name] = memberRef{proj: p, version: version, join: m.Join, legacy: m.Legacy}
+	}
+	var out []unit
+	for i, d := range b.events {
+		n := len(out)
+		for name, ref := range refs {
+			after := adapters.CompareEntryIDs(d.entryID, ref.join) > 0
+			if after == (f.member == "") {
+				out = append(out, unit{entry: i, member: name})
+			}
+		}
+		if d.err != nil && len(out) > n {
+			// Not an event at all: one unit for the group, parked once, whoever it was for.
+			out = append(out[:n], unit{entry: i})
+		}
+	}
+	return out, refs, nil
+}
+
+// handle is the router's handler function for a batch message.
+func (f *feed) handle(msg *message.Message) ([]*message.Message, error) {
+	b, err := batchOf(msg)
+	if err != nil {
+		return nil, err
+	}
+	ctx := msg.Context()
+	plan := planOf(ctx)
+	b.decodeOnce.Do(func() { b.events = decodeAll(b.msgs) })
+	for _, d := range b.events {
+		if d.entryID == "" {
+			// Which side of a join position an entry is on, and its time for the dedupe
+			// window, come from its ID: without it nothing can be decided (not parked: the
+			// subscriber could not tell, which says nothing about the event).
+			return nil, errors.New("a stream entry came without its entry ID; will retry")
+		}
+	}
+	ms, err := f.r.membership(ctx, f.group)
+	if err != nil {
+		return nil, err
+	}
+	all, refs, err := f.units(b, ms)
+	if err != nil {
+		f.r.foreign(err)
+		return nil, err
+	}
+	units := plan.units
+	if units == nil {
+		units = all
+	}
+	plan.progress.units.Store(units)
+	start := time.Now()
+
+	// Run the handlers: pure functions of the event that return updates.
+	results := make([]unitResult, len(units))
+	failedEntry := map[int]bool{}
+	for i, u := range units {
+		plan.progress.current.Store(u)
+		d := b.events[u.entry]
+		ref, ok := refs[u.member]
+		if !ok && d.err == nil {
+			// The member left the group since the plan was made (a retired version): nothing to do.
+			continue
+		}
+		if d.err != nil {
+			results[i].err = permanent(d.err)
+		} else {
+			results[i].updates, results[i].err = runHandler(ctx, ref.proj, d.event)
+		}
+		if results[i].err != nil {
+			failedEntry[u.entry] = true
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w (%s)", ErrHandlerTimeout, ctx.Err())
+		}
+	}
+
+	// Apply the entries whose every unit succeeded, unless held: an entry is applied as a whole.
+	var works []adapters.Work
+	var workUnits []int
+	var failure BatchFailure
+	for i, u := range units {
+		ref, ok := refs[u.member]
+		switch {
+		case results[i].err != nil:
+			failure.Failed = append(failure.Failed, unitFailure{unit: u, err: results[i].err})
+		case !ok:
+		case failedEntry[u.entry] || plan.hold[u.entry]:
+			failure.Held = append(failure.Held, u)
+		case len(results[i].updates) > 0:
+			d := b.events[u.entry]
+			ev, ok := d.event.(domain.CheckinRecorded)
+			if !ok {
+				failure.Failed = append(failure.Failed, unitFailure{unit: u, err: permanent(fmt.Errorf("updates for a %s event cannot be deduplicated", d.event.EventName()))})
+				continue
+			}
+			evRef := adapters.RefOf(ev, d.entryID)
+			if ref.legacy != "" && d.entryID != "" && adapters.CompareEntryIDs(d.entryID, ref.legacy) <= 0 {
+				evRef.LegacyID = ev.ID
+			}
+			works = append(works, adapters.Work{Group: f.group, Projection: ref.proj.Name(), Version: ref.version, Event: evRef, Updates: results[i].updates})
+			workUnits = append(workUnits, i)
+		}
+	}
+	plan.progress.flushing.Store(true)
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("%w (%s)", ErrHandlerTimeout, ctx.Err())
+	}
+	outcomes, err := f.r.cfg.Applier.Apply(ctx, works, f.r.prune)
+	if err != nil {
+		if IsTransient(err) || ctx.Err() != nil {
+			return nil, err
+		}
+		// Something about the updates themselves (a key of another type, say): find which.
+		outcomes = make([]adapters.Outcome, len(works))
+		for w := range works {
+			o, err := f.r.cfg.Applier.Apply(ctx, works[w:w+1], f.r.prune)
+			if err != nil {
+				if IsTransient(err) || ctx.Err() != nil {
+					return nil, err
+				}
+				failure.Failed = append(failure.Failed, unitFailure{unit: units[workUnits[w]], err: err})
+				continue
+			}
+			outcomes[w] = o[0]
+		}
+	}
+	f.observe(units, results, works, outcomes, refs, time.Since(start))
+	if len(failure.Failed) > 0 || len(failure.Held) > 0 {
+		return nil, &failure
+	}
+	return nil, nil
+}
+
+// runHandler runs p on e, turning a panic into an error of that unit.
+func runHandler(ctx context.Context, p projection.Projection, e domain.Event) (us []*projection.Update, err error) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			err = fmt.Errorf("panic in projection %s: %v\n%s", p.Name(), rec, debug.Stack())
+		}
+	}()
+	return projection.Updates(ctx, p, e)
+}
+
+// observe reports the batch's outcomes per projection.
+func (f *feed) observe(units []unit, results []unitResult, works []adapters.Work, outcomes []adapters.Outcome, refs map[string]memberRef, d time.Duration) {
+	obs := f.r.cfg.Observer
+	type key struct{ projection, outcome string }
+	counts := map[key]int{}
+	for i, u := range units {
+		if ref, ok := refs[u.member]; ok && results[i].err != nil {
+			counts[key{ref.proj.Name(), OutcomeFailed}]++
+		}
+	}
+	for i, w := range works {
+		outcome := OutcomeApplied
+		if i < len(outcomes) && outcomes[i] == adapters.Duplicate {
+			outcome = OutcomeDuplicate
+		}
+		counts[key{w.Projection, outcome}]++
+	}
+	for k, n := range counts {
+		obs.Handled(k.projection, k.outcome, n, d)
+	}
+}
+
+type unitResult struct {
+	updates []*projection.Update
+	err     error
+}
