@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -262,6 +263,10 @@ type ProjectionApplier struct {
 	cluster bool
 	// pruneEvery: see PruneEvery.
 	pruneEvery int
+
+	// touched are the marker keys applied to since the last Sweep, per group.
+	mu      sync.Mutex
+	touched map[string]map[string]struct{}
 }
 
 // DefaultPruneEvery: a registry or marker set is pruned in one of this many calls that touch
@@ -294,7 +299,8 @@ func NewProjectionApplier(client redis.UniversalClient, keys KeySpace, window ti
 	_, cluster := client.(*redis.ClusterClient)
 	// Script calls of about 100 updates keep each one under a millisecond of Redis time, so
 	// reads and the API never wait long behind a batch, while the per-call cost is shared.
-	return &ProjectionApplier{client: client, keys: keys, window: window.Milliseconds() * scorePerMs, chunk: 100, cluster: cluster, pruneEvery: DefaultPruneEvery}, nil
+	return &ProjectionApplier{client: client, keys: keys, window: window.Milliseconds() * scorePerMs, chunk: 100, cluster: cluster, pruneEvery: DefaultPruneEvery,
+		touched: map[string]map[string]struct{}{}}, nil
 }
 
 // Registry is the dedupe registry key of a user.
@@ -588,6 +594,7 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []in
 		}
 		cmds[c] = applyLua.EvalSha(ctx, pipe, keys, args...)
 	}
+	a.touch(items)
 	if err := a.exec(ctx, pipe, cmds, applyLua, "apply"); err != nil {
 		return nil, err
 	}
@@ -688,4 +695,75 @@ func (a *ProjectionApplier) ApplyEvent(ctx context.Context, group string, p proj
 // RefOf is the EventRef of e read from the stream at entryID.
 func RefOf(e domain.CheckinRecorded, entryID string) EventRef {
 	return EventRef{EntryID: entryID, UserID: e.UserID, Identity: e.Identity(), RecordedAt: e.RecordedAt}
+}
+
+func (a *ProjectionApplier) touch(items []item) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, it := range items {
+		ks, ok := a.touched[it.group]
+		if !ok {
+			ks = map[string]struct{}{}
+			a.touched[it.group] = ks
+		}
+		ks[a.keys.MarkerKey(it.group, it.slot)] = struct{}{}
+	}
+}
+
+// Sweep prunes, below before, the markers of group this applier wrote since the last sweep.
+// Calls prune the sets they touch as they go; a quiet group needs this to let go of the markers
+// of its last batches (the projector calls it once the group has caught up).
+func (a *ProjectionApplier) Sweep(ctx context.Context, group, before string) (int, error) {
+	score, ok := ScoreOfEntry(before)
+	if !ok {
+		return 0, fmt.Errorf("sweep markers of %s: %q is not a stream entry ID", group, before)
+	}
+	a.mu.Lock()
+	ks := a.touched[group]
+	delete(a.touched, group)
+	a.mu.Unlock()
+	if len(ks) == 0 {
+		return 0, nil
+	}
+	bound := "(" + strconv.FormatInt(score, 10)
+	var n int
+	var pipe redis.Pipeliner
+	flush := func() error {
+		if pipe == nil {
+			return nil
+		}
+		_, err := pipe.Exec(ctx)
+		pipe = nil
+		return err
+	}
+	for k := range ks {
+		if pipe == nil {
+			pipe = a.client.Pipeline()
+		}
+		pipe.ZRemRangeByScore(ctx, k, "-inf", bound)
+		if n++; n%500 == 0 {
+			if err := flush(); err != nil {
+				a.requeue(group, ks)
+				return n, err
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		a.requeue(group, ks)
+		return n, err
+	}
+	return n, nil
+}
+
+func (a *ProjectionApplier) requeue(group string, ks map[string]struct{}) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	cur, ok := a.touched[group]
+	if !ok {
+		a.touched[group] = ks
+		return
+	}
+	for k := range ks {
+		cur[k] = struct{}{}
+	}
 }

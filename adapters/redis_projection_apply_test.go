@@ -645,3 +645,42 @@ func TestProjectionReaderFollowsCurrentVersion(t *testing.T) {
 	require.Error(t, err)
 	assert.False(t, errors.Is(err, domain.ErrNotFound))
 }
+
+// TestApplySweepLetsGoOfAQuietGroupsMarkers: markers of the last batches stay until Sweep, which
+// prunes only what this applier wrote for that group, below the given position.
+func TestApplySweepLetsGoOfAQuietGroupsMarkers(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	a := env.applier(t, env.client).PruneEvery(0)
+	ctx := context.Background()
+	const t0 = 1_700_000_000_000
+	for i := range 10 {
+		for _, g := range []string{"live", "other"} {
+			ev := recorded("ck-"+strconv.Itoa(i), int64(i%2+1), 1, 2, 1_000)
+			us, err := projection.Updates(ctx, projection.UserStats{}, ev)
+			require.NoError(t, err)
+			_, err = a.Apply(ctx, []adapters.Work{{Group: g, Projection: "users", Version: 1 + len(g)%2, Event: adapters.RefOf(ev, entry(t0+int64(i))), Updates: us}}, nil)
+			require.NoError(t, err)
+		}
+	}
+	markers := func(group string) int64 {
+		var n int64
+		for _, u := range []string{"user:1", "user:2"} {
+			c, err := env.client.ZCard(ctx, env.keys.MarkerKey(group, u)).Result()
+			require.NoError(t, err)
+			n += c
+		}
+		return n
+	}
+	require.Equal(t, int64(10), markers("live"))
+	n, err := a.Sweep(ctx, "live", entry(t0+6))
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "two marker sets were touched")
+	assert.Equal(t, int64(4), markers("live"), "entries 6..9 remain")
+	assert.Equal(t, int64(10), markers("other"), "another group's markers are its own")
+	n, err = a.Sweep(ctx, "live", entry(t0+100))
+	require.NoError(t, err)
+	assert.Zero(t, n, "nothing touched since the last sweep")
+	_, err = a.Sweep(ctx, "live", "yesterday")
+	assert.Error(t, err)
+}

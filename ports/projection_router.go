@@ -58,6 +58,10 @@ func LiveGroupName(names []string, all bool) string {
 	return "live:" + strings.Join(s, ",")
 }
 
+// DefaultCheckpointInterval is how often a projector records how far its groups acknowledged:
+// the markers above that position are what Redis holds beyond the read models while busy.
+const DefaultCheckpointInterval = 250 * time.Millisecond
+
 // ProjectionRouterConfig wires the shared machinery every projection gets.
 type ProjectionRouterConfig struct {
 	Keys adapters.KeySpace
@@ -82,7 +86,7 @@ type ProjectionRouterConfig struct {
 	HandlerTimeout time.Duration
 	CloseTimeout   time.Duration
 	// CheckpointInterval is how often each group's acknowledged position is recorded (the
-	// markers below it are pruned from then on); default 1s.
+	// markers below it are pruned from then on); default DefaultCheckpointInterval.
 	CheckpointInterval time.Duration
 	Observer           ProjectionObserver
 	Logger             *slog.Logger
@@ -114,6 +118,9 @@ type ProjectionRouter struct {
 
 	ackMu sync.RWMutex
 	acked map[string]string // group -> acknowledged through (the registry's checkpoints)
+	// lastDelivered is each group's last delivered entry at the previous checkpoint (only the
+	// checkpoint loop uses it).
+	lastDelivered map[string]string
 
 	probMu  sync.Mutex
 	problem map[string]string // group -> why its batches cannot be applied now
@@ -156,7 +163,7 @@ func NewProjectionRouter(cfg ProjectionRouterConfig) (*ProjectionRouter, error) 
 		cfg.CloseTimeout = 30 * time.Second
 	}
 	if cfg.CheckpointInterval <= 0 {
-		cfg.CheckpointInterval = time.Second
+		cfg.CheckpointInterval = DefaultCheckpointInterval
 	}
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = 500
@@ -168,7 +175,7 @@ func NewProjectionRouter(cfg ProjectionRouterConfig) (*ProjectionRouter, error) 
 	r := &ProjectionRouter{cfg: cfg, router: router, poison: adapters.NewPoisonQueue(cfg.Redis, cfg.Keys),
 		groups: adapters.NewLiveGroups(cfg.Redis, cfg.Keys), projs: map[string]projection.Projection{}, log: cfg.Logger,
 		handlers: map[string]*runningHandler{}, retired: map[string]bool{}, stopped: make(chan string, 64),
-		joined: map[string]bool{}, msCache: map[string]adapters.Membership{}, acked: map[string]string{},
+		joined: map[string]bool{}, msCache: map[string]adapters.Membership{}, acked: map[string]string{}, lastDelivered: map[string]string{},
 		problem: map[string]string{}}
 	for _, p := range cfg.Projections {
 		if !validProjectionName(p.Name()) {
@@ -552,6 +559,14 @@ func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
 		if err := r.groups.Checkpoint(ctx, g, p.AckedThrough); err != nil {
 			return err
 		}
+		// Quiet (nothing pending, nothing delivered since the last look): let go of the markers
+		// of the last batches, which no script call will prune now.
+		if p.Pending == 0 && p.LastDeliveredID == r.lastDelivered[g] {
+			if _, err := r.cfg.Applier.Sweep(ctx, g, p.AckedThrough); err != nil {
+				return err
+			}
+		}
+		r.lastDelivered[g] = p.LastDeliveredID
 		if m, own := ms.Members[g]; own && m.Own == adapters.BackfillRunning &&
 			p.Pending == 0 && adapters.CompareEntryIDs(p.LastDeliveredID, m.Join) >= 0 {
 			if changed, err := r.groups.FinishBackfill(ctx, r.cfg.LiveGroup, g, time.Now()); err != nil {
