@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -26,9 +27,11 @@ import (
 //     within DEDUPE_WINDOW of it (measured on stream entry times, so a rebuild decides the same)
 //     is a duplicate for every projection alike; identities older than the window are pruned.
 //     Deciding is idempotent: the counted copy, delivered again, is still the counted copy.
-//  2. Apply (per consumer group and slot). The updates every projection version of a group made
-//     for one event in one slot run in one script with one marker: <prefix>:applied:<group>:
-//     {<slot>} holds the identities that group applied there, scored by stream position. A
+//  2. Apply (per consumer group; per slot on a cluster). The updates every projection version of
+//     a group made for one event run in one script with one marker: <prefix>:applied:<group>:
+//     {<slot>} holds the identities that group applied there, scored by stream position (on a
+//     single server one script applies an event's updates in every slot, with one marker in the
+//     user's slot, and decides step 1 in the same call; on a cluster, one script per slot). A
 //     marker already present means the updates landed before (a redelivery, a retry after a
 //     timeout, a reclaim from a crashed consumer): nothing is applied again. A group delivers an
 //     entry again only while it is pending, so the caller prunes a group's markers below its
@@ -94,16 +97,19 @@ end
 return out
 `
 
-// applyScript is step 2. KEYS: marker keys and the keys ops use. ARGV[1]: number of items,
-// ARGV[2]: number of marker bounds; per bound: marker key index, the score below which its
-// markers are stale (the group will not deliver those entries again), 1 to prune them now; then
-// per item (one event in one slot for one group): marker key index, identity, score, update
-// count, then per update: legacy key index (0: none), legacy member, op count, then per op: kind,
-// nkeys, nargs, key indexes, args. Returns 1 (applied) or 0 (already applied) per item.
+// applyScript is step 2, and on a single server step 1 as well. KEYS: registry, marker and op
+// keys. ARGV[1]: window (score units); ARGV[2]: number of bounds, then per bound: key index, the
+// score below which the set's members are no longer needed (for a marker set: entries its
+// group will not deliver again), 1 to prune them now; then the number of items, and per item
+// (the updates one group made for one event, in one slot on a cluster): registry key index (0:
+// decided already), marker key index, identity, score, update count; per update: legacy key
+// index (0: none) and, if not 0, the legacy member; op count; per op a one-letter kind and its
+// arguments, a fixed number per kind (see opCode), keys as indexes. Returns per item 1 (applied),
+// 0 (had been applied: a marker says so) or 2 (a duplicate: another copy was counted).
 //
 // A stale marker counts as absent, so a copy the registry counts again (beyond the window) is
 // applied whether or not its marker was pruned yet: pruning is only about memory, and a call
-// prunes only some marker sets (each prune is a command of its own).
+// prunes only some sets (each prune is a command of its own).
 //
 // It walks ARGV in place rather than building tables per op: Redis's single thread running these
 // scripts is what bounds the drain rate.
@@ -117,7 +123,7 @@ local function before(a, b)
   end
   return #a < #b
 end
-local ni, nb = tonumber(ARGV[1]), tonumber(ARGV[2])
+local w, nb = tonumber(ARGV[1]), tonumber(ARGV[2])
 local stale = {}
 local i = 3
 for _ = 1, nb do
@@ -126,70 +132,107 @@ for _ = 1, nb do
   if ARGV[i+2] == '1' then redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', '(' .. ARGV[i+1]) end
   i = i + 3
 end
+local ni = tonumber(ARGV[i])
+i = i + 1
 local out = {}
 for it = 1, ni do
-  local mki = tonumber(ARGV[i])
-  local mk, id, s, nu = KEYS[mki], ARGV[i+1], ARGV[i+2], tonumber(ARGV[i+3])
-  i = i + 4
-  local fresh = redis.call('ZADD', mk, 'NX', s, id) == 1
-  if not fresh and stale[mki] and tonumber(redis.call('ZSCORE', mk, id)) < stale[mki] then
-    redis.call('ZADD', mk, s, id)
-    fresh = true
-  end
-  out[it] = fresh and 1 or 0
-  for _ = 1, nu do
-    local lk, lm, n = tonumber(ARGV[i]), ARGV[i+1], tonumber(ARGV[i+2])
-    i = i + 3
-    local apply = fresh
-    if apply and lk > 0 and redis.call('SISMEMBER', KEYS[lk], lm) == 1 then
-      apply = false -- applied before this version of the service, under its dedupe set
+  local rk, mki, id, s, nu = tonumber(ARGV[i]), tonumber(ARGV[i+1]), ARGV[i+2], ARGV[i+3], tonumber(ARGV[i+4])
+  i = i + 5
+  local state = 1
+  if rk > 0 and redis.call('ZADD', KEYS[rk], 'NX', s, id) == 0 then
+    local cur, sn = tonumber(redis.call('ZSCORE', KEYS[rk], id)), tonumber(s)
+    if cur ~= sn then
+      if math.abs(sn - cur) <= w then
+        state = 2
+      elseif sn > cur then
+        redis.call('ZADD', KEYS[rk], s, id) -- beyond the window: counted again, and remembered anew
+      end
     end
+  end
+  if state == 1 and redis.call('ZADD', KEYS[mki], 'NX', s, id) == 0 then
+    if stale[mki] and tonumber(redis.call('ZSCORE', KEYS[mki], id)) < stale[mki] then
+      redis.call('ZADD', KEYS[mki], s, id)
+    else
+      state = 0
+    end
+  end
+  out[it] = state
+  for _ = 1, nu do
+    local apply = state == 1
+    local lk = tonumber(ARGV[i])
+    i = i + 1
+    if lk > 0 then
+      if apply and redis.call('SISMEMBER', KEYS[lk], ARGV[i]) == 1 then
+        apply = false -- applied before this version of the service, under its dedupe set
+      end
+      i = i + 1
+    end
+    local n = tonumber(ARGV[i])
+    i = i + 1
     local incr = {}
     for _ = 1, n do
-      local kind, nk, na = ARGV[i], tonumber(ARGV[i+1]), tonumber(ARGV[i+2])
-      local ki = ARGV[i+3]
+      local kind, ki = ARGV[i], ARGV[i+1]
       local k = KEYS[tonumber(ki)]
-      local a = i + 3 + nk
-      if apply then
-        if kind == 'hincrby' then
-          incr[ki .. ' ' .. ARGV[a]] = redis.call('HINCRBY', k, ARGV[a], ARGV[a+1])
-        elseif kind == 'hset' then
-          redis.call('HSET', k, ARGV[a], ARGV[a+1])
-        elseif kind == 'hmaxby' then
+      if kind == 'i' then
+        if apply then incr[ki .. ' ' .. ARGV[i+2]] = redis.call('HINCRBY', k, ARGV[i+2], ARGV[i+3]) end
+        i = i + 4
+      elseif kind == 's' then
+        if apply then redis.call('HSET', k, ARGV[i+2], ARGV[i+3]) end
+        i = i + 4
+      elseif kind == 'm' then
+        local na = 4 + 2 * tonumber(ARGV[i+2])
+        local a = i + 3
+        if apply then
           local cur = redis.call('HMGET', k, ARGV[a], ARGV[a+2])
           local v, c = tonumber(ARGV[a+1]), tonumber(cur[1])
           if c == nil or v > c or (v == c and (not cur[2] or before(cur[2], ARGV[a+3]))) then
             redis.call('HSET', k, unpack(ARGV, a, a + na - 1))
           end
-        elseif kind == 'hround' or kind == 'zratioatmin' then
-          local hk, hki, f0 = k, ki, a + 1 -- the numerator and denominator fields follow one arg
-          if kind == 'zratioatmin' then hki = ARGV[i+4]; hk = KEYS[tonumber(hki)] end
-          local num, den = incr[hki .. ' ' .. ARGV[f0]], incr[hki .. ' ' .. ARGV[f0+1]]
+        end
+        i = a + na
+      elseif kind == 'r' or kind == 'q' then
+        -- r: hround k dst num den; q: zratioatmin zk hk member num den min
+        local hki, a = ki, i + 2
+        if kind == 'q' then hki, a = ARGV[i+2], i + 3 end
+        if apply then
+          local hk = KEYS[tonumber(hki)]
+          local num, den = incr[hki .. ' ' .. ARGV[a+1]], incr[hki .. ' ' .. ARGV[a+2]]
           if num == nil or den == nil then
-            local cur = redis.call('HMGET', hk, ARGV[f0], ARGV[f0+1])
+            local cur = redis.call('HMGET', hk, ARGV[a+1], ARGV[a+2])
             num, den = tonumber(cur[1]) or 0, tonumber(cur[2]) or 0
           end
-          if kind == 'hround' then
+          if kind == 'r' then
             if den > 0 then redis.call('HSET', k, ARGV[a], math.floor(num / den + 0.5)) end
           elseif den > 0 and den >= tonumber(ARGV[a+3]) then
             redis.call('ZADD', k, num / den, ARGV[a])
           end
-        elseif kind == 'zadd' then
-          redis.call('ZADD', k, ARGV[a], ARGV[a+1])
-        elseif kind == 'zincrby' then
-          redis.call('ZINCRBY', k, ARGV[a], ARGV[a+1])
-        elseif kind == 'zkeeptop' then
-          redis.call('ZREMRANGEBYRANK', k, 0, -(tonumber(ARGV[a]) + 1))
-        else
-          return redis.error_reply('unknown op ' .. tostring(kind))
         end
+        if kind == 'r' then i = a + 3 else i = a + 4 end
+      elseif kind == 'a' then
+        if apply then redis.call('ZADD', k, ARGV[i+2], ARGV[i+3]) end
+        i = i + 4
+      elseif kind == 'z' then
+        if apply then redis.call('ZINCRBY', k, ARGV[i+2], ARGV[i+3]) end
+        i = i + 4
+      elseif kind == 't' then
+        if apply then redis.call('ZREMRANGEBYRANK', k, 0, -(tonumber(ARGV[i+2]) + 1)) end
+        i = i + 3
+      else
+        return redis.error_reply('unknown op ' .. tostring(kind))
       end
-      i = a + na
     end
   end
 end
 return out
 `
+
+// opCode is each op's letter in applyScript's arguments. After the letter come the op's key
+// indexes and its args as projection.Update holds them, except hmaxby, which says how many
+// extra field/value pairs follow.
+var opCode = map[projection.OpKind]string{
+	projection.OpHIncrBy: "i", projection.OpHSet: "s", projection.OpHMaxBy: "m", projection.OpHRound: "r",
+	projection.OpZAdd: "a", projection.OpZIncrBy: "z", projection.OpZKeepTop: "t", projection.OpZRatioAtMin: "q",
+}
 
 var (
 	decideLua = redis.NewScript(decideScript)
@@ -363,9 +406,11 @@ var opArity = map[projection.OpKind][2]int{
 }
 
 // Apply applies works: it decides which events count (step 1), then applies their updates with
-// markers (step 2), pruning markers as prune allows. Outcomes are per work, in order. An error
-// means some updates may have been applied and others not: calling Apply again with the same
-// works is safe and completes them.
+// markers (step 2), pruning markers as prune allows. On a single server both steps run in one
+// script call per chunk, and one marker covers an event's updates in every slot; on a cluster
+// a script may touch one slot only, so step 1 runs first, then step 2 per slot. Outcomes are
+// per work, in order. An error means some updates may have been applied and others not:
+// calling Apply again with the same works is safe and completes them.
 func (a *ProjectionApplier) Apply(ctx context.Context, works []Work, prune Prune) ([]Outcome, error) {
 	out := make([]Outcome, len(works))
 	if len(works) == 0 {
@@ -384,19 +429,26 @@ func (a *ProjectionApplier) Apply(ctx context.Context, works []Work, prune Prune
 		}
 		scores[i] = s
 	}
-	counted, err := a.decide(ctx, works, scores)
-	if err != nil {
-		return nil, err
+	counted := make([]bool, len(works))
+	if a.cluster {
+		var err error
+		if counted, err = a.decide(ctx, works, scores); err != nil {
+			return nil, err
+		}
+	} else {
+		for i := range counted {
+			counted[i] = true // decided in the same call
+		}
 	}
-	applied, err := a.apply(ctx, works, scores, counted, prune)
+	states, err := a.apply(ctx, works, scores, counted, prune)
 	if err != nil {
 		return nil, err
 	}
 	for i := range works {
 		switch {
-		case !counted[i]:
+		case !counted[i] || states[i] == itemDuplicate:
 			out[i] = Duplicate
-		case applied[i]:
+		case states[i] == itemApplied:
 			out[i] = Applied
 		default:
 			out[i] = AlreadyApplied
@@ -404,6 +456,13 @@ func (a *ProjectionApplier) Apply(ctx context.Context, works []Work, prune Prune
 	}
 	return out, nil
 }
+
+// States of an item, as applyScript returns them.
+const (
+	itemAlready   = 0
+	itemApplied   = 1
+	itemDuplicate = 2
+)
 
 // decideKey identifies one event in a batch: the same event appears once per projection.
 type decideKey struct {
@@ -479,17 +538,20 @@ func (a *ProjectionApplier) decide(ctx context.Context, works []Work, scores []i
 	return counted, nil
 }
 
-// item is what one marker covers: the updates one group made for one event in one slot.
+// item is what one marker covers: the updates one group made for one event (in one slot, on a
+// cluster).
 type item struct {
-	group, slot string
-	work        int // the first work of the item, for the event and its score
+	group, slot string // slot: the marker's slot (the event's user on a single server)
+	work        int    // the first work of the item, for the event and its score
+	decide      bool   // the registry is asked in the same call
 	refs        []updateRef
 }
 
 type updateRef struct{ work, update int }
 
-// apply runs step 2 for the updates of counted works.
-func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []int64, counted []bool, prune Prune) ([]bool, error) {
+// apply runs step 2 (with step 1 on a single server) for the updates of counted works; it
+// returns each work's item state (the best of its items: applied anywhere counts as applied).
+func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []int64, counted []bool, prune Prune) ([]int, error) {
 	type itemKey struct {
 		group, slot string
 		event       decideKey
@@ -504,26 +566,34 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []in
 		event             decideKey
 	}
 	seen := map[once]bool{}
+	states := make([]int, len(works))
+	for i := range states {
+		states[i] = itemAlready
+	}
 	for i, w := range works {
-		o := once{w.Group, w.Projection, w.Version, decideKey{w.Event.Identity, scores[i]}}
+		ev := decideKey{w.Event.Identity, scores[i]}
+		o := once{w.Group, w.Projection, w.Version, ev}
 		if !counted[i] || seen[o] {
 			continue
 		}
 		seen[o] = true
 		for j, u := range w.Updates {
-			k := itemKey{w.Group, u.Slot, decideKey{w.Event.Identity, scores[i]}}
+			slot := u.Slot
+			if !a.cluster {
+				slot = "user:" + strconv.FormatInt(w.Event.UserID, 10)
+			}
+			k := itemKey{w.Group, slot, ev}
 			n, ok := index[k]
 			if !ok {
 				n = len(items)
 				index[k] = n
-				items = append(items, item{group: w.Group, slot: u.Slot, work: i})
+				items = append(items, item{group: w.Group, slot: slot, work: i, decide: !a.cluster})
 			}
 			items[n].refs = append(items[n].refs, updateRef{i, j})
 		}
 	}
-	applied := make([]bool, len(works))
 	if len(items) == 0 {
-		return applied, nil
+		return states, nil
 	}
 	// Items of one slot go together (a cluster needs it; a single server shares the markers'
 	// pruning); the order within a slot stays the batch's.
@@ -544,7 +614,25 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []in
 			}
 			return ki
 		}
-		args := make([]any, 2, 2+16*len(idx))
+		args := make([]any, 2, 4+24*len(idx))
+		args[0] = a.window
+		bounds := 0
+		// Registries: what is older than the window of the call's oldest event may go.
+		oldest := map[int64]int64{}
+		for _, n := range idx {
+			if it := items[n]; it.decide {
+				u, s := works[it.work].Event.UserID, scores[it.work]
+				if o, ok := oldest[u]; !ok || s < o {
+					oldest[u] = s
+				}
+			}
+		}
+		for _, u := range slices.Sorted(maps.Keys(oldest)) {
+			if a.pruneNow() {
+				args = append(args, keyIndex(a.keys.Registry(u)), oldest[u]-a.window, 1)
+				bounds++
+			}
+		}
 		if prune != nil {
 			done := map[string]bool{}
 			for _, n := range idx {
@@ -565,26 +653,36 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []in
 						now = 1
 					}
 					args = append(args, keyIndex(mk), sc, now)
+					bounds++
 				}
 			}
 		}
-		args[0], args[1] = len(idx), (len(args)-2)/3
+		args[1] = bounds
+		args = append(args, len(idx))
 		for _, n := range idx {
 			it := items[n]
 			w := works[it.work]
-			args = append(args, keyIndex(a.keys.MarkerKey(it.group, it.slot)), w.Event.Identity, scores[it.work], len(it.refs))
+			rk := 0
+			if it.decide {
+				rk = keyIndex(a.keys.Registry(w.Event.UserID))
+			}
+			args = append(args, rk, keyIndex(a.keys.MarkerKey(it.group, it.slot)), w.Event.Identity, scores[it.work], len(it.refs))
 			for _, r := range it.refs {
 				w, u := works[r.work], works[r.work].Updates[r.update]
 				prefix := a.keys.ProjectionPrefix(w.Projection, w.Version) + "{" + u.Slot + "}:"
-				legacyIdx := 0
 				if w.Event.LegacyID != "" {
-					legacyIdx = keyIndex(prefix + legacyKeyName)
+					args = append(args, keyIndex(prefix+legacyKeyName), w.Event.LegacyID)
+				} else {
+					args = append(args, 0)
 				}
-				args = append(args, legacyIdx, w.Event.LegacyID, len(u.Ops))
+				args = append(args, len(u.Ops))
 				for _, op := range u.Ops {
-					args = append(args, string(op.Kind), len(op.Keys), len(op.Args))
+					args = append(args, opCode[op.Kind])
 					for _, k := range op.Keys {
 						args = append(args, keyIndex(prefix+k))
+					}
+					if op.Kind == projection.OpHMaxBy {
+						args = append(args, (len(op.Args)-4)/2)
 					}
 					for _, s := range op.Args {
 						args = append(args, s)
@@ -604,14 +702,18 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []in
 			return nil, fmt.Errorf("apply projection updates: unexpected reply %v: %w", cmds[c].Val(), err)
 		}
 		for m, n := range idx {
-			if vals[m] == 1 {
-				for _, r := range items[n].refs {
-					applied[r.work] = true
+			st := int(vals[m])
+			for _, r := range items[n].refs {
+				switch {
+				case st == itemApplied:
+					states[r.work] = itemApplied
+				case st == itemDuplicate && states[r.work] != itemApplied:
+					states[r.work] = itemDuplicate
 				}
 			}
 		}
 	}
-	return applied, nil
+	return states, nil
 }
 
 // group splits n items into script calls of about a.chunk items: in a cluster, one slot per
