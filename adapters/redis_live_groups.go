@@ -339,3 +339,63 @@ func CompareEntryIDs(a, b string) int {
 	}
 	return 0
 }
+
+// DedupeFloor is the stream position below which no consumer group that feeds projections will
+// decide an event again (ProjectionApplier.SetRegistryFloor): the least AckedThrough of every
+// live group and of the own groups of members still backfilling. ok is false while one of them
+// is missing from progress (being created).
+//
+// A group that has fallen more than idleLimit behind now and whose consumers have all been idle
+// for longer than idleLimit (nobody has read from it for the whole dedupe window: abandoned, or
+// every process of it down that long) does not hold the floor back, so a forgotten group cannot
+// make the registry grow forever. Such a group, if it comes back, may count a copy that falls in
+// the window of one it decided before it stopped.
+func DedupeFloor(ctx context.Context, client redis.UniversalClient, stream string, lives map[string]Membership,
+	progress map[string]GroupProgress, idleLimit time.Duration, now time.Time) (string, bool, error) {
+	var groups []string
+	for live, ms := range lives {
+		groups = append(groups, live)
+		for name, m := range ms.Members {
+			if m.Own == BackfillRunning {
+				groups = append(groups, name)
+			}
+		}
+	}
+	floor, stale := "", now.Add(-idleLimit).UnixMilli()
+	for _, g := range groups {
+		p, ok := progress[g]
+		if !ok {
+			return "", false, nil
+		}
+		if ms, ok := ScoreOfEntry(p.AckedThrough); ok && ms/scorePerMs < stale {
+			idle, err := groupIdle(ctx, client, stream, g)
+			if err != nil {
+				return "", false, err
+			}
+			if idle > idleLimit {
+				continue
+			}
+		}
+		if floor == "" || CompareEntryIDs(p.AckedThrough, floor) < 0 {
+			floor = p.AckedThrough
+		}
+	}
+	return floor, floor != "", nil
+}
+
+// groupIdle is how long the most recently active consumer of group has been idle (0 when the
+// group has no consumers yet: a group just created is about to be read).
+func groupIdle(ctx context.Context, client redis.UniversalClient, stream, group string) (time.Duration, error) {
+	cs, err := client.XInfoConsumers(ctx, stream, group).Result()
+	if err != nil {
+		return 0, fmt.Errorf("XINFO CONSUMERS %s %s: %w", stream, group, err)
+	}
+	if len(cs) == 0 {
+		return 0, nil
+	}
+	idle := cs[0].Idle
+	for _, c := range cs[1:] {
+		idle = min(idle, c.Idle)
+	}
+	return idle, nil
+}

@@ -23,6 +23,15 @@ const (
 	PoisonFieldError      = "poison:error"
 	PoisonFieldAttempts   = "poison:attempts"
 	PoisonFieldFailedAt   = "poison:failed_at"
+	// PoisonFieldDecision is the dedupe decision for the event when it was parked: "counted" or
+	// "duplicate" (absent: not decided, e.g. an entry that is not a valid event).
+	PoisonFieldDecision = "poison:decision"
+)
+
+// Values of PoisonFieldDecision.
+const (
+	DecisionCounted   = "counted"
+	DecisionDuplicate = "duplicate"
 )
 
 // PoisonEntry is one event a projection gave up on.
@@ -37,6 +46,21 @@ type PoisonEntry struct {
 	Attempts   int               `json:"attempts"`
 	FailedAt   time.Time         `json:"failedAt"`
 	Fields     map[string]string `json:"fields"` // the original entry, unchanged
+	// Decision is DecisionCounted or DecisionDuplicate: whether this copy of the check-in counts,
+	// as decided when it was parked ("" when it was not decided). A replay keeps it, whatever
+	// the dedupe registry has forgotten since.
+	Decision string `json:"decision,omitempty"`
+}
+
+// DecisionRef is e's decision as EventRef.Decision.
+func (e PoisonEntry) DecisionRef() Decision {
+	switch e.Decision {
+	case DecisionCounted:
+		return DecidedCounted
+	case DecisionDuplicate:
+		return DecidedDuplicate
+	}
+	return Undecided
 }
 
 // PoisonQueue is the Redis stream of parked events for one event stream.
@@ -133,6 +157,9 @@ func poisonValues(e PoisonEntry) []any {
 		PoisonFieldGroup, e.Group, PoisonFieldVersion, strconv.Itoa(e.Version),
 		PoisonFieldError, e.Error, PoisonFieldAttempts, strconv.Itoa(e.Attempts),
 		PoisonFieldFailedAt, strconv.FormatInt(e.FailedAt.UnixMilli(), 10))
+	if e.Decision != "" {
+		values = append(values, PoisonFieldDecision, e.Decision)
+	}
 	return values
 }
 
@@ -237,6 +264,8 @@ func toPoisonEntry(x redis.XMessage) PoisonEntry {
 		case PoisonFieldFailedAt:
 			ms, _ := strconv.ParseInt(s, 10, 64)
 			e.FailedAt = time.UnixMilli(ms).UTC()
+		case PoisonFieldDecision:
+			e.Decision = s
 		default:
 			e.Fields[k] = s
 		}

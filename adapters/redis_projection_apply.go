@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -65,14 +66,15 @@ const (
 	maxScoreMs = (1<<53)/scorePerMs - 1
 )
 
-// decideScript is step 1. KEYS: registry keys; those after the first ARGV[2] are pruned too.
+// decideScript is step 1. KEYS: registry keys; the first ARGV[2] are pruned below ARGV[3].
 // ARGV[1]: window (score units), then per event: key index, identity, score. Returns 1 (count
 // it) or 0 (a duplicate) per event. Pruning is only about memory (the window is judged on
 // scores), so a call prunes some keys, not all: each prune is a command of its own.
 const decideScript = `
 local w, np = tonumber(ARGV[1]), tonumber(ARGV[2])
-local out, top = {}, {}
-local e, i = 0, 3
+for k = 1, np do redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', '(' .. ARGV[3]) end
+local out = {}
+local e, i = 0, 4
 while i <= #ARGV do
   local k, id, s = tonumber(ARGV[i]), ARGV[i+1], ARGV[i+2]
   local key, sn = KEYS[k], tonumber(s)
@@ -89,10 +91,6 @@ while i <= #ARGV do
     end
   end
   out[e] = count
-  if not top[k] or sn > top[k] then top[k] = sn end
-end
-for k, s in pairs(top) do
-  if k <= np then redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', '(' .. string.format('%.0f', s - w)) end
 end
 return out
 `
@@ -253,7 +251,21 @@ type EventRef struct {
 	// LegacyID, when set, is the checkinId to look up in the dedupe sets of the service's earlier
 	// layout (<...>:{<slot>}:seen): entries read before an upgrade may be applied there already.
 	LegacyID string
+	// Decision is step 1's answer when it is known already: a parked event carries the one made
+	// when it was parked, since the registry may have let go of its copies by the time it is
+	// replayed. Apply then does not ask the registry.
+	Decision Decision
 }
+
+// Decision is step 1's answer for one event.
+type Decision int8
+
+// Decisions.
+const (
+	Undecided        Decision = iota
+	DecidedCounted            // this copy is the one counted
+	DecidedDuplicate          // another copy was counted
+)
 
 func (e EventRef) score() (int64, error) {
 	if e.EntryID != "" {
@@ -306,6 +318,9 @@ type ProjectionApplier struct {
 	cluster bool
 	// pruneEvery: see PruneEvery.
 	pruneEvery int
+	// floor: the score every consumer group has passed (SetRegistryFloor); 0: unknown, and the
+	// registry is not pruned.
+	floor atomic.Int64
 
 	// touched are the marker keys applied to since the last Sweep, per group.
 	mu      sync.Mutex
@@ -322,6 +337,35 @@ const DefaultPruneEvery = 4
 func (a *ProjectionApplier) PruneEvery(n int) *ProjectionApplier {
 	a.pruneEvery = n
 	return a
+}
+
+// SetRegistryFloor says that every consumer group reading the stream has acknowledged every
+// entry up to id: no event before it will be decided again, except parked ones, which carry
+// their decision. The registry then lets go of copies older than the window before id, which no
+// later copy can be a duplicate of. Until it is called the registry is not pruned: pruning by
+// the position of the group at hand alone would let a group that is further ahead (the live
+// one) drop a copy that a backfill, deciding its way through older entries, still needs.
+func (a *ProjectionApplier) SetRegistryFloor(id string) error {
+	s, ok := ScoreOfEntry(id)
+	if !ok {
+		return fmt.Errorf("registry floor: %q is not a stream entry ID", id)
+	}
+	a.floor.Store(s)
+	return nil
+}
+
+// Window is the dedupe window.
+func (a *ProjectionApplier) Window() time.Duration {
+	return time.Duration(a.window/scorePerMs) * time.Millisecond
+}
+
+// registryBound is the score below which registries may be pruned (ok false: not yet).
+func (a *ProjectionApplier) registryBound() (int64, bool) {
+	f := a.floor.Load()
+	if f <= a.window {
+		return 0, false
+	}
+	return f - a.window, true
 }
 
 func (a *ProjectionApplier) pruneNow() bool {
@@ -430,17 +474,36 @@ func (a *ProjectionApplier) Apply(ctx context.Context, works []Work, prune Prune
 		scores[i] = s
 	}
 	counted := make([]bool, len(works))
-	if a.cluster {
-		var err error
-		if counted, err = a.decide(ctx, works, scores); err != nil {
-			return nil, err
-		}
-	} else {
-		for i := range counted {
-			counted[i] = true // decided in the same call
+	decided := make([]bool, len(works)) // step 1 is done: the registry is not asked in step 2
+	var ask []int
+	for i, w := range works {
+		switch w.Event.Decision {
+		case DecidedCounted:
+			counted[i], decided[i] = true, true
+		case DecidedDuplicate:
+			decided[i] = true
+		default:
+			if a.cluster {
+				ask = append(ask, i)
+			} else {
+				counted[i] = true // decided in the same call as the updates
+			}
 		}
 	}
-	states, err := a.apply(ctx, works, scores, counted, prune)
+	if len(ask) > 0 {
+		sub, subScores := make([]Work, len(ask)), make([]int64, len(ask))
+		for k, i := range ask {
+			sub[k], subScores[k] = works[i], scores[i]
+		}
+		res, err := a.decide(ctx, sub, subScores)
+		if err != nil {
+			return nil, err
+		}
+		for k, i := range ask {
+			counted[i], decided[i] = res[k], true
+		}
+	}
+	states, err := a.apply(ctx, works, scores, counted, decided, prune)
 	if err != nil {
 		return nil, err
 	}
@@ -467,6 +530,21 @@ const (
 // decideKey identifies one event in a batch: the same event appears once per projection.
 type decideKey struct {
 	identity, score int64
+}
+
+// Decide runs step 1 for events without applying anything: true for the copy to count. It is
+// idempotent (the counted copy asked again is still the counted copy), so the projector asks it
+// for an event it parks, and the parked event keeps the answer (EventRef.Decision).
+func (a *ProjectionApplier) Decide(ctx context.Context, events []EventRef) ([]bool, error) {
+	works, scores := make([]Work, len(events)), make([]int64, len(events))
+	for i, e := range events {
+		s, err := e.score()
+		if err != nil {
+			return nil, err
+		}
+		works[i], scores[i] = Work{Event: e}, s
+	}
+	return a.decide(ctx, works, scores)
 }
 
 // decide runs step 1 once per distinct event of works.
@@ -496,10 +574,11 @@ func (a *ProjectionApplier) decide(ctx context.Context, works []Work, scores []i
 	for c, idx := range calls {
 		// The keys to prune in this call come first in KEYS.
 		var keys, rest []string
+		bound, prune := a.registryBound()
 		for _, j := range idx {
 			k := a.keys.Registry(events[j].user)
 			if !slices.Contains(keys, k) && !slices.Contains(rest, k) {
-				if a.pruneNow() {
+				if prune && a.pruneNow() {
 					keys = append(keys, k)
 				} else {
 					rest = append(rest, k)
@@ -512,8 +591,8 @@ func (a *ProjectionApplier) decide(ctx context.Context, works []Work, scores []i
 		for i, k := range keys {
 			keyAt[k] = i + 1
 		}
-		args := make([]any, 2, 2+3*len(idx))
-		args[0], args[1] = a.window, np
+		args := make([]any, 3, 3+3*len(idx))
+		args[0], args[1], args[2] = a.window, np, bound
 		for _, j := range idx {
 			args = append(args, keyAt[a.keys.Registry(events[j].user)], events[j].identity, events[j].score)
 		}
@@ -549,9 +628,10 @@ type item struct {
 
 type updateRef struct{ work, update int }
 
-// apply runs step 2 (with step 1 on a single server) for the updates of counted works; it
-// returns each work's item state (the best of its items: applied anywhere counts as applied).
-func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []int64, counted []bool, prune Prune) ([]int, error) {
+// apply runs step 2 (with step 1 on a single server, for works not decided yet) for the updates
+// of counted works; it returns each work's item state (the best of its items: applied anywhere
+// counts as applied).
+func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []int64, counted, decided []bool, prune Prune) ([]int, error) {
 	type itemKey struct {
 		group, slot string
 		event       decideKey
@@ -587,7 +667,7 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []in
 			if !ok {
 				n = len(items)
 				index[k] = n
-				items = append(items, item{group: w.Group, slot: slot, work: i, decide: !a.cluster})
+				items = append(items, item{group: w.Group, slot: slot, work: i, decide: !decided[i]})
 			}
 			items[n].refs = append(items[n].refs, updateRef{i, j})
 		}
@@ -617,20 +697,19 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []in
 		args := make([]any, 2, 4+24*len(idx))
 		args[0] = a.window
 		bounds := 0
-		// Registries: what is older than the window of the call's oldest event may go.
-		oldest := map[int64]int64{}
-		for _, n := range idx {
-			if it := items[n]; it.decide {
-				u, s := works[it.work].Event.UserID, scores[it.work]
-				if o, ok := oldest[u]; !ok || s < o {
-					oldest[u] = s
+		// Registries: copies older than the window before the floor may go.
+		if bound, ok := a.registryBound(); ok {
+			users := map[int64]bool{}
+			for _, n := range idx {
+				if it := items[n]; it.decide {
+					users[works[it.work].Event.UserID] = true
 				}
 			}
-		}
-		for _, u := range slices.Sorted(maps.Keys(oldest)) {
-			if a.pruneNow() {
-				args = append(args, keyIndex(a.keys.Registry(u)), oldest[u]-a.window, 1)
-				bounds++
+			for _, u := range slices.Sorted(maps.Keys(users)) {
+				if a.pruneNow() {
+					args = append(args, keyIndex(a.keys.Registry(u)), bound, 1)
+					bounds++
+				}
 			}
 		}
 		if prune != nil {
@@ -780,6 +859,12 @@ func scriptSource(s *redis.Script) string {
 // projection in tests. entryID is the event's stream entry ("" uses its recordedAt as the
 // clock). It prunes nothing.
 func (a *ProjectionApplier) ApplyEvent(ctx context.Context, group string, p projection.Projection, version int, e domain.CheckinRecorded, entryID string) (Outcome, error) {
+	return a.ApplyDecided(ctx, group, p, version, e, entryID, Undecided)
+}
+
+// ApplyDecided is ApplyEvent for an event whose dedupe decision is known (a parked one): the
+// registry is not asked again.
+func (a *ProjectionApplier) ApplyDecided(ctx context.Context, group string, p projection.Projection, version int, e domain.CheckinRecorded, entryID string, d Decision) (Outcome, error) {
 	updates, err := projection.Updates(ctx, p, e)
 	if err != nil {
 		return 0, err
@@ -787,7 +872,9 @@ func (a *ProjectionApplier) ApplyEvent(ctx context.Context, group string, p proj
 	if len(updates) == 0 {
 		return Ignored, nil
 	}
-	out, err := a.Apply(ctx, []Work{{Group: group, Projection: p.Name(), Version: version, Event: RefOf(e, entryID), Updates: updates}}, nil)
+	ref := RefOf(e, entryID)
+	ref.Decision = d
+	out, err := a.Apply(ctx, []Work{{Group: group, Projection: p.Name(), Version: version, Event: ref, Updates: updates}}, nil)
 	if err != nil {
 		return 0, err
 	}

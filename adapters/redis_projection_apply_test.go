@@ -247,16 +247,102 @@ func TestApplyDedupeWindow(t *testing.T) {
 	assert.Equal(t, int64(2), env.userStats(t, 1).NumCheckins)
 	a.PruneEvery(1)
 
-	// The registry keeps only the window: entries of other check-ins prune the old ones.
-	for i := range 20 {
+	// The registry keeps only the window before what every group has passed (the floor the
+	// projector sets): entries of other check-ins prune the old ones. Without a floor, nothing.
+	for i := range 10 {
 		apply(recorded("fill-"+strconv.Itoa(i), 1, 1, 1, 2_000), t0+10*3_600_000+int64(i))
 	}
 	n, err := env.client.ZCard(ctx, env.keys.Registry(1)).Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(11), n, "no floor yet: the registry is not pruned")
+	require.NoError(t, a.SetRegistryFloor(entry(t0+10*3_600_000)))
+	for i := range 10 {
+		apply(recorded("fill-"+strconv.Itoa(10+i), 1, 1, 1, 2_000), t0+10*3_600_000+int64(10+i))
+	}
+	n, err = env.client.ZCard(ctx, env.keys.Registry(1)).Result()
 	require.NoError(t, err)
 	assert.Equal(t, int64(20), n, "identities older than the window are pruned from the registry")
 	n, err = env.client.ZCard(ctx, env.keys.MarkerKey("g", "user:1")).Result()
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), n, "markers below what every group acknowledged are pruned")
+}
+
+// TestRegistryKeepsWhatABackfillStillDecides: a rebuild's backfill decides its way through old
+// entries while the live group is far ahead. The registry is pruned only below the floor every
+// group has passed, so the live group cannot drop a copy the backfill re-registered and still
+// needs: the backfill counts the two copies of a check-in as the live group did, once.
+func TestRegistryKeepsWhatABackfillStillDecides(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	a, err := adapters.NewProjectionApplier(env.client, env.keys, time.Minute)
+	require.NoError(t, err)
+	a.PruneEvery(1)
+	ctx := context.Background()
+	apply := func(group string, version int, ev domain.CheckinRecorded, at int64) adapters.Outcome {
+		us, err := projection.Updates(ctx, projection.UserStats{}, ev)
+		require.NoError(t, err)
+		out, err := a.Apply(ctx, []adapters.Work{{Group: group, Projection: "users", Version: version, Event: adapters.RefOf(ev, entry(at)), Updates: us}},
+			func(string) (string, bool) { return "", false })
+		require.NoError(t, err)
+		return out[0]
+	}
+	const t0 = 1_700_000_000_000
+	dup := recorded("ck-dup", 1, 1, 3, 1_000) // recorded twice, 10 s apart: one check-in
+	assert.Equal(t, adapters.Applied, apply("live", 1, dup, t0))
+	assert.Equal(t, adapters.Duplicate, apply("live", 1, dup, t0+10_000))
+	// Live moves an hour on; everything before is acknowledged, and only live exists yet.
+	require.NoError(t, a.SetRegistryFloor(entry(t0+3_600_000)))
+	assert.Equal(t, adapters.Applied, apply("live", 1, recorded("later-1", 1, 1, 1, 2_000), t0+3_600_000))
+	// A rebuild of users starts: its own group reads from the start, so the floor is its
+	// position (the projector takes the least of every group's).
+	require.NoError(t, a.SetRegistryFloor(entry(t0-1)))
+	assert.Equal(t, adapters.Applied, apply("users.v2", 2, dup, t0))
+	// Live goes on meanwhile, with check-ins of the same user (their calls prune her registry).
+	assert.Equal(t, adapters.Applied, apply("live", 1, recorded("later-2", 1, 1, 1, 3_000), t0+3_600_001))
+	assert.Equal(t, adapters.Duplicate, apply("users.v2", 2, dup, t0+10_000), "the backfill must decide as live did")
+	for i, id := range []string{"later-1", "later-2"} {
+		assert.Equal(t, adapters.Applied, apply("users.v2", 2, recorded(id, 1, 1, 1, int64(2_000+1_000*i)), t0+3_600_000+int64(i)))
+	}
+	require.NoError(t, env.client.HSet(ctx, env.keys.Projections(), "users.version", "2").Err())
+	assert.Equal(t, int64(3), env.userStats(t, 1).NumCheckins)
+}
+
+// TestParkedEventKeepsItsDecision: a copy parked as a duplicate replays as a duplicate, and a
+// counted one as counted, after the registry has let go of the copies (days later).
+func TestParkedEventKeepsItsDecision(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	a, err := adapters.NewProjectionApplier(env.client, env.keys, time.Minute)
+	require.NoError(t, err)
+	a.PruneEvery(1)
+	ctx := context.Background()
+	const t0 = 1_700_000_000_000
+	ev := recorded("ck-p", 7, 1, 4, 1_000)
+	// Both copies fail in users and are parked; step 1 decides them as they are parked.
+	decided, err := a.Decide(ctx, []adapters.EventRef{adapters.RefOf(ev, entry(t0)), adapters.RefOf(ev, entry(t0+5_000))})
+	require.NoError(t, err)
+	assert.Equal(t, []bool{true, false}, decided)
+	again, err := a.Decide(ctx, []adapters.EventRef{adapters.RefOf(ev, entry(t0))})
+	require.NoError(t, err)
+	assert.Equal(t, []bool{true}, again, "deciding is idempotent")
+	// Days later, with the registry pruned past both copies.
+	require.NoError(t, a.SetRegistryFloor(entry(t0+3*86_400_000)))
+	_, err = a.ApplyEvent(ctx, "live", projection.LocationStats{}, 1, recorded("other", 7, 2, 1, 2_000), entry(t0+3*86_400_000))
+	require.NoError(t, err)
+	n, err := env.client.ZScore(ctx, env.keys.Registry(7), strconv.FormatInt(ev.Identity(), 10)).Result()
+	require.ErrorIs(t, err, redis.Nil, "the registry forgot the copies (score %v)", n)
+
+	// The duplicate first: asked now, the registry would count it (it remembers neither copy).
+	out, err := a.ApplyDecided(ctx, "replay:users.v1", projection.UserStats{}, 1, ev, entry(t0+5_000), adapters.DecidedDuplicate)
+	require.NoError(t, err)
+	assert.Equal(t, adapters.Duplicate, out)
+	out, err = a.ApplyDecided(ctx, "replay:users.v1", projection.UserStats{}, 1, ev, entry(t0), adapters.DecidedCounted)
+	require.NoError(t, err)
+	assert.Equal(t, adapters.Applied, out)
+	out, err = a.ApplyDecided(ctx, "replay:users.v1", projection.UserStats{}, 1, ev, entry(t0), adapters.DecidedCounted)
+	require.NoError(t, err)
+	assert.Equal(t, adapters.AlreadyApplied, out, "a replay run twice applies once")
+	assert.Equal(t, int64(1), env.userStats(t, 7).NumCheckins)
 }
 
 func TestApplyMarkersArePruned(t *testing.T) {

@@ -197,7 +197,7 @@ func (o *PoisonOps) replay(ctx context.Context, e adapters.PoisonEntry) (ReplayR
 	if err != nil {
 		return res, unavailable(err)
 	}
-	outcome, err := o.cfg.Applier.ApplyEvent(ctx, ReplayGroup(p.Name(), version), p, version, ev, e.EntryID)
+	outcome, err := o.cfg.Applier.ApplyDecided(ctx, ReplayGroup(p.Name(), version), p, version, ev, e.EntryID, e.DecisionRef())
 	switch {
 	case err == nil:
 		res.Status, res.Applied = ReplayReplayed, outcome == adapters.Applied

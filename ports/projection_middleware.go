@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/domain"
 )
 
 // RetryPolicy is exponential backoff with jitter between handler attempts.
@@ -312,6 +313,13 @@ func (r *ProjectionRouter) park(ctx context.Context, b *batch, group string, fai
 			fields = messageFields(m)
 		}
 		entry.Fields = fields
+		if entry.Decision, err = r.decision(ctx, entry); err != nil {
+			if ok, n := parkFailed.allow(); ok {
+				r.log.Error("could not decide whether a failed event counts; it stays pending and is retried", "projection", name,
+					"entry_id", entry.EntryID, "error", err, "handler_error", errText, "suppressed", n)
+			}
+			return err
+		}
 		id, err := r.poison.Park(ctx, entry)
 		if err != nil {
 			if ok, n := parkFailed.allow(); ok {
@@ -329,6 +337,28 @@ func (r *ProjectionRouter) park(ctx context.Context, b *batch, group string, fai
 		r.cfg.Observer.Handled(name, OutcomePoisoned, n, 0)
 	}
 	return nil
+}
+
+// decision is the dedupe decision for a check-in about to be parked, kept with it so that a
+// replay decides as every other projection did, whatever the registry forgets meanwhile ("" for
+// an entry that is not a check-in: it is never counted).
+func (r *ProjectionRouter) decision(ctx context.Context, e adapters.PoisonEntry) (string, error) {
+	parsed, err := domain.ParseEvent(e.Fields)
+	if err != nil {
+		return "", nil
+	}
+	ev, ok := parsed.(domain.CheckinRecorded)
+	if !ok {
+		return "", nil
+	}
+	counted, err := r.cfg.Applier.Decide(ctx, []adapters.EventRef{adapters.RefOf(ev, e.EntryID)})
+	if err != nil {
+		return "", err
+	}
+	if counted[0] {
+		return adapters.DecisionCounted, nil
+	}
+	return adapters.DecisionDuplicate, nil
 }
 
 // transientReasonText is the short reason of a transient failure, for logs and readiness.

@@ -576,9 +576,18 @@ func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
 			}
 		}
 	}
-	_, acked, err := r.groups.ReadAll(ctx)
+	lives, acked, err := r.groups.ReadAll(ctx)
 	if err != nil {
 		return err
+	}
+	floor, ok, err := adapters.DedupeFloor(ctx, r.cfg.Redis, stream, lives, info, r.cfg.Applier.Window(), time.Now())
+	if err != nil {
+		return err
+	}
+	if ok {
+		if err := r.cfg.Applier.SetRegistryFloor(floor); err != nil {
+			return err
+		}
 	}
 	r.ackMu.Lock()
 	r.acked = acked

@@ -115,6 +115,7 @@ type harnessOptions struct {
 	retry          ports.RetryPolicy
 	handlerTimeout time.Duration
 	nackDelay      time.Duration
+	applier        func(redis.UniversalClient, adapters.KeySpace) *adapters.ProjectionApplier // nil: the router's default
 }
 
 const testGroup = "live"
@@ -131,8 +132,21 @@ func startHarness(t *testing.T, p *faultyProjection, o harnessOptions) *harness 
 	}
 	log := slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	wlog := watermill.NewSlogLogger(log)
+	// Subscribers' clients are closed after the router stopped (a t.Cleanup registered while the
+	// router runs would close them first, under a draining subscriber).
+	var subClients []*redis.Client
+	var subMu sync.Mutex
+	subClient := func() *redis.Client {
+		opt, err := redis.ParseURL(env.URL)
+		require.NoError(t, err)
+		c := redis.NewClient(opt)
+		subMu.Lock()
+		subClients = append(subClients, c)
+		subMu.Unlock()
+		return c
+	}
 	newSub := func(group string, start func(context.Context) (string, error)) (message.Subscriber, error) {
-		c := redistest.Client(t, env.URL)
+		c := subClient()
 		if o.subscriber == "watermill" {
 			stock, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
 				Client: c, Unmarshaller: adapters.FlatMarshaller{}, Consumer: "c1", ConsumerGroup: group, OldestId: "0",
@@ -142,7 +156,7 @@ func startHarness(t *testing.T, p *faultyProjection, o harnessOptions) *harness 
 			if err != nil {
 				return nil, err
 			}
-			return adapters.NewDrainingSubscriber(adapters.DrainingSubscriberConfig{Inner: stock, Client: redistest.Client(t, env.URL),
+			return adapters.NewDrainingSubscriber(adapters.DrainingSubscriberConfig{Inner: stock, Client: subClient(),
 				ConsumerGroup: group, Consumer: "c1", Unmarshaller: adapters.FlatMarshaller{}, DrainTimeout: 5 * time.Second, Logger: wlog})
 		}
 		return batchsub.NewSubscriber(batchsub.Config{
@@ -151,8 +165,12 @@ func startHarness(t *testing.T, p *faultyProjection, o harnessOptions) *harness 
 			ClaimInterval: time.Second, ClaimMinIdle: 5 * time.Second, DrainTimeout: 5 * time.Second, Logger: wlog,
 		})
 	}
+	var applier *adapters.ProjectionApplier
+	if o.applier != nil {
+		applier = o.applier(h.client, h.keys)
+	}
 	r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-		Keys: h.keys, Targets: []ports.ProjectionTarget{{Projection: p, Version: 1}}, Redis: h.client,
+		Keys: h.keys, Targets: []ports.ProjectionTarget{{Projection: p, Version: 1}}, Redis: h.client, Applier: applier,
 		NewSubscriber: newSub, Retry: o.retry, HandlerTimeout: o.handlerTimeout, CloseTimeout: 10 * time.Second, Logger: log,
 	})
 	require.NoError(t, err)
@@ -166,6 +184,11 @@ func startHarness(t *testing.T, p *faultyProjection, o harnessOptions) *harness 
 			assert.NoError(t, err, "router Run after a clean stop")
 		case <-time.After(20 * time.Second):
 			t.Error("router did not stop within 20s")
+		}
+		subMu.Lock()
+		defer subMu.Unlock()
+		for _, c := range subClients {
+			_ = c.Close()
 		}
 	})
 	require.Eventually(t, r.Running, 10*time.Second, 10*time.Millisecond, "router never started")
@@ -274,6 +297,7 @@ func TestRouterParksAnEventAfterMaxAttempts(t *testing.T) {
 			assert.Contains(t, e.Error, "boom: cannot project this one")
 			assert.Equal(t, 3, e.Attempts)
 			assert.WithinRange(t, e.FailedAt, before, time.Now().Add(time.Second))
+			assert.Equal(t, adapters.DecisionCounted, e.Decision, "parked with its dedupe decision, for the replay")
 			// The original event, unchanged, field by field.
 			orig, err := h.client.XRange(context.Background(), h.keys.Stream(), badID, badID).Result()
 			require.NoError(t, err)
@@ -373,6 +397,7 @@ func TestRouterParksMalformedEntriesAndKeepsConsuming(t *testing.T) {
 				require.True(t, ok, "parked entry %s names its original entry", e.EntryID)
 				assert.Contains(t, e.Error, garbage[i].reason, "parked with the reason")
 				assert.Equal(t, 1, e.Attempts, "a malformed entry is not retried")
+				assert.Empty(t, e.Decision, "what is not a check-in is never counted, nor decided")
 				assert.Len(t, e.Fields, len(garbage[i].values), "the entry is kept as it was written, nothing added")
 				for k, v := range garbage[i].values {
 					assert.Equal(t, v, e.Fields[k])
@@ -506,3 +531,38 @@ type redisReply string
 
 func (e redisReply) Error() string { return string(e) }
 func (redisReply) RedisError()     {}
+
+// TestRouterPrunesTheDedupeRegistryBehindEveryGroup: the router tells the applier how far every
+// group has got, and the registry then keeps only the window before that, not every check-in.
+func TestRouterPrunesTheDedupeRegistryBehindEveryGroup(t *testing.T) {
+	t.Parallel()
+	p := newFaulty("faulty", nil)
+	h := startHarness(t, p, harnessOptions{applier: func(c redis.UniversalClient, keys adapters.KeySpace) *adapters.ProjectionApplier {
+		a, err := adapters.NewProjectionApplier(c, keys, time.Minute)
+		require.NoError(t, err)
+		return a.PruneEvery(1)
+	}})
+	ctx := context.Background()
+	start := time.Now().Add(-3 * time.Hour).UnixMilli()
+	for i := range 30 { // three hours of history of user 1, one check-in every 5 minutes
+		e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "old-" + strconv.Itoa(i), UserID: 1, LocationID: 2, StarRating: 1, Timestamp: start},
+			RecordedAt: start}
+		msg, err := adapters.NewEventMessage(e.Fields(), "corr")
+		require.NoError(t, err)
+		values, err := adapters.FlatMarshaller{}.Marshal(h.keys.Stream(), msg)
+		require.NoError(t, err)
+		id := strconv.FormatInt(start+int64(i)*300_000, 10) + "-0"
+		require.NoError(t, h.client.XAdd(ctx, &redis.XAddArgs{Stream: h.keys.Stream(), ID: id, Values: values}).Err())
+	}
+	h.settled(30)
+	// Copies older than the window before the last old check-in: none may stay.
+	old := func() int64 {
+		n, err := h.client.ZCount(ctx, h.keys.Registry(1), "-inf", "("+strconv.FormatInt(adapters.ScoreOfTime(time.UnixMilli(start+29*300_000-60_000)), 10)).Result()
+		require.NoError(t, err)
+		return n
+	}
+	require.Eventually(t, func() bool {
+		h.add("now-"+strconv.FormatInt(time.Now().UnixNano(), 10), 1) // a call that prunes her registry
+		return old() == 0
+	}, 10*time.Second, 100*time.Millisecond, "the registry keeps the window before the floor only (has %d older)", old())
+}
