@@ -314,7 +314,7 @@ type ProjectionApplier struct {
 	client  redis.UniversalClient
 	keys    KeySpace
 	window  int64 // score units
-	chunk   int   // updates per script call
+	chunk   int   // Redis commands per script call, about
 	cluster bool
 	// pruneEvery: see PruneEvery.
 	pruneEvery int
@@ -384,9 +384,7 @@ func NewProjectionApplier(client redis.UniversalClient, keys KeySpace, window ti
 		return nil, fmt.Errorf("adapters: dedupe window must be at least 1ms, got %s", window)
 	}
 	_, cluster := client.(*redis.ClusterClient)
-	// Script calls of about 100 updates keep each one under a millisecond of Redis time, so
-	// reads and the API never wait long behind a batch, while the per-call cost is shared.
-	return &ProjectionApplier{client: client, keys: keys, window: window.Milliseconds() * scorePerMs, chunk: 100, cluster: cluster, pruneEvery: DefaultPruneEvery,
+	return &ProjectionApplier{client: client, keys: keys, window: window.Milliseconds() * scorePerMs, chunk: defaultChunk, cluster: cluster, pruneEvery: DefaultPruneEvery,
 		touched: map[string]map[string]struct{}{}}, nil
 }
 
@@ -568,7 +566,7 @@ func (a *ProjectionApplier) decide(ctx context.Context, works []Work, scores []i
 		of[i] = j
 	}
 	results := make([]bool, len(events))
-	calls := a.group(len(events), func(j int) string { return a.keys.Registry(events[j].user) })
+	calls := a.group(len(events), func(j int) string { return a.keys.Registry(events[j].user) }, func(int) int { return 2 })
 	pipe := a.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
 	for c, idx := range calls {
@@ -678,7 +676,13 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []in
 	// Items of one slot go together (a cluster needs it; a single server shares the markers'
 	// pruning); the order within a slot stays the batch's.
 	slices.SortStableFunc(items, func(x, y item) int { return strings.Compare(x.slot, y.slot) })
-	calls := a.group(len(items), func(n int) string { return "{" + items[n].slot + "}" })
+	calls := a.group(len(items), func(n int) string { return "{" + items[n].slot + "}" }, func(n int) int {
+		w := 2 // the registry and the marker
+		for _, r := range items[n].refs {
+			w += len(works[r.work].Updates[r.update].Ops)
+		}
+		return w
+	})
 	floors := map[string]string{} // group -> prune before, asked once per batch
 	pipe := a.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
@@ -795,31 +799,41 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []in
 	return states, nil
 }
 
-// group splits n items into script calls of about a.chunk items: in a cluster, one slot per
-// call (a script may only touch keys of one slot); on a single server, consecutive items, never
-// splitting the items of one key (slot tag) across calls.
-func (a *ProjectionApplier) group(n int, key func(int) string) [][]int {
+// defaultChunk: script calls of about this many Redis commands (about 20 check-ins with the
+// five shipped projections) take about a millisecond of Redis time, so the API's commands
+// never wait long behind a batch, while the per-call cost is still shared. (A pipeline of such
+// calls does not hold Redis either: it reads about one call at a time and serves other clients
+// in between.)
+const defaultChunk = 300
+
+// group splits n items into script calls of about a.chunk commands (weight: an item's): in a
+// cluster, one slot per call; on a single server, items of one key are not split.
+func (a *ProjectionApplier) group(n int, key func(int) string, weight func(int) int) [][]int {
 	var calls [][]int
 	if !a.cluster {
 		var cur []int
+		w := 0
 		for i := range n {
-			if len(cur) >= a.chunk && key(i) != key(cur[len(cur)-1]) {
-				calls, cur = append(calls, cur), nil
+			if w >= a.chunk && key(i) != key(cur[len(cur)-1]) {
+				calls, cur, w = append(calls, cur), nil, 0
 			}
 			cur = append(cur, i)
+			w += weight(i)
 		}
 		return append(calls, cur)
 	}
-	bySlot := map[int]int{} // slot -> index of its open call
+	type open struct{ call, weight int }
+	bySlot := map[int]open{} // slot -> its open call
 	for i := range n {
 		s := KeySlot(key(i))
-		c, ok := bySlot[s]
-		if !ok || len(calls[c]) >= a.chunk {
-			c = len(calls)
+		o, ok := bySlot[s]
+		if !ok || o.weight >= a.chunk {
+			o = open{call: len(calls)}
 			calls = append(calls, nil)
-			bySlot[s] = c
 		}
-		calls[c] = append(calls[c], i)
+		calls[o.call] = append(calls[o.call], i)
+		o.weight += weight(i)
+		bySlot[s] = o
 	}
 	return calls
 }
