@@ -332,6 +332,35 @@ func TestSubscribeDeliversInStreamOrderWithMetadata(t *testing.T) {
 	assert.Eventually(t, func() bool { return pendingCount(t, client, topic) == 0 }, waitFor, pollEvery)
 }
 
+// TestReadLingerGathersABusyStreamIntoBatches: the first entry after a quiet spell comes at
+// once; entries arriving one by one right behind it are read together after ReadLinger.
+func TestReadLingerGathersABusyStreamIntoBatches(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	client, counter := newClient(t, srv)
+	const topic = "checkins"
+	sub := newSub(t, client, batchsub.Config{BatchSize: 100, ReadLinger: 400 * time.Millisecond, BlockTime: 50 * time.Millisecond})
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	publish(t, client, topic, "first", 1)
+	first := receive(t, msgs)
+	assert.Equal(t, "first-0", first.UUID)
+	first.Ack()
+	reads, _ := counter.get("xreadgroup")
+	for i := range 5 { // one XADD at a time, as requests come
+		publish(t, client, topic, "next"+strconv.Itoa(i), 1)
+		time.Sleep(5 * time.Millisecond)
+	}
+	for i := range 5 {
+		msg := receive(t, msgs)
+		assert.Equal(t, "next"+strconv.Itoa(i)+"-0", msg.UUID)
+		assert.Equal(t, strconv.Itoa(4-i), msg.Metadata.Get(batchsub.MetaQueued), "read in one batch")
+		msg.Ack()
+	}
+	now, _ := counter.get("xreadgroup")
+	assert.LessOrEqual(t, now-reads, 2, "one read for the five, after the linger")
+}
+
 func TestSubscribeRedeliversOwnPendingEntriesFirst(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})

@@ -344,6 +344,7 @@ func (sub *subscription) read(ctx context.Context) {
 	// Start with this consumer's own pending entries: a restarted process with a stable
 	// consumer name resumes what it had read and not acked.
 	ownPEL, lastID := true, "0"
+	lingerBelow := max(1, int(sub.cfg.BatchSize/4))
 	for {
 		if !sub.waitCapacity(threshold) {
 			return
@@ -407,6 +408,12 @@ func (sub *subscription) read(ctx context.Context) {
 		case sub.raw <- rawBatch{msgs: msgs, fresh: fresh, redelivered: ownPEL}:
 		case <-sub.hardStop:
 			return
+		}
+		if sub.cfg.ReadLinger > 0 && !ownPEL && len(msgs) < lingerBelow {
+			// A few entries: more are likely on their way. Let them gather for one batch.
+			if !sleep(sub.cfg.ReadLinger, sub.stopReading) {
+				return
+			}
 		}
 	}
 }

@@ -29,6 +29,7 @@ type Config struct {
 	ClaimInterval   time.Duration
 	NackDelay       time.Duration
 	BatchSize       int
+	ReadLinger      time.Duration
 	MaxInFlight     int
 	HandlerTimeout  time.Duration
 	RetryInitial    time.Duration
@@ -145,6 +146,7 @@ func settings() []setting {
 		{"CONSUMER_IDLE_REMOVE", "consumer-idle-remove", "10m", "a consumer idle this long with nothing pending (a dead process) is removed from its group", dur(func(c *Config) *time.Duration { return &c.ConsumerIdleRemove }, time.Millisecond)},
 		{"NACK_DELAY", "nack-delay", "1s", "wait before an event whose handling failed transiently is delivered again", dur(func(c *Config) *time.Duration { return &c.NackDelay }, time.Millisecond)},
 		{"BATCH_SIZE", "batch-size", "500", "entries read (XREADGROUP COUNT) per round trip, and at most handed to the projections as one batch", integer(func(c *Config) *int { return &c.BatchSize }, 1)},
+		{"READ_LINGER", "read-linger", "5ms", "after a read of fewer than BATCH_SIZE/4 events, wait this long before the next one, so a busy stream is projected in batches (0: read again at once)", dur(func(c *Config) *time.Duration { return &c.ReadLinger }, 0)},
 		{"MAX_IN_FLIGHT", "max-in-flight", "1000", "entries read and not yet acknowledged, per consumer group", integer(func(c *Config) *int { return &c.MaxInFlight }, 1)},
 		{"HANDLER_TIMEOUT", "handler-timeout", "10s", "longest one attempt at a batch may take (the projections' handlers and applying their updates)", dur(func(c *Config) *time.Duration { return &c.HandlerTimeout }, time.Millisecond)},
 		{"RETRY_INITIAL_INTERVAL", "retry-initial-interval", "100ms", "first wait between handler attempts", dur(func(c *Config) *time.Duration { return &c.RetryInitial }, time.Millisecond)},

@@ -205,7 +205,7 @@ func (s *Service) newSubscriber(group string, start func(context.Context) (strin
 	default:
 		return batchsub.NewSubscriber(batchsub.Config{
 			Client: shared, ConsumerGroup: group, Consumer: s.cfg.ConsumerName, Unmarshaller: adapters.FlatMarshaller{},
-			StartID: start, BatchSize: int64(s.cfg.BatchSize), MaxInFlight: s.cfg.MaxInFlight,
+			StartID: start, BatchSize: int64(s.cfg.BatchSize), ReadLinger: s.cfg.ReadLinger, MaxInFlight: s.cfg.MaxInFlight,
 			ClaimInterval: s.cfg.ClaimInterval, ClaimMinIdle: s.cfg.ClaimIdle, NackDelay: s.cfg.NackDelay,
 			DrainTimeout: s.cfg.DrainTimeout, ConsumerIdleRemove: s.cfg.ConsumerIdleRemove, Logger: wlog,
 		})
