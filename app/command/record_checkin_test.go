@@ -245,8 +245,11 @@ func TestAbandonedReservationIsTakenOverOnce(t *testing.T) {
 	// Three processes, four concurrent requests each.
 	pubs := []*memPublisher{{}, {}, {}}
 	var outs []<-chan outcome
+	var handlers []*command.RecordCheckinHandler
 	for _, p := range pubs {
-		outs = append(outs, handleAsync(context.Background(), newHandler(t, p, store, clk), cmd, 4))
+		h := newHandler(t, p, store, clk)
+		handlers = append(handlers, h)
+		outs = append(outs, handleAsync(context.Background(), h, cmd, 4))
 	}
 	require.Eventually(t, func() bool { return store.reserves.Load() >= 9 }, 5*time.Second, time.Millisecond, "all three poll")
 	clk.Advance(takeoverAge - time.Millisecond)
@@ -271,6 +274,9 @@ func TestAbandonedReservationIsTakenOverOnce(t *testing.T) {
 	}
 	require.Len(t, events, 1, "one taker wins")
 	assert.Equal(t, domain.CheckinRecorded{Checkin: dead.Checkin, RecordedAt: dead.RecordedAt}, events[0])
+	for _, h := range handlers {
+		require.NoError(t, h.Close()) // the mark is written after the answer
+	}
 	rec, ok := store.get("ck-3")
 	require.True(t, ok)
 	assert.True(t, rec.Published)
@@ -429,4 +435,50 @@ func TestGeneratedIDsAreNotShared(t *testing.T) {
 		assert.False(t, o.res.Replayed)
 	}
 	assert.Len(t, pub.published(), 10)
+}
+
+// slowMarks is a memStore whose MarkPublished waits until released.
+type slowMarks struct {
+	*memStore
+	release chan struct{}
+	marked  atomic.Int64
+}
+
+func (s *slowMarks) MarkPublished(ctx context.Context, rec command.IdempotencyRecord) error {
+	<-s.release
+	s.marked.Add(1)
+	return s.memStore.MarkPublished(ctx, rec)
+}
+
+// TestAnswerDoesNotWaitForThePublishedMark: the event is stored when the answer goes out; the
+// mark follows, a retry meanwhile waits for it and answers as a retry, and Close waits for it.
+func TestAnswerDoesNotWaitForThePublishedMark(t *testing.T) {
+	t.Parallel()
+	store := &slowMarks{memStore: newMemStore(), release: make(chan struct{})}
+	pub, clk := &memPublisher{}, newClock()
+	h := newHandler(t, pub, store, clk)
+	res, err := h.Handle(context.Background(), checkin("ck-m", 4))
+	require.NoError(t, err, "answered while the mark is still being written")
+	assert.False(t, res.Replayed)
+	require.Len(t, pub.published(), 1)
+	rec, _ := store.get("ck-m")
+	assert.False(t, rec.Published, "not marked yet")
+
+	retry := handleAsync(context.Background(), newHandler(t, pub, store, clk), checkin("ck-m", 4), 1)
+	require.Eventually(t, func() bool { return store.reserves.Load() >= 3 }, 5*time.Second, time.Millisecond, "the retry polls the held reservation")
+	closed := make(chan error, 1)
+	go func() { closed <- h.Close() }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned before the mark was written")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(store.release)
+	require.NoError(t, <-closed)
+	assert.Equal(t, int64(1), store.marked.Load())
+	for _, o := range collect(t, retry, 1) {
+		require.NoError(t, o.err)
+		assert.True(t, o.res.Replayed)
+	}
+	assert.Len(t, pub.published(), 1, "the retry did not publish again")
 }

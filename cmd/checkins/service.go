@@ -121,6 +121,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		// no command past its caller's deadline), so past REQUEST_TIMEOUT, plus a margin for
 		// network and clock skew, taking it over cannot write the event twice.
 		rec.WithTakeoverAge(max(command.DefaultTakeoverAge, cfg.RequestTimeout+time.Second))
+		s.closers = append(s.closers, rec.Close) // before the pipeline its marks go through
 		application.Commands.RecordCheckin = rec
 	}
 	if mode.Projections {
