@@ -392,10 +392,16 @@ func TestFaultProjectorKilledMidStreamIsTakenOver(t *testing.T) {
 	for g := range groupsPending(t, client, keys) {
 		require.NoError(t, client.XGroupCreateConsumer(context.Background(), keys.Stream(), g, "ghost").Err())
 	}
-	// Kill it at a moment it holds events: read, not yet acknowledged.
+	// Kill it at a moment it holds events: read, not yet acknowledged. Stopped (SIGSTOP), it can
+	// acknowledge nothing between the look and the kill.
 	require.Eventually(t, func() bool {
-		n, _ := consumerPending(t, client, keys, "victim")
-		return n > 0
+		require.NoError(t, victim.cmd.Process.Signal(syscall.SIGSTOP))
+		if n, _ := consumerPending(t, client, keys, "victim"); n > 0 {
+			return true
+		}
+		require.NoError(t, victim.cmd.Process.Signal(syscall.SIGCONT))
+		time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+		return false
 	}, 20*time.Second, time.Millisecond, "the projector never held pending events")
 	require.NoError(t, victim.cmd.Process.Kill())
 	<-victim.done
