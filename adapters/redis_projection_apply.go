@@ -227,7 +227,7 @@ return out
 // opCode is each op's letter in applyScript's arguments. After the letter come the op's key
 // indexes and its args as projection.Update holds them, except hmaxby, which says how many
 // extra field/value pairs follow.
-var opCode = map[projection.OpKind]string{
+var opCode = map[projection.OpKind]any{ // boxed once, not per argument
 	projection.OpHIncrBy: "i", projection.OpHSet: "s", projection.OpHMaxBy: "m", projection.OpHRound: "r",
 	projection.OpZAdd: "a", projection.OpZIncrBy: "z", projection.OpZKeepTop: "t", projection.OpZRatioAtMin: "q",
 }
@@ -698,6 +698,22 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []in
 			}
 			return ki
 		}
+		// Keys of updates: a projection's prefix, the slot and the key's name, each joined once.
+		type prefixOf struct {
+			projection string
+			version    int
+			slot       string
+		}
+		type nameOf struct{ prefix, name string }
+		prefixes, named := map[prefixOf]string{}, map[nameOf]int{}
+		nameIndex := func(prefix, name string) int {
+			ki, ok := named[nameOf{prefix, name}]
+			if !ok {
+				ki = keyIndex(prefix + name)
+				named[nameOf{prefix, name}] = ki
+			}
+			return ki
+		}
 		args := make([]any, 2, 4+24*len(idx))
 		args[0] = a.window
 		bounds := 0
@@ -752,9 +768,14 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []in
 			args = append(args, rk, keyIndex(a.keys.MarkerKey(it.group, it.slot)), w.Event.Identity, scores[it.work], len(it.refs))
 			for _, r := range it.refs {
 				w, u := works[r.work], works[r.work].Updates[r.update]
-				prefix := a.keys.ProjectionPrefix(w.Projection, w.Version) + "{" + u.Slot + "}:"
+				pk := prefixOf{w.Projection, w.Version, u.Slot}
+				prefix, ok := prefixes[pk]
+				if !ok {
+					prefix = a.keys.ProjectionPrefix(w.Projection, w.Version) + "{" + u.Slot + "}:"
+					prefixes[pk] = prefix
+				}
 				if w.Event.LegacyID != "" {
-					args = append(args, keyIndex(prefix+legacyKeyName), w.Event.LegacyID)
+					args = append(args, nameIndex(prefix, legacyKeyName), w.Event.LegacyID)
 				} else {
 					args = append(args, 0)
 				}
@@ -762,7 +783,7 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []in
 				for _, op := range u.Ops {
 					args = append(args, opCode[op.Kind])
 					for _, k := range op.Keys {
-						args = append(args, keyIndex(prefix+k))
+						args = append(args, nameIndex(prefix, k))
 					}
 					if op.Kind == projection.OpHMaxBy {
 						args = append(args, (len(op.Args)-4)/2)
