@@ -101,14 +101,14 @@ type Config struct {
 	// a stream of failing messages cannot pull in unbounded work). Reading stops while full.
 	// Acked entries waiting for their XACK flush are not counted, except that reading also stops
 	// when more than MaxInFlight of them pile up (XACKs failing). Default 1000.
-	MaxInFlight   int
-	BlockTime     time.Duration // XREADGROUP BLOCK, default 100ms
+	MaxInFlight int
+	BlockTime   time.Duration // XREADGROUP BLOCK, default 100ms
 	// ReadLinger: after a read that returned entries but less than a quarter of BatchSize, the
 	// next read waits this long, so that a busy stream is read (and handed out) in batches of
 	// many entries instead of a few per round trip: Kafka's fetch.max.wait.ms. The first entry
 	// after a quiet spell is still delivered at once; what arrives right behind it waits at most
 	// this long. Default 0: no wait.
-	ReadLinger time.Duration
+	ReadLinger    time.Duration
 	ClaimInterval time.Duration // how often to look for idle pending entries of other consumers, default 5s
 	ClaimMinIdle  time.Duration // an entry pending this long in another consumer is taken over (XAUTOCLAIM), default 30s
 	NackDelay     time.Duration // a Nacked message is redelivered in-process after this delay, default 1s
