@@ -14,6 +14,10 @@ const (
 	MaxStarRating    = 5
 	MaxCheckinIDLen  = 128
 	MaxFutureSkew    = 5 * time.Minute
+	// MaxTimestamp is the last millisecond of the year 9999 (UTC). Later values are no time
+	// anyone checks in at, and every timestamp up to it stays exact as a float64 (the Redis
+	// scripts compare them as numbers) and far from int64 overflow.
+	MaxTimestamp = 253402300799999
 	DefaultPageLimit = 100
 	MaxPageLimit     = 1000
 )
@@ -59,11 +63,14 @@ func NewCheckin(in CheckinInput, now time.Time, newID func() string) (Checkin, e
 	}
 	c := Checkin{UserID: *in.UserID, LocationID: *in.LocationID, StarRating: int(*in.StarRating), Timestamp: now.UnixMilli()}
 	if in.Timestamp != nil {
-		if *in.Timestamp < 1 {
-			return Checkin{}, invalid(CodeOutOfRange, "timestamp", "must be milliseconds since the epoch (>= 1), got %d", *in.Timestamp)
+		if *in.Timestamp < 1 || *in.Timestamp > MaxTimestamp {
+			return Checkin{}, invalid(CodeOutOfRange, "timestamp", "must be milliseconds since the epoch from 1 to %d (9999-12-31T23:59:59.999Z), got %d", int64(MaxTimestamp), *in.Timestamp)
 		}
-		if limit := now.Add(MaxFutureSkew).UnixMilli(); *in.Timestamp > limit {
-			return Checkin{}, invalid(CodeOutOfRange, "timestamp", "is %d ms in the future; at most %s ahead is accepted", *in.Timestamp-now.UnixMilli(), MaxFutureSkew)
+		// In milliseconds, saturating: now may come from an event (its recordedAt) and be as late
+		// as MaxTimestamp, and nothing here may overflow into a wrong message.
+		nowMs := min(max(now.UnixMilli(), 0), MaxTimestamp)
+		if limit := nowMs + MaxFutureSkew.Milliseconds(); *in.Timestamp > limit {
+			return Checkin{}, invalid(CodeOutOfRange, "timestamp", "is %d ms in the future; at most %s ahead is accepted", *in.Timestamp-nowMs, MaxFutureSkew)
 		}
 		c.Timestamp = *in.Timestamp
 	}

@@ -95,6 +95,9 @@ func parseCheckinRecorded(f map[string]string) (CheckinRecorded, error) {
 		if err != nil {
 			return CheckinRecorded{}, invalid(CodeInvalidEvent, FieldRecordedAt, "is not an integer: %q", s)
 		}
+		if v > MaxTimestamp {
+			return CheckinRecorded{}, invalid(CodeInvalidEvent, FieldRecordedAt, "must be milliseconds since the epoch up to %d, got %d", int64(MaxTimestamp), v)
+		}
 		recordedAt = v
 	}
 	// Without recordedAt (an entry written by hand) there is no reference to bound it by. With

@@ -2,6 +2,7 @@ package domain_test
 
 import (
 	"maps"
+	"math"
 	"strconv"
 	"testing"
 	"time"
@@ -133,5 +134,63 @@ func TestParseEventEmpty(t *testing.T) {
 		require.ErrorAs(t, err, &ve)
 		assert.Equal(t, "type", ve.Field)
 		assert.Equal(t, domain.CodeInvalidEvent, ve.Code)
+	}
+}
+
+// TestExtremeIntegersGetTheRightReason: values at the ends of int64, in events written by hand
+// (with or without recordedAt) and in client input, are refused saying what is wrong; no
+// arithmetic on them overflows into a wrong message ("is 0 ms in the future").
+func TestExtremeIntegersGetTheRightReason(t *testing.T) {
+	t.Parallel()
+	maxI, minI := strconv.FormatInt(math.MaxInt64, 10), strconv.FormatInt(math.MinInt64, 10)
+	tests := []struct {
+		name   string
+		change func(map[string]string)
+		field  string
+		reason string
+	}{
+		{"timestamp max int64, no recordedAt", func(f map[string]string) { delete(f, "recordedAt"); f["timestamp"] = maxI }, "timestamp", "from 1 to 253402300799999 (9999-12-31T23:59:59.999Z), got " + maxI},
+		{"timestamp max int64", func(f map[string]string) { f["timestamp"] = maxI }, "timestamp", "got " + maxI},
+		{"timestamp min int64", func(f map[string]string) { f["timestamp"] = minI }, "timestamp", "got " + minI},
+		{"timestamp one past year 9999", func(f map[string]string) { delete(f, "recordedAt"); f["timestamp"] = "253402300800000" }, "timestamp", "got 253402300800000"},
+		{"recordedAt max int64", func(f map[string]string) { f["recordedAt"] = maxI }, "recordedAt", "up to 253402300799999, got " + maxI},
+		{"userId min int64", func(f map[string]string) { f["userId"] = minI }, "userId", "must be an integer >= 1, got " + minI},
+		{"starRating max int64", func(f map[string]string) { f["starRating"] = maxI }, "starRating", "from 0 to 5, got " + maxI},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			f := sampleEvent().Fields()
+			tt.change(f)
+			_, err := domain.ParseEvent(f)
+			var ve *domain.ValidationError
+			require.ErrorAs(t, err, &ve)
+			assert.Equal(t, tt.field, ve.Field)
+			assert.Contains(t, err.Error(), tt.reason)
+			assert.NotContains(t, err.Error(), "0 ms in the future")
+		})
+	}
+	// At the limits, valid values are taken as they are.
+	f := sampleEvent().Fields()
+	delete(f, "recordedAt")
+	f["timestamp"], f["userId"], f["locationId"] = "253402300799999", maxI, maxI
+	ev, err := domain.ParseEvent(f)
+	require.NoError(t, err)
+	c := ev.(domain.CheckinRecorded).Checkin
+	assert.Equal(t, int64(domain.MaxTimestamp), c.Timestamp)
+	assert.Equal(t, int64(math.MaxInt64), c.UserID)
+
+	// Client input, judged against now.
+	now := time.Now()
+	one, zero := int64(1), int64(3)
+	for ts, reason := range map[int64]string{
+		math.MaxInt64:                  "from 1 to 253402300799999",
+		math.MinInt64:                  "got " + minI,
+		now.Add(time.Hour).UnixMilli(): "is 3600000 ms in the future",
+	} {
+		in := domain.CheckinInput{UserID: &one, LocationID: &one, StarRating: &zero, Timestamp: &ts}
+		_, err := domain.NewCheckin(in, now, func() string { return "id" })
+		require.Error(t, err, "timestamp %d", ts)
+		assert.Contains(t, err.Error(), reason, "timestamp %d", ts)
 	}
 }
