@@ -492,6 +492,35 @@ func TestApplyTieBreakIsByteOrder(t *testing.T) {
 	}
 }
 
+// TestApplyTieBreakIgnoresTheServersLocale runs a redis-server in en_US.UTF-8 (generated with
+// localedef into a private directory): there Lua's < on strings puts "a-1" before "B-1", where
+// C puts it after. Ties still go by bytes, as on a server in C.
+func TestApplyTieBreakIgnoresTheServersLocale(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if out, err := exec.Command("localedef", "-i", "en_US", "-f", "UTF-8", filepath.Join(dir, "en_US.UTF-8")).CombinedOutput(); err != nil {
+		t.Fatalf("generate the en_US.UTF-8 locale (Debian: apt-get install locales): %v\n%s", err, out)
+	}
+	srv := redistest.Start(t, redistest.Options{Env: []string{"LOCPATH=" + dir, "LC_ALL=en_US.UTF-8"}})
+	c := redistest.Client(t, srv.URL())
+	ctx := context.Background()
+	luaLess, err := c.Eval(ctx, "if ARGV[1] < ARGV[2] then return 1 else return 0 end", nil, "a-1", "B-1").Int()
+	require.NoError(t, err)
+	require.Equal(t, 1, luaLess, "the server collates in en_US: Lua's < puts a-1 first")
+	for order, ids := range [][2]string{{"B-1", "a-1"}, {"a-1", "B-1"}} {
+		e := projEnv{url: srv.URL(), client: c, keys: adapters.KeySpace{Prefix: fmt.Sprintf("loc%d", order)}}
+		a := e.applier(t, c)
+		for n, id := range ids {
+			loc := int64(1)
+			if id == "a-1" {
+				loc = 2
+			}
+			applyBoth(t, a, recorded(id, 1, loc, 1, 500), entry(1_700_000_000_000+int64(n)))
+		}
+		assert.Equal(t, int64(2), e.userStats(t, 1).LastSeenAt, "%q first: a-1 is greater in byte order and wins", ids[0])
+	}
+}
+
 func TestApplyAverageStars(t *testing.T) {
 	t.Parallel()
 	env := newProjEnv(t)

@@ -52,8 +52,10 @@ func Client(t testing.TB, url string) *redis.Client {
 
 // Options configure a private server.
 type Options struct {
-	AppendOnly bool   // AOF on, appendfsync as given (default "always")
-	FSync      string // appendfsync policy
+	AppendOnly bool     // AOF on, appendfsync as given (default "always")
+	FSync      string   // appendfsync policy
+	Args       []string // more redis-server arguments ("--maxmemory", "10mb")
+	Env        []string // more environment ("LC_ALL=en_US.UTF-8")
 }
 
 // Server is a private redis-server process.
@@ -109,7 +111,11 @@ func (s *Server) start() {
 	if s.restarts == 0 {
 		_ = os.Remove(filepath.Join(s.dir, "redis.log")) // judge this attempt by its own log
 	}
+	args = append(args, s.opts.Args...)
 	cmd := exec.Command("redis-server", args...)
+	if len(s.opts.Env) > 0 {
+		cmd.Env = append(os.Environ(), s.opts.Env...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("redistest: start redis-server: %v", err)
