@@ -10,14 +10,14 @@ import (
 
 // Limits of a valid check-in.
 const (
-	MinStarRating    = 0
-	MaxStarRating    = 5
-	MaxCheckinIDLen  = 128
-	MaxFutureSkew    = 5 * time.Minute
+	MinStarRating   = 0
+	MaxStarRating   = 5
+	MaxCheckinIDLen = 128
+	MaxFutureSkew   = 5 * time.Minute
 	// MaxTimestamp is the last millisecond of the year 9999 (UTC). Later values are no time
 	// anyone checks in at, and every timestamp up to it stays exact as a float64 (the Redis
 	// scripts compare them as numbers) and far from int64 overflow.
-	MaxTimestamp = 253402300799999
+	MaxTimestamp     = 253402300799999
 	DefaultPageLimit = 100
 	MaxPageLimit     = 1000
 )

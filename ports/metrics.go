@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -111,11 +112,20 @@ type ProgressMonitor struct {
 	stallAfter time.Duration
 	groups     func(ctx context.Context) ([]string, error)
 	now        func() time.Time
+	// local holds the observations Redis would not take (out of memory, a read-only replica):
+	// status, metrics and readiness only read, and keep working then.
+	mu    sync.Mutex
+	local map[string]observation
+}
+
+type observation struct {
+	sig   string
+	since int64
 }
 
 // NewProgressMonitor watches the groups that groups returns (those that should be consuming).
 func NewProgressMonitor(client redis.UniversalClient, keys adapters.KeySpace, stallAfter time.Duration, groups func(ctx context.Context) ([]string, error)) *ProgressMonitor {
-	return &ProgressMonitor{client: client, keys: keys, stallAfter: stallAfter, groups: groups, now: time.Now}
+	return &ProgressMonitor{client: client, keys: keys, stallAfter: stallAfter, groups: groups, now: time.Now, local: map[string]observation{}}
 }
 
 // GroupProgress is one group as the monitor last saw it.
@@ -176,10 +186,7 @@ func (m *ProgressMonitor) Check(ctx context.Context) ([]GroupProgress, adapters.
 		prevSig, sinceStr, _ := strings.Cut(prev, "|")
 		since, perr := strconv.ParseInt(sinceStr, 10, 64)
 		if prevSig != sig || perr != nil {
-			if err := m.client.HSet(ctx, m.progressKey(), name, sig+"|"+strconv.FormatInt(now.UnixMilli(), 10)).Err(); err != nil {
-				return nil, info, err
-			}
-			since = now.UnixMilli()
+			since = m.observe(ctx, name, sig, now)
 		}
 		gp.Unchanged = max(now.Sub(time.UnixMilli(since)), 0)
 		behind := gp.Lag != 0 || gp.Pending > 0
@@ -196,6 +203,22 @@ func (m *ProgressMonitor) Check(ctx context.Context) ([]GroupProgress, adapters.
 		out = append(out, gp)
 	}
 	return out, info, nil
+}
+
+// observe records that group looks like sig since now, and returns since when it does. When
+// Redis refuses the write, the process keeps the observation itself.
+func (m *ProgressMonitor) observe(ctx context.Context, group, sig string, now time.Time) int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.client.HSet(ctx, m.progressKey(), group, sig+"|"+strconv.FormatInt(now.UnixMilli(), 10)).Err(); err == nil {
+		delete(m.local, group)
+		return now.UnixMilli()
+	}
+	if o, ok := m.local[group]; ok && o.sig == sig {
+		return o.since
+	}
+	m.local[group] = observation{sig: sig, since: now.UnixMilli()}
+	return now.UnixMilli()
 }
 
 func lagText(l int64) string {
@@ -346,5 +369,47 @@ func (o *ProjectionOps) ActiveGroups(names []string) func(ctx context.Context) (
 			}
 		}
 		return out, nil
+	}
+}
+
+// RedisMemoryCollector reports Redis's memory at scrape time: used_memory, maxmemory (0: no
+// limit) and the eviction policy, what to watch to scale before Redis refuses writes.
+type RedisMemoryCollector struct {
+	client  redis.UniversalClient
+	timeout time.Duration
+
+	used, max, policy *prometheus.Desc
+}
+
+// NewRedisMemoryCollector reads client's INFO memory within timeout per scrape.
+func NewRedisMemoryCollector(client redis.UniversalClient, timeout time.Duration) *RedisMemoryCollector {
+	return &RedisMemoryCollector{client: client, timeout: timeout,
+		used:   prometheus.NewDesc("checkins_redis_used_memory_bytes", "Redis used_memory (INFO memory; summed over the masters of a cluster).", nil, nil),
+		max:    prometheus.NewDesc("checkins_redis_maxmemory_bytes", "Redis maxmemory; 0: no limit (writes fail with OOM at the limit under noeviction).", nil, nil),
+		policy: prometheus.NewDesc("checkins_redis_maxmemory_policy", "1 for Redis's maxmemory-policy (anything but noeviction may delete data).", []string{"policy"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *RedisMemoryCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.used
+	ch <- c.max
+	ch <- c.policy
+}
+
+// Collect implements prometheus.Collector; nothing when Redis does not answer or tell.
+func (c *RedisMemoryCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	m, err := adapters.ReadMemoryInfo(ctx, c.client)
+	if err != nil {
+		return
+	}
+	if m.Reported {
+		ch <- prometheus.MustNewConstMetric(c.used, prometheus.GaugeValue, float64(m.Used))
+		ch <- prometheus.MustNewConstMetric(c.max, prometheus.GaugeValue, float64(m.Max))
+	}
+	if m.Policy != "" {
+		ch <- prometheus.MustNewConstMetric(c.policy, prometheus.GaugeValue, 1, m.Policy)
 	}
 }

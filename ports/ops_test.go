@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -281,6 +282,55 @@ func TestOpsReplayAllGoesInChunksAndResumes(t *testing.T) {
 	pr, err = ops.PurgeAll(context.Background(), ports.BulkRequest{Projection: "faulty"})
 	require.NoError(t, err)
 	assert.Equal(t, int64(150), pr.Purged)
+	assert.Empty(t, h.poison())
+}
+
+// TestOpsConcurrentBulkRunsReportWhatEachDid: three replay-all runs at once over the same parked
+// entries each report only what they replayed themselves (the others' entries are "gone" for
+// them), so the totals add up to what was parked and every event counts once; the same for
+// purge-all.
+func TestOpsConcurrentBulkRunsReportWhatEachDid(t *testing.T) {
+	t.Parallel()
+	p := newFaulty("faulty", nil)
+	h := startHarness(t, p, harnessOptions{})
+	_, ops := opsAPI(t, h)
+	const n = 600
+	for i := range n {
+		h.park("c-"+strconv.Itoa(i), 1)
+	}
+	run := func(f func(context.Context, ports.BulkRequest) (ports.BulkResult, error)) []ports.BulkResult {
+		out := make([]ports.BulkResult, 3)
+		var wg sync.WaitGroup
+		for i := range out {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res, err := f(context.Background(), ports.BulkRequest{})
+				assert.NoError(t, err)
+				out[i] = res
+			}()
+		}
+		wg.Wait()
+		return out
+	}
+	replayed, gone := 0, 0
+	for _, r := range run(ops.ReplayAll) {
+		replayed += r.Replayed
+		gone += r.Gone
+		assert.Zero(t, r.Failed)
+	}
+	assert.Equal(t, n, replayed, "each entry reported replayed by exactly one run (gone for the others: %d)", gone)
+	assert.Equal(t, int64(n), h.count(), "every event applied once")
+	assert.Empty(t, h.poison())
+
+	for i := range n {
+		h.park("p-"+strconv.Itoa(i), 1)
+	}
+	var purged int64
+	for _, r := range run(ops.PurgeAll) {
+		purged += r.Purged
+	}
+	assert.Equal(t, int64(n), purged, "each entry reported purged by exactly one run")
 	assert.Empty(t, h.poison())
 }
 

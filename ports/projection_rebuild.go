@@ -532,10 +532,14 @@ func (o *ProjectionOps) Watch(ctx context.Context, router *ProjectionRouter, pro
 	defer t.Stop()
 	failing := &throttledLog{interval: time.Minute}
 	for {
-		if err := o.reconcile(ctx, router, projs); err != nil && ctx.Err() == nil && !errors.Is(err, ErrRouterNotRunning) {
+		err := o.reconcile(ctx, router, projs)
+		if err != nil && ctx.Err() == nil && !errors.Is(err, ErrRouterNotRunning) {
 			if ok, n := failing.allow(); ok {
-				o.log.Warn("cannot read the projections registry, will retry", "error", err, "suppressed", n)
+				o.log.Warn("cannot set up the projections from the registry, will retry", "error", err, "suppressed", n)
 			}
+		}
+		if ctx.Err() == nil && !errors.Is(err, ErrRouterNotRunning) {
+			router.ReportSetup(err)
 		}
 		select {
 		case <-ctx.Done():

@@ -610,6 +610,26 @@ func (r *ProjectionRouter) transientCleared(group string) {
 	r.probMu.Unlock()
 }
 
+// ReportSetup records whether the projections this process runs could be set up (joining the
+// live group, creating consumer groups, reading the registry): a failure, until the next
+// success, is part of Problem, so readiness says why nothing consumes yet.
+func (r *ProjectionRouter) ReportSetup(err error) {
+	r.probMu.Lock()
+	defer r.probMu.Unlock()
+	if err == nil {
+		delete(r.problem, setupProblem)
+		return
+	}
+	reason, ok := adapters.TransientReason(err)
+	if !ok {
+		reason = err.Error()
+	}
+	r.problem[setupProblem] = reason
+}
+
+// setupProblem keys ReportSetup's failure in Problem.
+const setupProblem = "setting up"
+
 func (r *ProjectionRouter) foreign(err error) {
 	r.transientFailure(r.cfg.LiveGroup, err)
 }

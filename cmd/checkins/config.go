@@ -39,6 +39,11 @@ type Config struct {
 	IdempotencyTTL  time.Duration
 	DedupeWindow    time.Duration
 
+	// AllowEvictingRedis runs on a Redis whose maxmemory-policy evicts keys (warned about).
+	AllowEvictingRedis bool
+	RedisCheckInterval time.Duration
+	embeddedRedis      bool // serve's in-memory Redis: nothing to check
+
 	// ConsumerIdleRemove: consumers idle this long with nothing pending leave their group.
 	ConsumerIdleRemove time.Duration
 
@@ -147,6 +152,15 @@ func settings() []setting {
 		{"NACK_DELAY", "nack-delay", "1s", "wait before an event whose handling failed transiently is delivered again", dur(func(c *Config) *time.Duration { return &c.NackDelay }, time.Millisecond)},
 		{"BATCH_SIZE", "batch-size", "500", "entries read (XREADGROUP COUNT) per round trip, and at most handed to the projections as one batch", integer(func(c *Config) *int { return &c.BatchSize }, 1)},
 		{"READ_LINGER", "read-linger", "5ms", "after a read of fewer than BATCH_SIZE/4 events, wait this long before the next one, so a busy stream is projected in batches (0: read again at once)", dur(func(c *Config) *time.Duration { return &c.ReadLinger }, 0)},
+		{"ALLOW_EVICTING_REDIS", "allow-evicting-redis", "false", "run although Redis's maxmemory-policy lets it evict keys (which deletes events and dedupe state without an error); otherwise serve, api and project refuse to start", func(c *Config, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return fmt.Errorf("must be true or false, got %q", v)
+			}
+			c.AllowEvictingRedis = b
+			return nil
+		}},
+		{"REDIS_CHECK_INTERVAL", "redis-check-interval", "1m", "how often a running service reads Redis's maxmemory-policy again", dur(func(c *Config) *time.Duration { return &c.RedisCheckInterval }, time.Millisecond)},
 		{"MAX_IN_FLIGHT", "max-in-flight", "1000", "entries read and not yet acknowledged, per consumer group", integer(func(c *Config) *int { return &c.MaxInFlight }, 1)},
 		{"HANDLER_TIMEOUT", "handler-timeout", "10s", "longest one attempt at a batch may take (the projections' handlers and applying their updates)", dur(func(c *Config) *time.Duration { return &c.HandlerTimeout }, time.Millisecond)},
 		{"RETRY_INITIAL_INTERVAL", "retry-initial-interval", "100ms", "first wait between handler attempts", dur(func(c *Config) *time.Duration { return &c.RetryInitial }, time.Millisecond)},

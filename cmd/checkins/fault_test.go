@@ -59,6 +59,9 @@ func (l *faultLogs) String() string {
 	return l.buf.String()
 }
 
+// count is how many log lines contain s.
+func (l *faultLogs) count(s string) int { return strings.Count(l.String(), s) }
+
 // field returns the value of key in the first log line whose msg is msg.
 func (l *faultLogs) field(msg, key string) (string, bool) {
 	for _, line := range strings.Split(l.String(), "\n") {
@@ -139,8 +142,9 @@ type sent struct {
 // ledger is the independent record of what the API answered.
 type ledger struct {
 	mu       sync.Mutex
-	ok       map[string]sent // got a 2xx
-	unknown  map[string]sent // anything else: may or may not be recorded; retried with the same ID
+	ok       map[string]sent           // got a 2xx
+	accepted map[string]domain.Checkin // the check-in each 2xx answered with
+	unknown  map[string]sent           // anything else: may or may not be recorded; retried with the same ID
 	codes    map[int]int
 	errs     int // no HTTP answer (connection refused while the process is down, ...)
 	timeouts int // no answer within the client timeout: a hang
@@ -148,7 +152,7 @@ type ledger struct {
 }
 
 func newLedger() *ledger {
-	return &ledger{ok: map[string]sent{}, unknown: map[string]sent{}, codes: map[int]int{}}
+	return &ledger{ok: map[string]sent{}, accepted: map[string]domain.Checkin{}, unknown: map[string]sent{}, codes: map[int]int{}}
 }
 
 func (l *ledger) stats() (ok int, codes map[int]int, errs, timeouts int) {
@@ -185,6 +189,16 @@ func (l *ledger) post(client *http.Client, base, id string, s sent) {
 	case resp.StatusCode >= 200 && resp.StatusCode < 300:
 		l.codes[resp.StatusCode]++
 		l.ok[id] = s
+		var c struct {
+			ID         string `json:"checkinId"`
+			UserID     int64  `json:"userId"`
+			LocationID int64  `json:"locationId"`
+			StarRating int    `json:"starRating"`
+			Timestamp  int64  `json:"timestamp"`
+		}
+		if json.Unmarshal(raw, &c) == nil {
+			l.accepted[id] = domain.Checkin{ID: c.ID, UserID: c.UserID, LocationID: c.LocationID, StarRating: c.StarRating, Timestamp: c.Timestamp}
+		}
 		delete(l.unknown, id)
 	default:
 		l.codes[resp.StatusCode]++

@@ -115,7 +115,7 @@ func serviceCommand(name string, mode Mode) func(context.Context, []string, func
 				return err
 			}
 			defer stopRedis()
-			cfg.RedisURL = url
+			cfg.RedisURL, cfg.embeddedRedis = url, true
 		}
 		svc, err := NewService(ctx, cfg, mode, log)
 		if err != nil {

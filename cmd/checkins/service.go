@@ -32,6 +32,7 @@ type Service struct {
 	keys     adapters.KeySpace
 	client   *redis.Client // API, queries, stores, poison queue
 	closers  []func() error
+	guard    *evictionGuard // nil on the embedded Redis
 	http     *ports.HTTPServer
 	router   *ports.ProjectionRouter
 	listener net.Listener
@@ -78,6 +79,14 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 	if err := s.client.Ping(pingCtx).Err(); err != nil {
 		// Not fatal: the service starts, answers 503 and /readyz says why, and recovers by itself.
 		log.Warn("redis is not reachable yet", "redis_url", redact(cfg.RedisURL), "error", err)
+	}
+	if !cfg.embeddedRedis {
+		s.guard = newEvictionGuard(s.client, cfg.AllowEvictingRedis, log)
+		s.guard.interval = cfg.RedisCheckInterval
+		if err := s.guard.Start(pingCtx); err != nil {
+			s.close()
+			return nil, err
+		}
 	}
 	wlog := watermill.NewSlogLogger(log)
 	if err := s.initProjections(mode); err != nil {
@@ -220,11 +229,19 @@ func (s *Service) Ready(ctx context.Context) error {
 	if err := s.client.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis unreachable: %w", err)
 	}
-	if s.router != nil && !s.router.Running() {
-		return errors.New("projection router is not running")
+	if s.guard != nil {
+		if p := s.guard.Problem(); p != "" {
+			return fmt.Errorf("%s", p)
+		}
 	}
 	if s.router != nil {
-		if p := s.router.Problem(); p != "" {
+		p := s.router.Problem()
+		switch {
+		case !s.router.Running() && p != "":
+			return fmt.Errorf("projection router is not running: %s", p)
+		case !s.router.Running():
+			return errors.New("projection router is not running")
+		case p != "":
 			return fmt.Errorf("projections cannot apply events: %s", p)
 		}
 	}
@@ -277,6 +294,9 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	for _, run := range background {
 		g.Go(func() error { return run(gctx) })
+	}
+	if s.guard != nil {
+		g.Go(func() error { return s.guard.Run(gctx) })
 	}
 	err := g.Wait()
 	s.log.Info("stopped", "error", err)

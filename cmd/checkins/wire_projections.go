@@ -184,6 +184,7 @@ func (s *Service) initProjections(mode Mode) error {
 		}
 		return out
 	}
+	w.registry.MustRegister(ports.NewRedisMemoryCollector(s.client, 2*time.Second))
 	// Metrics cover every projection of this build; readiness only those this process runs.
 	w.registry.MustRegister(ports.NewStreamCollector(
 		ports.NewProgressMonitor(s.client, s.keys, s.cfg.StallAfter, w.ops.ActiveGroups(names(all))), 2*time.Second))
