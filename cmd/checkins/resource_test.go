@@ -212,3 +212,40 @@ func (l *ledger) verifyAll(t *testing.T, url string, keys adapters.KeySpace) {
 		assert.True(c, ok, detail)
 	}, 30*time.Second, 500*time.Millisecond)
 }
+
+// TestResourceBusyScriptsCostNoCount: another client's long script makes Redis answer BUSY to
+// everyone for a while, again and again, under load. BUSY is Redis being busy, not the event's
+// fault: nothing is parked, and every read model comes out exact.
+func TestResourceBusyScriptsCostNoCount(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{Args: []string{"--busy-reply-threshold", "50"}})
+	c := redistest.Client(t, srv.URL())
+	ctx := context.Background()
+	keys := adapters.KeySpace{Prefix: "checkins"}
+	p := startSvc(t, "serve", map[string]string{"REDIS_URL": srv.URL(), "RETRY_MAX_ATTEMPTS": "2",
+		"RETRY_INITIAL_INTERVAL": "10ms", "NACK_DELAY": "50ms"})
+	l := newLedger()
+	lctx, stop := context.WithCancel(ctx)
+	defer stop()
+	wait := l.load(lctx, 4, "busy", func() string { return p.base }, 5*time.Second)
+	l.waitFor(t, 100)
+	// A read-only script spinning for 700 ms: past busy-reply-threshold every other client gets
+	// BUSY until it ends.
+	const spin = `local t0 = redis.call('TIME') local s = t0[1] * 1000000 + t0[2]
+while true do local t = redis.call('TIME') if t[1] * 1000000 + t[2] - s > 700000 then return 1 end end`
+	other := redistest.Client(t, srv.URL())
+	for range 4 {
+		require.NoError(t, other.Eval(ctx, spin, nil).Err())
+		time.Sleep(300 * time.Millisecond)
+	}
+	stop()
+	wait()
+	info, err := c.Info(ctx, "errorstats").Result()
+	require.NoError(t, err)
+	assert.Contains(t, info, "errorstat_BUSY", "redis must have answered BUSY")
+	l.resolve(t, p.base)
+	l.verify(t, p.base)
+	l.verifyAll(t, srv.URL(), keys)
+	assert.Zero(t, poisonLen(t, c, keys), "nothing parked")
+	assert.Zero(t, p.logs.count("event parked in poison queue"))
+}
