@@ -1,6 +1,8 @@
 package domain
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"strconv"
 	"time"
@@ -20,6 +22,28 @@ type Event interface {
 type CheckinRecorded struct {
 	Checkin
 	RecordedAt int64 // ms since epoch when the API accepted it
+	// Fingerprint is CheckinInput.Fingerprint of the request that recorded it: the body as the
+	// client sent it, a timestamp it left out included. "" for events from elsewhere.
+	Fingerprint string
+}
+
+// Identity tells check-ins apart for the projections' dedupe. An event the API recorded is
+// identified by its checkinId and the body the client sent (Fingerprint): a client that sends
+// the same body again, even after IDEMPOTENCY_TTL and without a timestamp of its own (the API
+// then stamps another time), sends the same check-in. An event without a fingerprint (written by
+// another producer, or before the field existed) is identified by its checkinId and content
+// (Checkin.Identity). Both are the first 63 bits of a SHA-256, a non-negative integer.
+func (e CheckinRecorded) Identity() int64 {
+	if e.Fingerprint == "" {
+		return e.Checkin.Identity()
+	}
+	b := make([]byte, 0, len(e.ID)+len(e.Fingerprint)+4)
+	b = append(b, "fp|"...)
+	b = append(b, e.ID...)
+	b = append(b, '|')
+	b = append(b, e.Fingerprint...)
+	sum := sha256.Sum256(b)
+	return int64(binary.BigEndian.Uint64(sum[:8]) >> 1)
 }
 
 // EventName implements Event.
@@ -34,11 +58,13 @@ const (
 	FieldStarRating = "starRating"
 	FieldTimestamp  = "timestamp"
 	FieldRecordedAt = "recordedAt"
+	// FieldFingerprint is optional: CheckinRecorded.Fingerprint.
+	FieldFingerprint = "fingerprint"
 )
 
 // Fields is the flat form of the event.
 func (e CheckinRecorded) Fields() map[string]string {
-	return map[string]string{
+	f := map[string]string{
 		FieldType:       EventCheckinRecorded,
 		FieldCheckinID:  e.ID,
 		FieldUserID:     strconv.FormatInt(e.UserID, 10),
@@ -47,6 +73,10 @@ func (e CheckinRecorded) Fields() map[string]string {
 		FieldTimestamp:  strconv.FormatInt(e.Timestamp, 10),
 		FieldRecordedAt: strconv.FormatInt(e.RecordedAt, 10),
 	}
+	if e.Fingerprint != "" {
+		f[FieldFingerprint] = e.Fingerprint
+	}
+	return f
 }
 
 // ParseEvent decodes the flat form written by Fields, validating it as strictly as the API does,
@@ -110,5 +140,22 @@ func parseCheckinRecorded(f map[string]string) (CheckinRecorded, error) {
 	if err != nil {
 		return CheckinRecorded{}, fmt.Errorf("invalid %s event: %w", EventCheckinRecorded, err)
 	}
-	return CheckinRecorded{Checkin: c, RecordedAt: recordedAt}, nil
+	fp := f[FieldFingerprint]
+	if _, ok := f[FieldFingerprint]; ok && !isFingerprint(fp) {
+		return CheckinRecorded{}, invalid(CodeInvalidEvent, FieldFingerprint, "must be 32 lowercase hex digits, got %q", fp)
+	}
+	return CheckinRecorded{Checkin: c, RecordedAt: recordedAt, Fingerprint: fp}, nil
+}
+
+// isFingerprint: what CheckinInput.Fingerprint writes.
+func isFingerprint(s string) bool {
+	if len(s) != 32 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }

@@ -4,6 +4,7 @@ import (
 	"maps"
 	"math"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -192,5 +193,42 @@ func TestExtremeIntegersGetTheRightReason(t *testing.T) {
 		_, err := domain.NewCheckin(in, now, func() string { return "id" })
 		require.Error(t, err, "timestamp %d", ts)
 		assert.Contains(t, err.Error(), reason, "timestamp %d", ts)
+	}
+}
+
+// TestEventIdentity: with the fingerprint of the request, the same body sent again is the same
+// check-in whatever time the API stamped on it; another body under the same checkinId is
+// another; without a fingerprint the content decides. The fingerprint survives the flat form,
+// and a malformed one is refused.
+func TestEventIdentity(t *testing.T) {
+	t.Parallel()
+	user, loc, stars := int64(1), int64(2), int64(3)
+	id := "ck"
+	in := domain.CheckinInput{CheckinID: &id, UserID: &user, LocationID: &loc, StarRating: &stars}
+	mk := func(in domain.CheckinInput, ts int64) domain.CheckinRecorded {
+		c, err := domain.NewCheckin(in, time.UnixMilli(ts), nil)
+		require.NoError(t, err)
+		return domain.CheckinRecorded{Checkin: c, RecordedAt: ts, Fingerprint: in.Fingerprint()}
+	}
+	a, later := mk(in, 1_000), mk(in, 90_000_000)
+	require.NotEqual(t, a.Timestamp, later.Timestamp)
+	assert.Equal(t, a.Identity(), later.Identity(), "the same body, stamped at another time")
+	other := stars + 1
+	b := mk(domain.CheckinInput{CheckinID: &id, UserID: &user, LocationID: &loc, StarRating: &other}, 1_000)
+	assert.NotEqual(t, a.Identity(), b.Identity(), "another body")
+	plain := domain.CheckinRecorded{Checkin: a.Checkin, RecordedAt: a.RecordedAt}
+	assert.Equal(t, a.Checkin.Identity(), plain.Identity(), "no fingerprint: the content")
+	assert.NotEqual(t, plain.Identity(), domain.CheckinRecorded{Checkin: later.Checkin}.Identity())
+	assert.GreaterOrEqual(t, a.Identity(), int64(0))
+
+	ev, err := domain.ParseEvent(a.Fields())
+	require.NoError(t, err)
+	assert.Equal(t, a, ev)
+	for _, bad := range []string{"", "xyz", strings.Repeat("A", 32), strings.Repeat("0", 31)} {
+		f := a.Fields()
+		f["fingerprint"] = bad
+		_, err := domain.ParseEvent(f)
+		require.Error(t, err, "fingerprint %q", bad)
+		assert.Contains(t, err.Error(), "fingerprint")
 	}
 }

@@ -205,7 +205,7 @@ func (h *RecordCheckinHandler) record(ctx context.Context, rec IdempotencyRecord
 
 // publish stores the event of the reservation rec, which this attempt holds.
 func (h *RecordCheckinHandler) publish(ctx context.Context, rec IdempotencyRecord, correlationID string, replayed bool) (RecordCheckinResult, error) {
-	ev := domain.CheckinRecorded{Checkin: rec.Checkin, RecordedAt: rec.RecordedAt}
+	ev := domain.CheckinRecorded{Checkin: rec.Checkin, RecordedAt: rec.RecordedAt, Fingerprint: rec.Fingerprint}
 	if err := h.publisher.PublishCheckinRecorded(ctx, ev, correlationID); err != nil {
 		if errors.Is(err, ErrNotPublished) {
 			// Nothing is on the stream: free the checkinId, so waiting requests need not wait

@@ -273,7 +273,7 @@ func TestAbandonedReservationIsTakenOverOnce(t *testing.T) {
 		events = append(events, p.published()...)
 	}
 	require.Len(t, events, 1, "one taker wins")
-	assert.Equal(t, domain.CheckinRecorded{Checkin: dead.Checkin, RecordedAt: dead.RecordedAt}, events[0])
+	assert.Equal(t, domain.CheckinRecorded{Checkin: dead.Checkin, RecordedAt: dead.RecordedAt, Fingerprint: dead.Fingerprint}, events[0])
 	for _, h := range handlers {
 		require.NoError(t, h.Close()) // the mark is written after the answer
 	}

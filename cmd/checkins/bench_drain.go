@@ -60,7 +60,7 @@ func (b *bencher) preload(ctx context.Context) (*drainData, error) {
 					recent[rng.IntN(len(recent))] = ev
 				}
 			}
-			d.want.add(ev.Checkin)
+			d.want.addEvent(ev)
 			msg, err := adapters.NewEventMessage(ev.Fields(), b.runID+"-preload")
 			if err != nil {
 				return nil, err

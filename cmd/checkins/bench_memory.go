@@ -230,7 +230,7 @@ func (b *bencher) preloadHistory(ctx context.Context, keys adapters.KeySpace, n 
 				}
 				fresh++
 			}
-			d.want.add(ev.Checkin)
+			d.want.addEvent(ev)
 			msg, err := adapters.NewEventMessage(ev.Fields(), b.runID+"-memory")
 			if err != nil {
 				return nil, err

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
+)
+
+// TestUpgradeFromTheEarlierLayoutKeepsEveryCount: a deployment of the earlier layout (one
+// consumer group per projection version, checkinIds kept in per-slot seen sets) crashed with
+// entries delivered and not acknowledged, some of them applied. The new binary starts on it:
+// each projection version joins the live group, its old group goes on from where it stood
+// (the dead consumer's pending entries taken over), entries the old layout applied are found in
+// its seen sets, and every read model ends exact. Once the backfills are done, the old groups
+// and the seen sets are removed.
+func TestUpgradeFromTheEarlierLayoutKeepsEveryCount(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	c := redistest.Client(t, srv.URL())
+	ctx := context.Background()
+	keys := adapters.KeySpace{Prefix: "checkins"}
+	cfg, _, err := parseConfig(flag.NewFlagSet("test", flag.ContinueOnError), nil, envWith(map[string]string{"REDIS_URL": srv.URL()}))
+	require.NoError(t, err)
+	projs := allProjections(cfg)
+
+	const total, delivered, acked, applied = 300, 200, 150, 180
+	now := time.Now().UnixMilli()
+	var evs []domain.CheckinRecorded
+	var ids []string
+	for i := range total {
+		ev := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "old-" + strconv.Itoa(i), UserID: 1 + int64(i%13), LocationID: 1 + int64(i%7),
+			StarRating: i % 6, Timestamp: now - int64(total-i)*60_000}, RecordedAt: now - int64(total-i)*60_000}
+		msg, err := adapters.NewEventMessage(ev.Fields(), "corr")
+		require.NoError(t, err)
+		values, err := adapters.FlatMarshaller{}.Marshal(keys.Stream(), msg)
+		require.NoError(t, err)
+		id, err := c.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: values}).Result()
+		require.NoError(t, err)
+		evs, ids = append(evs, ev), append(ids, id)
+	}
+
+	// The earlier layout's state: read models of the first `applied` events, their checkinIds
+	// in each slot's seen set, the stored average of the locations; groups <name>.v1 that
+	// delivered `delivered` entries to a consumer that acknowledged `acked` and died.
+	emulate, err := adapters.NewProjectionApplier(c, keys, 0)
+	require.NoError(t, err)
+	for i := range applied {
+		var works []adapters.Work
+		for _, p := range projs {
+			us, err := projection.Updates(ctx, p, evs[i])
+			require.NoError(t, err)
+			works = append(works, adapters.Work{Group: "emulation", Projection: p.Name(), Version: 1, Event: adapters.RefOf(evs[i], ids[i]), Updates: us})
+			for _, u := range us {
+				require.NoError(t, c.SAdd(ctx, keys.ProjectionKey(p.Name(), 1, u.Slot, "seen"), evs[i].ID).Err())
+			}
+		}
+		_, err := emulate.Apply(ctx, works, nil)
+		require.NoError(t, err)
+	}
+	for loc := int64(1); loc <= 7; loc++ {
+		k := keys.ProjectionKey("locations", 1, "location:"+strconv.FormatInt(loc, 10), "stats")
+		h, err := c.HGetAll(ctx, k).Result()
+		require.NoError(t, err)
+		n, _ := strconv.ParseInt(h["numCheckins"], 10, 64)
+		s, _ := strconv.ParseInt(h["numStars"], 10, 64)
+		require.NoError(t, c.HSet(ctx, k, "averageStars", projection.AverageStars(s, n)).Err())
+	}
+	for _, pattern := range []string{keys.Prefix + ":dedupe:*", keys.Prefix + ":applied:*"} {
+		ks, err := c.Keys(ctx, pattern).Result()
+		require.NoError(t, err)
+		if len(ks) > 0 {
+			require.NoError(t, c.Del(ctx, ks...).Err())
+		}
+	}
+	for _, p := range projs {
+		group := p.Name() + ".v1"
+		require.NoError(t, c.XGroupCreate(ctx, keys.Stream(), group, "0").Err())
+		require.NoError(t, c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: "old-proc", Streams: []string{keys.Stream(), ">"}, Count: delivered}).Err())
+		require.NoError(t, c.XAck(ctx, keys.Stream(), group, ids[:acked]...).Err())
+		require.NoError(t, c.HSet(ctx, keys.Projections(), p.Name()+".version", 1).Err())
+	}
+
+	p := startSvc(t, "serve", map[string]string{"REDIS_URL": srv.URL(), "CLAIM_IDLE": "1s", "CLAIM_INTERVAL": "200ms",
+		"PROJECTION_POLL_INTERVAL": "200ms", "PROJECTION_RETIRE_GRACE": "1s"})
+	l := newLedger()
+	client := &http.Client{Timeout: 5 * time.Second}
+	for i := range 50 {
+		l.post(client, p.base, fmt.Sprintf("new-%d", i), sent{user: 1 + int64(i%13), location: 1 + int64(i%7), stars: int64(i % 6)})
+	}
+	l.resolve(t, p.base)
+	t.Cleanup(func() {
+		if t.Failed() {
+			gs, _ := c.XInfoGroups(ctx, keys.Stream()).Result()
+			reg, _ := c.HGetAll(ctx, keys.Projections()).Result()
+			t.Logf("groups: %+v\nregistry: %v\nlogs:\n%s", gs, reg, p.logs)
+		}
+	})
+	for i, ev := range evs {
+		l.ok[ids[i]], l.accepted[ids[i]] = sent{}, ev.Checkin
+	}
+	l.verifyAll(t, srv.URL(), keys)
+
+	// The backfills finished: only the live group is left, and no seen set.
+	require.Eventually(t, func() bool {
+		gs, err := c.XInfoGroups(ctx, keys.Stream()).Result()
+		require.NoError(t, err)
+		seen, err := c.Keys(ctx, keys.Prefix+":p:*:seen").Result()
+		require.NoError(t, err)
+		return len(gs) == 1 && gs[0].Name == "live" && len(seen) == 0
+	}, 30*time.Second, 100*time.Millisecond, "the earlier layout's groups and seen sets are removed after the backfills")
+	l.verifyAll(t, srv.URL(), keys)
+	code, body := faultGet(t, p.base+"/readyz")
+	assert.Equal(t, http.StatusOK, code, body)
+	assert.Zero(t, poisonLen(t, c, keys))
+}
+
+// TestReusedCheckinIDIsDecidedAlikeEverywhere: a checkinId that comes back with another body
+// after IDEMPOTENCY_TTL is another check-in, counted by all five projections; the first body
+// sent again after the TTL (without a timestamp: the API stamps a new one) is the same check-in
+// and counted by none; an exact copy XADDed by another producer is a duplicate too, and a body
+// of its own XADDed by it under the same checkinId is a third check-in. Every read model is
+// compared with an independent computation.
+func TestReusedCheckinIDIsDecidedAlikeEverywhere(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	c := redistest.Client(t, srv.URL())
+	ctx := context.Background()
+	keys := adapters.KeySpace{Prefix: "checkins"}
+	p := startSvc(t, "serve", map[string]string{"REDIS_URL": srv.URL(), "IDEMPOTENCY_TTL": "1s"})
+	bodyA, bodyB := `{"checkinId":"reused","userId":1,"locationId":1,"starRating":5}`, `{"checkinId":"reused","userId":2,"locationId":2,"starRating":1}`
+	post := func(body string) (int, map[string]any) {
+		code, m, err := testPostCheckin(p.base, body, nil)
+		require.NoError(t, err)
+		return code, m
+	}
+	checkinOf := func(m map[string]any) domain.Checkin {
+		return domain.Checkin{ID: m["checkinId"].(string), UserID: int64(m["userId"].(float64)), LocationID: int64(m["locationId"].(float64)),
+			StarRating: int(m["starRating"].(float64)), Timestamp: int64(m["timestamp"].(float64))}
+	}
+	code, first := post(bodyA)
+	require.Equal(t, http.StatusAccepted, code)
+	code, _ = post(bodyB)
+	require.Equal(t, http.StatusConflict, code, "within IDEMPOTENCY_TTL another body is refused")
+	var second map[string]any
+	require.Eventually(t, func() bool { code, second = post(bodyB); return code == http.StatusAccepted }, 10*time.Second, 200*time.Millisecond,
+		"after IDEMPOTENCY_TTL the checkinId is free again")
+	var again map[string]any
+	require.Eventually(t, func() bool {
+		code, again = post(bodyA)
+		return code == http.StatusAccepted && checkinOf(again).UserID == 1
+	}, 10*time.Second, 200*time.Millisecond)
+	require.NotEqual(t, checkinOf(first).Timestamp, checkinOf(again).Timestamp, "stamped anew by the API")
+
+	// Another producer: an exact copy of the first event, and a third body under the same ID.
+	xs, err := c.XRange(ctx, keys.Stream(), "-", "+").Result()
+	require.NoError(t, err)
+	require.Len(t, xs, 3)
+	copied := map[string]any{}
+	for k, v := range xs[0].Values {
+		if !strings.HasPrefix(k, "_") && !strings.HasPrefix(k, "meta:") {
+			copied[k] = v
+		}
+	}
+	require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: copied}).Err())
+	third := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "reused", UserID: 3, LocationID: 1, StarRating: 2, Timestamp: time.Now().UnixMilli()},
+		RecordedAt: time.Now().UnixMilli()}
+	require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: third.Fields()}).Err())
+
+	l := newLedger()
+	l.ok["a"], l.accepted["a"] = sent{}, checkinOf(first)
+	l.ok["b"], l.accepted["b"] = sent{}, checkinOf(second)
+	l.ok["c"], l.accepted["c"] = sent{}, third.Checkin
+	l.verifyAll(t, srv.URL(), keys)
+	code, body := faultGet(t, p.base+"/users/1")
+	require.Equal(t, http.StatusOK, code)
+	assert.Contains(t, body, `"numCheckins":1`, "the first body sent again is the same check-in")
+	assert.Zero(t, poisonLen(t, c, keys))
+}
