@@ -566,3 +566,42 @@ func TestRouterPrunesTheDedupeRegistryBehindEveryGroup(t *testing.T) {
 		return old() == 0
 	}, 10*time.Second, 100*time.Millisecond, "the registry keeps the window before the floor only (has %d older)", old())
 }
+
+// TestRouterCountsOnceAWriteThatLandedAfterItsTimeout: Redis, held by another client's long
+// script, runs the projector's apply after the attempt's HANDLER_TIMEOUT has passed: the write
+// lands although the attempt failed. The batch goes again and finds it applied (its markers):
+// every event counts once, and none is parked (a timeout while applying is Redis being slow, not
+// the event's fault), so no replay can apply such a write twice.
+func TestRouterCountsOnceAWriteThatLandedAfterItsTimeout(t *testing.T) {
+	t.Parallel()
+	p := newFaulty("faulty", nil)
+	h := startHarness(t, p, harnessOptions{handlerTimeout: 100 * time.Millisecond})
+	ctx := context.Background()
+	other := redistest.Client(t, h.url)
+	const spin = `local t0 = redis.call('TIME') local s = t0[1] * 1000000 + t0[2]
+while true do local t = redis.call('TIME') if t[1] * 1000000 + t[2] - s > 400000 then return 1 end end`
+	const n = 40
+	added, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-added:
+				return
+			default:
+			}
+			_ = other.Eval(ctx, spin, nil).Err()
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	for i := range n {
+		h.add("late-"+strconv.Itoa(i), 2)
+		time.Sleep(50 * time.Millisecond)
+	}
+	close(added)
+	<-done
+	h.settled(n)
+	assert.Equal(t, int64(2*n), h.stars())
+	assert.Empty(t, h.poison(), "never parked for Redis being slow")
+	assert.Positive(t, h.logs.count("HANDLER_TIMEOUT"), "some apply must have timed out and landed later")
+}
