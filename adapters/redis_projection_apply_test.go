@@ -807,3 +807,31 @@ func TestApplySweepLetsGoOfAQuietGroupsMarkers(t *testing.T) {
 	_, err = a.Sweep(ctx, "live", "yesterday")
 	assert.Error(t, err)
 }
+
+// TestRegistryIsPrunedByEveryCallThatTouchesIt: with the default settings, every script call
+// that decides a user's check-in also lets go of her registry's copies older than the window
+// before the floor. Left to chance, a busy drain could grow a registry past Redis's compact
+// encoding (zset-max-listpack-entries, 128 by default), which it never returns to: the memory of
+// the dedupe state would then depend on the drain's luck, not on the window alone.
+func TestRegistryIsPrunedByEveryCallThatTouchesIt(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	a, err := adapters.NewProjectionApplier(env.client, env.keys, time.Minute)
+	require.NoError(t, err)
+	ctx := context.Background()
+	const t0 = 1_700_000_000_000
+	for i := range 40 {
+		at := t0 + int64(i)*120_000 // two minutes apart: each copy leaves the window of the next
+		require.NoError(t, a.SetRegistryFloor(entry(at)))
+		ev := recorded("spread-"+strconv.Itoa(i), 1, 1, 1, at)
+		us, err := projection.Updates(ctx, projection.UserStats{}, ev)
+		require.NoError(t, err)
+		_, err = a.Apply(ctx, []adapters.Work{{Group: "g", Projection: "users", Version: 1, Event: adapters.RefOf(ev, entry(at)), Updates: us}},
+			func(string) (string, bool) { return "", false })
+		require.NoError(t, err)
+		n, err := env.client.ZCard(ctx, env.keys.Registry(1)).Result()
+		require.NoError(t, err)
+		require.LessOrEqual(t, n, int64(2), "call %d: the registry holds only the window before the floor", i)
+	}
+	assert.Equal(t, int64(40), env.userStats(t, 1).NumCheckins)
+}
