@@ -82,10 +82,9 @@ LOG_LEVEL defaults to warn.
 Time: ingest and ingest-baseline take --duration each, sustained and e2e --duration plus the
 time the projections need to catch up; drain and drain-baseline each drain --events once per
 --consumers entry; memory drains 3 x --memory-events. With every projection the drain runs at
-about 4,000-5,000 events/s on 2 cores today, so --events defaults to 20,000 (was 100,000) and
---consumers to 1,4 (was 1,2,4,8): they only shape the run's length, and the default run takes
-about 2.5 minutes there, most of it memory. Lower --memory-events or leave phases out for a
-quicker run.
+about 20,000 events/s on 2 cores (one consumer; more add contention there), so the default run
+(--events 100000, --consumers 1,4) takes about 100 s. Lower --memory-events or leave phases out
+for a quicker run.
 
 Flags:
 `
@@ -129,8 +128,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.StringVar(&f.phases, "phases", strings.Join(benchPhaseOrder(), ","), "comma-separated phases to run: "+strings.Join(benchPhaseOrder(), ", ")+" (or all)")
 	fs.DurationVar(&f.duration, "duration", 10*time.Second, "length of the load of each ingest, ingest-baseline, sustained and e2e phase")
 	fs.IntVar(&f.clients, "clients", 50, "concurrent keep-alive HTTP clients (ingest, sustained) and senders (e2e)")
-	fs.IntVar(&f.events, "events", 20000, "events preloaded for drain and drain-baseline (lowered from 100,000 to keep the default run near 3 minutes with every projection; the issue names 200,000)")
-	fs.StringVar(&f.consumers, "consumers", "1,4", "comma-separated numbers of consumers per projection to sweep in drain and drain-baseline (lowered from 1,2,4,8 for the run's length)")
+	fs.IntVar(&f.events, "events", 100000, "events preloaded for drain and drain-baseline")
+	fs.StringVar(&f.consumers, "consumers", "1,4", "comma-separated numbers of consumers to sweep in drain and drain-baseline")
 	fs.Float64Var(&f.rate, "rate", 2000, "check-ins per second posted in e2e")
 	fs.StringVar(&f.target, "target", "", "base URL of a running API (e.g. http://127.0.0.1:8080) for ingest instead of the in-process one")
 	fs.IntVar(&f.memoryEvents, "memory-events", 100000, "events of the first memory run; the second writes twice as many")
