@@ -30,7 +30,9 @@ func (k KeySpace) IdempotencyPrefix() string { return k.Prefix + ":idem:" }
 
 // LegacyIdempotency is the key of a checkinId accepted before keys were scoped by user (a
 // checkinId never contains "{", so the two layouts cannot collide).
-func (k KeySpace) LegacyIdempotency(checkinID string) string { return k.IdempotencyPrefix() + checkinID }
+func (k KeySpace) LegacyIdempotency(checkinID string) string {
+	return k.IdempotencyPrefix() + checkinID
+}
 
 // IdempotencyScopedSince holds when (ms since epoch) this keyspace first ran with user-scoped
 // idempotency keys; "0" when it had no event stream then, so no legacy key can exist.

@@ -179,7 +179,7 @@ func (e *apiEnv) xlen(t testing.TB) int64 {
 
 func (e *apiEnv) idemKeys(t testing.TB) []string {
 	t.Helper()
-	ks, err := e.rdb.Keys(context.Background(), e.keys.Idempotency("*")).Result()
+	ks, err := e.rdb.Keys(context.Background(), e.keys.IdempotencyPrefix()+"*").Result()
 	require.NoError(t, err)
 	return ks
 }
