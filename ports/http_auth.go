@@ -188,6 +188,9 @@ func checkinUser(c echo.Context, body *int64) (*int64, error) {
 	if !ok { // authentication is off: the body says who
 		return body, nil
 	}
+	if body != nil && *body < 1 {
+		return body, nil // not anybody's id: validation names the problem (400)
+	}
 	if body != nil && *body != p.UserID {
 		return nil, apiError(http.StatusForbidden, CodeForbidden, "userId",
 			fmt.Sprintf("userId %d is not the token's user %d: a check-in is made only as yourself", *body, p.UserID))

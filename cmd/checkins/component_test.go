@@ -40,6 +40,7 @@ type inProcessService struct {
 func startInProcess(t *testing.T, env map[string]string, mode Mode) *inProcessService {
 	t.Helper()
 	env["HTTP_ADDR"] = "127.0.0.1:0"
+	withTestAuth(env)
 	if env["LOG_LEVEL"] == "" {
 		env["LOG_LEVEL"] = "warn"
 	}
@@ -87,7 +88,8 @@ func (p *inProcessService) stop(t *testing.T) error {
 	}
 }
 
-var testHTTPClient = &http.Client{Timeout: 10 * time.Second}
+// testHTTPClient sends a test token with every request that has none (auth_harness_test.go).
+var testHTTPClient = authedClient(10 * time.Second)
 
 // testPostCheckin posts body to /checkins; it returns the status and the decoded JSON body. It
 // returns errors rather than failing the test because workers call it off the test goroutine.
