@@ -30,7 +30,9 @@ import (
 
 // inProcessService is a service started by startInProcess.
 type inProcessService struct {
+	svc    *Service
 	base   string // http://127.0.0.1:port
+	ops    string // the ops listener's http://host:port (base when they share a port)
 	cancel context.CancelFunc
 	done   chan error // Run's result
 }
@@ -61,7 +63,7 @@ func startInProcess(t *testing.T, env map[string]string, mode Mode) *inProcessSe
 		cancel()
 		require.NoError(t, err)
 	}
-	p := &inProcessService{base: "http://" + addr.String(), cancel: cancel, done: make(chan error, 1)}
+	p := &inProcessService{svc: svc, base: "http://" + addr.String(), ops: "http://" + svc.OpsAddr().String(), cancel: cancel, done: make(chan error, 1)}
 	go func() { p.done <- svc.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
