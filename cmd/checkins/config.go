@@ -110,7 +110,7 @@ func settings() []setting {
 			c.RedisURL = v
 			return nil
 		}},
-		{"HTTP_ADDR", "http-addr", ":8080", "HTTP listen address", func(c *Config, v string) error {
+		{"HTTP_ADDR", "http-addr", ":8080", "listen address of the public API (check-ins, reads, health)", func(c *Config, v string) error {
 			if _, _, err := net.SplitHostPort(v); err != nil {
 				return fmt.Errorf("must be host:port or :port, got %q", v)
 			}
