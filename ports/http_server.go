@@ -75,7 +75,9 @@ func NewHTTPServer(a app.Application, ready Readiness, cfg HTTPConfig, log *slog
 		if !cfg.IPLimit.Off() {
 			// Each listener its own budget: a flood of the public port leaves the ops port usable.
 			l, err := NewIPRateLimiter(cfg.IPLimit)
-			if err == nil {
+			if err != nil { // ParseRateLimit never gives such a limit
+				log.Error("per-address rate limit NOT applied", "limit", cfg.IPLimit.String(), "error", err)
+			} else {
 				e.Use(s.limitIP(l))
 			}
 		}
