@@ -8,13 +8,15 @@ WORKDIR /src
 # across builds.
 COPY . .
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/checkins ./cmd/checkins
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/checkins ./cmd/checkins && mkdir -p /out/state
 
 # Static binary: distroless has CA certificates (for rediss://) and a nonroot user, and no shell.
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/checkins /usr/local/bin/checkins
+# Dev mode's key lives in STATE_DIR; a volume mounted here starts owned by the nonroot user.
+COPY --from=build --chown=65532:65532 /out/state /state
 USER nonroot:nonroot
-EXPOSE 8080
-ENV HTTP_ADDR=:8080
+EXPOSE 8080 8081
+ENV HTTP_ADDR=:8080 OPS_ADDR=:8081 STATE_DIR=/state
 ENTRYPOINT ["/usr/local/bin/checkins"]
 CMD ["serve"]

@@ -18,8 +18,30 @@ func (k KeySpace) Stream() string { return k.Prefix + ":events" }
 // PoisonStream holds events a projection could not handle, with the reason.
 func (k KeySpace) PoisonStream() string { return k.Stream() + ":poison" }
 
-// Idempotency is the record of a checkinId accepted by the API.
-func (k KeySpace) Idempotency(checkinID string) string { return k.Prefix + ":idem:" + checkinID }
+// Idempotency is the record of a checkinId accepted by the API for a user. Keys are scoped by
+// the user, so one user can neither replay nor block another user's checkinId; the hash tag is
+// the one of the user's dedupe registry.
+func (k KeySpace) Idempotency(userID int64, checkinID string) string {
+	return k.IdempotencyPrefix() + "{user:" + strconv.FormatInt(userID, 10) + "}:" + checkinID
+}
+
+// IdempotencyPrefix starts every idempotency key, scoped or legacy.
+func (k KeySpace) IdempotencyPrefix() string { return k.Prefix + ":idem:" }
+
+// LegacyIdempotency is the key of a checkinId accepted before keys were scoped by user (a
+// checkinId never contains "{", so the two layouts cannot collide).
+func (k KeySpace) LegacyIdempotency(checkinID string) string {
+	return k.IdempotencyPrefix() + checkinID
+}
+
+// IdempotencyScopedSince holds when (ms since epoch) this keyspace first ran with user-scoped
+// idempotency keys; "0" when it had no event stream then, so no legacy key can exist.
+func (k KeySpace) IdempotencyScopedSince() string { return k.Prefix + ":idem-scoped-since" }
+
+// RateLimitUser is the per-user rate-limit state (the limiter library adds its own "rate:").
+func (k KeySpace) RateLimitUser(userID int64) string {
+	return k.Prefix + ":ratelimit:{user:" + strconv.FormatInt(userID, 10) + "}"
+}
 
 // Projections is the hash of projection name -> version serving reads (and rebuild state).
 func (k KeySpace) Projections() string { return k.Prefix + ":projections" }

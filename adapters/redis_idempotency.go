@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -13,21 +15,33 @@ import (
 	"github.com/checkins/checkins/domain"
 )
 
-// IdempotencyStore keeps one record per accepted checkinId, for ttl. A record is a state byte
-// ('R' reserved, 'P' published) followed by the first accepted check-in as JSON; a reservation
-// also names its owner and when it was taken (fields older records lack: they read as reserved
-// at their RecordedAt by no owner in particular).
+// IdempotencyStore keeps one record per accepted checkinId and user, for ttl. A record is a state
+// byte ('R' reserved, 'P' published) followed by the first accepted check-in as JSON; a
+// reservation also names its owner and when it was taken (fields older records lack: they read
+// as reserved at their RecordedAt by no owner in particular).
+//
+// Keys are scoped by the check-in's user (KeySpace.Idempotency). Records written before that
+// (KeySpace.LegacyIdempotency, one per checkinId) still answer for their own user while they can
+// exist: for IDEMPOTENCY_TTL after this keyspace first ran with scoped keys (recorded in Redis,
+// KeySpace.IdempotencyScopedSince). A reservation then first looks for a legacy record of the
+// same checkinId; one of the same user is copied to the scoped key (with its remaining TTL) and
+// decides as before, a retry or a 409; one of another user is ignored, as scoping wants.
 type IdempotencyStore struct {
 	client   redis.UniversalClient
 	pipeline *AutoPipeline // nil: one round trip per call
 	keys     KeySpace
 	ttl      time.Duration
+	now      func() time.Time
+
+	legacyMu    sync.Mutex
+	legacyKnown bool  // legacyUntil was read from Redis
+	legacyUntil int64 // ms since epoch: legacy records may exist until then
 }
 
 // NewIdempotencyStore keeps records for ttl (a retry later than that is still counted once by the
 // projections, but answers as a new check-in).
 func NewIdempotencyStore(client redis.UniversalClient, keys KeySpace, ttl time.Duration) *IdempotencyStore {
-	return &IdempotencyStore{client: client, keys: keys, ttl: ttl}
+	return &IdempotencyStore{client: client, keys: keys, ttl: ttl, now: time.Now}
 }
 
 // WithAutoPipeline sends the store's commands through p: under load the reservations and marks
@@ -101,21 +115,115 @@ func (s *IdempotencyStore) do(ctx context.Context, args ...any) (any, error) {
 	return s.client.Do(ctx, args...).Result()
 }
 
-// Reserve implements command.IdempotencyStore with one SET NX GET round trip.
+func (s *IdempotencyStore) key(c domain.Checkin) string { return s.keys.Idempotency(c.UserID, c.ID) }
+
+// Reserve implements command.IdempotencyStore with one SET NX GET round trip (two more while
+// legacy records may exist, see IdempotencyStore).
 func (s *IdempotencyStore) Reserve(ctx context.Context, rec command.IdempotencyRecord) (*command.IdempotencyRecord, error) {
 	b, err := encodeRecord(stateReserved, rec)
 	if err != nil {
 		return nil, err
 	}
 	id := rec.Checkin.ID
-	v, err := s.do(ctx, "SET", s.keys.Idempotency(id), b, "NX", "GET", "PX", s.ttl.Milliseconds())
+	px, adopted := s.ttl.Milliseconds(), false
+	if s.legacyLookups(ctx) {
+		old, oldPX, err := s.legacyRecord(ctx, rec.Checkin)
+		if err != nil {
+			return nil, err
+		}
+		if old != "" {
+			// The legacy record decides, from the scoped key on: a retry or a conflict as before.
+			b, px, adopted = []byte(old), oldPX, true
+		}
+	}
+	v, err := s.do(ctx, "SET", s.key(rec.Checkin), b, "NX", "GET", "PX", px)
 	if errors.Is(err, redis.Nil) {
+		if adopted { // the legacy record is what is stored now, not rec
+			return decodeRecord(id, string(b))
+		}
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
 	return decodeRecord(id, v)
+}
+
+// legacyRecord returns the raw legacy record of c's checkinId and its remaining TTL in ms, when
+// one exists for c's user ("" otherwise).
+func (s *IdempotencyStore) legacyRecord(ctx context.Context, c domain.Checkin) (string, int64, error) {
+	key := s.keys.LegacyIdempotency(c.ID)
+	v, err := s.do(ctx, "GET", key)
+	if errors.Is(err, redis.Nil) {
+		return "", 0, nil
+	}
+	if err != nil {
+		return "", 0, err
+	}
+	old, err := decodeRecord(c.ID, v)
+	if err != nil || old.Checkin.UserID != c.UserID {
+		return "", 0, nil // another user's (or unreadable): scoping ignores it
+	}
+	ttl, err := s.do(ctx, "PTTL", key)
+	if err != nil {
+		return "", 0, err
+	}
+	ms, _ := ttl.(int64)
+	switch {
+	case ms == -2: // expired meanwhile
+		return "", 0, nil
+	case ms <= 0: // no TTL: not written so by the service; keep it no longer than a new one
+		ms = s.ttl.Milliseconds()
+	}
+	return v.(string), ms, nil
+}
+
+// legacyLookups tells whether legacy records may still exist. The answer is read from Redis once
+// (and marked there by the first process to ask); when Redis cannot tell, it looks them up.
+func (s *IdempotencyStore) legacyLookups(ctx context.Context) bool {
+	s.legacyMu.Lock()
+	known, until := s.legacyKnown, s.legacyUntil
+	s.legacyMu.Unlock()
+	if !known {
+		since, err := s.scopedSince(ctx)
+		if err != nil {
+			return true
+		}
+		until = 0
+		if since > 0 {
+			until = since + s.ttl.Milliseconds()
+		}
+		s.legacyMu.Lock()
+		s.legacyKnown, s.legacyUntil = true, until
+		s.legacyMu.Unlock()
+	}
+	return s.now().UnixMilli() < until
+}
+
+// scopedSince reads (or, first, sets) when this keyspace got scoped keys: now, or 0 when it has
+// no event stream yet, in which case no earlier version ever accepted a check-in here.
+func (s *IdempotencyStore) scopedSince(ctx context.Context) (int64, error) {
+	n, err := s.do(ctx, "EXISTS", s.keys.Stream())
+	if err != nil {
+		return 0, err
+	}
+	mark := "0"
+	if c, _ := n.(int64); c > 0 {
+		mark = strconv.FormatInt(s.now().UnixMilli(), 10)
+	}
+	v, err := s.do(ctx, "SET", s.keys.IdempotencyScopedSince(), mark, "NX", "GET")
+	switch {
+	case errors.Is(err, redis.Nil):
+		v = mark
+	case err != nil:
+		return 0, err
+	}
+	str, _ := v.(string)
+	since, err := strconv.ParseInt(str, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s holds %q, not a time in ms", s.keys.IdempotencyScopedSince(), v)
+	}
+	return since, nil
 }
 
 // MarkPublished implements command.IdempotencyStore: it rewrites the record with the published
@@ -125,7 +233,7 @@ func (s *IdempotencyStore) MarkPublished(ctx context.Context, rec command.Idempo
 	if err != nil {
 		return err
 	}
-	_, err = s.do(ctx, "SET", s.keys.Idempotency(rec.Checkin.ID), b, "XX", "KEEPTTL")
+	_, err = s.do(ctx, "SET", s.key(rec.Checkin), b, "XX", "KEEPTTL")
 	if errors.Is(err, redis.Nil) {
 		return nil // expired or never reserved: nothing to mark, and nothing must be created
 	}
@@ -169,7 +277,7 @@ func (s *IdempotencyStore) TakeOver(ctx context.Context, seen, next command.Idem
 		return false, nil, err
 	}
 	id := next.Checkin.ID
-	v, err := s.run(ctx, takeOverLua, s.keys.Idempotency(id), seen.Owner, b)
+	v, err := s.run(ctx, takeOverLua, s.key(next.Checkin), seen.Owner, b)
 	if errors.Is(err, redis.Nil) {
 		return false, nil, nil
 	}
@@ -190,6 +298,6 @@ func (s *IdempotencyStore) Release(ctx context.Context, rec command.IdempotencyR
 	if err != nil {
 		return err
 	}
-	_, err = s.run(ctx, releaseLua, s.keys.Idempotency(rec.Checkin.ID), b)
+	_, err = s.run(ctx, releaseLua, s.key(rec.Checkin), b)
 	return err
 }

@@ -140,7 +140,6 @@ func TestRecordCheckinConflict(t *testing.T) {
 
 	for name, in := range map[string]domain.CheckinInput{
 		"other stars":          input(ptr("ck-2"), 42, 7, 5, &ts),
-		"other user":           input(ptr("ck-2"), 43, 7, 4, &ts),
 		"other location":       input(ptr("ck-2"), 42, 8, 4, &ts),
 		"other timestamp":      input(ptr("ck-2"), 42, 7, 4, ptr(ts+1)),
 		"timestamp now absent": input(ptr("ck-2"), 42, 7, 4, nil),
@@ -149,6 +148,12 @@ func TestRecordCheckinConflict(t *testing.T) {
 		assert.ErrorIs(t, err, domain.ErrConflict, name)
 	}
 	assert.Equal(t, int64(1), e.xlen(t))
+
+	// checkinIds are scoped by user: another user's ck-2 is another check-in, not a conflict.
+	res, err := e.handler.Handle(ctx, command.RecordCheckin{Input: input(ptr("ck-2"), 43, 7, 4, &ts)})
+	require.NoError(t, err)
+	assert.False(t, res.Replayed)
+	assert.Equal(t, int64(2), e.xlen(t))
 }
 
 func TestRecordCheckinInvalidWritesNothing(t *testing.T) {
@@ -159,7 +164,7 @@ func TestRecordCheckinInvalidWritesNothing(t *testing.T) {
 	require.ErrorAs(t, err, &ve)
 	assert.Equal(t, "userId", ve.Field)
 	assert.Equal(t, int64(0), e.xlen(t))
-	n, err := e.client.Exists(context.Background(), e.keys.Idempotency("ck-3")).Result()
+	n, err := e.client.Exists(context.Background(), e.keys.Idempotency(0, "ck-3"), e.keys.LegacyIdempotency("ck-3")).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n, "nothing reserved for an invalid check-in")
 }
@@ -220,7 +225,7 @@ func TestRecordCheckinPublishFailureIsRetried(t *testing.T) {
 	// The event may have been stored: the reservation stays. The retry takes it over once it is
 	// older than the takeover age (the step clock ages it a second per reading) and publishes
 	// the original check-in.
-	orig, err := e.idem.Reserve(ctx, command.IdempotencyRecord{Checkin: domain.Checkin{ID: "ck-5"}})
+	orig, err := e.idem.Reserve(ctx, command.IdempotencyRecord{Checkin: domain.Checkin{ID: "ck-5", UserID: 1}})
 	require.NoError(t, err)
 	require.NotNil(t, orig, "not released")
 	require.False(t, orig.Published)
@@ -240,7 +245,7 @@ func TestRecordCheckinRefusedPublishReleasesTheCheckinID(t *testing.T) {
 	ctx := context.Background()
 	_, err := e.handler.Handle(ctx, command.RecordCheckin{Input: input(ptr("ck-10"), 1, 1, 1, nil)})
 	require.ErrorIs(t, err, domain.ErrUnavailable)
-	n, err := e.client.Exists(ctx, e.keys.Idempotency("ck-10")).Result()
+	n, err := e.client.Exists(ctx, e.keys.Idempotency(1, "ck-10")).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n, "nothing was sent: the reservation is released")
 
@@ -384,7 +389,7 @@ func TestRecordCheckinTakesOverAnAbandonedReservation(t *testing.T) {
 	require.Nil(t, got)
 	oldIn := input(ptr("ck-14"), 5, 6, 3, nil)
 	old := fmt.Sprintf(`R{"f":%q,"id":"ck-14","u":5,"l":6,"s":3,"t":%d,"r":%d}`, oldIn.Fingerprint(), now-20, now)
-	require.NoError(t, e.client.Set(ctx, e.keys.Idempotency("ck-14"), old, time.Hour).Err())
+	require.NoError(t, e.client.Set(ctx, e.keys.Idempotency(5, "ck-14"), old, time.Hour).Err())
 
 	// Three processes, several requests each, all waiting for the takeover age.
 	const takeoverAge = 200 * time.Millisecond
@@ -496,18 +501,18 @@ func TestIdempotencyStore(t *testing.T) {
 			require.NotNil(t, got)
 			assert.True(t, got.Published)
 			assert.Empty(t, got.Owner, "a published record has no owner")
-			ttl, err := env.client.PTTL(ctx, keys.Idempotency("ck-8")).Result()
+			ttl, err := env.client.PTTL(ctx, keys.Idempotency(1, "ck-8")).Result()
 			require.NoError(t, err)
 			assert.Greater(t, ttl, time.Duration(0), "MarkPublished keeps the TTL")
 
 			never := rec
 			never.Checkin.ID = "never-reserved"
 			require.NoError(t, store.MarkPublished(ctx, never))
-			n, err := env.client.Exists(ctx, keys.Idempotency("never-reserved")).Result()
+			n, err := env.client.Exists(ctx, keys.Idempotency(1, "never-reserved")).Result()
 			require.NoError(t, err)
 			assert.Zero(t, n, "MarkPublished must not create a record")
 
-			require.NoError(t, env.client.Set(ctx, keys.Idempotency("corrupt"), "{not json", 0).Err())
+			require.NoError(t, env.client.Set(ctx, keys.Idempotency(1, "corrupt"), "{not json", 0).Err())
 			rec.Checkin.ID = "corrupt"
 			_, err = store.Reserve(ctx, rec)
 			assert.ErrorContains(t, err, "corrupt")
@@ -526,17 +531,17 @@ func TestIdempotencyStoreReadsOldRecords(t *testing.T) {
 		Checkin: domain.Checkin{UserID: 1, LocationID: 2, StarRating: 3, Timestamp: 10}}
 	for _, state := range []string{"R", "P"} {
 		id := "old-" + state
-		require.NoError(t, env.client.Set(ctx, env.keys.Idempotency(id), state+fmt.Sprintf(old, id), time.Hour).Err())
+		require.NoError(t, env.client.Set(ctx, env.keys.Idempotency(1, id), state+fmt.Sprintf(old, id), time.Hour).Err())
 		w := want
 		w.Checkin.ID, w.Published = id, state == "P"
-		got, err := store.Reserve(ctx, command.IdempotencyRecord{Fingerprint: "new", Owner: "o", Checkin: domain.Checkin{ID: id}})
+		got, err := store.Reserve(ctx, command.IdempotencyRecord{Fingerprint: "new", Owner: "o", Checkin: domain.Checkin{ID: id, UserID: 1}})
 		require.NoError(t, err)
 		require.NotNil(t, got)
 		assert.Equal(t, w, *got, "an old record reads as reserved at its RecordedAt, by no owner")
 	}
 
 	// An old reservation can be taken over like any other.
-	seen, err := store.Reserve(ctx, command.IdempotencyRecord{Checkin: domain.Checkin{ID: "old-R"}})
+	seen, err := store.Reserve(ctx, command.IdempotencyRecord{Checkin: domain.Checkin{ID: "old-R", UserID: 1}})
 	require.NoError(t, err)
 	next := *seen
 	next.Owner, next.ReservedAt = "taker", 500
@@ -544,7 +549,7 @@ func TestIdempotencyStoreReadsOldRecords(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, taken)
 	assert.Nil(t, cur)
-	got, err := store.Reserve(ctx, command.IdempotencyRecord{Checkin: domain.Checkin{ID: "old-R"}})
+	got, err := store.Reserve(ctx, command.IdempotencyRecord{Checkin: domain.Checkin{ID: "old-R", UserID: 1}})
 	require.NoError(t, err)
 	assert.Equal(t, next, *got)
 }
@@ -602,7 +607,7 @@ func TestIdempotencyStoreTakeOver(t *testing.T) {
 			got, err = store.Reserve(ctx, dead)
 			require.NoError(t, err)
 			assert.Equal(t, *winner, *got)
-			ttl, err := env.client.PTTL(ctx, keys.Idempotency("ck-t")).Result()
+			ttl, err := env.client.PTTL(ctx, keys.Idempotency(1, "ck-t")).Result()
 			require.NoError(t, err)
 			assert.Greater(t, ttl, time.Duration(0), "TakeOver keeps the TTL")
 
@@ -619,7 +624,7 @@ func TestIdempotencyStoreTakeOver(t *testing.T) {
 			require.NoError(t, err)
 			assert.False(t, taken)
 			assert.Nil(t, cur)
-			n, err := env.client.Exists(ctx, keys.Idempotency("gone")).Result()
+			n, err := env.client.Exists(ctx, keys.Idempotency(1, "gone")).Result()
 			require.NoError(t, err)
 			assert.Zero(t, n, "TakeOver creates nothing")
 		})
@@ -634,7 +639,7 @@ func TestIdempotencyStoreRelease(t *testing.T) {
 			keys := env.with(name).keys
 			ctx := context.Background()
 			exists := func(id string) bool {
-				n, err := env.client.Exists(ctx, keys.Idempotency(id)).Result()
+				n, err := env.client.Exists(ctx, keys.Idempotency(1, id)).Result()
 				require.NoError(t, err)
 				return n == 1
 			}
@@ -663,4 +668,77 @@ func TestIdempotencyStoreRelease(t *testing.T) {
 			assert.True(t, exists("ck-r"), "a published record stays")
 		})
 	}
+}
+
+// TestIdempotencyStoreScopesByUser: one checkinId is one record per user, so a user can neither
+// replay nor block another user's check-in.
+func TestIdempotencyStoreScopesByUser(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	for name, store := range idemStores(t, env) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			a := command.IdempotencyRecord{Fingerprint: "fa", RecordedAt: 11, Owner: "a", ReservedAt: 11,
+				Checkin: domain.Checkin{ID: "shared", UserID: 1, LocationID: 2, StarRating: 3, Timestamp: 10}}
+			b := a
+			b.Fingerprint, b.Owner, b.Checkin.UserID = "fb", "b", 2
+			got, err := store.Reserve(ctx, a)
+			require.NoError(t, err)
+			require.Nil(t, got)
+			got, err = store.Reserve(ctx, b)
+			require.NoError(t, err)
+			assert.Nil(t, got, "another user's checkinId is not this user's")
+			require.NoError(t, store.MarkPublished(ctx, a))
+			got, err = store.Reserve(ctx, b)
+			require.NoError(t, err)
+			require.NotNil(t, got)
+			assert.Equal(t, "fb", got.Fingerprint, "user 2 sees only its own record")
+		})
+	}
+}
+
+// TestIdempotencyStoreAnswersFromLegacyRecords: records written before keys were scoped by user
+// (one key per checkinId) still decide for their own user, within IDEMPOTENCY_TTL of the first
+// start with scoped keys: a retry replays, another body conflicts; another user is not bound by
+// them. A fresh keyspace (no event stream) never looks for them.
+func TestIdempotencyStoreAnswersFromLegacyRecords(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	ctx := context.Background()
+	const old = `P{"f":"fp-old","id":"%s","u":7,"l":2,"s":3,"t":10,"r":11}`
+	upgraded := env.with("upgraded")
+	// A deployment of the earlier version: an event stream and a legacy record of user 7.
+	require.NoError(t, env.client.XAdd(ctx, &redis.XAddArgs{Stream: upgraded.keys.Stream(), Values: map[string]any{"x": "y"}}).Err())
+	require.NoError(t, env.client.Set(ctx, upgraded.keys.LegacyIdempotency("c-old"), fmt.Sprintf(old, "c-old"), time.Hour).Err())
+	store := adapters.NewIdempotencyStore(env.client, upgraded.keys, 2*time.Hour)
+
+	other := command.IdempotencyRecord{Fingerprint: "fp-other", Owner: "o", Checkin: domain.Checkin{ID: "c-old", UserID: 8}}
+	got, err := store.Reserve(ctx, other)
+	require.NoError(t, err)
+	assert.Nil(t, got, "another user's legacy record does not bind user 8")
+
+	mine := command.IdempotencyRecord{Fingerprint: "fp-new", Owner: "o", Checkin: domain.Checkin{ID: "c-old", UserID: 7}}
+	got, err = store.Reserve(ctx, mine)
+	require.NoError(t, err)
+	require.NotNil(t, got, "user 7's legacy record answers")
+	assert.True(t, got.Published)
+	assert.Equal(t, "fp-old", got.Fingerprint)
+	ttl, err := env.client.PTTL(ctx, upgraded.keys.Idempotency(7, "c-old")).Result()
+	require.NoError(t, err)
+	assert.LessOrEqual(t, ttl, time.Hour, "copied with the legacy record's remaining TTL")
+	assert.Greater(t, ttl, time.Duration(0))
+	since, err := env.client.Get(ctx, upgraded.keys.IdempotencyScopedSince()).Int64()
+	require.NoError(t, err)
+	assert.InDelta(t, time.Now().UnixMilli(), since, float64(time.Minute.Milliseconds()))
+
+	// A fresh keyspace marks that no legacy record can exist, and never reads one.
+	fresh := env.with("fresh")
+	require.NoError(t, env.client.Set(ctx, fresh.keys.LegacyIdempotency("c-old"), fmt.Sprintf(old, "c-old"), time.Hour).Err())
+	fstore := adapters.NewIdempotencyStore(env.client, fresh.keys, 2*time.Hour)
+	got, err = fstore.Reserve(ctx, mine)
+	require.NoError(t, err)
+	assert.Nil(t, got, "no event stream when scoped keys came: legacy keys are not looked up")
+	v, err := env.client.Get(ctx, fresh.keys.IdempotencyScopedSince()).Result()
+	require.NoError(t, err)
+	assert.Equal(t, "0", v)
 }

@@ -44,8 +44,17 @@ func toResponse(c domain.Checkin) CheckinResponse {
 }
 
 func (s *HTTPServer) postCheckin(c echo.Context) error {
+	if p, ok := principalOf(c); ok && s.cfg.UserLimiter != nil {
+		if err := s.limitUser(c, p.UserID); err != nil {
+			return err
+		}
+	}
 	in, err := decodeCheckin(c.Request())
 	if err != nil {
+		return err
+	}
+	// Before anything is reserved or written: the check-in is the token's user's.
+	if in.UserID, err = checkinUser(c, in.UserID); err != nil {
 		return err
 	}
 	res, err := s.app.Commands.RecordCheckin.Handle(c.Request().Context(), command.RecordCheckin{

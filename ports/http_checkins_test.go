@@ -58,6 +58,9 @@ type apiOptions struct {
 	redis          *redistest.Server // shared with another env, as two API processes share one; nil: a private one
 	requestTimeout time.Duration     // 0: apiRequestTimeout
 	takeoverAge    time.Duration     // 0: the handler's default
+	http           ports.HTTPConfig  // authentication and rate limits (RequestTimeout is set here)
+	// userLimit, when set, limits POST /checkins per user in Redis (http.UserLimiter).
+	userLimit adapters.RateLimit
 }
 
 func newAPIEnvWith(t *testing.T, o apiOptions) *apiEnv {
@@ -94,7 +97,14 @@ func newAPIEnvWith(t *testing.T, o apiOptions) *apiEnv {
 			Locations: app.LocationQueries{Reader: adapters.NewProjectionReader(client, keys, "locations")},
 		},
 	}
-	server := ports.NewHTTPServer(application, pingReadiness{client}, ports.HTTPConfig{RequestTimeout: o.requestTimeout}, log)
+	hc := o.http
+	hc.RequestTimeout = o.requestTimeout
+	if !o.userLimit.Off() {
+		l, err := adapters.NewRedisRateLimiter(client, nil, keys, o.userLimit)
+		require.NoError(t, err)
+		hc.UserLimiter, hc.UserLimit = l, o.userLimit
+	}
+	server := ports.NewHTTPServer(application, pingReadiness{client}, hc, log)
 	hs := httptest.NewServer(server.Handler())
 	t.Cleanup(hs.Close)
 	return &apiEnv{
@@ -179,7 +189,7 @@ func (e *apiEnv) xlen(t testing.TB) int64 {
 
 func (e *apiEnv) idemKeys(t testing.TB) []string {
 	t.Helper()
-	ks, err := e.rdb.Keys(context.Background(), e.keys.Idempotency("*")).Result()
+	ks, err := e.rdb.Keys(context.Background(), e.keys.IdempotencyPrefix()+"*").Result()
 	require.NoError(t, err)
 	return ks
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
 
+	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app"
 	"github.com/checkins/checkins/domain"
 )
@@ -31,15 +32,28 @@ type Readiness interface {
 // HTTPConfig configures the HTTP server.
 type HTTPConfig struct {
 	RequestTimeout time.Duration // bounds every request, including waiting for Redis
+	// Auth is who may call what (http_auth.go); nil: no authentication (AUTH_MODE=off).
+	Auth *AuthPolicy
+	// IPLimit limits every route of each listener per client address, in process (zero: off).
+	IPLimit adapters.RateLimit
+	// UserLimiter limits POST /checkins per token subject with UserLimit (nil: off).
+	UserLimiter UserRateLimiter
+	UserLimit   adapters.RateLimit
+	// IPExtractor finds the client address (nil: the connection's peer; see IPExtractor).
+	IPExtractor echo.IPExtractor
+	// Observe, when set, sees every request of both listeners first (metrics), refused ones too.
+	Observe echo.MiddlewareFunc
 }
 
-// HTTPServer is the REST API.
+// HTTPServer is the REST API on the public listener, and operations (/ops, /metrics) on a
+// listener of their own; health checks answer on both.
 type HTTPServer struct {
 	app   app.Application
 	ready Readiness
 	cfg   HTTPConfig
 	log   *slog.Logger
 	echo  *echo.Echo
+	ops   *echo.Echo
 }
 
 // NewHTTPServer registers all routes; extra lets other ports add theirs (ops, metrics).
@@ -47,11 +61,34 @@ func NewHTTPServer(a app.Application, ready Readiness, cfg HTTPConfig, log *slog
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 5 * time.Second
 	}
-	s := &HTTPServer{app: a, ready: ready, cfg: cfg, log: log, echo: echo.New()}
+	if cfg.IPExtractor == nil {
+		cfg.IPExtractor = echo.ExtractIPDirect()
+	}
+	s := &HTTPServer{app: a, ready: ready, cfg: cfg, log: log, echo: s0(), ops: s0()}
+	for _, e := range []*echo.Echo{s.echo, s.ops} {
+		e.HTTPErrorHandler = s.handleError
+		e.IPExtractor = cfg.IPExtractor
+		e.Use(s.correlation, s.timeout, s.accessLog)
+		if cfg.Observe != nil {
+			e.Use(cfg.Observe)
+		}
+		if !cfg.IPLimit.Off() {
+			// Each listener its own budget: a flood of the public port leaves the ops port usable.
+			l, err := NewIPRateLimiter(cfg.IPLimit)
+			if err != nil { // ParseRateLimit never gives such a limit
+				log.Error("per-address rate limit NOT applied", "limit", cfg.IPLimit.String(), "error", err)
+			} else {
+				e.Use(s.limitIP(l))
+			}
+		}
+		e.GET("/healthz", s.healthz)
+		e.GET("/readyz", s.readyz)
+	}
+	if cfg.Auth != nil {
+		s.echo.Use(s.publicAuth)
+		s.ops.Use(s.opsAuth)
+	}
 	e := s.echo
-	e.HideBanner, e.HidePort = true, true
-	e.HTTPErrorHandler = s.handleError
-	e.Use(s.correlation, s.timeout, s.accessLog)
 	if a.Commands.RecordCheckin != nil { // a projector-only process serves reads and health only
 		e.POST("/checkins", s.postCheckin)
 	}
@@ -59,16 +96,39 @@ func NewHTTPServer(a app.Application, ready Readiness, cfg HTTPConfig, log *slog
 	e.GET("/checkins", s.listCheckins)
 	e.GET("/users/:id", s.getUser)
 	e.GET("/locations/:id", s.getLocation)
-	e.GET("/healthz", s.healthz)
-	e.GET("/readyz", s.readyz)
 	return s
 }
 
-// Echo exposes the router so other ports can add routes before serving.
+func s0() *echo.Echo {
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	return e
+}
+
+// Echo exposes the public router so other ports can add routes before serving.
 func (s *HTTPServer) Echo() *echo.Echo { return s.echo }
 
-// Handler is the http.Handler of the API.
+// OpsEcho is the ops listener's router: /ops routes and /metrics go there.
+func (s *HTTPServer) OpsEcho() *echo.Echo { return s.ops }
+
+// Handler is the http.Handler of the public listener.
 func (s *HTTPServer) Handler() http.Handler { return s.echo }
+
+// OpsHandler is the http.Handler of the ops listener.
+func (s *HTTPServer) OpsHandler() http.Handler { return s.ops }
+
+// SharedHandler serves both on one listener (OPS_ADDR = HTTP_ADDR): /ops and /metrics go to the
+// ops router, with its scopes; everything else to the public one.
+func (s *HTTPServer) SharedHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.Path
+		if p == "/metrics" || p == "/ops" || strings.HasPrefix(p, "/ops/") {
+			s.ops.ServeHTTP(w, r)
+			return
+		}
+		s.echo.ServeHTTP(w, r)
+	})
+}
 
 type ctxKeyCorrelation struct{}
 

@@ -79,8 +79,9 @@ func (b *bencher) phaseE2E(ctx context.Context) (PhaseResult, error) {
 				buf = append(buf, `,"timestamp":`...)
 				buf = strconv.AppendInt(buf, c.Timestamp, 10)
 				buf = append(buf, '}')
+				token := b.tokens.forUser(c.UserID)
 				t := time.Now()
-				status, err := postJSON(ctx, hc, url, buf)
+				status, err := postJSON(ctx, hc, url, buf, token)
 				acked := time.Now()
 				switch {
 				case err != nil && ctx.Err() != nil:

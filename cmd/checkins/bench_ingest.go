@@ -37,6 +37,7 @@ type payloadGen struct {
 	now      int64
 	last     domain.Checkin // the check-in of the last body, filled only when keep is set
 	keep     bool
+	user     int64 // the user of the last body
 }
 
 // client is client i's generator in a round: every round sends the same bodies but for their
@@ -51,6 +52,7 @@ func (s *payloadSource) client(round, i int) *payloadGen {
 func (g *payloadGen) next(buf []byte) []byte {
 	g.seq++
 	user, loc, stars := 1+g.rng.Int64N(10000), 1+g.rng.Int64N(1000), g.rng.Int64N(6)
+	g.user = user
 	ts := g.now - g.rng.Int64N(7*24*3600*1000)
 	buf = append(buf, `{"checkinId":"`...)
 	idAt := len(buf)
@@ -79,12 +81,15 @@ func newLoadClient(clients int) *http.Client {
 	}
 }
 
-func postJSON(ctx context.Context, hc *http.Client, url string, body []byte) (int, error) {
+func postJSON(ctx context.Context, hc *http.Client, url string, body []byte, token string) (int, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	resp, err := hc.Do(req)
 	if err != nil {
 		return 0, err
@@ -109,7 +114,7 @@ type loadResult struct {
 // closedLoop runs `clients` senders, each posting its next check-in as soon as the previous one
 // is answered, for d. Each sender first posts once untimed, so connections are open and scripts
 // loaded before the clock starts. With keep, it remembers every check-in answered 2xx.
-func closedLoop(ctx context.Context, url string, clients int, d time.Duration, src *payloadSource, round int, keep bool) loadResult {
+func closedLoop(ctx context.Context, url string, clients int, d time.Duration, src *payloadSource, round int, keep bool, tokens *benchTokens) loadResult {
 	hc := newLoadClient(clients)
 	defer hc.CloseIdleConnections()
 	type senderResult struct {
@@ -148,7 +153,7 @@ func closedLoop(ctx context.Context, url string, clients int, d time.Duration, s
 				return false
 			}
 			buf = gen.next(buf[:0])
-			if count(postJSON(ctx, hc, url, buf)) {
+			if count(postJSON(ctx, hc, url, buf, tokens.forUser(gen.user))) {
 				res.warm++
 			}
 			warmed.Done()
@@ -159,7 +164,7 @@ func closedLoop(ctx context.Context, url string, clients int, d time.Duration, s
 				if !t.Before(deadline) {
 					return
 				}
-				status, err := postJSON(ctx, hc, url, buf)
+				status, err := postJSON(ctx, hc, url, buf, tokens.forUser(gen.user))
 				if count(status, err) {
 					res.lat = append(res.lat, time.Since(t))
 					res.ok++
@@ -350,7 +355,7 @@ func (b *bencher) ingestRound(ctx context.Context, t *ingestTarget, src *payload
 		}
 	}
 	m := b.startMeter(ctx)
-	lr := closedLoop(ctx, t.url, b.opts.Clients, d, src, round, false)
+	lr := closedLoop(ctx, t.url, b.opts.Clients, d, src, round, false, b.tokens)
 	use := m.Stop()
 	if err := ctx.Err(); err != nil {
 		return err

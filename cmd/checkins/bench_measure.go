@@ -187,6 +187,7 @@ func printBenchTable(w io.Writer, res BenchResult) {
 	if s.Target != "" {
 		fmt.Fprintf(w, " target=%s", s.Target)
 	}
+	fmt.Fprintf(w, " auth=%s rate-limit-user=%s", s.AuthMode, s.RateLimitUse)
 	fmt.Fprintf(w, ", total %.0fs\n\n", res.Seconds)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "PHASE\tCONS\tTHROUGHPUT\tUNIT\tP50\tP95\tP99\tMAX\tERRORS\tCHECK\tCPU GO\tCPU REDIS\tPEAK RSS\tPEAK HEAP\tVS BASELINE\t")

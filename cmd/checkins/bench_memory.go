@@ -321,7 +321,7 @@ func keyOwner(keys adapters.KeySpace, projections map[string]string, k string) (
 		return "stream", "events"
 	case k == keys.PoisonStream():
 		return "poison", "poison"
-	case strings.HasPrefix(k, keys.Idempotency("")):
+	case strings.HasPrefix(k, keys.IdempotencyPrefix()), k == keys.IdempotencyScopedSince():
 		return "idempotency", "idem"
 	case k == keys.Projections():
 		return "registry", "projections"

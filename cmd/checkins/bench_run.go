@@ -58,6 +58,8 @@ type BenchSettings struct {
 	Subscriber   string   `json:"subscriber"`
 	BatchSize    int      `json:"batch_size"`
 	MaxInFlight  int      `json:"max_in_flight"`
+	AuthMode     string   `json:"auth_mode"`       // the in-process services' AUTH_MODE; off: no tokens sent
+	RateLimitUse string   `json:"rate_limit_user"` // RATE_LIMIT_USER of the in-process services
 }
 
 // PhaseResult is one row of the table.
@@ -127,6 +129,7 @@ type bencher struct {
 	readPipe  *adapters.AutoPipeline
 	readPipeC *redis.Client
 	closed    bool
+	tokens    *benchTokens // one per user, for the load generator
 }
 
 func newBencher(ctx context.Context, cfg Config, opts benchOptions, log *slog.Logger, progress io.Writer) (*bencher, error) {
@@ -135,6 +138,10 @@ func newBencher(ctx context.Context, cfg Config, opts benchOptions, log *slog.Lo
 		return nil, err
 	}
 	b := &bencher{cfg: cfg, opts: opts, log: log, out: progress, runID: "bench-" + hex.EncodeToString(id)}
+	var err error
+	if b.tokens, err = newBenchTokens(cfg); err != nil {
+		return nil, err
+	}
 	r, err := openBenchRedis(ctx, cfg.RedisURL, b.runID, log)
 	if err != nil {
 		return nil, err
@@ -201,7 +208,8 @@ func (b *bencher) run(ctx context.Context) (BenchResult, error) {
 		Settings: BenchSettings{Phases: b.opts.Phases, Projections: b.opts.Projections, DurationSec: b.opts.Duration.Seconds(),
 			Clients: b.opts.Clients, Events: b.opts.Events, Consumers: b.opts.Consumers, Rate: b.opts.Rate,
 			MemoryEvents: b.opts.MemoryEvents, Target: b.opts.Target,
-			Subscriber: b.cfg.Subscriber, BatchSize: b.cfg.BatchSize, MaxInFlight: b.cfg.MaxInFlight},
+			Subscriber: b.cfg.Subscriber, BatchSize: b.cfg.BatchSize, MaxInFlight: b.cfg.MaxInFlight,
+			AuthMode: b.cfg.AuthMode, RateLimitUse: b.cfg.RateLimitUser.String()},
 	}
 	b.progress("%s", machineLine(res))
 	want := map[string]bool{}
@@ -332,6 +340,9 @@ func (b *bencher) newService(ctx context.Context, prefix string, mode Mode, cons
 	cfg.RedisURL = b.redis.url
 	cfg.KeyPrefix = prefix
 	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.OpsAddr = cfg.HTTPAddr // one port: ops routes must not need a fixed port of their own
+	// The load generator is one address: a per-address limit would measure the limiter.
+	cfg.RateLimitIP = adapters.RateLimit{}
 	cfg.ConsumerName = consumer
 	// With every projection selected the service gets no list, as serve ships: it may name
 	// things differently for an explicit list.

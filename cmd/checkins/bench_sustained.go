@@ -44,7 +44,7 @@ func (b *bencher) phaseSustained(ctx context.Context) (PhaseResult, error) {
 	}
 
 	m := b.startMeter(ctx)
-	lr := closedLoop(ctx, "http://"+rs.addr+"/checkins", b.opts.Clients, b.opts.Duration, newPayloadSource(b.runID), sustainedRound, true)
+	lr := closedLoop(ctx, "http://"+rs.addr+"/checkins", b.opts.Clients, b.opts.Duration, newPayloadSource(b.runID), sustainedRound, true, b.tokens)
 	loadStopped := time.Now()
 	if err := ctx.Err(); err != nil {
 		m.Stop()

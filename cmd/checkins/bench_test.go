@@ -31,6 +31,9 @@ func envWith(over map[string]string) func(string) string {
 		if v, ok := over[k]; ok {
 			return v
 		}
+		if k == "STATE_DIR" {
+			return testStateDir
+		}
 		return os.Getenv(k)
 	}
 }

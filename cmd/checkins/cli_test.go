@@ -34,6 +34,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bin := filepath.Join(dir, "checkins")
+	testStateDir = filepath.Join(dir, "state")
 	// Built from this directory: the package under test is ".".
 	cmd := exec.Command("go", "build", "-o", bin, ".")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
@@ -68,6 +69,9 @@ func cliEnv(extra map[string]string) []string {
 		if k, _, _ := strings.Cut(kv, "="); !ours[k] {
 			env = append(env, kv)
 		}
+	}
+	if _, ok := extra["STATE_DIR"]; !ok {
+		env = append(env, "STATE_DIR="+testStateDir)
 	}
 	for k, v := range extra {
 		env = append(env, k+"="+v)
@@ -201,13 +205,17 @@ func (l *cliLogLines) String() string {
 	return l.raw.String()
 }
 
-// TestCLIServeEmbeddedRedis: `checkins serve` without REDIS_URL runs on the embedded Redis, says
-// so loudly, accepts a check-in, projects it, stays ready while idle, and exits 0 on SIGTERM.
+// TestCLIServeEmbeddedRedis: `checkins serve` with nothing configured (the quick start) runs on
+// the embedded Redis, says so loudly, runs in dev mode (a key made in STATE_DIR, a user token, an
+// ops token and curl lines printed that work as printed), accepts a check-in with a token from
+// `checkins token`, projects it, stays ready while idle, and exits 0 on SIGTERM.
 func TestCLIServeEmbeddedRedis(t *testing.T) {
 	t.Parallel()
 	cmd := exec.Command(checkinsBinary(t), "serve")
+	state := t.TempDir()
 	// A short STALL_AFTER: an idle service must stay ready on the embedded Redis too.
-	cmd.Env = cliEnv(map[string]string{"HTTP_ADDR": "127.0.0.1:0", "LOG_LEVEL": "info", "STALL_AFTER": "200ms"})
+	env := map[string]string{"HTTP_ADDR": "127.0.0.1:0", "OPS_ADDR": "localhost:0", "LOG_LEVEL": "info", "STALL_AFTER": "200ms", "STATE_DIR": state}
+	cmd.Env = cliEnv(env)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
@@ -237,7 +245,31 @@ func TestCLIServeEmbeddedRedis(t *testing.T) {
 	require.True(t, ok, "the embedded-Redis warning is logged; stderr:\n%s", &logs)
 	assert.Equal(t, "WARN", warn["level"])
 
-	status, body, err := testPostCheckin(base, `{"userId":7,"locationId":9,"starRating":5,"timestamp":1700000000000}`, nil)
+	dev, ok := logs.find("dev mode: ready-made tokens")
+	require.True(t, ok, "dev mode logs its tokens; stderr:\n%s", &logs)
+	for _, k := range []string{"user_token", "ops_token", "curl", "ops_curl"} {
+		require.NotEmpty(t, dev[k], "dev mode log field %s", k)
+	}
+	assert.FileExists(t, filepath.Join(state, devKeyFile), "the dev key is kept in STATE_DIR")
+	assert.Contains(t, logs.String(), "checkins dev mode: tokens signed with the dev key", "and prints them plainly for a person")
+	if _, err := exec.LookPath("curl"); err == nil {
+		out, err := exec.Command("bash", "-c", dev["curl"].(string)+" -s -o /dev/null -w '%{http_code}'").CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		assert.Equal(t, "202", string(out), "the printed check-in curl line works as printed")
+		out, err = exec.Command("bash", "-c", dev["ops_curl"].(string)+" -o /dev/null -w '%{http_code}'").CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		assert.Equal(t, "200", string(out), "the printed ops curl line works as printed")
+	} else {
+		t.Log("no curl on PATH: the printed curl lines were not run")
+	}
+	code, tok, stderrOut := runCLI(t, env, "token", "--user", "7")
+	require.Equal(t, 0, code, stderrOut)
+	auth := map[string]string{"Authorization": "Bearer " + strings.TrimSpace(tok)}
+	status, _, err := testPostCheckin(base, `{"userId":7,"locationId":9,"starRating":5}`, map[string]string{"Authorization": "Bearer " + dev["user_token"].(string)})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusForbidden, status, "the dev user token is user 42's, not user 7's")
+
+	status, body, err := testPostCheckin(base, `{"userId":7,"locationId":9,"starRating":5,"timestamp":1700000000000}`, auth)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusAccepted, status, "%v; stderr:\n%s", body, &logs)
 	require.NotEmpty(t, body["checkinId"])

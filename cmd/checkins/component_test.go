@@ -30,7 +30,9 @@ import (
 
 // inProcessService is a service started by startInProcess.
 type inProcessService struct {
+	svc    *Service
 	base   string // http://127.0.0.1:port
+	ops    string // the ops listener's http://host:port (base when they share a port)
 	cancel context.CancelFunc
 	done   chan error // Run's result
 }
@@ -40,6 +42,7 @@ type inProcessService struct {
 func startInProcess(t *testing.T, env map[string]string, mode Mode) *inProcessService {
 	t.Helper()
 	env["HTTP_ADDR"] = "127.0.0.1:0"
+	withTestAuth(env)
 	if env["LOG_LEVEL"] == "" {
 		env["LOG_LEVEL"] = "warn"
 	}
@@ -60,7 +63,7 @@ func startInProcess(t *testing.T, env map[string]string, mode Mode) *inProcessSe
 		cancel()
 		require.NoError(t, err)
 	}
-	p := &inProcessService{base: "http://" + addr.String(), cancel: cancel, done: make(chan error, 1)}
+	p := &inProcessService{svc: svc, base: "http://" + addr.String(), ops: "http://" + svc.OpsAddr().String(), cancel: cancel, done: make(chan error, 1)}
 	go func() { p.done <- svc.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
@@ -87,7 +90,8 @@ func (p *inProcessService) stop(t *testing.T) error {
 	}
 }
 
-var testHTTPClient = &http.Client{Timeout: 10 * time.Second}
+// testHTTPClient sends a test token with every request that has none (auth_harness_test.go).
+var testHTTPClient = authedClient(10 * time.Second)
 
 // testPostCheckin posts body to /checkins; it returns the status and the decoded JSON body. It
 // returns errors rather than failing the test because workers call it off the test goroutine.

@@ -54,6 +54,9 @@ type Config struct {
 	StallAfter             time.Duration
 	Retention              ports.RetentionPolicy
 	RetentionInterval      time.Duration
+
+	// Authentication, the ops listener, rate limits (config_access.go).
+	AccessConfig
 }
 
 // setting is one configuration value: an environment variable and a flag of the same meaning.
@@ -89,7 +92,7 @@ func settings() []setting {
 			return nil
 		}
 	}
-	return []setting{
+	return append([]setting{
 		{"REDIS_URL", "redis-url", "", "Redis URL, redis://[:password@]host:port/db or rediss:// for TLS; empty with serve: embedded in-memory Redis", func(c *Config, v string) error {
 			if v == "" {
 				c.RedisURL = ""
@@ -107,7 +110,7 @@ func settings() []setting {
 			c.RedisURL = v
 			return nil
 		}},
-		{"HTTP_ADDR", "http-addr", ":8080", "HTTP listen address", func(c *Config, v string) error {
+		{"HTTP_ADDR", "http-addr", ":8080", "listen address of the public API (check-ins, reads, health)", func(c *Config, v string) error {
 			if _, _, err := net.SplitHostPort(v); err != nil {
 				return fmt.Errorf("must be host:port or :port, got %q", v)
 			}
@@ -196,7 +199,7 @@ func settings() []setting {
 			return nil
 		}},
 		{"RETENTION_INTERVAL", "retention-interval", "1m", "how often the projector trims the stream when RETENTION is set", dur(func(c *Config) *time.Duration { return &c.RetentionInterval }, 10*time.Millisecond)},
-	}
+	}, accessSettings()...)
 }
 
 // parseConfig fills Config from defaults, then the environment, then flags; the first invalid
@@ -240,6 +243,9 @@ func parseConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (C
 	}
 	if c.RetryMax < c.RetryInitial {
 		return Config{}, nil, fmt.Errorf("invalid RETRY_MAX_INTERVAL: %s is below RETRY_INITIAL_INTERVAL %s", c.RetryMax, c.RetryInitial)
+	}
+	if err := c.finishAccess(getenv); err != nil {
+		return Config{}, nil, err
 	}
 	if c.ConsumerName == "" {
 		host, _ := os.Hostname()

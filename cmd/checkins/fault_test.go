@@ -91,6 +91,7 @@ func startSvc(t *testing.T, mode string, env map[string]string) *svcProc {
 	for k, v := range env {
 		full[k] = v
 	}
+	withTestAuth(full)
 	cmd := exec.Command(checkinsBinary(t), mode)
 	cmd.Env = cliEnv(full)
 	stderr, err := cmd.StderrPipe()
@@ -211,7 +212,7 @@ func (l *ledger) post(client *http.Client, base, id string, s sent) {
 
 // load posts check-ins from workers until ctx ends; base() gives the API address.
 func (l *ledger) load(ctx context.Context, workers int, prefix string, base func() string, timeout time.Duration) (wait func()) {
-	client := &http.Client{Timeout: timeout}
+	client := authedClient(timeout)
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
@@ -236,7 +237,7 @@ func (l *ledger) load(ctx context.Context, workers int, prefix string, base func
 // that already got a 2xx are never sent again, so a lost one cannot be papered over.
 func (l *ledger) resolve(t *testing.T, base string) {
 	t.Helper()
-	client := &http.Client{Timeout: 10 * time.Second}
+	client := authedClient(10 * time.Second)
 	require.Eventually(t, func() bool {
 		l.mu.Lock()
 		todo := make(map[string]sent, len(l.unknown))
@@ -265,7 +266,7 @@ func (l *ledger) verify(t *testing.T, base string) {
 	}
 	total := len(l.ok)
 	l.mu.Unlock()
-	client := &http.Client{Timeout: 10 * time.Second}
+	client := authedClient(10 * time.Second)
 	get := func(path string) (int, map[string]int64) {
 		resp, err := client.Get(base + path)
 		if err != nil {
@@ -561,7 +562,7 @@ func testRedisOutageDuringLoad(t *testing.T, sub string) {
 
 func faultGet(t *testing.T, url string) (int, string) {
 	t.Helper()
-	c := &http.Client{Timeout: 10 * time.Second}
+	c := authedClient(10 * time.Second)
 	resp, err := c.Get(url)
 	if err != nil {
 		return 0, err.Error()
@@ -611,7 +612,7 @@ func TestFaultMalformedEntriesAreParked(t *testing.T) {
 			env := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "SUBSCRIBER": sub, "NACK_DELAY": "100ms"}
 			svc := startSvc(t, "serve", env)
 			l := newLedger()
-			httpc := &http.Client{Timeout: 10 * time.Second}
+			httpc := authedClient(10 * time.Second)
 			for i := range 30 {
 				l.post(httpc, svc.base, fmt.Sprintf("m-%d", i), sent{user: 1 + int64(i)%faultUsers, location: 1 + int64(i)%faultLocations, stars: int64(i % 6)})
 			}
@@ -694,7 +695,7 @@ func TestFaultReplayFromTheCLIAndHTTP(t *testing.T) {
 	env := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix}
 	svc := startSvc(t, "serve", env)
 	l := newLedger()
-	httpc := &http.Client{Timeout: 10 * time.Second}
+	httpc := authedClient(10 * time.Second)
 	for i := range 10 {
 		l.post(httpc, svc.base, fmt.Sprintf("r-%d", i), sent{user: 1 + int64(i)%3, location: 1, stars: 4})
 	}

@@ -61,7 +61,7 @@ func commands() map[string]subcommand {
 		"api":     {"HTTP API only", serviceCommand("api", Mode{API: true})},
 		"project": {"projections only (--projections users,locations); run several to share the work", serviceCommand("project", Mode{Projections: true})},
 	}
-	for _, more := range []map[string]subcommand{opsCommands(), projectionCommands(), benchCommands()} {
+	for _, more := range []map[string]subcommand{opsCommands(), projectionCommands(), benchCommands(), tokenCommands()} {
 		maps.Copy(cmds, more)
 	}
 	return cmds
@@ -121,6 +121,7 @@ func serviceCommand(name string, mode Mode) func(context.Context, []string, func
 		if err != nil {
 			return err
 		}
+		svc.banner = stderr
 		return svc.Run(ctx)
 	}
 }

@@ -117,7 +117,7 @@ func TestResourceStartDuringOOMBecomesReadyByItself(t *testing.T) {
 	}, 10*time.Second, 20*time.Millisecond, "not ready, and why")
 
 	l := newLedger()
-	client := &http.Client{Timeout: 5 * time.Second}
+	client := authedClient(5 * time.Second)
 	l.post(client, p.base, "oom-1", sent{user: 1, location: 1, stars: 4})
 	_, codes, _, _ := l.stats()
 	assert.Equal(t, 1, codes[http.StatusServiceUnavailable], "a check-in Redis cannot store is a 503")

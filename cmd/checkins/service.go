@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -37,6 +38,14 @@ type Service struct {
 	router   *ports.ProjectionRouter
 	listener net.Listener
 	proj     *projectionWiring // metrics, rebuilds, stall checks (wire_projections.go)
+
+	// Access (wire_access.go): the ops listener (nil: it shares the public one), the API's
+	// auto-pipeline (the per-user rate limit goes through it), dev mode's token issuer.
+	mode        Mode
+	opsListener net.Listener
+	apiPipeline *adapters.AutoPipeline
+	devIssuer   *ports.TokenIssuer
+	banner      io.Writer // dev mode's tokens are printed here for a person (nil: logged only)
 }
 
 // Mode selects what the process runs.
@@ -61,7 +70,7 @@ func startEmbeddedRedis(log *slog.Logger) (string, func(), error) {
 
 // NewService builds clients and wires adapters into the app and ports.
 func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*Service, error) {
-	s := &Service{cfg: cfg, log: log, keys: adapters.KeySpace{Prefix: cfg.KeyPrefix}}
+	s := &Service{cfg: cfg, log: log, keys: adapters.KeySpace{Prefix: cfg.KeyPrefix}, mode: mode}
 	if cfg.RedisURL == "" {
 		return nil, errors.New("REDIS_URL is required (only `serve` may run on the embedded Redis)")
 	}
@@ -115,6 +124,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		}
 		apiPipeline := adapters.NewAutoPipeline(pipeClient, 256, 2)
 		s.closers = append(s.closers, pipeClient.Close, apiPipeline.Close)
+		s.apiPipeline = apiPipeline
 		pubClient.AddHook(apiPipeline.Hook())
 		pub, err := adapters.NewEventPublisher(pubClient, s.keys, wlog)
 		if err != nil {
@@ -182,7 +192,12 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 			}
 		}
 	}
-	s.http = ports.NewHTTPServer(application, s, ports.HTTPConfig{RequestTimeout: cfg.RequestTimeout}, log)
+	httpCfg, err := s.httpConfig(ctx)
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	s.http = ports.NewHTTPServer(application, s, httpCfg, log)
 	if err := s.wireOps(); err != nil {
 		return nil, err
 	}
@@ -251,14 +266,13 @@ func (s *Service) Ready(ctx context.Context) error {
 	return nil
 }
 
-// Listen binds the HTTP address (before Run, so callers learn the port).
+// Listen binds the HTTP address and the ops address (before Run, so callers learn the ports);
+// it returns the public one (OpsAddr is the other).
 func (s *Service) Listen() (net.Addr, error) {
-	l, err := net.Listen("tcp", s.cfg.HTTPAddr)
-	if err != nil {
-		return nil, fmt.Errorf("HTTP_ADDR %s: %w", s.cfg.HTTPAddr, err)
+	if err := s.listen(); err != nil {
+		return nil, err
 	}
-	s.listener = l
-	return l.Addr(), nil
+	return s.listener.Addr(), nil
 }
 
 // Run serves until ctx ends, then shuts down gracefully within DrainTimeout: stop accepting
@@ -271,20 +285,41 @@ func (s *Service) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	srv := &http.Server{Handler: s.http.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	handler := s.http.SharedHandler()
+	if s.opsListener != nil {
+		handler = s.http.Handler()
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	g.Go(func() error {
-		s.log.Info("http listening", "addr", s.listener.Addr().String())
+		s.log.Info("http listening", "addr", s.listener.Addr().String(), "ops_addr", s.OpsAddr().String())
 		if err := srv.Serve(s.listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http server: %w", err)
 		}
 		return nil
 	})
-	g.Go(func() error {
-		<-gctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
-		defer cancel()
-		return srv.Shutdown(sctx)
-	})
+	servers := []*http.Server{srv}
+	if s.opsListener != nil {
+		ops := &http.Server{Handler: s.http.OpsHandler(), ReadHeaderTimeout: 10 * time.Second}
+		servers = append(servers, ops)
+		g.Go(func() error {
+			s.log.Info("ops listening", "addr", s.opsListener.Addr().String())
+			if err := ops.Serve(s.opsListener); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("ops server: %w", err)
+			}
+			return nil
+		})
+	}
+	for _, srv := range servers {
+		g.Go(func() error {
+			<-gctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
+			defer cancel()
+			return srv.Shutdown(sctx)
+		})
+	}
+	if err := s.announceDev(s.banner); err != nil {
+		s.log.Warn("dev mode tokens", "error", err)
+	}
 	if s.router != nil {
 		g.Go(func() error { return s.router.Run(gctx) })
 	}

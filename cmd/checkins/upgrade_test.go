@@ -97,7 +97,7 @@ func TestUpgradeFromTheEarlierLayoutKeepsEveryCount(t *testing.T) {
 	p := startSvc(t, "serve", map[string]string{"REDIS_URL": srv.URL(), "CLAIM_IDLE": "1s", "CLAIM_INTERVAL": "200ms",
 		"PROJECTION_POLL_INTERVAL": "200ms", "PROJECTION_RETIRE_GRACE": "1s"})
 	l := newLedger()
-	client := &http.Client{Timeout: 5 * time.Second}
+	client := authedClient(5 * time.Second)
 	for i := range 50 {
 		l.post(client, p.base, fmt.Sprintf("new-%d", i), sent{user: 1 + int64(i%13), location: 1 + int64(i%7), stars: int64(i % 6)})
 	}
@@ -141,7 +141,8 @@ func TestReusedCheckinIDIsDecidedAlikeEverywhere(t *testing.T) {
 	ctx := context.Background()
 	keys := adapters.KeySpace{Prefix: "checkins"}
 	p := startSvc(t, "serve", map[string]string{"REDIS_URL": srv.URL(), "IDEMPOTENCY_TTL": "1s"})
-	bodyA, bodyB := `{"checkinId":"reused","userId":1,"locationId":1,"starRating":5}`, `{"checkinId":"reused","userId":2,"locationId":2,"starRating":1}`
+	// One user's: checkinIds are scoped by user, another user's "reused" is simply another one.
+	bodyA, bodyB := `{"checkinId":"reused","userId":1,"locationId":1,"starRating":5}`, `{"checkinId":"reused","userId":1,"locationId":2,"starRating":1}`
 	post := func(body string) (int, map[string]any) {
 		code, m, err := testPostCheckin(p.base, body, nil)
 		require.NoError(t, err)
@@ -187,6 +188,6 @@ func TestReusedCheckinIDIsDecidedAlikeEverywhere(t *testing.T) {
 	l.verifyAll(t, srv.URL(), keys)
 	code, body := faultGet(t, p.base+"/users/1")
 	require.Equal(t, http.StatusOK, code)
-	assert.Contains(t, body, `"numCheckins":1`, "the first body sent again is the same check-in")
+	assert.Contains(t, body, `"numCheckins":2`, "the first body sent again is the same check-in (the second body is the other one)")
 	assert.Zero(t, poisonLen(t, c, keys))
 }

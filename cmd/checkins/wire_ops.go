@@ -52,7 +52,7 @@ func (s *Service) wireOps() error {
 		return err
 	}
 	status.WithStallAfter(s.cfg.StallAfter)
-	return ports.RegisterOpsRoutes(s.http.Echo(), poison, status)
+	return ports.RegisterOpsRoutes(s.http.OpsEcho(), poison, status)
 }
 
 // opsFlags are the flags of the ops verbs, on top of the service's connection settings.

@@ -250,10 +250,10 @@ func (s *Service) projectionsReady(ctx context.Context) error {
 
 // wireProjections adds projection query routes, metrics and rebuild support to the service.
 func (s *Service) wireProjections() error {
-	e := s.http.Echo()
-	e.Use(s.proj.metrics.Middleware())
+	// The metrics middleware is HTTPConfig.Observe, on both listeners (wire_access.go).
 	s.http.RegisterProjectionRoutes()
-	ports.RegisterProjectionOpsRoutes(e, s.proj.ops)
-	e.GET("/metrics", echo.WrapHandler(ports.MetricsHandler(s.proj.registry)))
+	ops := s.http.OpsEcho()
+	ports.RegisterProjectionOpsRoutes(ops, s.proj.ops)
+	ops.GET("/metrics", echo.WrapHandler(ports.MetricsHandler(s.proj.registry)))
 	return nil
 }

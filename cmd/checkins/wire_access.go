@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/ports"
+)
+
+// devTokenTTL is how long the tokens dev mode prints at start stay valid.
+const devTokenTTL = 24 * time.Hour
+
+// devUser and devOpsUser are the subjects of dev mode's ready-made tokens (42 is the user of
+// the README's examples).
+const (
+	devUser    = 42
+	devOpsUser = 1
+)
+
+// httpConfig builds the HTTP server's settings: authentication per AUTH_MODE, rate limits, the
+// client address. AUTH_MODE=off is refused unless every listener is on loopback.
+func (s *Service) httpConfig(ctx context.Context) (ports.HTTPConfig, error) {
+	cfg := s.cfg
+	hc := ports.HTTPConfig{RequestTimeout: cfg.RequestTimeout, IPLimit: cfg.RateLimitIP,
+		IPExtractor: ports.IPExtractor(cfg.TrustedProxies), Observe: s.proj.metrics.Middleware()}
+	if err := cfg.checkListeners(); err != nil {
+		return hc, err
+	}
+	vc := ports.VerifierConfig{Issuer: cfg.Issuer, Audience: cfg.Audience, Leeway: cfg.ClockLeeway}
+	var v *ports.Verifier
+	var err error
+	switch cfg.AuthMode {
+	case AuthOff:
+		s.log.Warn("AUTH_MODE=off: NO AUTHENTICATION. Anyone who reaches the listeners may check in as any user and run every operation. Allowed only because every listener is on loopback.",
+			"http_addr", cfg.HTTPAddr, "ops_addr", cfg.OpsAddr)
+		return hc, nil
+	case AuthJWKS:
+		v, err = ports.NewJWKSVerifier(ctx, ports.JWKSConfig{URL: cfg.JWKSURL, VerifierConfig: vc,
+			RefreshInterval: cfg.JWKSRefresh, MinRefreshInterval: cfg.JWKSMinRefresh,
+			FetchTimeout: min(cfg.RequestTimeout, 10*time.Second), Logger: s.log})
+	default:
+		var key []byte
+		if key, err = cfg.signingKey(); err != nil {
+			return hc, err
+		}
+		if v, err = ports.NewHS256Verifier(key, vc); err != nil {
+			return hc, err
+		}
+		if cfg.AuthMode == AuthDev {
+			s.devIssuer, err = ports.NewTokenIssuer(key, cfg.Issuer, cfg.Audience)
+		}
+	}
+	if err != nil {
+		return hc, err
+	}
+	hc.Auth = &ports.AuthPolicy{Verifier: v, PublicReads: cfg.PublicReads, OpsShared: cfg.OpsAddr == cfg.HTTPAddr}
+	if s.apiPipeline != nil && !cfg.RateLimitUser.Off() {
+		if hc.UserLimiter, err = adapters.NewRedisRateLimiter(s.client, s.apiPipeline, s.keys, cfg.RateLimitUser); err != nil {
+			return hc, err
+		}
+		hc.UserLimit = cfg.RateLimitUser
+	}
+	return hc, nil
+}
+
+// listen binds the public listener and, on another address, the ops listener.
+func (s *Service) listen() error {
+	l, err := net.Listen("tcp", s.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("HTTP_ADDR %s: %w", s.cfg.HTTPAddr, err)
+	}
+	if s.cfg.OpsAddr != s.cfg.HTTPAddr {
+		ol, err := net.Listen("tcp", s.cfg.OpsAddr)
+		if err != nil {
+			_ = l.Close()
+			return fmt.Errorf("OPS_ADDR %s: %w", s.cfg.OpsAddr, err)
+		}
+		s.opsListener = ol
+	}
+	s.listener = l
+	return nil
+}
+
+// OpsAddr is the ops listener's address (the public one when they share a port).
+func (s *Service) OpsAddr() net.Addr {
+	if s.opsListener != nil {
+		return s.opsListener.Addr()
+	}
+	return s.listener.Addr()
+}
+
+// devTokens are dev mode's ready-made tokens and a curl line that uses them.
+type devTokens struct {
+	user, ops ports.Token
+	curl      string
+	opsCurl   string
+}
+
+func (s *Service) devTokens() (*devTokens, error) {
+	if s.devIssuer == nil || s.listener == nil {
+		return nil, nil
+	}
+	user, err := s.devIssuer.Mint(devUser, nil, devTokenTTL)
+	if err != nil {
+		return nil, err
+	}
+	ops, err := s.devIssuer.Mint(devOpsUser, []string{ports.ScopeOps}, devTokenTTL)
+	if err != nil {
+		return nil, err
+	}
+	d := &devTokens{user: user, ops: ops}
+	if s.http != nil && s.mode.API {
+		d.curl = fmt.Sprintf(`curl -i -X POST %s/checkins -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' -d '{"locationId": 7, "starRating": 4}'`,
+			hostPort(s.listener.Addr()), user.Token)
+	}
+	d.opsCurl = fmt.Sprintf(`curl -s %s/ops/status -H 'Authorization: Bearer %s'`, hostPort(s.OpsAddr()), ops.Token)
+	return d, nil
+}
+
+// announceDev logs dev mode's tokens, and prints them plainly on w for a person to copy.
+func (s *Service) announceDev(w io.Writer) error {
+	d, err := s.devTokens()
+	if err != nil || d == nil {
+		return err
+	}
+	s.log.Info("dev mode: ready-made tokens, signed with the dev key (valid 24h; more with `checkins token --user N`)",
+		"key_file", filepath.Join(s.cfg.StateDir, devKeyFile), "user_id", devUser, "user_token", d.user.Token, "ops_token", d.ops.Token,
+		"curl", d.curl, "ops_curl", d.opsCurl)
+	if w == nil {
+		return nil
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\ncheckins dev mode: tokens signed with the dev key in %s (valid until %s)\n", filepath.Join(s.cfg.StateDir, devKeyFile), d.user.ExpiresAt.Format(time.RFC3339))
+	fmt.Fprintf(&b, "  user %d token: %s\n", devUser, d.user.Token)
+	fmt.Fprintf(&b, "  ops token (scope %s): %s\n", ports.ScopeOps, d.ops.Token)
+	if d.curl != "" {
+		fmt.Fprintf(&b, "  check in:\n    %s\n", d.curl)
+	}
+	fmt.Fprintf(&b, "  operations:\n    %s\n  more tokens: checkins token --user N [--scope %s]\n\n", d.opsCurl, ports.ScopeOps)
+	_, err = io.WriteString(w, b.String())
+	return err
+}
+
+// hostPort is an address as a client on this machine reaches it.
+func hostPort(a net.Addr) string {
+	host, port, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "localhost"
+	}
+	return "http://" + net.JoinHostPort(host, port)
+}

@@ -1,0 +1,150 @@
+package ports
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/MicahParks/keyfunc/v3"
+	"github.com/golang-jwt/jwt/v5"
+	"golang.org/x/time/rate"
+)
+
+// MaxJWKSBytes caps a JWKS response: a key set is a few KiB; anything far larger is refused
+// rather than read into memory.
+const MaxJWKSBytes = 256 << 10
+
+// JWKSConfig configures verification against a JWK Set URL.
+type JWKSConfig struct {
+	URL string
+	VerifierConfig
+	// RefreshInterval: the key set is fetched again this often (rotation without restarts).
+	RefreshInterval time.Duration
+	// MinRefreshInterval: a token with an unknown kid fetches the set again at most this often,
+	// so a flood of random kids costs at most one fetch per interval.
+	MinRefreshInterval time.Duration
+	// FetchTimeout bounds one fetch (and how long a request with an unknown kid may wait for it;
+	// its own deadline bounds that too).
+	FetchTimeout time.Duration
+	MaxBytes     int64        // 0: MaxJWKSBytes
+	Client       *http.Client // nil: a client of its own
+	Logger       *slog.Logger
+}
+
+// NewJWKSVerifier verifies tokens signed with asymmetric keys from cfg.URL. It fetches the set
+// once (a failure is logged, not fatal: tokens are refused as signed with an unknown key until a
+// fetch succeeds), then refreshes it in the background until ctx ends.
+func NewJWKSVerifier(ctx context.Context, cfg JWKSConfig) (*Verifier, error) {
+	u, err := url.Parse(cfg.URL)
+	if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
+		return nil, fmt.Errorf("JWKS URL must be an https:// URL, got %q", cfg.URL)
+	}
+	if u.Scheme == "http" && !isLoopbackHost(u.Hostname()) {
+		return nil, fmt.Errorf("JWKS URL must use https (plain http only on loopback), got %q", cfg.URL)
+	}
+	if cfg.RefreshInterval <= 0 || cfg.MinRefreshInterval <= 0 || cfg.FetchTimeout <= 0 {
+		return nil, errors.New("ports: JWKS refresh intervals and fetch timeout must be positive")
+	}
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = MaxJWKSBytes
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	client := cfg.Client
+	if client == nil {
+		client = &http.Client{}
+	}
+	capped := *client
+	capped.Timeout = cfg.FetchTimeout
+	base := capped.Transport
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	capped.Transport = cappedTransport{next: base, max: cfg.MaxBytes}
+	noErrFirst := true
+	kf, err := keyfunc.NewDefaultOverrideCtx(ctx, []string{cfg.URL}, keyfunc.Override{
+		Client:                    &capped,
+		HTTPTimeout:               cfg.FetchTimeout,
+		NoErrorReturnFirstHTTPReq: &noErrFirst,
+		RefreshInterval:           cfg.RefreshInterval,
+		RefreshUnknownKID:         rate.NewLimiter(rate.Every(cfg.MinRefreshInterval), 1),
+		// A request with an unknown kid waits for a refresh at most this long (and never past its
+		// own deadline); when the limiter has no fetch to give before then, it fails at once.
+		RateLimitWaitMax: cfg.FetchTimeout,
+		RefreshErrorHandlerFunc: func(u string) func(context.Context, error) {
+			return func(ctx context.Context, err error) {
+				cfg.Logger.WarnContext(ctx, "JWKS fetch failed", "url", u, "error", err)
+			}
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("JWKS %s: %w", cfg.URL, err)
+	}
+	return newVerifier(cfg.VerifierConfig, AsymmetricAlgorithms, func(ctx context.Context) jwt.Keyfunc {
+		inner := kf.KeyfuncCtx(ctx)
+		return func(t *jwt.Token) (any, error) {
+			if _, ok := t.Method.(*jwt.SigningMethodHMAC); ok {
+				return nil, ErrTokenAlgorithm
+			}
+			return inner(t)
+		}
+	})
+}
+
+// cappedTransport fails a response whose body is larger than max instead of reading it all.
+type cappedTransport struct {
+	next http.RoundTripper
+	max  int64
+}
+
+func (c cappedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := c.next.RoundTrip(r)
+	if err != nil {
+		return nil, err
+	}
+	if resp.ContentLength > c.max {
+		_ = resp.Body.Close()
+		return nil, fmt.Errorf("JWKS response of %d bytes is larger than the %d allowed", resp.ContentLength, c.max)
+	}
+	resp.Body = &cappedBody{r: resp.Body, left: c.max, max: c.max}
+	return resp, nil
+}
+
+type cappedBody struct {
+	r         io.ReadCloser
+	left, max int64
+}
+
+func (b *cappedBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		var one [1]byte
+		if n, err := b.r.Read(one[:]); n == 0 && errors.Is(err, io.EOF) {
+			return 0, io.EOF
+		}
+		return 0, fmt.Errorf("JWKS response is larger than the %d bytes allowed", b.max)
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
+	return n, err
+}
+
+func (b *cappedBody) Close() error { return b.r.Close() }
+
+// isLoopbackHost reports whether host (a name or an IP, no port) is this machine.
+func isLoopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
