@@ -581,12 +581,12 @@ func TestRouterCountsOnceAWriteThatLandedAfterItsTimeout(t *testing.T) {
 	const spin = `local t0 = redis.call('TIME') local s = t0[1] * 1000000 + t0[2]
 while true do local t = redis.call('TIME') if t[1] * 1000000 + t[2] - s > 400000 then return 1 end end`
 	const n = 40
-	added, done := make(chan struct{}), make(chan struct{})
+	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
 		for {
 			select {
-			case <-added:
+			case <-stop:
 				return
 			default:
 			}
@@ -594,14 +594,17 @@ while true do local t = redis.call('TIME') if t[1] * 1000000 + t[2] - s > 400000
 			time.Sleep(20 * time.Millisecond)
 		}
 	}()
-	for i := range n {
-		h.add("late-"+strconv.Itoa(i), 2)
+	// Until some apply has timed out (on a loaded machine that may take more events than n).
+	added := 0
+	for added < n || (h.logs.count("HANDLER_TIMEOUT") == 0 && added < 20*n) {
+		h.add("late-"+strconv.Itoa(added), 2)
+		added++
 		time.Sleep(50 * time.Millisecond)
 	}
-	close(added)
+	close(stop)
 	<-done
-	h.settled(n)
-	assert.Equal(t, int64(2*n), h.stars())
+	require.Positive(t, h.logs.count("HANDLER_TIMEOUT"), "some apply must have timed out and landed later")
+	h.settled(int64(added))
+	assert.Equal(t, int64(2*added), h.stars())
 	assert.Empty(t, h.poison(), "never parked for Redis being slow")
-	assert.Positive(t, h.logs.count("HANDLER_TIMEOUT"), "some apply must have timed out and landed later")
 }
