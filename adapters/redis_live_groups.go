@@ -272,7 +272,11 @@ func ReadGroupsProgress(ctx context.Context, client redis.UniversalClient, strea
 	pipe := client.Pipeline()
 	pend := map[string]*redis.XPendingCmd{}
 	for _, g := range gs {
-		out[g.Name] = GroupProgress{LastDeliveredID: g.LastDeliveredID, Pending: g.Pending, AckedThrough: g.LastDeliveredID}
+		last := g.LastDeliveredID
+		if last == "0" { // a group that has delivered nothing, as the embedded Redis says it
+			last = "0-0"
+		}
+		out[g.Name] = GroupProgress{LastDeliveredID: last, Pending: g.Pending, AckedThrough: last}
 		if g.Pending > 0 {
 			pend[g.Name] = pipe.XPending(ctx, stream, g.Name)
 		}
