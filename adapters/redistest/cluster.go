@@ -353,7 +353,7 @@ func (c *Cluster) RestartNode(t testing.TB, i int) {
 }
 
 // WaitHealthy waits until every running node reports cluster_state:ok and agrees on who serves
-// every slot.
+// every slot, and every replica's link to its master is up.
 func (c *Cluster) WaitHealthy(t testing.TB, timeout time.Duration) {
 	t.Helper()
 	if err := c.waitHealthy(timeout); err != nil {
@@ -389,12 +389,21 @@ func (c *Cluster) healthy() error {
 		if err == nil {
 			masters, err = slotOwners(ctx, rc)
 		}
+		var repl string
+		if err == nil {
+			repl, err = rc.Info(ctx, "replication").Result()
+		}
 		_ = rc.Close()
 		if err != nil {
 			return fmt.Errorf("node %d: %w", i, err)
 		}
 		if !strings.Contains(info, "cluster_state:ok") {
 			return fmt.Errorf("node %d: not cluster_state:ok", i)
+		}
+		// A replica that never synced cannot take over: a fault test must not kill its master
+		// before the link is up.
+		if strings.Contains(repl, "role:slave") && !strings.Contains(repl, "master_link_status:up") {
+			return fmt.Errorf("node %d: replica not in sync with its master yet", i)
 		}
 		if first == nil {
 			first = masters
