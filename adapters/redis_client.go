@@ -15,6 +15,7 @@ type ClientOptions struct {
 	ReadTimeout  time.Duration
 	WriteTimeout time.Duration
 	PoolSize     int
+	Mode         RedisMode // NewUniversalRedisClient only; "" is auto
 }
 
 // NewRedisClient builds a client from a redis:// or rediss:// URL. Each Watermill publisher and

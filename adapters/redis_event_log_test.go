@@ -14,7 +14,7 @@ import (
 )
 
 // xadd writes fields under an explicit entry ID ("*" for a server-chosen one).
-func xadd(t testing.TB, c *redis.Client, stream, id string, fields map[string]string) string {
+func xadd(t testing.TB, c redis.UniversalClient, stream, id string, fields map[string]string) string {
 	t.Helper()
 	values := make(map[string]any, len(fields))
 	for k, v := range fields {

@@ -648,7 +648,8 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []in
 		version           int
 		event             decideKey
 	}
-	seen := map[once]bool{}
+	seen := map[once]int{} // the first work of each
+	again := map[int]int{} // a work given again in the batch -> its first
 	states := make([]int, len(works))
 	for i := range states {
 		states[i] = itemAlready
@@ -656,10 +657,14 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []in
 	for i, w := range works {
 		ev := decideKey{w.Event.Identity, scores[i]}
 		o := once{w.Group, w.Projection, w.Version, ev}
-		if !counted[i] || seen[o] {
+		if !counted[i] {
 			continue
 		}
-		seen[o] = true
+		if first, ok := seen[o]; ok {
+			again[i] = first
+			continue
+		}
+		seen[o] = i
 		for j, u := range w.Updates {
 			slot := u.Slot
 			if !a.cluster {
@@ -822,6 +827,13 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []in
 			}
 		}
 	}
+	// A copy given again answers as its first: a duplicate again is a duplicate (on a cluster
+	// step 1 says so before any update; on a single server it is found in the same call).
+	for i, first := range again {
+		if states[first] == itemDuplicate {
+			states[i] = itemDuplicate
+		}
+	}
 	return states, nil
 }
 
@@ -864,21 +876,35 @@ func (a *ProjectionApplier) group(n int, key func(int) string, weight func(int) 
 	return calls
 }
 
-// exec runs the pipelined script calls, loading the script once if the server lost it (a
-// restart, SCRIPT FLUSH, a failover).
+// exec runs the pipelined script calls, sending again as EVAL (which loads the script) the
+// calls whose server lost it: a restart, SCRIPT FLUSH, or on a cluster a promoted replica (Redis
+// replicates a script's effects, not the script). Only those: on a cluster the other nodes'
+// calls have landed, and running them again would report their works as applied before.
 func (a *ProjectionApplier) exec(ctx context.Context, pipe redis.Pipeliner, cmds []*redis.Cmd, script *redis.Script, what string) error {
 	_, err := pipe.Exec(ctx)
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		retry := a.client.Pipeline()
-		for i, c := range cmds {
-			args := c.Args()
-			// EVALSHA sha numkeys keys... args...: the same call as EVAL of the script's source.
-			evalArgs := append([]any{"eval", scriptSource(script)}, args[2:]...)
-			cmds[i] = retry.Do(ctx, evalArgs...)
-		}
-		_, err = retry.Exec(ctx)
+	if err == nil {
+		return nil
 	}
-	if err != nil {
+	var retry redis.Pipeliner
+	for i, c := range cmds {
+		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			if retry == nil {
+				retry = a.client.Pipeline()
+			}
+			// EVALSHA sha numkeys keys... args...: the same call as EVAL of the script's source.
+			args := c.Args()
+			cmds[i] = retry.Do(ctx, append([]any{"eval", scriptSource(script)}, args[2:]...)...)
+		}
+	}
+	if retry != nil {
+		_, _ = retry.Exec(ctx) // each call's own error is looked at below
+	}
+	for _, c := range cmds {
+		if c.Err() != nil {
+			return fmt.Errorf("%s projection updates: %w", what, c.Err())
+		}
+	}
+	if retry == nil {
 		return fmt.Errorf("%s projection updates: %w", what, err)
 	}
 	return nil

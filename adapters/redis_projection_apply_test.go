@@ -26,17 +26,75 @@ import (
 	"github.com/checkins/checkins/domain"
 )
 
-// projEnv is one test's view of Redis: a client and a key prefix nobody else uses.
+// projEnv is one test's view of Redis: a client and a key prefix nobody else uses, on a single
+// server or on a cluster.
 type projEnv struct {
-	url    string
-	client *redis.Client
-	keys   adapters.KeySpace
+	url     string
+	cluster bool
+	client  redis.UniversalClient
+	keys    adapters.KeySpace
 }
 
 func newProjEnv(t testing.TB) projEnv {
 	t.Helper()
 	env := redistest.Open(t)
 	return projEnv{url: env.URL, client: redistest.Client(t, env.URL), keys: adapters.KeySpace{Prefix: env.Prefix}}
+}
+
+// newClusterProjEnv is a projEnv on the package's shared 3-master cluster.
+func newClusterProjEnv(t testing.TB) projEnv {
+	t.Helper()
+	env := redistest.OpenCluster(t)
+	return projEnv{url: env.URL, cluster: true, client: redistest.ClusterClient(t, env.URL), keys: adapters.KeySpace{Prefix: env.Prefix}}
+}
+
+// eachEnv runs f on a single server and on a 3-master cluster: the applier takes another path on
+// a cluster (step 1 first, then one script per slot), and both must give the same answers.
+func eachEnv(t *testing.T, f func(t *testing.T, env projEnv)) {
+	t.Helper()
+	for _, kind := range []string{"standalone", "cluster"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			if kind == "cluster" {
+				f(t, newClusterProjEnv(t))
+			} else {
+				f(t, newProjEnv(t))
+			}
+		})
+	}
+}
+
+// newClient is another client of the env's Redis, of the same kind.
+func (e projEnv) newClient(t testing.TB) redis.UniversalClient {
+	t.Helper()
+	if e.cluster {
+		return redistest.ClusterClient(t, e.url)
+	}
+	return redistest.Client(t, e.url)
+}
+
+// forEachNode runs f on the single server, or on every master of the cluster.
+func forEachNode(ctx context.Context, c redis.UniversalClient, f func(ctx context.Context, c *redis.Client) error) error {
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, f)
+	}
+	return f(ctx, c.(*redis.Client))
+}
+
+// keysOf is every key matching pattern, on every master.
+func keysOf(t testing.TB, c redis.UniversalClient, pattern string) []string {
+	t.Helper()
+	var mu sync.Mutex
+	var out []string
+	require.NoError(t, forEachNode(context.Background(), c, func(ctx context.Context, n *redis.Client) error {
+		ks, err := n.Keys(ctx, pattern).Result()
+		mu.Lock()
+		out = append(out, ks...)
+		mu.Unlock()
+		return err
+	}))
+	sort.Strings(out)
+	return out
 }
 
 // with returns the same server under another prefix, for runs that must not see each other.
@@ -96,11 +154,10 @@ func applyBoth(t testing.TB, a *adapters.ProjectionApplier, ev domain.CheckinRec
 // snapshot is every read-model key under the prefix with its full content, the prefix cut off,
 // so two prefixes that went through the same updates compare equal. The machinery's own keys
 // (markers, the dedupe registry) are left out: they are bookkeeping, pruned on their own clock.
-func snapshot(t testing.TB, c *redis.Client, prefix string) map[string]string {
+func snapshot(t testing.TB, c redis.UniversalClient, prefix string) map[string]string {
 	t.Helper()
 	ctx := context.Background()
-	keys, err := c.Keys(ctx, prefix+":p:*").Result()
-	require.NoError(t, err)
+	keys := keysOf(t, c, prefix+":p:*")
 	out := make(map[string]string, len(keys))
 	for _, k := range keys {
 		if adapters.IsBookkeeping(k[strings.LastIndex(k, ":")+1:]) {
@@ -188,7 +245,10 @@ func TestNewProjectionApplierValidates(t *testing.T) {
 
 func TestApplyCountsEachCheckinOnce(t *testing.T) {
 	t.Parallel()
-	env := newProjEnv(t)
+	eachEnv(t, testApplyCountsEachCheckinOnce)
+}
+
+func testApplyCountsEachCheckinOnce(t *testing.T, env projEnv) {
 	a := env.applier(t, env.client)
 	ev := recorded("ck-1", 42, 7, 4, 1_700_000_000_000)
 
@@ -219,7 +279,10 @@ func TestApplyCountsEachCheckinOnce(t *testing.T) {
 
 func TestApplyDedupeWindow(t *testing.T) {
 	t.Parallel()
-	env := newProjEnv(t)
+	eachEnv(t, testApplyDedupeWindow)
+}
+
+func testApplyDedupeWindow(t *testing.T, env projEnv) {
 	a, err := adapters.NewProjectionApplier(env.client, env.keys, time.Hour)
 	require.NoError(t, err)
 	a.PruneEvery(1)
@@ -273,7 +336,10 @@ func TestApplyDedupeWindow(t *testing.T) {
 // needs: the backfill counts the two copies of a check-in as the live group did, once.
 func TestRegistryKeepsWhatABackfillStillDecides(t *testing.T) {
 	t.Parallel()
-	env := newProjEnv(t)
+	eachEnv(t, testRegistryKeepsWhatABackfillStillDecides)
+}
+
+func testRegistryKeepsWhatABackfillStillDecides(t *testing.T, env projEnv) {
 	a, err := adapters.NewProjectionApplier(env.client, env.keys, time.Minute)
 	require.NoError(t, err)
 	a.PruneEvery(1)
@@ -311,7 +377,10 @@ func TestRegistryKeepsWhatABackfillStillDecides(t *testing.T) {
 // counted one as counted, after the registry has let go of the copies (days later).
 func TestParkedEventKeepsItsDecision(t *testing.T) {
 	t.Parallel()
-	env := newProjEnv(t)
+	eachEnv(t, testParkedEventKeepsItsDecision)
+}
+
+func testParkedEventKeepsItsDecision(t *testing.T, env projEnv) {
 	a, err := adapters.NewProjectionApplier(env.client, env.keys, time.Minute)
 	require.NoError(t, err)
 	a.PruneEvery(1)
@@ -347,7 +416,10 @@ func TestParkedEventKeepsItsDecision(t *testing.T) {
 
 func TestApplyMarkersArePruned(t *testing.T) {
 	t.Parallel()
-	env := newProjEnv(t)
+	eachEnv(t, testApplyMarkersArePruned)
+}
+
+func testApplyMarkersArePruned(t *testing.T, env projEnv) {
 	a := env.applier(t, env.client).PruneEvery(1)
 	ctx := context.Background()
 	const t0 = 1_700_000_000_000
@@ -399,7 +471,10 @@ func TestApplyMarkersArePruned(t *testing.T) {
 
 func TestApplyLegacySeenSet(t *testing.T) {
 	t.Parallel()
-	env := newProjEnv(t)
+	eachEnv(t, testApplyLegacySeenSet)
+}
+
+func testApplyLegacySeenSet(t *testing.T, env projEnv) {
 	a := env.applier(t, env.client)
 	ctx := context.Background()
 	// The service's earlier layout deduped on a per-slot set of checkinIds.
@@ -432,7 +507,10 @@ func permutations[T any](xs []T) [][]T {
 
 func TestApplyOutOfOrderEveryPermutation(t *testing.T) {
 	t.Parallel()
-	env := newProjEnv(t)
+	eachEnv(t, testApplyOutOfOrderEveryPermutation)
+}
+
+func testApplyOutOfOrderEveryPermutation(t *testing.T, env projEnv) {
 	// Two check-ins share the greatest timestamp: the greater checkinId (ck-c, at location 3)
 	// must win whatever the order; ck-z has the greatest ID but an older timestamp.
 	evs := []domain.CheckinRecorded{
@@ -472,7 +550,10 @@ func TestApplyOutOfOrderEveryPermutation(t *testing.T) {
 // give the same read model as one in C, or a rebuild elsewhere would disagree.
 func TestApplyTieBreakIsByteOrder(t *testing.T) {
 	t.Parallel()
-	env := newProjEnv(t)
+	eachEnv(t, testApplyTieBreakIsByteOrder)
+}
+
+func testApplyTieBreakIsByteOrder(t *testing.T, env projEnv) {
 	pairs := [][2]string{{"B-1", "a-1"}, {"Z", "a"}, {"aB", "ab"}, {"a", "a-"}, {"A.b", "A_b"}}
 	for i, pair := range pairs {
 		lo, hi := pair[0], pair[1]
@@ -523,7 +604,10 @@ func TestApplyTieBreakIgnoresTheServersLocale(t *testing.T) {
 
 func TestApplyAverageStars(t *testing.T) {
 	t.Parallel()
-	env := newProjEnv(t)
+	eachEnv(t, testApplyAverageStars)
+}
+
+func testApplyAverageStars(t *testing.T, env projEnv) {
 	a := env.applier(t, env.client)
 	// Fixed cases around the rounding edge: x.5 rounds up, below rounds down.
 	fixed := []struct {
@@ -572,7 +656,10 @@ func TestApplyAverageStars(t *testing.T) {
 // projector does; the read models equal an independent count.
 func TestApplyConcurrentBatches(t *testing.T) {
 	t.Parallel()
-	env := newProjEnv(t)
+	eachEnv(t, testApplyConcurrentBatches)
+}
+
+func testApplyConcurrentBatches(t *testing.T, env projEnv) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 2))
@@ -603,7 +690,7 @@ func TestApplyConcurrentBatches(t *testing.T) {
 			all = append(all, p.ev)
 		}
 		mu.Unlock()
-		client := redistest.Client(t, env.url)
+		client := env.newClient(t)
 		wg.Go(func() {
 			ctx := context.Background()
 			a, err := adapters.NewProjectionApplier(client, env.keys, 0)
@@ -640,7 +727,10 @@ func TestApplyConcurrentBatches(t *testing.T) {
 
 func TestApplyRejectsBeforeAnyWrite(t *testing.T) {
 	t.Parallel()
-	env := newProjEnv(t)
+	eachEnv(t, testApplyRejectsBeforeAnyWrite)
+}
+
+func testApplyRejectsBeforeAnyWrite(t *testing.T, env projEnv) {
 	a := env.applier(t, env.client)
 	ctx := context.Background()
 	valid := func() *projection.Update { return projection.NewUpdate("user:1").HIncrBy("stats", "n", 1) }
@@ -674,7 +764,10 @@ func TestApplyRejectsBeforeAnyWrite(t *testing.T) {
 
 func TestApplySurvivesScriptFlush(t *testing.T) {
 	t.Parallel()
-	env := newProjEnv(t)
+	eachEnv(t, testApplySurvivesScriptFlush)
+}
+
+func testApplySurvivesScriptFlush(t *testing.T, env projEnv) {
 	a := env.applier(t, env.client)
 	ctx := context.Background()
 	for i := range 5 {
@@ -682,6 +775,40 @@ func TestApplySurvivesScriptFlush(t *testing.T) {
 		applyBoth(t, a, recorded("ck-"+strconv.Itoa(i), 1, 1, 5, 100), entry(1_700_000_000_000+int64(i)))
 	}
 	assert.Equal(t, int64(5), env.userStats(t, 1).NumCheckins)
+}
+
+// TestApplyScriptLostOnOneNode: a promoted replica has no scripts (Redis replicates a script's
+// effects, not the script), so on a cluster one node answers NOSCRIPT while the others apply
+// their part of the batch. Only the calls that failed are sent again: each work is reported
+// Applied, not AlreadyApplied because its own first attempt landed, and counted once.
+func TestApplyScriptLostOnOneNode(t *testing.T) {
+	t.Parallel()
+	eachEnv(t, func(t *testing.T, env projEnv) {
+		a := env.applier(t, env.client)
+		ctx := context.Background()
+		applyBoth(t, a, recorded("warm", 1, 1, 5, 100), entry(1_700_000_000_000)) // scripts loaded
+		var once sync.Once
+		require.NoError(t, forEachNode(ctx, env.client, func(ctx context.Context, n *redis.Client) error {
+			var err error
+			once.Do(func() { err = n.ScriptFlush(ctx).Err() }) // one node, whichever comes first
+			return err
+		}))
+		var works []adapters.Work
+		var evs []domain.CheckinRecorded
+		for i := range 40 { // 40 users and locations: every master has some
+			ev := recorded("ck-"+strconv.Itoa(i), int64(i+2), int64(i+2), i%6, 100)
+			evs = append(evs, ev)
+			for _, p := range []projection.Projection{projection.UserStats{}, projection.LocationStats{}} {
+				us, err := projection.Updates(ctx, p, ev)
+				require.NoError(t, err)
+				works = append(works, adapters.Work{Group: "g", Projection: p.Name(), Version: 1, Event: adapters.RefOf(ev, entry(1_700_000_000_001+int64(i))), Updates: us})
+			}
+		}
+		out, err := a.Apply(ctx, works, nil)
+		require.NoError(t, err)
+		assert.Equal(t, slices.Repeat([]adapters.Outcome{adapters.Applied}, len(works)), out)
+		env.assertStats(t, expect(evs))
+	})
 }
 
 // keyslotServer is a cluster-enabled redis-server used only to answer CLUSTER KEYSLOT, which a
@@ -710,46 +837,56 @@ func keyslotServer(t *testing.T) *redis.Client {
 // hash slot, and the registry of a user shares the user's slot; KeySlot agrees with Redis.
 func TestApplyKeysShareOneSlotPerEntity(t *testing.T) {
 	t.Parallel()
-	env := newProjEnv(t)
-	slotter := keyslotServer(t)
-	a := env.applier(t, env.client)
-	for i := range 6 {
-		applyBoth(t, a, recorded("ck-"+strconv.Itoa(i), int64(i%3+1), int64(i%3+10), i%6, int64(1000+i)), entry(1_700_000_000_000+int64(i)))
-	}
-	ctx := context.Background()
-	keys, err := env.client.Keys(ctx, env.keys.Prefix+":*").Result()
-	require.NoError(t, err)
-	entities := map[string][]string{}
-	distinct := map[int]bool{}
-	for _, k := range keys {
-		open, end := strings.Index(k, "{"), strings.Index(k, "}")
-		require.True(t, open >= 0 && end > open+1, "key %q has no hash tag", k)
-		tag := k[open+1 : end]
-		entities[tag] = append(entities[tag], k)
-		want, err := slotter.ClusterKeySlot(ctx, k).Result()
-		require.NoError(t, err)
-		assert.EqualValues(t, want, adapters.KeySlot(k), "KeySlot(%q)", k)
-		distinct[adapters.KeySlot(k)] = true
-	}
-	require.Len(t, entities, 6, "3 users and 3 locations, got %v", keys)
-	for tag, ks := range entities {
-		// On a single server one marker in the user's slot covers an event's updates in every
-		// slot, since one script applies them all.
-		if strings.HasPrefix(tag, "user:") {
-			assert.Len(t, ks, 3, "%s: the stats hash, the group's markers and the dedupe registry: %v", tag, ks)
-		} else {
-			assert.Len(t, ks, 1, "%s: the stats hash: %v", tag, ks)
+	eachEnv(t, func(t *testing.T, env projEnv) {
+		slotter := env.client
+		if !env.cluster {
+			slotter = keyslotServer(t)
 		}
-	}
-	assert.Greater(t, len(distinct), 1, "entities must spread over slots, not share one tag")
-	for k, want := range map[string]int{"foo": 12182, "{user1000}.following": 3443, "foo{}{bar}": 8363, "": 0} {
-		assert.Equal(t, want, adapters.KeySlot(k), "KeySlot(%q)", k)
-	}
+		a := env.applier(t, env.client)
+		for i := range 6 {
+			applyBoth(t, a, recorded("ck-"+strconv.Itoa(i), int64(i%3+1), int64(i%3+10), i%6, int64(1000+i)), entry(1_700_000_000_000+int64(i)))
+		}
+		ctx := context.Background()
+		keys := keysOf(t, env.client, env.keys.Prefix+":*")
+		entities := map[string][]string{}
+		distinct := map[int]bool{}
+		for _, k := range keys {
+			open, end := strings.Index(k, "{"), strings.Index(k, "}")
+			require.True(t, open >= 0 && end > open+1, "key %q has no hash tag", k)
+			tag := k[open+1 : end]
+			entities[tag] = append(entities[tag], k)
+			want, err := slotter.ClusterKeySlot(ctx, k).Result()
+			require.NoError(t, err)
+			assert.EqualValues(t, want, adapters.KeySlot(k), "KeySlot(%q)", k)
+			distinct[adapters.KeySlot(k)] = true
+		}
+		require.Len(t, entities, 6, "3 users and 3 locations, got %v", keys)
+		for tag, ks := range entities {
+			switch {
+			case strings.HasPrefix(tag, "user:"):
+				assert.Len(t, ks, 3, "%s: the stats hash, the group's markers and the dedupe registry: %v", tag, ks)
+			case env.cluster:
+				// On a cluster a script touches one slot: every slot keeps its own markers.
+				assert.Len(t, ks, 2, "%s: the stats hash and the group's markers: %v", tag, ks)
+			default:
+				// On a single server one marker in the user's slot covers an event's updates in
+				// every slot, since one script applies them all.
+				assert.Len(t, ks, 1, "%s: the stats hash: %v", tag, ks)
+			}
+		}
+		assert.Greater(t, len(distinct), 1, "entities must spread over slots, not share one tag")
+		for k, want := range map[string]int{"foo": 12182, "{user1000}.following": 3443, "foo{}{bar}": 8363, "": 0} {
+			assert.Equal(t, want, adapters.KeySlot(k), "KeySlot(%q)", k)
+		}
+	})
 }
 
 func TestProjectionReaderFollowsCurrentVersion(t *testing.T) {
 	t.Parallel()
-	env := newProjEnv(t)
+	eachEnv(t, testProjectionReaderFollowsCurrentVersion)
+}
+
+func testProjectionReaderFollowsCurrentVersion(t *testing.T, env projEnv) {
 	ctx := context.Background()
 	a := env.applier(t, env.client)
 	applyBoth(t, a, recorded("a", 1, 1, 1, 10), entry(1_700_000_000_000))
@@ -773,7 +910,10 @@ func TestProjectionReaderFollowsCurrentVersion(t *testing.T) {
 // prunes only what this applier wrote for that group, below the given position.
 func TestApplySweepLetsGoOfAQuietGroupsMarkers(t *testing.T) {
 	t.Parallel()
-	env := newProjEnv(t)
+	eachEnv(t, testApplySweepLetsGoOfAQuietGroupsMarkers)
+}
+
+func testApplySweepLetsGoOfAQuietGroupsMarkers(t *testing.T, env projEnv) {
 	a := env.applier(t, env.client).PruneEvery(0)
 	ctx := context.Background()
 	const t0 = 1_700_000_000_000
@@ -815,7 +955,10 @@ func TestApplySweepLetsGoOfAQuietGroupsMarkers(t *testing.T) {
 // the dedupe state would then depend on the drain's luck, not on the window alone.
 func TestRegistryIsPrunedByEveryCallThatTouchesIt(t *testing.T) {
 	t.Parallel()
-	env := newProjEnv(t)
+	eachEnv(t, testRegistryIsPrunedByEveryCallThatTouchesIt)
+}
+
+func testRegistryIsPrunedByEveryCallThatTouchesIt(t *testing.T, env projEnv) {
 	a, err := adapters.NewProjectionApplier(env.client, env.keys, time.Minute)
 	require.NoError(t, err)
 	ctx := context.Background()
@@ -834,4 +977,110 @@ func TestRegistryIsPrunedByEveryCallThatTouchesIt(t *testing.T) {
 		require.LessOrEqual(t, n, int64(2), "call %d: the registry holds only the window before the floor", i)
 	}
 	assert.Equal(t, int64(40), env.userStats(t, 1).NumCheckins)
+}
+
+// TestApplyClusterEqualsStandalone: the same random input (out-of-order timestamps, republished
+// copies, redeliveries of one entry, batches of every size) through every shipped projection
+// gives the same outcomes and, key by key, the same read models on a 3-master cluster (step 1
+// first, then a script per slot) as on a single server (one script for both steps).
+func TestApplyClusterEqualsStandalone(t *testing.T) {
+	t.Parallel()
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 3))
+	projections := []projection.Projection{projection.UserStats{}, projection.LocationStats{}, projection.Leaderboards{MinCheckins: 2},
+		projection.RecentCheckins{}, projection.DailyCheckins{}}
+	type copyOf struct {
+		ev    domain.CheckinRecorded
+		entry string
+	}
+	var input []copyOf
+	at := int64(1_700_000_000_000)
+	for i := range 600 {
+		at += rng.Int64N(3)
+		c := copyOf{recorded(fmt.Sprintf("ck%04d", i), rng.Int64N(30)+1, rng.Int64N(20)+1, rng.IntN(6),
+			1_690_000_000_000+rng.Int64N(30*86_400_000)), fmt.Sprintf("%d-%d", at, i)}
+		switch r := rng.IntN(10); {
+		case r == 0 && i > 0: // republished: the same check-in at a later entry
+			c.ev = input[rng.IntN(len(input))].ev
+		case r == 1 && i > 0: // redelivered: the same entry again
+			c = input[rng.IntN(len(input))]
+		}
+		input = append(input, c)
+	}
+	var batches [][]copyOf
+	var floors []string // per batch: the least entry still to come, below which markers may go
+	for rest := input; len(rest) > 0; {
+		n := min(len(rest), 1+rng.IntN(60))
+		batches = append(batches, rest[:n])
+		least, _ := adapters.ScoreOfEntry(rest[0].entry)
+		floor := rest[0].entry
+		for _, c := range rest {
+			if sc, _ := adapters.ScoreOfEntry(c.entry); sc < least {
+				least, floor = sc, c.entry
+			}
+		}
+		floors = append(floors, floor)
+		rest = rest[n:]
+	}
+	ctx := context.Background()
+	run := func(env projEnv) ([]adapters.Outcome, map[string]string) {
+		a := env.applier(t, env.client)
+		var outs []adapters.Outcome
+		for k, b := range batches {
+			var works []adapters.Work
+			for _, c := range b {
+				for _, p := range projections {
+					us, err := projection.Updates(ctx, p, c.ev)
+					require.NoError(t, err)
+					works = append(works, adapters.Work{Group: "live", Projection: p.Name(), Version: 1, Event: adapters.RefOf(c.ev, c.entry), Updates: us})
+				}
+			}
+			out, err := a.Apply(ctx, works, func(string) (string, bool) { return floors[k], true })
+			require.NoError(t, err)
+			outs = append(outs, out...)
+		}
+		return outs, snapshot(t, env.client, env.keys.Prefix)
+	}
+	standalone, cluster := newProjEnv(t), newClusterProjEnv(t)
+	wantOut, want := run(standalone)
+	gotOut, got := run(cluster)
+	require.Greater(t, len(want), 100, "every projection wrote its keys")
+	require.Len(t, gotOut, len(wantOut))
+	var differ []string
+	for i := range wantOut {
+		if wantOut[i] != gotOut[i] && len(differ) < 10 {
+			differ = append(differ, fmt.Sprintf("work %d (event %d, %s): %d on a single server, %d on the cluster", i, i/len(projections),
+				projections[i%len(projections)].Name(), wantOut[i], gotOut[i]))
+		}
+	}
+	assert.Empty(t, differ, "the same outcome for every work")
+	assert.Equal(t, want, got, "the same read models, key by key")
+	var evs []domain.CheckinRecorded
+	for _, c := range input {
+		evs = append(evs, c.ev)
+	}
+	cluster.assertStats(t, expect(evs))
+}
+
+// TestApplyCopyGivenTwiceInOneBatch: a batch holding a check-in, a republished copy of it, and
+// that copy delivered again answers the same on a single server and a cluster: the copy given
+// again is a duplicate like its first delivery, not "applied before".
+func TestApplyCopyGivenTwiceInOneBatch(t *testing.T) {
+	t.Parallel()
+	eachEnv(t, func(t *testing.T, env projEnv) {
+		a := env.applier(t, env.client)
+		ctx := context.Background()
+		ev := recorded("ck-twice", 3, 4, 5, 1_000)
+		us, err := projection.Updates(ctx, projection.UserStats{}, ev)
+		require.NoError(t, err)
+		var works []adapters.Work
+		for _, at := range []int64{1, 2, 2, 1} {
+			works = append(works, adapters.Work{Group: "g", Projection: "users", Version: 1, Event: adapters.RefOf(ev, entry(1_700_000_000_000+at)), Updates: us})
+		}
+		out, err := a.Apply(ctx, works, nil)
+		require.NoError(t, err)
+		assert.Equal(t, []adapters.Outcome{adapters.Applied, adapters.Duplicate, adapters.Duplicate, adapters.AlreadyApplied}, out)
+		assert.Equal(t, int64(1), env.userStats(t, 3).NumCheckins)
+	})
 }

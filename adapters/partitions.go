@@ -1,0 +1,202 @@
+package adapters
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// How the event stream is split into partitions:
+//
+//   - P = 1 is one stream, <prefix>:events, exactly the key of a service without partitions (the
+//     default on a single Redis server).
+//   - P > 1: partition i is <prefix>:events:<i>:{<tag i>}. The hash tag, the key's first {...},
+//     decides the slot, and so the master. Tags are chosen so the P partitions fall on evenly
+//     spaced slots: partition i aims at the middle of the i-th P-th of the slot space,
+//     target(i) = floor((2i+1) * 16384 / (2P)), and takes the tag of the slot nearest to it
+//     (the lower one on a tie) among the tags not taken by a partition before it. A slot's tag
+//     is its first string in shortlex order over [0-9a-z] (one to three characters: they reach
+//     16299 of the 16384 slots, always within a few slots of a target). A cluster whose M masters
+//     split the slots evenly (as redis-cli --cluster create and rebalance do) then holds P/M
+//     partitions on every master when M divides P, where the naive {p00}..{p23} put 6/8/10 on 3
+//     masters. 24 (DefaultClusterPartitions) divides by 1, 2, 3, 4, 6, 8, 12 and 24 masters.
+//   - A check-in goes to partition PartitionOf(userId, P): FNV-1a (64 bits) of the userId in
+//     decimal, mod P. Stable across processes, versions and languages, so one user's check-ins
+//     stay in one partition, in order.
+//   - P is recorded in <prefix>:meta (field "partitions") when the stream is first created, and a
+//     process configured with another P refuses to start (EnsurePartitions).
+
+// Partition counts.
+const (
+	DefaultClusterPartitions = 24
+	MaxPartitions            = 1024
+	slotCount                = 16384
+)
+
+// Partitions names the P streams of the event log.
+type Partitions struct {
+	streams []string
+}
+
+// NewPartitions lays out p partitions under keys' prefix.
+func NewPartitions(keys KeySpace, p int) (Partitions, error) {
+	if p < 1 || p > MaxPartitions {
+		return Partitions{}, fmt.Errorf("partitions must be between 1 and %d, got %d", MaxPartitions, p)
+	}
+	if keys.Prefix == "" || strings.ContainsAny(keys.Prefix, "{}") {
+		return Partitions{}, fmt.Errorf("key prefix %q must be non-empty and without braces: a brace would make it the hash tag of every key", keys.Prefix)
+	}
+	if p == 1 {
+		return Partitions{streams: []string{keys.Stream()}}, nil
+	}
+	tags := PartitionTags(p)
+	streams := make([]string, p)
+	for i, tag := range tags {
+		streams[i] = keys.Stream() + ":" + strconv.Itoa(i) + ":{" + tag + "}"
+	}
+	return Partitions{streams: streams}, nil
+}
+
+// Count is P.
+func (p Partitions) Count() int { return len(p.streams) }
+
+// Stream is partition i's stream key.
+func (p Partitions) Stream(i int) string { return p.streams[i] }
+
+// Streams are every partition's stream key, in partition order.
+func (p Partitions) Streams() []string { return append([]string(nil), p.streams...) }
+
+// StreamOf is the stream of a user's check-ins.
+func (p Partitions) StreamOf(userID int64) string {
+	return p.streams[PartitionOf(userID, len(p.streams))]
+}
+
+// PartitionOf is the partition of a user's check-ins among p: FNV-1a 64 of the decimal userId,
+// mod p.
+func PartitionOf(userID int64, p int) int {
+	if p <= 1 {
+		return 0
+	}
+	var buf [20]byte
+	h := uint64(14695981039346656037)
+	for _, c := range strconv.AppendInt(buf[:0], userID, 10) {
+		h ^= uint64(c)
+		h *= 1099511628211
+	}
+	return int(h % uint64(p))
+}
+
+// PartitionTarget is the slot partition i of p aims at: the middle of the i-th P-th of the slots.
+func PartitionTarget(i, p int) int { return (2*i + 1) * slotCount / (2 * p) }
+
+// PartitionTags are the hash tags of p partitions (see the rule above); p = 1 needs none but has
+// one, for completeness.
+func PartitionTags(p int) []string {
+	tagOf := slotTags()
+	used := map[string]bool{}
+	out := make([]string, p)
+	for i := range p {
+		t := PartitionTarget(i, p)
+		for d := 0; ; d++ {
+			if s := t - d; s >= 0 && tagOf[s] != "" && !used[tagOf[s]] {
+				out[i] = tagOf[s]
+				break
+			}
+			if s := t + d; d > 0 && s < slotCount && tagOf[s] != "" && !used[tagOf[s]] {
+				out[i] = tagOf[s]
+				break
+			}
+		}
+		used[out[i]] = true
+	}
+	return out
+}
+
+// slotTags is each slot's first tag in shortlex order over [0-9a-z], up to three characters
+// ("" for the 85 slots none of them reaches).
+var slotTags = sync.OnceValue(func() []string {
+	const alphabet = "0123456789abcdefghijklmnopqrstuvwxyz"
+	tags := make([]string, slotCount)
+	var walk func(prefix []byte, n int)
+	walk = func(prefix []byte, n int) {
+		if len(prefix) == n {
+			if s := crc16(string(prefix)) % slotCount; tags[s] == "" {
+				tags[s] = string(prefix)
+			}
+			return
+		}
+		for i := range len(alphabet) {
+			walk(append(prefix, alphabet[i]), n)
+		}
+	}
+	for n := 1; n <= 3; n++ {
+		walk(make([]byte, 0, 3), n)
+	}
+	return tags
+})
+
+// Meta is the small hash of facts about the event stream fixed when it was created (P).
+func (k KeySpace) Meta() string { return k.Prefix + ":meta" }
+
+const metaPartitions = "partitions"
+
+// PartitionMismatchError: the stream was created with another P than the one configured.
+type PartitionMismatchError struct {
+	Prefix               string
+	Recorded, Configured int
+}
+
+func (e *PartitionMismatchError) Error() string {
+	return fmt.Sprintf("the event stream %s has %d partitions (recorded in %s:meta) but %d are configured: "+
+		"configure %d, or move the stream with `checkins partitions migrate --to %d` first",
+		e.Prefix, e.Recorded, e.Prefix, e.Configured, e.Recorded, e.Configured)
+}
+
+// ErrPartitionMismatch matches every PartitionMismatchError (errors.Is).
+var ErrPartitionMismatch = errors.New("partition count differs from the recorded one")
+
+// Is makes errors.Is(err, ErrPartitionMismatch) true.
+func (e *PartitionMismatchError) Is(target error) bool { return target == ErrPartitionMismatch }
+
+// EnsurePartitions records p as the stream's partition count if none is recorded yet (HSETNX:
+// the first process to start wins), and returns a *PartitionMismatchError if the recorded count
+// is another. A stream written before partitions existed (<prefix>:events, no meta) has 1.
+func EnsurePartitions(ctx context.Context, client redis.UniversalClient, keys KeySpace, p int) error {
+	if _, err := NewPartitions(keys, p); err != nil {
+		return err
+	}
+	meta := keys.Meta()
+	cur, err := client.HGet(ctx, meta, metaPartitions).Result()
+	if errors.Is(err, redis.Nil) {
+		first := p
+		// The key of P = 1 in another slot than the meta on a cluster: not atomic with the
+		// HSETNX, which is fine as long as nothing writes partitions before this guard passes.
+		n, xerr := client.Exists(ctx, keys.Stream()).Result()
+		if xerr != nil {
+			return fmt.Errorf("read the event stream's partitions: %w", xerr)
+		}
+		if n > 0 {
+			first = 1
+		}
+		if err := client.HSetNX(ctx, meta, metaPartitions, first).Err(); err != nil {
+			return fmt.Errorf("record the event stream's partitions: %w", err)
+		}
+		cur, err = client.HGet(ctx, meta, metaPartitions).Result()
+	}
+	if err != nil {
+		return fmt.Errorf("read the event stream's partitions: %w", err)
+	}
+	recorded, err := strconv.Atoi(cur)
+	if err != nil || recorded < 1 {
+		return fmt.Errorf("%s field %s is %q, not a partition count", meta, metaPartitions, cur)
+	}
+	if recorded != p {
+		return &PartitionMismatchError{Prefix: keys.Prefix, Recorded: recorded, Configured: p}
+	}
+	return nil
+}

@@ -1,0 +1,104 @@
+package adapters_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
+)
+
+// TestApplySurvivesAMasterCrash: two appliers apply batches (with republished copies) on a 3+3
+// cluster through the service's cluster client; a master is killed with SIGKILL half-way, its
+// replica takes over, and every batch that failed is applied again until it succeeds, as the
+// projector retries what it did not acknowledge. The counts are exact afterwards: an update and
+// its marker are one script in one slot, so a batch lands in each slot whole or not at all.
+// (It relies on the replica having received what the master acknowledged, which loopback
+// replication delivers within microseconds; across a network, an acknowledged write can be lost
+// with its master, which only WAIT prevents.)
+func TestApplySurvivesAMasterCrash(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, redistest.ClusterOptions{Replicas: 1})
+	ctx := context.Background()
+	keys := adapters.KeySpace{Prefix: "crash"}
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 5))
+	var evs []domain.CheckinRecorded
+	var entries []string
+	for i := range 3000 {
+		ev := recorded(fmt.Sprintf("ck%05d", i), rng.Int64N(200)+1, rng.Int64N(100)+1, rng.IntN(6), 1_000+rng.Int64N(1_000_000))
+		if i > 0 && rng.IntN(8) == 0 {
+			ev = evs[rng.IntN(len(evs))]
+		}
+		evs = append(evs, ev)
+		entries = append(entries, entry(1_700_000_000_000+int64(i)))
+	}
+	projections := []projection.Projection{projection.UserStats{}, projection.LocationStats{}}
+	const appliers, batch = 2, 20
+	var failed, applied atomic.Int64
+	half := make(chan struct{})
+	var halfOnce sync.Once
+	var wg sync.WaitGroup
+	for w := range appliers {
+		client, err := adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: cl.URL(), DialTimeout: 200 * time.Millisecond,
+			ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = client.Close() })
+		a, err := adapters.NewProjectionApplier(client, keys, 0)
+		require.NoError(t, err)
+		wg.Go(func() {
+			// Each applier takes every other batch: both write to every master all along.
+			for start := w * batch; start < len(evs); start += appliers * batch {
+				var works []adapters.Work
+				for i := start; i < min(start+batch, len(evs)); i++ {
+					for _, p := range projections {
+						us, err := projection.Updates(ctx, p, evs[i])
+						if err != nil {
+							panic(err)
+						}
+						works = append(works, adapters.Work{Group: "live", Projection: p.Name(), Version: 1, Event: adapters.RefOf(evs[i], entries[i]), Updates: us})
+					}
+				}
+				for deadline := time.Now().Add(30 * time.Second); ; {
+					actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+					_, err := a.Apply(actx, works, nil)
+					cancel()
+					if err == nil {
+						break
+					}
+					failed.Add(1)
+					if time.Now().After(deadline) {
+						t.Errorf("batch at %d still fails after 30 s: %v", start, err)
+						return
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				if applied.Add(1) == int64(len(evs)/batch/2) {
+					halfOnce.Do(func() { close(half) })
+				}
+			}
+		})
+	}
+	<-half
+	victim := cl.Masters(t)[rng.IntN(3)]
+	cl.KillNode(victim)
+	killed := time.Now()
+	wg.Wait()
+	t.Logf("killed node %d half-way; %d failed attempts, done %s after the kill", victim, failed.Load(), time.Since(killed).Round(100*time.Millisecond))
+	require.Positive(t, failed.Load(), "the crash must have cost some attempts, or it tested nothing")
+	require.False(t, t.Failed())
+
+	reader := redistest.ClusterClient(t, cl.URL())
+	env := projEnv{url: cl.URL(), cluster: true, client: reader, keys: keys}
+	env.assertStats(t, expect(evs))
+}
