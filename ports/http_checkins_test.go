@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"syscall"
@@ -55,9 +54,12 @@ func (r pingReadiness) Ready(ctx context.Context) error {
 func newAPIEnv(t *testing.T) *apiEnv { return newAPIEnvWith(t, apiOptions{}) }
 
 type apiOptions struct {
-	redis          *redistest.Server // shared with another env, as two API processes share one; nil: a private one
-	requestTimeout time.Duration     // 0: apiRequestTimeout
-	takeoverAge    time.Duration     // 0: the handler's default
+	redis          *redistest.Server       // shared with another env, as two API processes share one; nil: a private one
+	requestTimeout time.Duration           // 0: apiRequestTimeout
+	takeoverAge    time.Duration           // 0: the handler's default
+	cors           []string                // CORS_ALLOWED_ORIGINS
+	limits         *ports.ServerLimits     // serve through ports.ListenHTTP with these; nil: httptest
+	routes         func(*ports.HTTPServer) // adds test-only routes before serving
 }
 
 func newAPIEnvWith(t *testing.T, o apiOptions) *apiEnv {
@@ -94,11 +96,14 @@ func newAPIEnvWith(t *testing.T, o apiOptions) *apiEnv {
 			Locations: app.LocationQueries{Reader: adapters.NewProjectionReader(client, keys, "locations")},
 		},
 	}
-	server := ports.NewHTTPServer(application, pingReadiness{client}, ports.HTTPConfig{RequestTimeout: o.requestTimeout}, log)
-	hs := httptest.NewServer(server.Handler())
-	t.Cleanup(hs.Close)
+	server := ports.NewHTTPServer(application, pingReadiness{client}, ports.HTTPConfig{RequestTimeout: o.requestTimeout,
+		CORSAllowedOrigins: o.cors}, log)
+	if o.routes != nil {
+		o.routes(server)
+	}
+	url := serveForTest(t, server, o.limits, log)
 	return &apiEnv{
-		redis: srv, rdb: redistest.Client(t, srv.URL()), keys: keys, url: hs.URL, idem: idem,
+		redis: srv, rdb: redistest.Client(t, srv.URL()), keys: keys, url: url, idem: idem,
 		// Generous, so a hang fails the test instead of stalling it; not a timing assertion.
 		client: &http.Client{Timeout: 4 * o.requestTimeout},
 	}

@@ -31,6 +31,8 @@ type Readiness interface {
 // HTTPConfig configures the HTTP server.
 type HTTPConfig struct {
 	RequestTimeout time.Duration // bounds every request, including waiting for Redis
+	// CORSAllowedOrigins are the browser origins allowed to call the API; none: CORS is off.
+	CORSAllowedOrigins []string
 }
 
 // HTTPServer is the REST API.
@@ -51,6 +53,13 @@ func NewHTTPServer(a app.Application, ready Readiness, cfg HTTPConfig, log *slog
 	e := s.echo
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
+	// The client's address is the connection's peer: X-Forwarded-For and X-Real-IP are whatever
+	// the client wants them to be (Echo's default trusts them, GO-2026-6872 and GO-2026-6875).
+	e.IPExtractor = echo.ExtractIPDirect()
+	e.Pre(securityHeaders)
+	if len(cfg.CORSAllowedOrigins) > 0 {
+		e.Use(corsMiddleware(cfg.CORSAllowedOrigins))
+	}
 	e.Use(s.correlation, s.timeout, s.accessLog)
 	if a.Commands.RecordCheckin != nil { // a projector-only process serves reads and health only
 		e.POST("/checkins", s.postCheckin)

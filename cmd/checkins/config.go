@@ -54,6 +54,8 @@ type Config struct {
 	StallAfter             time.Duration
 	Retention              ports.RetentionPolicy
 	RetentionInterval      time.Duration
+
+	HTTP httpConfig // timeouts, connection cap, CORS, TLS (config_http.go)
 }
 
 // setting is one configuration value: an environment variable and a flag of the same meaning.
@@ -89,7 +91,7 @@ func settings() []setting {
 			return nil
 		}
 	}
-	return []setting{
+	return append([]setting{
 		{"REDIS_URL", "redis-url", "", "Redis URL, redis://[:password@]host:port/db or rediss:// for TLS; empty with serve: embedded in-memory Redis", func(c *Config, v string) error {
 			if v == "" {
 				c.RedisURL = ""
@@ -196,7 +198,7 @@ func settings() []setting {
 			return nil
 		}},
 		{"RETENTION_INTERVAL", "retention-interval", "1m", "how often the projector trims the stream when RETENTION is set", dur(func(c *Config) *time.Duration { return &c.RetentionInterval }, 10*time.Millisecond)},
-	}
+	}, httpSettings(dur)...)
 }
 
 // parseConfig fills Config from defaults, then the environment, then flags; the first invalid
@@ -240,6 +242,9 @@ func parseConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (C
 	}
 	if c.RetryMax < c.RetryInitial {
 		return Config{}, nil, fmt.Errorf("invalid RETRY_MAX_INTERVAL: %s is below RETRY_INITIAL_INTERVAL %s", c.RetryMax, c.RetryInitial)
+	}
+	if err := c.HTTP.validate(c.RequestTimeout); err != nil {
+		return Config{}, nil, err
 	}
 	if c.ConsumerName == "" {
 		host, _ := os.Hostname()

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -35,8 +34,9 @@ type Service struct {
 	guard    *evictionGuard // nil on the embedded Redis
 	http     *ports.HTTPServer
 	router   *ports.ProjectionRouter
-	listener net.Listener
-	proj     *projectionWiring // metrics, rebuilds, stall checks (wire_projections.go)
+	listener *ports.HTTPListener // the public one, nil until Listen (wire_http.go)
+	httpLims ports.ServerLimits  // its limits
+	proj     *projectionWiring   // metrics, rebuilds, stall checks (wire_projections.go)
 }
 
 // Mode selects what the process runs.
@@ -65,11 +65,14 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 	if cfg.RedisURL == "" {
 		return nil, errors.New("REDIS_URL is required (only `serve` may run on the embedded Redis)")
 	}
+	var err error
+	if s.httpLims, err = s.publicLimits(); err != nil {
+		return nil, err
+	}
 	newClient := func(pool int) (*redis.Client, error) {
 		return adapters.NewRedisClient(adapters.ClientOptions{URL: cfg.RedisURL, DialTimeout: 2 * time.Second,
 			ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second, PoolSize: pool})
 	}
-	var err error
 	if s.client, err = newClient(0); err != nil {
 		return nil, err
 	}
@@ -182,7 +185,8 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 			}
 		}
 	}
-	s.http = ports.NewHTTPServer(application, s, ports.HTTPConfig{RequestTimeout: cfg.RequestTimeout}, log)
+	s.http = ports.NewHTTPServer(application, s, ports.HTTPConfig{RequestTimeout: cfg.RequestTimeout,
+		CORSAllowedOrigins: cfg.HTTP.CORSOrigins}, log)
 	if err := s.wireOps(); err != nil {
 		return nil, err
 	}
@@ -252,39 +256,17 @@ func (s *Service) Ready(ctx context.Context) error {
 }
 
 // Listen binds the HTTP address (before Run, so callers learn the port).
-func (s *Service) Listen() (net.Addr, error) {
-	l, err := net.Listen("tcp", s.cfg.HTTPAddr)
-	if err != nil {
-		return nil, fmt.Errorf("HTTP_ADDR %s: %w", s.cfg.HTTPAddr, err)
-	}
-	s.listener = l
-	return l.Addr(), nil
-}
+func (s *Service) Listen() (net.Addr, error) { return s.listenHTTP() }
 
 // Run serves until ctx ends, then shuts down gracefully within DrainTimeout: stop accepting
 // requests, finish in-flight ones and in-flight handlers, ack what finished.
 func (s *Service) Run(ctx context.Context) error {
 	defer s.close()
 	g, gctx := errgroup.WithContext(ctx)
-	if s.listener == nil {
-		if _, err := s.Listen(); err != nil {
-			return err
-		}
+	if _, err := s.Listen(); err != nil {
+		return err
 	}
-	srv := &http.Server{Handler: s.http.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	g.Go(func() error {
-		s.log.Info("http listening", "addr", s.listener.Addr().String())
-		if err := srv.Serve(s.listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("http server: %w", err)
-		}
-		return nil
-	})
-	g.Go(func() error {
-		<-gctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
-		defer cancel()
-		return srv.Shutdown(sctx)
-	})
+	s.serveHTTP(gctx, g)
 	if s.router != nil {
 		g.Go(func() error { return s.router.Run(gctx) })
 	}
