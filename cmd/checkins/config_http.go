@@ -101,7 +101,7 @@ func reservedDescriptors(cores int) int { return 128 + 64*cores }
 // an explicit number that does not fit is an error (the process would fail with EMFILE under load
 // instead of making new connections wait).
 func (h httpConfig) maxConns(limit uint64, cores int) (int, error) {
-	reserve := uint64(reservedDescriptors(cores))
+	reserve := uint64(reservedDescriptors(cores)) // #nosec G115 -- 128 + 64 per core: positive
 	room := 0
 	if limit > reserve {
 		room = int(min(limit-reserve, 1<<30))
