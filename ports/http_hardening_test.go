@@ -213,3 +213,65 @@ func TestSlowBodyIsCutOffByReadTimeout(t *testing.T) {
 	assert.Equal(t, http.StatusRequestTimeout, resp.StatusCode)
 	assert.Equal(t, int64(0), e.xlen(t))
 }
+
+// TestConnectionCapIsPerListener: a listener saturated at its MaxConns makes new connections
+// wait, while another listener of the process (operations, health) answers at once; once a held
+// connection closes, the waiting request is served.
+func TestConnectionCapIsPerListener(t *testing.T) {
+	t.Parallel()
+	log := slog.New(slog.DiscardHandler)
+	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	serve := func(lim ports.ServerLimits) string {
+		l, err := ports.ListenHTTP("test", "127.0.0.1:0", ok, lim, log)
+		require.NoError(t, err)
+		go func() { _ = l.Serve() }()
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_ = l.Shutdown(ctx)
+		})
+		return l.Addr().String()
+	}
+	base := ports.ServerLimits{ReadHeaderTimeout: time.Minute, ReadTimeout: time.Minute, WriteTimeout: time.Minute, IdleTimeout: time.Minute}
+	capped := base
+	capped.MaxConns = 2
+	public, other := serve(capped), serve(base)
+
+	var held []net.Conn
+	for range capped.MaxConns {
+		c, err := net.Dial("tcp", public)
+		require.NoError(t, err)
+		held = append(held, c)
+	}
+	defer func() {
+		for _, c := range held {
+			_ = c.Close()
+		}
+	}()
+	waiting := make(chan error, 1)
+	go func() {
+		resp, err := (&http.Client{Timeout: 30 * time.Second}).Get("http://" + public + "/")
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+		waiting <- err
+	}()
+
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + other + "/")
+	require.NoError(t, err, "the other listener answers while the public one is saturated")
+	_ = resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	select {
+	case err := <-waiting:
+		t.Fatalf("a connection past the cap was served while %d are held (err %v)", capped.MaxConns, err)
+	case <-time.After(300 * time.Millisecond): // it waits: nothing to wait for beyond this
+	}
+
+	_ = held[0].Close()
+	select {
+	case err := <-waiting:
+		assert.NoError(t, err, "served once a held connection closed")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiting request was not served after a held connection closed")
+	}
+}
