@@ -3,11 +3,15 @@ package ports_test
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -274,4 +278,28 @@ func TestConnectionCapIsPerListener(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the waiting request was not served after a held connection closed")
 	}
+}
+
+func TestLoadTLS(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	certFile, keyFile := dir+"/cert.pem", dir+"/key.pem"
+	hs := httptest.NewTLSServer(http.NotFoundHandler()) // a certificate and key to write out
+	hs.Close()
+	cert := hs.TLS.Certificates[0]
+	require.NoError(t, os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), 0o600))
+	keyDER, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600))
+
+	cfg, err := ports.LoadTLS(certFile, keyFile)
+	require.NoError(t, err)
+	assert.Equal(t, uint16(tls.VersionTLS12), cfg.MinVersion, "TLS 1.2 at least, whatever the toolchain's default")
+	require.Len(t, cfg.Certificates, 1)
+
+	_, err = ports.LoadTLS(certFile, certFile)
+	assert.Error(t, err, "a certificate is not a key")
+	_, err = ports.LoadTLS(dir+"/nope.pem", keyFile)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "nope.pem")
 }
