@@ -132,6 +132,10 @@ func checkStrictJSON(body []byte) error {
 		return apiError(http.StatusBadRequest, "invalid_utf8", "", "request body is not valid UTF-8")
 	}
 	i := skipSpace(body, 0)
+	if i < len(body) && body[i] == 'n' && string(bytes.TrimSpace(body)) == "null" {
+		// The decoder takes null for an object with no fields.
+		return apiError(http.StatusBadRequest, "malformed_json", "", "request body must be a JSON object, got JSON null")
+	}
 	if i >= len(body) || body[i] != '{' {
 		return nil // not an object: the decoder says what it is
 	}

@@ -208,6 +208,7 @@ func TestPostCheckinRejectsBadInput(t *testing.T) {
 		{name: "empty body", body: ``, status: 400, code: "malformed_json"},
 		{name: "JSON array", body: `[{"userId":1}]`, status: 400, code: "malformed_json"},
 		{name: "JSON string", body: `"hi"`, status: 400, code: "malformed_json"},
+		{name: "JSON null", body: ` null `, status: 400, code: "malformed_json"},
 		{name: "two objects", body: `{"userId":1,"locationId":1,"starRating":1}{"userId":2}`, status: 400, code: "malformed_json"},
 		{name: "trailing bracket", body: `{"userId":1,"locationId":1,"starRating":1}]`, status: 400, code: "malformed_json"},
 		{name: "trailing garbage", body: `{"userId":1,"locationId":1,"starRating":1} x`, status: 400, code: "malformed_json"},
