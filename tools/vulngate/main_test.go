@@ -104,13 +104,17 @@ func TestCheckFailsOnAReachableFindingNotAllowed(t *testing.T) {
 	assert.Contains(t, out.String(), "bad thing")
 	assert.Contains(t, out.String(), "example.com/me.main (main.go:7)")
 	assert.Contains(t, out.String(), "1 more advisories")
+	assert.Contains(t, out.String(), "(not failed): GO-2026-0002")
 }
 
 func TestCheckPassesWhenEveryReachableFindingIsAllowed(t *testing.T) {
 	t.Parallel()
 	var out bytes.Buffer
-	err := check(strings.NewReader(cfgMsg+osvMsg+calledMsg), map[string]string{"GO-2026-0001": "we never call it with user input", "GO-2026-0003": "gone"}, &out)
+	// The module-level finding of the same advisory is not counted again as imported only.
+	moduleLevel := `{"finding":{"osv":"GO-2026-0001","trace":[{"module":"example.com/a","version":"v1.0.0"}]}}`
+	err := check(strings.NewReader(cfgMsg+osvMsg+moduleLevel+calledMsg), map[string]string{"GO-2026-0001": "we never call it with user input", "GO-2026-0003": "gone"}, &out)
 	require.NoError(t, err)
+	assert.NotContains(t, out.String(), "more advisories")
 	assert.Contains(t, out.String(), "allowed: we never call it with user input")
 	assert.Contains(t, out.String(), "no longer found, remove them from the allow file: GO-2026-0003")
 }
