@@ -374,7 +374,7 @@ func (a *ProjectionApplier) registryBound() (int64, bool) {
 }
 
 func (a *ProjectionApplier) pruneNow() bool {
-	return a.pruneEvery > 0 && (a.pruneEvery == 1 || rand.IntN(a.pruneEvery) == 0)
+	return a.pruneEvery > 0 && (a.pruneEvery == 1 || rand.IntN(a.pruneEvery) == 0) // #nosec G404 -- sampling when to prune, not a secret
 }
 
 // NewProjectionApplier applies with the given dedupe window (0: DefaultDedupeWindow).

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"syscall"
@@ -55,10 +54,13 @@ func (r pingReadiness) Ready(ctx context.Context) error {
 func newAPIEnv(t *testing.T) *apiEnv { return newAPIEnvWith(t, apiOptions{}) }
 
 type apiOptions struct {
-	redis          *redistest.Server // shared with another env, as two API processes share one; nil: a private one
-	requestTimeout time.Duration     // 0: apiRequestTimeout
-	takeoverAge    time.Duration     // 0: the handler's default
-	http           ports.HTTPConfig  // authentication and rate limits (RequestTimeout is set here)
+	redis          *redistest.Server       // shared with another env, as two API processes share one; nil: a private one
+	requestTimeout time.Duration           // 0: apiRequestTimeout
+	takeoverAge    time.Duration           // 0: the handler's default
+	http           ports.HTTPConfig        // authentication and rate limits (RequestTimeout is set here)
+	cors           []string                // CORS_ALLOWED_ORIGINS
+	limits         *ports.ServerLimits     // serve through ports.ListenHTTP with these; nil: httptest
+	routes         func(*ports.HTTPServer) // adds test-only routes before serving
 	// userLimit, when set, limits POST /checkins per user in Redis (http.UserLimiter).
 	userLimit adapters.RateLimit
 }
@@ -99,16 +101,19 @@ func newAPIEnvWith(t *testing.T, o apiOptions) *apiEnv {
 	}
 	hc := o.http
 	hc.RequestTimeout = o.requestTimeout
+	hc.CORSAllowedOrigins = o.cors
 	if !o.userLimit.Off() {
 		l, err := adapters.NewRedisRateLimiter(client, nil, keys, o.userLimit)
 		require.NoError(t, err)
 		hc.UserLimiter, hc.UserLimit = l, o.userLimit
 	}
 	server := ports.NewHTTPServer(application, pingReadiness{client}, hc, log)
-	hs := httptest.NewServer(server.Handler())
-	t.Cleanup(hs.Close)
+	if o.routes != nil {
+		o.routes(server)
+	}
+	url := serveForTest(t, server, o.limits, log)
 	return &apiEnv{
-		redis: srv, rdb: redistest.Client(t, srv.URL()), keys: keys, url: hs.URL, idem: idem,
+		redis: srv, rdb: redistest.Client(t, srv.URL()), keys: keys, url: url, idem: idem,
 		// Generous, so a hang fails the test instead of stalling it; not a timing assertion.
 		client: &http.Client{Timeout: 4 * o.requestTimeout},
 	}
@@ -213,6 +218,7 @@ func TestPostCheckinRejectsBadInput(t *testing.T) {
 		{name: "empty body", body: ``, status: 400, code: "malformed_json"},
 		{name: "JSON array", body: `[{"userId":1}]`, status: 400, code: "malformed_json"},
 		{name: "JSON string", body: `"hi"`, status: 400, code: "malformed_json"},
+		{name: "JSON null", body: ` null `, status: 400, code: "malformed_json"},
 		{name: "two objects", body: `{"userId":1,"locationId":1,"starRating":1}{"userId":2}`, status: 400, code: "malformed_json"},
 		{name: "trailing bracket", body: `{"userId":1,"locationId":1,"starRating":1}]`, status: 400, code: "malformed_json"},
 		{name: "trailing garbage", body: `{"userId":1,"locationId":1,"starRating":1} x`, status: 400, code: "malformed_json"},
@@ -242,6 +248,21 @@ func TestPostCheckinRejectsBadInput(t *testing.T) {
 		{name: "checkinId too long", body: `{"userId":1,"locationId":1,"starRating":1,"checkinId":"` + strings.Repeat("a", 129) + `"}`, status: 400, code: "out_of_range", field: "checkinId"},
 		{name: "unknown field", body: `{"userId":1,"locationId":1,"starRating":1,"rating":5}`, status: 400, code: "unknown_field", field: "rating"},
 		{name: "unknown field first", body: `{"user_id":1}`, status: 400, code: "unknown_field", field: "user_id"},
+		// Strict decoding: what encoding/json alone would take with a 202.
+		{name: "duplicate key", body: `{"userId":1,"userId":2,"locationId":1,"starRating":1}`, status: 400, code: "duplicate_field", field: "userId"},
+		{name: "duplicate key, same value", body: `{"userId":1,"locationId":1,"starRating":1,"starRating":1}`, status: 400, code: "duplicate_field", field: "starRating"},
+		{name: "duplicate key spelled with an escape", body: `{"userId":1,"\u0075serId":2,"locationId":1,"starRating":1}`, status: 400, code: "duplicate_field", field: "userId"},
+		{name: "duplicate key at the end", body: `{"checkinId":"a","locationId":1,"starRating":1,"userId":1,"checkinId":"b"}`, status: 400, code: "duplicate_field", field: "checkinId"},
+		{name: "key in upper case", body: `{"USERID":43,"locationId":1,"starRating":1}`, status: 400, code: "unknown_field", field: "USERID"},
+		{name: "key in other case", body: `{"userId":1,"locationId":1,"starRating":1,"TIMESTAMP":1609602085397}`, status: 400, code: "unknown_field", field: "TIMESTAMP"},
+		{name: "case variant next to the real key", body: `{"userId":1,"userid":2,"locationId":1,"starRating":1}`, status: 400, code: "unknown_field", field: "userid"},
+		{name: "key matching by Unicode folding (long s)", body: `{"userId":1,"locationId":1,"ſtarRating":1}`, status: 400, code: "unknown_field", field: "ſtarRating"},
+		{name: "key matching by Unicode folding (Kelvin sign)", body: `{"userId":1,"locationId":1,"starRating":1,"checKinId":"x"}`, status: 400, code: "unknown_field", field: "checKinId"},
+		{name: "invalid UTF-8 in a value", body: "{\"userId\":1,\"locationId\":1,\"starRating\":1,\"checkinId\":\"a\xffb\"}", status: 400, code: "invalid_utf8"},
+		{name: "invalid UTF-8 in a key", body: "{\"userId\":1,\"locationId\":1,\"starRating\":1,\"\xc3\":1}", status: 400, code: "invalid_utf8"},
+		{name: "object as a value", body: `{"userId":{"userId":2},"locationId":1,"starRating":1}`, status: 400, code: "wrong_type", field: "userId"},
+		{name: "trailing object after the body", body: `{"userId":1,"locationId":1,"starRating":1} {"userId":2}`, status: 400, code: "malformed_json"},
+		{name: "trailing comma", body: `{"userId":1,"locationId":1,"starRating":1,}`, status: 400, code: "malformed_json"},
 		{name: "body over 16 KiB", body: big, status: 413},
 		{name: "text/plain", contentType: "text/plain", body: `{"userId":1,"locationId":1,"starRating":1}`, status: 415},
 		{name: "no Content-Type", contentType: "-", body: `{"userId":1,"locationId":1,"starRating":1}`, status: 415},

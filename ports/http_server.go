@@ -43,6 +43,8 @@ type HTTPConfig struct {
 	IPExtractor echo.IPExtractor
 	// Observe, when set, sees every request of both listeners first (metrics), refused ones too.
 	Observe echo.MiddlewareFunc
+	// CORSAllowedOrigins are the browser origins allowed to call the API; none: CORS is off.
+	CORSAllowedOrigins []string
 }
 
 // HTTPServer is the REST API on the public listener, and operations (/ops, /metrics) on a
@@ -67,7 +69,14 @@ func NewHTTPServer(a app.Application, ready Readiness, cfg HTTPConfig, log *slog
 	s := &HTTPServer{app: a, ready: ready, cfg: cfg, log: log, echo: s0(), ops: s0()}
 	for _, e := range []*echo.Echo{s.echo, s.ops} {
 		e.HTTPErrorHandler = s.handleError
+		// The client's address is the connection's peer unless TRUSTED_PROXIES says otherwise:
+		// X-Forwarded-For and X-Real-IP are whatever a client wants them to be (Echo's default
+		// trusts them, GO-2026-6872 and GO-2026-6875).
 		e.IPExtractor = cfg.IPExtractor
+		e.Pre(securityHeaders)
+		if e == s.echo && len(cfg.CORSAllowedOrigins) > 0 { // before auth: a preflight has no token
+			e.Use(corsMiddleware(cfg.CORSAllowedOrigins))
+		}
 		e.Use(s.correlation, s.timeout, s.accessLog)
 		if cfg.Observe != nil {
 			e.Use(cfg.Observe)

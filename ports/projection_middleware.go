@@ -129,7 +129,7 @@ func retryMiddleware(p RetryPolicy) message.HandlerMiddleware {
 				}
 				// Jitter in [delay/2, delay*3/2) keeps many consumers failing together from
 				// retrying in lockstep.
-				sleep := delay/2 + rand.N(delay)
+				sleep := delay/2 + rand.N(delay) // #nosec G404 -- retry jitter, not a secret
 				t := time.NewTimer(sleep)
 				select {
 				case <-t.C:

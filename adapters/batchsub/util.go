@@ -109,7 +109,7 @@ func (b *backoff) next() time.Duration {
 		b.cur = min(2*b.cur, backoffMax)
 	}
 	half := b.cur / 2
-	return half + rand.N(half+1)
+	return half + rand.N(half+1) // #nosec G404 -- backoff jitter, not a secret
 }
 
 func (b *backoff) reset() { b.cur = 0 }

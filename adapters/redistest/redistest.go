@@ -112,7 +112,7 @@ func (s *Server) start() {
 		_ = os.Remove(filepath.Join(s.dir, "redis.log")) // judge this attempt by its own log
 	}
 	args = append(args, s.opts.Args...)
-	cmd := exec.Command("redis-server", args...)
+	cmd := exec.Command("redis-server", args...) // #nosec G204 -- a test helper: arguments from the test's own options
 	if len(s.opts.Env) > 0 {
 		cmd.Env = append(os.Environ(), s.opts.Env...)
 	}

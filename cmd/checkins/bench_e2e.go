@@ -59,7 +59,7 @@ func (b *bencher) phaseE2E(ctx context.Context) (PhaseResult, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 99))
+			rng := rand.New(rand.NewPCG(uint64(w), 99)) // #nosec G115 G404 -- a reproducible load generator's seed, not a secret
 			var lat []time.Duration
 			var mine []domain.Checkin
 			local := map[string]int64{}

@@ -64,6 +64,7 @@ func (r *benchRedis) startPrivate(ctx context.Context, runID string) error {
 	if r.dir, err = os.MkdirTemp("", runID+"-redis-"); err != nil {
 		return fmt.Errorf("private redis-server: %w", err)
 	}
+	// #nosec G204 -- redis-server from PATH, with arguments this bench builds
 	r.cmd = exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", r.dir,
 		"--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", filepath.Join(r.dir, "redis.log"))
 	r.cmd.SysProcAttr = childProcAttr()
@@ -111,7 +112,7 @@ func (r *benchRedis) close(log *slog.Logger) {
 			log.Warn("bench: private redis-server did not exit after SIGKILL", "pid", r.cmd.Process.Pid)
 		}
 	}
-	_ = os.RemoveAll(r.dir)
+	_ = os.RemoveAll(r.dir) // #nosec G703 -- the directory os.MkdirTemp made for this server
 	r.cmd = nil
 }
 

@@ -57,6 +57,7 @@ type Config struct {
 
 	// Authentication, the ops listener, rate limits (config_access.go).
 	AccessConfig
+	HTTP httpConfig // timeouts, connection cap, CORS, TLS (config_http.go)
 }
 
 // setting is one configuration value: an environment variable and a flag of the same meaning.
@@ -199,7 +200,7 @@ func settings() []setting {
 			return nil
 		}},
 		{"RETENTION_INTERVAL", "retention-interval", "1m", "how often the projector trims the stream when RETENTION is set", dur(func(c *Config) *time.Duration { return &c.RetentionInterval }, 10*time.Millisecond)},
-	}, accessSettings()...)
+	}, append(accessSettings(), httpSettings(dur)...)...)
 }
 
 // parseConfig fills Config from defaults, then the environment, then flags; the first invalid
@@ -245,6 +246,9 @@ func parseConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (C
 		return Config{}, nil, fmt.Errorf("invalid RETRY_MAX_INTERVAL: %s is below RETRY_INITIAL_INTERVAL %s", c.RetryMax, c.RetryInitial)
 	}
 	if err := c.finishAccess(getenv); err != nil {
+		return Config{}, nil, err
+	}
+	if err := c.HTTP.validate(c.RequestTimeout); err != nil {
 		return Config{}, nil, err
 	}
 	if c.ConsumerName == "" {

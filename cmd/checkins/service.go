@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -36,13 +35,14 @@ type Service struct {
 	guard    *evictionGuard // nil on the embedded Redis
 	http     *ports.HTTPServer
 	router   *ports.ProjectionRouter
-	listener net.Listener
-	proj     *projectionWiring // metrics, rebuilds, stall checks (wire_projections.go)
+	listener *ports.HTTPListener // the public one, nil until Listen (wire_http.go)
+	httpLims ports.ServerLimits  // its limits
+	proj     *projectionWiring   // metrics, rebuilds, stall checks (wire_projections.go)
 
 	// Access (wire_access.go): the ops listener (nil: it shares the public one), the API's
 	// auto-pipeline (the per-user rate limit goes through it), dev mode's token issuer.
 	mode        Mode
-	opsListener net.Listener
+	opsListener *ports.HTTPListener
 	apiPipeline *adapters.AutoPipeline
 	devIssuer   *ports.TokenIssuer
 	banner      io.Writer // dev mode's tokens are printed here for a person (nil: logged only)
@@ -74,11 +74,14 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 	if cfg.RedisURL == "" {
 		return nil, errors.New("REDIS_URL is required (only `serve` may run on the embedded Redis)")
 	}
+	var err error
+	if s.httpLims, err = s.publicLimits(); err != nil {
+		return nil, err
+	}
 	newClient := func(pool int) (*redis.Client, error) {
 		return adapters.NewRedisClient(adapters.ClientOptions{URL: cfg.RedisURL, DialTimeout: 2 * time.Second,
 			ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second, PoolSize: pool})
 	}
-	var err error
 	if s.client, err = newClient(0); err != nil {
 		return nil, err
 	}
@@ -197,6 +200,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		s.close()
 		return nil, err
 	}
+	httpCfg.CORSAllowedOrigins = cfg.HTTP.CORSOrigins
 	s.http = ports.NewHTTPServer(application, s, httpCfg, log)
 	if err := s.wireOps(); err != nil {
 		return nil, err
@@ -268,55 +272,17 @@ func (s *Service) Ready(ctx context.Context) error {
 
 // Listen binds the HTTP address and the ops address (before Run, so callers learn the ports);
 // it returns the public one (OpsAddr is the other).
-func (s *Service) Listen() (net.Addr, error) {
-	if err := s.listen(); err != nil {
-		return nil, err
-	}
-	return s.listener.Addr(), nil
-}
+func (s *Service) Listen() (net.Addr, error) { return s.listenHTTP() }
 
 // Run serves until ctx ends, then shuts down gracefully within DrainTimeout: stop accepting
 // requests, finish in-flight ones and in-flight handlers, ack what finished.
 func (s *Service) Run(ctx context.Context) error {
 	defer s.close()
 	g, gctx := errgroup.WithContext(ctx)
-	if s.listener == nil {
-		if _, err := s.Listen(); err != nil {
-			return err
-		}
+	if _, err := s.Listen(); err != nil {
+		return err
 	}
-	handler := s.http.SharedHandler()
-	if s.opsListener != nil {
-		handler = s.http.Handler()
-	}
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
-	g.Go(func() error {
-		s.log.Info("http listening", "addr", s.listener.Addr().String(), "ops_addr", s.OpsAddr().String())
-		if err := srv.Serve(s.listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("http server: %w", err)
-		}
-		return nil
-	})
-	servers := []*http.Server{srv}
-	if s.opsListener != nil {
-		ops := &http.Server{Handler: s.http.OpsHandler(), ReadHeaderTimeout: 10 * time.Second}
-		servers = append(servers, ops)
-		g.Go(func() error {
-			s.log.Info("ops listening", "addr", s.opsListener.Addr().String())
-			if err := ops.Serve(s.opsListener); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("ops server: %w", err)
-			}
-			return nil
-		})
-	}
-	for _, srv := range servers {
-		g.Go(func() error {
-			<-gctx.Done()
-			sctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
-			defer cancel()
-			return srv.Shutdown(sctx)
-		})
-	}
+	s.serveHTTP(gctx, g)
 	if err := s.announceDev(s.banner); err != nil {
 		s.log.Warn("dev mode tokens", "error", err)
 	}

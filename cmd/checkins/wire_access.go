@@ -69,24 +69,6 @@ func (s *Service) httpConfig(ctx context.Context) (ports.HTTPConfig, error) {
 	return hc, nil
 }
 
-// listen binds the public listener and, on another address, the ops listener.
-func (s *Service) listen() error {
-	l, err := net.Listen("tcp", s.cfg.HTTPAddr)
-	if err != nil {
-		return fmt.Errorf("HTTP_ADDR %s: %w", s.cfg.HTTPAddr, err)
-	}
-	if s.cfg.OpsAddr != s.cfg.HTTPAddr {
-		ol, err := net.Listen("tcp", s.cfg.OpsAddr)
-		if err != nil {
-			_ = l.Close()
-			return fmt.Errorf("OPS_ADDR %s: %w", s.cfg.OpsAddr, err)
-		}
-		s.opsListener = ol
-	}
-	s.listener = l
-	return nil
-}
-
 // OpsAddr is the ops listener's address (the public one when they share a port).
 func (s *Service) OpsAddr() net.Addr {
 	if s.opsListener != nil {
