@@ -88,7 +88,7 @@ func PartitionOf(userID int64, p int) int {
 		h ^= uint64(c)
 		h *= 1099511628211
 	}
-	return int(h % uint64(p))
+	return int(h % uint64(p)) // #nosec G115 -- below p, an int
 }
 
 // PartitionTarget is the slot partition i of p aims at: the middle of the i-th P-th of the slots.

@@ -13,6 +13,7 @@ import (
 	"github.com/checkins/checkins/ports"
 )
 
+// #nosec G101 -- usage text: it names the settings, it holds no credential
 const tokenUsage = `Usage:
   checkins token --user N [--scope S] [--ttl D] [--json]
 
