@@ -24,7 +24,9 @@ import (
 	"github.com/checkins/checkins/adapters/batchsub"
 	"github.com/checkins/checkins/adapters/redistest"
 	"github.com/checkins/checkins/app"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/app/query"
 	"github.com/checkins/checkins/domain"
 	"github.com/checkins/checkins/ports"
 )
@@ -40,7 +42,7 @@ func (p gatedProjection) OnCheckinRecorded(ctx context.Context, e domain.Checkin
 	return s.Apply(ctx, projection.NewUpdate("all").HIncrBy("stats", "count", 1))
 }
 
-type monitorReadiness struct{ m *ports.ProgressMonitor }
+type monitorReadiness struct{ m *query.ProgressMonitor }
 
 func (r monitorReadiness) Ready(ctx context.Context) error { return r.m.Stalled(ctx) }
 
@@ -68,10 +70,10 @@ func TestMetricsAndReadinessFollowProgress(t *testing.T) {
 	require.NoError(t, err)
 	gated := gatedProjection{gate: make(chan struct{})}
 	projs := []projection.Projection{projection.UserStats{}, gated}
-	ops, err := ports.NewProjectionOps(ports.ProjectionOpsConfig{Redis: client, Keys: keys, Projections: projs, Logger: log})
-	require.NoError(t, err)
-	monitor := ports.NewProgressMonitor(client, keys, 300*time.Millisecond, ops.ActiveGroups([]string{"users", "gated"}))
-	reg.MustRegister(ports.NewStreamCollector(monitor, 5*time.Second))
+	versions := opsApp(t, client, keys, projs, app.OpsConfig{Logger: log}).Queries.ProjectionVersions
+	backend := adapters.NewOpsBackend(client, keys)
+	monitor := query.NewProgressMonitor(backend, 300*time.Millisecond, versions.ActiveGroups([]string{"users", "gated"}))
+	reg.MustRegister(ports.NewStreamCollector(monitor, backend, 5*time.Second))
 
 	// Projections of one live group share its progress: a stuck one holds the others back until
 	// HANDLER_TIMEOUT parks its events. Isolating a projection is running it in a process (and a
@@ -81,8 +83,8 @@ func TestMetricsAndReadinessFollowProgress(t *testing.T) {
 	done := make(chan error, 2)
 	for _, p := range projs {
 		router, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-			Keys: keys, Targets: []ports.ProjectionTarget{{Projection: p, Version: 1}}, LiveGroup: ports.LiveGroupName([]string{p.Name()}, false),
-			Redis: client, Observer: metrics, Logger: log, CloseTimeout: 10 * time.Second,
+			Targets: []ops.ProjectionTarget{{Projection: p, Version: 1}}, LiveGroup: ports.LiveGroupName([]string{p.Name()}, false),
+			Backend: adapters.NewProjectorBackend(client, keys), Applier: testApplier(t, client, keys), Observer: metrics, Logger: log, CloseTimeout: 10 * time.Second,
 			Retry: ports.RetryPolicy{InitialInterval: 5 * time.Millisecond, Multiplier: 1, MaxInterval: 5 * time.Millisecond, MaxAttempts: 2},
 			NewSubscriber: func(group string, start func(context.Context) (string, error)) (message.Subscriber, error) {
 				return batchsub.NewSubscriber(batchsub.Config{Client: redistest.Client(t, env.URL), ConsumerGroup: group, Consumer: "c1", StartID: start,
@@ -170,10 +172,8 @@ func TestMetricsAndReadinessFollowProgress(t *testing.T) {
 	assert.Contains(t, reason, "stalled")
 	assert.NotContains(t, reason, "live:users", "the projection that keeps up is not blamed")
 
-	// `checkins projections list` (ProjectionOps.List with STALL_AFTER) flags it too.
-	listOps, err := ports.NewProjectionOps(ports.ProjectionOpsConfig{Redis: client, Keys: keys, Projections: projs,
-		StallAfter: 300 * time.Millisecond, Logger: log})
-	require.NoError(t, err)
+	// `checkins projections list` (ProjectionVersions.List with STALL_AFTER) flags it too.
+	listOps := opsApp(t, client, keys, projs, app.OpsConfig{StallAfter: 300 * time.Millisecond, Logger: log}).Queries.ProjectionVersions
 	rep, err := listOps.List(ctx)
 	require.NoError(t, err)
 	stalled := map[string]bool{}

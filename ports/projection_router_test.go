@@ -24,6 +24,7 @@ import (
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/batchsub"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/domain"
 	"github.com/checkins/checkins/ports"
@@ -100,6 +101,14 @@ func (b *syncBuffer) count(s string) int {
 	return strings.Count(b.buf.String(), s)
 }
 
+// testApplier applies the projections' updates on client with the default dedupe window.
+func testApplier(t *testing.T, client redis.UniversalClient, keys adapters.KeySpace) *adapters.ProjectionApplier {
+	t.Helper()
+	a, err := adapters.NewProjectionApplier(client, keys, 0)
+	require.NoError(t, err)
+	return a
+}
+
 // harness is a running projection router on real Redis, fed by the chosen subscriber.
 type harness struct {
 	t      *testing.T
@@ -165,12 +174,12 @@ func startHarness(t *testing.T, p *faultyProjection, o harnessOptions) *harness 
 			ClaimInterval: time.Second, ClaimMinIdle: 5 * time.Second, DrainTimeout: 5 * time.Second, Logger: wlog,
 		})
 	}
-	var applier *adapters.ProjectionApplier
+	applier := testApplier(t, h.client, h.keys)
 	if o.applier != nil {
 		applier = o.applier(h.client, h.keys)
 	}
 	r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-		Keys: h.keys, Targets: []ports.ProjectionTarget{{Projection: p, Version: 1}}, Redis: h.client, Applier: applier,
+		Targets: []ops.ProjectionTarget{{Projection: p, Version: 1}}, Backend: adapters.NewProjectorBackend(h.client, h.keys), Applier: applier,
 		NewSubscriber: newSub, Retry: o.retry, HandlerTimeout: o.handlerTimeout, CloseTimeout: 10 * time.Second, Logger: log,
 	})
 	require.NoError(t, err)
@@ -223,7 +232,7 @@ func (h *harness) count() int64 {
 	return v
 }
 
-func (h *harness) poison() []adapters.PoisonEntry {
+func (h *harness) poison() []ops.PoisonEntry {
 	es, _, err := adapters.NewPoisonQueue(h.client, h.keys).List(context.Background(), "", 1000)
 	require.NoError(h.t, err)
 	return es
@@ -297,7 +306,7 @@ func TestRouterParksAnEventAfterMaxAttempts(t *testing.T) {
 			assert.Contains(t, e.Error, "boom: cannot project this one")
 			assert.Equal(t, 3, e.Attempts)
 			assert.WithinRange(t, e.FailedAt, before, time.Now().Add(time.Second))
-			assert.Equal(t, adapters.DecisionCounted, e.Decision, "parked with its dedupe decision, for the replay")
+			assert.Equal(t, ops.DecisionCounted, e.Decision, "parked with its dedupe decision, for the replay")
 			// The original event, unchanged, field by field.
 			orig, err := h.client.XRange(context.Background(), h.keys.Stream(), badID, badID).Result()
 			require.NoError(t, err)
@@ -448,8 +457,9 @@ func TestRouterRunFailsWhenASubscriptionEndsUnexpectedly(t *testing.T) {
 	t.Parallel()
 	env := redistest.Open(t)
 	r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-		Keys: adapters.KeySpace{Prefix: env.Prefix}, Targets: []ports.ProjectionTarget{{Projection: newFaulty("faulty", nil), Version: 1}},
-		Redis: redistest.Client(t, env.URL), Retry: ports.DefaultRetryPolicy(), Logger: slog.New(slog.DiscardHandler),
+		Targets: []ops.ProjectionTarget{{Projection: newFaulty("faulty", nil), Version: 1}},
+		Backend: adapters.NewProjectorBackend(redistest.Client(t, env.URL), adapters.KeySpace{Prefix: env.Prefix}),
+		Applier: testApplier(t, redistest.Client(t, env.URL), adapters.KeySpace{Prefix: env.Prefix}), Retry: ports.DefaultRetryPolicy(), Logger: slog.New(slog.DiscardHandler),
 		NewSubscriber: func(string, func(context.Context) (string, error)) (message.Subscriber, error) {
 			return closingSubscriber{}, nil
 		},
@@ -521,7 +531,7 @@ func TestIsTransient(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			assert.Equal(t, c.want, ports.IsTransient(c.err))
+			assert.Equal(t, c.want, ports.IsTransient(adapters.RedisErrors{}, c.err))
 		})
 	}
 }

@@ -290,7 +290,7 @@ func (c baselineConsumer) run(ctx context.Context, keys adapters.KeySpace) error
 	}
 	fields := map[string]string{}
 	var ids []string
-	var works []adapters.Work
+	var works []projection.Work
 	for {
 		res, err := c.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: baselineGroup, Consumer: c.consumer,
 			Streams: []string{c.stream, ">"}, Count: 500, Block: 100 * time.Millisecond}).Result()
@@ -327,8 +327,8 @@ func (c baselineConsumer) run(ctx context.Context, keys adapters.KeySpace) error
 						return err
 					}
 					if len(us) > 0 {
-						works = append(works, adapters.Work{Group: baselineGroup, Projection: p.Name(), Version: vs[i],
-							Event: adapters.RefOf(e, m.ID), Updates: us})
+						works = append(works, projection.Work{Group: baselineGroup, Projection: p.Name(), Version: vs[i],
+							Event: projection.RefOf(e, m.ID), Updates: us})
 					}
 				}
 			}

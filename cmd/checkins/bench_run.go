@@ -21,7 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/checkins/checkins/adapters"
-	"github.com/checkins/checkins/ports"
+	"github.com/checkins/checkins/app/command"
 )
 
 // BenchResult is the machine-readable outcome of `checkins bench --json`.
@@ -351,7 +351,7 @@ func (b *bencher) newService(ctx context.Context, prefix string, mode Mode, cons
 		cfg.Projections = b.opts.Projections
 	}
 	// Trimming would break the stream-length and drain checks, and is not what is measured.
-	cfg.Retention = ports.RetentionPolicy{}
+	cfg.Retention = command.RetentionPolicy{}
 	svc, err := NewService(ctx, cfg, mode, b.log)
 	if err != nil {
 		return nil, err

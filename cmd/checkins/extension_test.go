@@ -29,7 +29,10 @@ import (
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/batchsub"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/app/query"
 	"github.com/checkins/checkins/domain"
 	"github.com/checkins/checkins/ports"
 )
@@ -105,14 +108,30 @@ func TestAppImportsNoInfrastructure(t *testing.T) {
 	}
 }
 
+// testOps is the application's operational use cases on Redis (client, keys) for projs.
+func testOps(t *testing.T, client redis.UniversalClient, keys adapters.KeySpace, projs []projection.Projection, cfg app.OpsConfig) app.Application {
+	t.Helper()
+	applier, err := adapters.NewProjectionApplier(client, keys, 0)
+	require.NoError(t, err)
+	cfg.Backend, cfg.Applier, cfg.Projections = adapters.NewOpsBackend(client, keys), applier, projs
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	var a app.Application
+	require.NoError(t, a.AddOps(cfg))
+	return a
+}
+
 // testProjector runs a ProjectionRouter like the service does (batched subscriber, retry, poison
 // queue) for targets, until the test ends.
-func testProjector(t *testing.T, url string, keys adapters.KeySpace, targets []ports.ProjectionTarget) *ports.ProjectionRouter {
+func testProjector(t *testing.T, url string, keys adapters.KeySpace, targets []ops.ProjectionTarget) *ports.ProjectionRouter {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	client := redistest.Client(t, url)
+	applier, err := adapters.NewProjectionApplier(client, keys, 0)
+	require.NoError(t, err)
 	r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-		Keys: keys, Targets: targets, Redis: client, Logger: log, CloseTimeout: 20 * time.Second,
+		Targets: targets, Backend: adapters.NewProjectorBackend(client, keys), Applier: applier, Logger: log, CloseTimeout: 20 * time.Second,
 		HandlerTimeout: 10 * time.Second, Retry: ports.DefaultRetryPolicy(),
 		NewSubscriber: func(group string, start func(context.Context) (string, error)) (message.Subscriber, error) {
 			return batchsub.NewSubscriber(batchsub.Config{Client: redistest.Client(t, url), ConsumerGroup: group, StartID: start,
@@ -196,11 +215,12 @@ func publishWithDuplicates(t *testing.T, pub *adapters.EventPublisher, rng *rand
 	}
 }
 
-// caughtUp reads the projection's versions through ProjectionOps, as `checkins projections list`
-// does, and says whether the serving one has nothing undelivered and nothing pending.
-func caughtUp(t *testing.T, ops *ports.ProjectionOps, name string) bool {
+// caughtUp reads the projection's versions through the ProjectionVersions query, as
+// `checkins projections list` does, and says whether the serving one has nothing undelivered and
+// nothing pending.
+func caughtUp(t *testing.T, versions *query.ProjectionVersions, name string) bool {
 	t.Helper()
-	rep, err := ops.List(context.Background())
+	rep, err := versions.List(context.Background())
 	require.NoError(t, err)
 	for _, v := range rep.Versions {
 		if v.Projection == name && v.Role == "serving" {
@@ -224,10 +244,8 @@ func TestExampleProjectionBackfillsThenStaysExact(t *testing.T) {
 	publishWithDuplicates(t, pub, rng, history, 4)
 
 	p := RatingsHistogram{}
-	ops, err := ports.NewProjectionOps(ports.ProjectionOpsConfig{Redis: client, Keys: keys,
-		Projections: []projection.Projection{p}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, err)
-	testProjector(t, srv.URL(), keys, []ports.ProjectionTarget{{Projection: p, Version: 1}})
+	versions := testOps(t, client, keys, []projection.Projection{p}, app.OpsConfig{}).Queries.ProjectionVersions
+	testProjector(t, srv.URL(), keys, []ops.ProjectionTarget{{Projection: p, Version: 1}})
 
 	want := func(events []domain.CheckinRecorded) map[int64][6]int64 {
 		out := map[int64][6]int64{}
@@ -248,13 +266,13 @@ func TestExampleProjectionBackfillsThenStaysExact(t *testing.T) {
 		}
 	}
 
-	require.Eventually(t, func() bool { return caughtUp(t, ops, p.Name()) }, 30*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return caughtUp(t, versions, p.Name()) }, 30*time.Second, 20*time.Millisecond,
 		"the new projection never reported caught up")
 	exact(history) // backfilled all of history, each check-in once
 
 	// Then it stays current: more check-ins, duplicates included, while it runs.
 	live := genCheckins(rng, "new", 400)
 	publishWithDuplicates(t, pub, rng, live, 4)
-	require.Eventually(t, func() bool { return caughtUp(t, ops, p.Name()) }, 30*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return caughtUp(t, versions, p.Name()) }, 30*time.Second, 20*time.Millisecond)
 	exact(append(history, live...))
 }

@@ -37,7 +37,8 @@ type Service struct {
 	router   *ports.ProjectionRouter
 	listener *ports.HTTPListener // the public one, nil until Listen (wire_http.go)
 	httpLims ports.ServerLimits  // its limits
-	proj     *projectionWiring   // metrics, rebuilds, stall checks (wire_projections.go)
+	proj     *projectionWiring   // metrics, stall checks (wire_projections.go)
+	app      app.Application
 
 	// Access (wire_access.go): the ops listener (nil: it shares the public one), the API's
 	// auto-pipeline (the per-user rate limit goes through it), dev mode's token issuer.
@@ -101,10 +102,6 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		}
 	}
 	wlog := watermill.NewSlogLogger(log)
-	if err := s.initProjections(mode); err != nil {
-		return nil, err
-	}
-
 	var application app.Application
 	application.Queries = app.Queries{
 		Checkins:  query.NewCheckins(adapters.NewEventLog(s.client, s.keys)),
@@ -112,6 +109,12 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		Locations: app.LocationQueries{Reader: adapters.NewProjectionReader(s.client, s.keys, "locations")},
 	}
 	s.projectionQueries(&application.Queries)
+	if err := addOps(&application, s.client, s.keys, cfg, log); err != nil {
+		return nil, err
+	}
+	if err := s.initProjections(mode, application); err != nil {
+		return nil, err
+	}
 	if mode.API {
 		// Watermill's Publisher.Close closes its client, so it gets one of its own.
 		pubClient, err := newClient(0)
@@ -147,7 +150,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		application.Commands.RecordCheckin = rec
 	}
 	if mode.Projections {
-		targets, err := s.initialTargets(pingCtx)
+		targets, err := s.initialTargets(pingCtx, application.Queries.ProjectionVersions)
 		if err != nil {
 			return nil, err
 		}
@@ -172,8 +175,8 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 			names[i] = p.Name()
 		}
 		s.router, err = ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-			Keys: s.keys, Projections: s.proj.projs, LiveGroup: ports.LiveGroupName(names, len(cfg.Projections) == 0),
-			Redis: s.client, Applier: applier, BatchSize: cfg.BatchSize,
+			Projections: s.proj.projs, LiveGroup: ports.LiveGroupName(names, len(cfg.Projections) == 0),
+			Backend: adapters.NewProjectorBackend(s.client, s.keys), Applier: applier, BatchSize: cfg.BatchSize,
 			NewSubscriber: func(group string, start func(context.Context) (string, error)) (message.Subscriber, error) {
 				return s.newSubscriber(group, start, subClient, newClient, wlog)
 			},
@@ -186,7 +189,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		}
 		if len(targets) > 0 {
 			if _, _, err := s.router.SetTargets(pingCtx, targets); err != nil {
-				if !ports.IsTransient(err) && !errors.Is(err, context.DeadlineExceeded) {
+				if !ports.IsTransient(adapters.RedisErrors{}, err) && !errors.Is(err, context.DeadlineExceeded) {
 					return nil, err
 				}
 				// Redis cannot be reached yet: the registry watcher starts the projections when
@@ -201,10 +204,8 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		return nil, err
 	}
 	httpCfg.CORSAllowedOrigins = cfg.HTTP.CORSOrigins
+	s.app = application
 	s.http = ports.NewHTTPServer(application, s, httpCfg, log)
-	if err := s.wireOps(); err != nil {
-		return nil, err
-	}
 	if err := s.wireProjections(); err != nil {
 		return nil, err
 	}

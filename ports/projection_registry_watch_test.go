@@ -24,6 +24,8 @@ import (
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/batchsub"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/domain"
 	"github.com/checkins/checkins/ports"
@@ -44,12 +46,11 @@ func TestRebuildDrivenByTheProjectorLoop(t *testing.T) {
 			log := slog.New(slog.NewTextHandler(io.Discard, nil))
 			ctx := context.Background()
 			projs := []projection.Projection{projection.UserStats{}}
-			ops, err := ports.NewProjectionOps(ports.ProjectionOpsConfig{Redis: client, Keys: keys, Projections: projs,
-				RetireGrace: 300 * time.Millisecond, Logger: log})
-			require.NoError(t, err)
+			a := opsApp(t, client, keys, projs, app.OpsConfig{RetireGrace: 300 * time.Millisecond, Logger: log})
 
 			router, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-				Keys: keys, Targets: []ports.ProjectionTarget{{Projection: projection.UserStats{}, Version: 1}}, Redis: client,
+				Targets: []ops.ProjectionTarget{{Projection: projection.UserStats{}, Version: 1}},
+				Backend: adapters.NewProjectorBackend(client, keys), Applier: testApplier(t, client, keys),
 				Logger: log, CloseTimeout: 10 * time.Second, Retry: ports.DefaultRetryPolicy(),
 				NewSubscriber: func(group string, start func(context.Context) (string, error)) (message.Subscriber, error) {
 					c := redistest.Client(t, env.URL)
@@ -72,7 +73,9 @@ func TestRebuildDrivenByTheProjectorLoop(t *testing.T) {
 			runCtx, cancel := context.WithCancel(ctx)
 			done := make(chan error, 2)
 			go func() { done <- router.Run(runCtx) }()
-			go func() { done <- ops.Watch(runCtx, router, projs, 50*time.Millisecond) }()
+			watch := ports.RegistryWatch{Router: router, Versions: a.Queries.ProjectionVersions, Rebuild: a.Commands.RebuildProjection,
+				Projections: projs, Interval: 50 * time.Millisecond, Logger: log}
+			go func() { done <- watch.Run(runCtx) }()
 			t.Cleanup(func() {
 				cancel()
 				for range 2 {
@@ -111,7 +114,7 @@ func TestRebuildDrivenByTheProjectorLoop(t *testing.T) {
 
 			// Over HTTP, as an operator would: 202, then progress in GET /ops/projections.
 			e := echo.New()
-			ports.RegisterProjectionOpsRoutes(e, ops)
+			require.NoError(t, ports.RegisterOpsRoutes(e, a))
 			hs := httptest.NewServer(e)
 			t.Cleanup(hs.Close)
 			resp, err := http.Post(hs.URL+"/ops/projections/users/rebuild", "", nil)
@@ -145,10 +148,10 @@ func TestRebuildDrivenByTheProjectorLoop(t *testing.T) {
 			left, err := client.Keys(ctx, keys.ProjectionPrefix("users", 1)+"*").Result()
 			require.NoError(t, err)
 			assert.Empty(t, left, "v1 keys removed")
-			rebuilds, err := ops.Rebuilds(ctx)
+			rebuilds, err := a.Queries.ProjectionVersions.Rebuilds(ctx)
 			require.NoError(t, err)
 			require.Len(t, rebuilds, 1)
-			assert.Equal(t, ports.RebuildDone, rebuilds[0].State)
+			assert.Equal(t, ops.RebuildDone, rebuilds[0].State)
 		})
 	}
 }

@@ -5,53 +5,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/app/ops"
 )
-
-// StreamInfo is what Redis says about the event stream and its consumer groups.
-type StreamInfo struct {
-	Stream      string
-	Exists      bool
-	Length      int64
-	LastEntryID string
-	Groups      []GroupInfo
-}
-
-// GroupInfo is one consumer group (XINFO GROUPS, XINFO CONSUMERS, XPENDING).
-type GroupInfo struct {
-	Name            string
-	LastDeliveredID string
-	EntriesRead     int64
-	// Lag is the number of entries not yet delivered to the group; -1 when Redis cannot tell
-	// (entries were deleted from the middle of the stream) or is older than 7.0.
-	Lag       int64
-	Pending   int64
-	Consumers []ConsumerInfo
-	// Oldest pending entry: its ID, how long since it was last delivered, delivery count and
-	// owner. Zero when nothing is pending.
-	OldestPendingID         string
-	OldestPendingIdle       time.Duration
-	OldestPendingDeliveries int64
-	OldestPendingConsumer   string
-}
-
-// ConsumerInfo is one consumer of a group.
-type ConsumerInfo struct {
-	Name    string
-	Pending int64
-	Idle    time.Duration // since its last attempted interaction (read or claim)
-}
 
 // ReadStreamInfo reads the stream's length and every group's state. A missing stream is not an
 // error: Exists is false.
-func ReadStreamInfo(ctx context.Context, client redis.UniversalClient, stream string) (StreamInfo, error) {
-	info := StreamInfo{Stream: stream}
+func ReadStreamInfo(ctx context.Context, client redis.UniversalClient, stream string) (ops.StreamInfo, error) {
+	info := ops.StreamInfo{Stream: stream}
 	xs, err := client.XInfoStream(ctx, stream).Result()
 	if isNoSuchKey(err) {
 		return info, nil
@@ -65,7 +31,7 @@ func ReadStreamInfo(ctx context.Context, client redis.UniversalClient, stream st
 		return info, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
 	}
 	for _, g := range groups {
-		gi := GroupInfo{Name: g.Name, LastDeliveredID: g.LastDeliveredID, EntriesRead: g.EntriesRead, Lag: g.Lag, Pending: g.Pending}
+		gi := ops.GroupInfo{Name: g.Name, LastDeliveredID: g.LastDeliveredID, EntriesRead: g.EntriesRead, Lag: g.Lag, Pending: g.Pending}
 		if g.LastDeliveredID == xs.LastGeneratedID {
 			// Delivered up to the last entry: no lag, whatever the server says. miniredis (the
 			// embedded Redis of `serve`) reports the stream length as every group's lag, which
@@ -77,7 +43,7 @@ func ReadStreamInfo(ctx context.Context, client redis.UniversalClient, stream st
 			return info, fmt.Errorf("XINFO CONSUMERS %s %s: %w", stream, g.Name, err)
 		}
 		for _, c := range cs {
-			gi.Consumers = append(gi.Consumers, ConsumerInfo{Name: c.Name, Pending: c.Pending, Idle: c.Idle})
+			gi.Consumers = append(gi.Consumers, ops.ConsumerInfo{Name: c.Name, Pending: c.Pending, Idle: c.Idle})
 		}
 		if g.Pending > 0 {
 			// The summary gives the lowest pending ID; the extended form gives its idle time.
@@ -100,16 +66,6 @@ func ReadStreamInfo(ctx context.Context, client redis.UniversalClient, stream st
 		info.Groups = append(info.Groups, gi)
 	}
 	return info, nil
-}
-
-// EntryTime is the time encoded in a stream entry ID (when the entry was added).
-func EntryTime(id string) (time.Time, bool) {
-	ms, _, ok := strings.Cut(id, "-")
-	n, err := strconv.ParseInt(ms, 10, 64)
-	if !ok || err != nil {
-		return time.Time{}, false
-	}
-	return time.UnixMilli(n).UTC(), true
 }
 
 // EntryFields reads one stream entry's fields exactly as they were written.
@@ -173,4 +129,76 @@ func SameMessage(msg *message.Message, values map[string]any, u redisstream.Unma
 		}
 	}
 	return true
+}
+
+// StreamAdmin is the event stream as the ops use cases see it (ops.Stream): XINFO, XRANGE
+// counts, consumer groups created and destroyed, XTRIM MINID.
+type StreamAdmin struct {
+	client redis.UniversalClient
+	stream string
+}
+
+var _ ops.Stream = (*StreamAdmin)(nil)
+
+// NewStreamAdmin works on keys.Stream().
+func NewStreamAdmin(client redis.UniversalClient, keys KeySpace) *StreamAdmin {
+	return &StreamAdmin{client: client, stream: keys.Stream()}
+}
+
+// Name is the stream's key.
+func (s *StreamAdmin) Name() string { return s.stream }
+
+// Info implements ops.Stream.
+func (s *StreamAdmin) Info(ctx context.Context) (ops.StreamInfo, error) {
+	return ReadStreamInfo(ctx, s.client, s.stream)
+}
+
+// CountAfter counts the entries after id (XRANGE), up to max.
+func (s *StreamAdmin) CountAfter(ctx context.Context, id string, max int64) (int64, error) {
+	xs, err := s.client.XRangeN(ctx, s.stream, "("+id, "+", max).Result()
+	if err != nil {
+		return 0, err
+	}
+	return int64(len(xs)), nil
+}
+
+// CreateGroup creates group at start (and the stream if missing) unless the group exists.
+func (s *StreamAdmin) CreateGroup(ctx context.Context, group, start string) error {
+	err := s.client.XGroupCreateMkStream(ctx, s.stream, group, start).Err()
+	if err != nil && !strings.Contains(err.Error(), "BUSYGROUP") {
+		return fmt.Errorf("create group %s: %w", group, err)
+	}
+	return nil
+}
+
+// DestroyGroup destroys group; a missing stream is not an error (nor a missing group: Redis
+// answers 0 for it).
+func (s *StreamAdmin) DestroyGroup(ctx context.Context, group string) error {
+	err := s.client.XGroupDestroy(ctx, s.stream, group).Err()
+	if err != nil && !strings.Contains(err.Error(), "no such key") {
+		return fmt.Errorf("destroy group %s: %w", group, err)
+	}
+	return nil
+}
+
+// OldestIDs returns the IDs of up to n oldest entries.
+func (s *StreamAdmin) OldestIDs(ctx context.Context, n int64) ([]string, error) {
+	xs, err := s.client.XRangeN(ctx, s.stream, "-", "+", n).Result()
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(xs))
+	for i, x := range xs {
+		ids[i] = x.ID
+	}
+	return ids, nil
+}
+
+// TrimBelow is XTRIM MINID: every entry below minID goes.
+func (s *StreamAdmin) TrimBelow(ctx context.Context, minID string) (int64, error) {
+	n, err := s.client.XTrimMinID(ctx, s.stream, minID).Result()
+	if err != nil {
+		return 0, fmt.Errorf("XTRIM %s MINID %s: %w", s.stream, minID, err)
+	}
+	return n, nil
 }

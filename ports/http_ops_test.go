@@ -19,27 +19,44 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app"
+	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/app/query"
 	"github.com/checkins/checkins/domain"
 	"github.com/checkins/checkins/ports"
 )
 
+// poisonOps are the replay and purge commands the ops routes drive.
+type poisonOps struct {
+	*command.ReplayPoisoned
+	*command.PurgePoisoned
+}
+
+// opsApp is the application's operational use cases on Redis (client, keys) for projs.
+func opsApp(t *testing.T, client redis.UniversalClient, keys adapters.KeySpace, projs []projection.Projection, cfg app.OpsConfig) app.Application {
+	t.Helper()
+	applier, err := adapters.NewProjectionApplier(client, keys, 0)
+	require.NoError(t, err)
+	cfg.Backend, cfg.Applier, cfg.Projections = adapters.NewOpsBackend(client, keys), applier, projs
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	var a app.Application
+	require.NoError(t, a.AddOps(cfg))
+	return a
+}
+
 // opsAPI serves the ops routes over a real listener, on the harness's Redis and keys.
-func opsAPI(t *testing.T, h *harness) (*httptest.Server, *ports.PoisonOps) {
+func opsAPI(t *testing.T, h *harness) (*httptest.Server, poisonOps) {
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
-	projs := []projection.Projection{h.proj}
-	applier, err := adapters.NewProjectionApplier(h.client, h.keys, 0)
-	require.NoError(t, err)
-	poison, err := ports.NewPoisonOps(ports.PoisonOpsConfig{Redis: h.client, Keys: h.keys, Projections: projs, Applier: applier, Logger: log})
-	require.NoError(t, err)
-	status, err := ports.NewStatusOps(h.client, h.keys, projs)
-	require.NoError(t, err)
+	a := opsApp(t, h.client, h.keys, []projection.Projection{h.proj}, app.OpsConfig{})
 	srv := ports.NewHTTPServer(app.Application{}, nil, ports.HTTPConfig{RequestTimeout: 5 * time.Second}, log)
-	require.NoError(t, ports.RegisterOpsRoutes(srv.Echo(), poison, status))
+	require.NoError(t, ports.RegisterOpsRoutes(srv.Echo(), a))
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	return ts, poison
+	return ts, poisonOps{a.Commands.ReplayPoisoned, a.Commands.PurgePoisoned}
 }
 
 // call does one request and decodes the JSON answer into out (when not nil).
@@ -62,7 +79,7 @@ type apiErr struct {
 	Error struct {
 		Code, Message, Field string
 	} `json:"error"`
-	Result ports.ReplayResult `json:"result"`
+	Result command.ReplayResult `json:"result"`
 }
 
 func TestOpsPoisonListShowReplayPurgeOverHTTP(t *testing.T) {
@@ -85,7 +102,7 @@ func TestOpsPoisonListShowReplayPurgeOverHTTP(t *testing.T) {
 	require.Eventually(t, func() bool { return len(h.poison()) == 3 }, 10*time.Second, 20*time.Millisecond)
 
 	// List, paged.
-	var page ports.PoisonPage
+	var page query.PoisonPage
 	require.Equal(t, http.StatusOK, call(t, "GET", ts.URL+"/ops/poison", &page))
 	require.Len(t, page.Entries, 3)
 	assert.Empty(t, page.Next)
@@ -94,15 +111,15 @@ func TestOpsPoisonListShowReplayPurgeOverHTTP(t *testing.T) {
 	require.Equal(t, http.StatusOK, call(t, "GET", ts.URL+"/ops/poison?projection=faulty&limit=1", &page))
 	require.Len(t, page.Entries, 1)
 	require.NotEmpty(t, page.Next)
-	var rest ports.PoisonPage
+	var rest query.PoisonPage
 	require.Equal(t, http.StatusOK, call(t, "GET", ts.URL+"/ops/poison?projection=faulty&limit=2&cursor="+page.Next, &rest))
 	require.Len(t, rest.Entries, 1)
-	var none ports.PoisonPage
+	var none query.PoisonPage
 	require.Equal(t, http.StatusOK, call(t, "GET", ts.URL+"/ops/poison?projection=other", &none))
 	assert.Empty(t, none.Entries)
-	var all ports.PoisonPage
+	var all query.PoisonPage
 	require.Equal(t, http.StatusOK, call(t, "GET", ts.URL+"/ops/poison", &all))
-	byCheckin := map[string]adapters.PoisonEntry{}
+	byCheckin := map[string]ops.PoisonEntry{}
 	for _, e := range all.Entries {
 		byCheckin[e.Fields[domain.FieldCheckinID]] = e
 	}
@@ -122,7 +139,7 @@ func TestOpsPoisonListShowReplayPurgeOverHTTP(t *testing.T) {
 	assert.Equal(t, domain.CodeNotFound, e.Error.Code)
 
 	// Show.
-	var shown adapters.PoisonEntry
+	var shown ops.PoisonEntry
 	require.Equal(t, http.StatusOK, call(t, "GET", ts.URL+"/ops/poison/"+bad1.ID, &shown))
 	assert.Equal(t, bad1, shown)
 
@@ -131,7 +148,7 @@ func TestOpsPoisonListShowReplayPurgeOverHTTP(t *testing.T) {
 	assert.Equal(t, "replay_failed", e.Error.Code)
 	require.NotEmpty(t, e.Result.NewID)
 	assert.Equal(t, http.StatusNotFound, call(t, "GET", ts.URL+"/ops/poison/"+bad1.ID, nil))
-	var kept adapters.PoisonEntry
+	var kept ops.PoisonEntry
 	require.Equal(t, http.StatusOK, call(t, "GET", ts.URL+"/ops/poison/"+e.Result.NewID, &kept))
 	assert.Contains(t, kept.Error, "replay: bug in the projection")
 	assert.Equal(t, bad1.Attempts+1, kept.Attempts)
@@ -147,15 +164,15 @@ func TestOpsPoisonListShowReplayPurgeOverHTTP(t *testing.T) {
 
 	// Fix the handler; replay counts the event once and removes the entry.
 	p.setBehaviour(nil)
-	var rr ports.ReplayResult
+	var rr command.ReplayResult
 	require.Equal(t, http.StatusOK, call(t, "POST", ts.URL+"/ops/poison/"+kept.ID+"/replay", &rr))
-	assert.Equal(t, ports.ReplayReplayed, rr.Status)
+	assert.Equal(t, command.ReplayReplayed, rr.Status)
 	assert.True(t, rr.Applied)
 	assert.Equal(t, int64(2), h.count())
 	assert.Equal(t, http.StatusNotFound, call(t, "POST", ts.URL+"/ops/poison/"+kept.ID+"/replay", &e), "replayed entries are gone")
 
 	// Replay all: bad-2 is replayed, the garbage stays.
-	var bulk ports.BulkResult
+	var bulk command.BulkResult
 	require.Equal(t, http.StatusOK, call(t, "POST", ts.URL+"/ops/poison/replay", &bulk))
 	assert.Equal(t, 1, bulk.Replayed)
 	assert.Equal(t, 1, bulk.NotReplayable)
@@ -165,7 +182,7 @@ func TestOpsPoisonListShowReplayPurgeOverHTTP(t *testing.T) {
 	_ = bad2
 
 	// Status.
-	var st ports.Status
+	var st query.StatusReport
 	require.Equal(t, http.StatusOK, call(t, "GET", ts.URL+"/ops/status", &st))
 	assert.Equal(t, h.keys.Stream(), st.Stream)
 	assert.Equal(t, int64(4), st.StreamLength)
@@ -200,7 +217,7 @@ func (h *harness) stars() int64 {
 func (h *harness) park(id string, stars int) string {
 	h.t.Helper()
 	e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: id, UserID: 1, LocationID: 2, StarRating: stars, Timestamp: 1_700_000_000_000}, RecordedAt: 1_700_000_000_000}
-	pid, err := adapters.NewPoisonQueue(h.client, h.keys).Park(context.Background(), adapters.PoisonEntry{
+	pid, err := adapters.NewPoisonQueue(h.client, h.keys).Park(context.Background(), ops.PoisonEntry{
 		Stream: h.keys.Stream(), EntryID: "1-1", Projection: "faulty", Group: testGroup, Error: "test", Attempts: 5,
 		FailedAt: time.Now(), Fields: e.Fields()})
 	require.NoError(h.t, err)
@@ -246,14 +263,14 @@ func TestOpsReplayAllGoesInChunksAndResumes(t *testing.T) {
 		h.park("chunk-"+strconv.Itoa(i), 1)
 	}
 	// Over HTTP, a bounded call answers where to continue.
-	var bulk ports.BulkResult
+	var bulk command.BulkResult
 	require.Equal(t, http.StatusOK, call(t, "POST", ts.URL+"/ops/poison/replay?limit=120", &bulk))
 	assert.Equal(t, 120, bulk.Replayed)
 	require.NotEmpty(t, bulk.Next)
 	require.NotEmpty(t, bulk.Until)
 	// Entries parked after the run began are not part of it.
 	late := h.park("late", 1)
-	var more ports.BulkResult
+	var more command.BulkResult
 	require.Equal(t, http.StatusOK, call(t, "POST", ts.URL+"/ops/poison/replay?after="+bulk.Next+"&until="+bulk.Until, &more))
 	assert.Equal(t, n-120, more.Replayed)
 	assert.Empty(t, more.Next)
@@ -266,7 +283,7 @@ func TestOpsReplayAllGoesInChunksAndResumes(t *testing.T) {
 	for i := range n {
 		h.park("again-"+strconv.Itoa(i), 1)
 	}
-	res, err := ops.ReplayAll(context.Background(), ports.BulkRequest{})
+	res, err := ops.ReplayAll(context.Background(), command.BulkRequest{})
 	require.NoError(t, err)
 	assert.Equal(t, n+1, res.Replayed)
 	assert.Equal(t, int64(2*n+1), h.count())
@@ -276,10 +293,10 @@ func TestOpsReplayAllGoesInChunksAndResumes(t *testing.T) {
 	for i := range 150 {
 		h.park("purge-"+strconv.Itoa(i), 1)
 	}
-	pr, err := ops.PurgeAll(context.Background(), ports.BulkRequest{Projection: "other"})
+	pr, err := ops.PurgeAll(context.Background(), command.BulkRequest{Projection: "other"})
 	require.NoError(t, err)
 	assert.Zero(t, pr.Purged)
-	pr, err = ops.PurgeAll(context.Background(), ports.BulkRequest{Projection: "faulty"})
+	pr, err = ops.PurgeAll(context.Background(), command.BulkRequest{Projection: "faulty"})
 	require.NoError(t, err)
 	assert.Equal(t, int64(150), pr.Purged)
 	assert.Empty(t, h.poison())
@@ -298,14 +315,14 @@ func TestOpsConcurrentBulkRunsReportWhatEachDid(t *testing.T) {
 	for i := range n {
 		h.park("c-"+strconv.Itoa(i), 1)
 	}
-	run := func(f func(context.Context, ports.BulkRequest) (ports.BulkResult, error)) []ports.BulkResult {
-		out := make([]ports.BulkResult, 3)
+	run := func(f func(context.Context, command.BulkRequest) (command.BulkResult, error)) []command.BulkResult {
+		out := make([]command.BulkResult, 3)
 		var wg sync.WaitGroup
 		for i := range out {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				res, err := f(context.Background(), ports.BulkRequest{})
+				res, err := f(context.Background(), command.BulkRequest{})
 				assert.NoError(t, err)
 				out[i] = res
 			}()
@@ -347,8 +364,7 @@ func TestOpsStatusShowsPendingAndLag(t *testing.T) {
 	require.NoError(t, h.client.XGroupCreate(ctx, h.keys.Stream(), "faulty.v2", "0").Err())
 	_, err := h.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "faulty.v2", Consumer: "crashed", Streams: []string{h.keys.Stream(), ">"}, Count: 2}).Result()
 	require.NoError(t, err)
-	status, err := ports.NewStatusOps(h.client, h.keys, []projection.Projection{p})
-	require.NoError(t, err)
+	status := opsApp(t, h.client, h.keys, []projection.Projection{p}, app.OpsConfig{}).Queries.Status
 	st, err := status.Status(ctx)
 	require.NoError(t, err)
 	require.Len(t, st.Projections, 2)

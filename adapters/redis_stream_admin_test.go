@@ -1,10 +1,8 @@
-package ports_test
+package adapters_test
 
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -15,35 +13,11 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
-	"github.com/checkins/checkins/ports"
+	"github.com/checkins/checkins/app/command"
 )
 
-func TestParseRetention(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		in   string
-		want ports.RetentionPolicy
-		bad  bool
-	}{
-		{in: "", want: ports.RetentionPolicy{}},
-		{in: "off", want: ports.RetentionPolicy{}},
-		{in: "1000000", want: ports.RetentionPolicy{MaxEntries: 1000000}},
-		{in: "720h", want: ports.RetentionPolicy{MaxAge: 720 * time.Hour}},
-		{in: "30d", want: ports.RetentionPolicy{MaxAge: 30 * 24 * time.Hour}},
-		{in: "0", bad: true},
-		{in: "-5", bad: true},
-		{in: "10ms", bad: true},
-		{in: "forever", bad: true},
-	} {
-		got, err := ports.ParseRetention(tc.in)
-		if tc.bad {
-			assert.Error(t, err, tc.in)
-			continue
-		}
-		require.NoError(t, err, tc.in)
-		assert.Equal(t, tc.want, got, tc.in)
-	}
-}
+// The trim floor and the policy are command.TrimStream's; these run it on a real stream, through
+// the adapter's XINFO, XRANGE and XTRIM MINID.
 
 // retentionEnv is a stream with consumer groups in chosen states on a real Redis.
 type retentionEnv struct {
@@ -125,9 +99,9 @@ func (e *retentionEnv) present(t *testing.T) map[string]bool {
 	return out
 }
 
-func (e *retentionEnv) trimmer(t *testing.T, p ports.RetentionPolicy) *ports.StreamTrimmer {
+func (e *retentionEnv) trimmer(t *testing.T, p command.RetentionPolicy) *command.TrimStream {
 	t.Helper()
-	tr, err := ports.NewStreamTrimmer(e.client, e.keys, p, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	tr, err := command.NewTrimStream(adapters.NewStreamAdmin(e.client, e.keys), p, nil)
 	require.NoError(t, err)
 	return tr
 }
@@ -150,9 +124,9 @@ func TestRetentionNeverTrimsWhatAGroupStillNeeds(t *testing.T) {
 				}
 				e.group(t, fmt.Sprintf("g%d.v1", g), read, unacked...)
 			}
-			policy := ports.RetentionPolicy{MaxEntries: int64(1 + rng.IntN(50))}
+			policy := command.RetentionPolicy{MaxEntries: int64(1 + rng.IntN(50))}
 			if seed%2 == 1 {
-				policy = ports.RetentionPolicy{MaxAge: time.Hour} // every entry is older
+				policy = command.RetentionPolicy{MaxAge: time.Hour} // every entry is older
 			}
 			needed := e.needed(t)
 			res, err := e.trimmer(t, policy).TrimOnce(context.Background())
@@ -176,14 +150,14 @@ func TestRetentionNeverTrimsWhatAGroupStillNeeds(t *testing.T) {
 func TestRetentionLeavesAStreamWithoutGroupsAlone(t *testing.T) {
 	t.Parallel()
 	e := newRetentionEnv(t, 20, time.Now().Add(-time.Hour).UnixMilli())
-	res, err := e.trimmer(t, ports.RetentionPolicy{MaxEntries: 1}).TrimOnce(context.Background())
+	res, err := e.trimmer(t, command.RetentionPolicy{MaxEntries: 1}).TrimOnce(context.Background())
 	require.NoError(t, err)
 	assert.Zero(t, res.Trimmed)
 	assert.Len(t, e.present(t), 20, "no group has seen anything yet: nothing may go")
 
 	// Off: nothing ever goes, even with a group that acked everything.
 	e.group(t, "done.v1", 20)
-	res, err = e.trimmer(t, ports.RetentionPolicy{}).TrimOnce(context.Background())
+	res, err = e.trimmer(t, command.RetentionPolicy{}).TrimOnce(context.Background())
 	require.NoError(t, err)
 	assert.Zero(t, res.Trimmed)
 	assert.Len(t, e.present(t), 20)
