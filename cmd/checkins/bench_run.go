@@ -342,7 +342,7 @@ func (b *bencher) newService(ctx context.Context, prefix string, mode Mode, cons
 	cfg.HTTPAddr = "127.0.0.1:0"
 	cfg.OpsAddr = cfg.HTTPAddr // one port: ops routes must not need a fixed port of their own
 	// The load generator is one address: a per-address limit would measure the limiter.
-	cfg.RateLimitIP = adapters.RateLimit{}
+	cfg.RateLimitIP = command.RateLimit{}
 	cfg.ConsumerName = consumer
 	// With every projection selected the service gets no list, as serve ships: it may name
 	// things differently for an explicit list.
