@@ -59,11 +59,9 @@ type RebuildProjection struct {
 
 // NewRebuildProjection fails fast on missing dependencies.
 func NewRebuildProjection(cfg RebuildProjectionConfig) (*RebuildProjection, error) {
-	if err := cfg.Backend.Validate(); err != nil {
-		return nil, err
-	}
-	if cfg.Logger == nil {
-		return nil, errors.New("command: RebuildProjection needs a Logger")
+	b := cfg.Backend
+	if b.Stream == nil || b.Registry == nil || b.Live == nil || b.Keys == nil || b.Observations == nil || cfg.Logger == nil {
+		return nil, errors.New("command: RebuildProjection needs the backend's Stream, Registry, Live, Keys and Observations, and a Logger")
 	}
 	if cfg.RetireGrace <= 0 {
 		cfg.RetireGrace = DefaultRetireGrace

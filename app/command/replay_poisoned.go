@@ -68,11 +68,9 @@ type ReplayPoisoned struct {
 
 // NewReplayPoisoned fails fast on missing dependencies.
 func NewReplayPoisoned(cfg ReplayPoisonedConfig) (*ReplayPoisoned, error) {
-	if err := cfg.Backend.Validate(); err != nil {
-		return nil, err
-	}
-	if cfg.Logger == nil || cfg.Applier == nil {
-		return nil, errors.New("command: ReplayPoisoned needs an Applier and a Logger")
+	b := cfg.Backend
+	if b.Poison == nil || b.Registry == nil || b.Failures == nil || cfg.Logger == nil || cfg.Applier == nil {
+		return nil, errors.New("command: ReplayPoisoned needs the backend's Poison, Registry and Failures, an Applier and a Logger")
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now

@@ -27,27 +27,6 @@ type Backend struct {
 	Failures     Failures
 }
 
-// Validate names the first missing part.
-func (b Backend) Validate() error {
-	switch {
-	case b.Stream == nil:
-		return errors.New("ops: Backend needs a Stream")
-	case b.Registry == nil:
-		return errors.New("ops: Backend needs a Registry")
-	case b.Live == nil:
-		return errors.New("ops: Backend needs LiveGroups")
-	case b.Poison == nil:
-		return errors.New("ops: Backend needs a PoisonQueue")
-	case b.Keys == nil:
-		return errors.New("ops: Backend needs ProjectionKeys")
-	case b.Observations == nil:
-		return errors.New("ops: Backend needs Observations")
-	case b.Failures == nil:
-		return errors.New("ops: Backend needs Failures")
-	}
-	return nil
-}
-
 // Stream is the event stream and its consumer groups.
 type Stream interface {
 	// Name is the stream's key, for reports.

@@ -2,6 +2,7 @@ package query
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -21,8 +22,8 @@ type ProjectionVersions struct {
 // NewProjectionVersions reports on projs (every projection this build knows). stallAfter > 0
 // makes List flag versions that are behind and made no progress for that long.
 func NewProjectionVersions(b ops.Backend, projs []projection.Projection, stallAfter time.Duration) (*ProjectionVersions, error) {
-	if err := b.Validate(); err != nil {
-		return nil, err
+	if b.Stream == nil || b.Live == nil || b.Registry == nil || b.Observations == nil {
+		return nil, errors.New("query: ProjectionVersions needs the backend's Stream, Live, Registry and Observations")
 	}
 	return &ProjectionVersions{b: b, projs: projs, stall: stallAfter}, nil
 }

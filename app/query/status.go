@@ -3,6 +3,7 @@ package query
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"time"
@@ -23,8 +24,8 @@ type Status struct {
 // NewStatus reports on the given projections (and on any other group found on the stream);
 // stallAfter > 0 flags stalled groups, judged as /readyz judges them.
 func NewStatus(b ops.Backend, projections []projection.Projection, stallAfter time.Duration) (*Status, error) {
-	if err := b.Validate(); err != nil {
-		return nil, err
+	if b.Stream == nil || b.Poison == nil || b.Live == nil || b.Registry == nil || b.Observations == nil {
+		return nil, errors.New("query: Status needs the backend's Stream, Poison, Live, Registry and Observations")
 	}
 	s := &Status{b: b, now: time.Now, stallAfter: stallAfter}
 	for _, p := range projections {

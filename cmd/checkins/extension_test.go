@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -88,24 +87,6 @@ func TestExampleProjectionIsTheDocumentedOne(t *testing.T) {
 	require.True(t, ok, "the documented example has no import block")
 	assert.Equal(t, strings.TrimSpace(block), strings.TrimSpace(strings.ReplaceAll(body, "projection.", "")),
 		"the README example and the tested projection must be the same code")
-}
-
-// TestAppImportsNoInfrastructure guards the layering the extension point relies on: projections
-// (and all of app/) see domain events, Store and Reader only, never Watermill or Redis.
-func TestAppImportsNoInfrastructure(t *testing.T) {
-	t.Parallel()
-	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "github.com/checkins/checkins/app/...").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	for _, dep := range strings.Fields(string(out)) {
-		if !strings.HasPrefix(dep, "github.com/checkins/checkins/") {
-			t.Errorf("app/ depends on %s; only the standard library and our domain are allowed", dep)
-		}
-		for _, ours := range []string{"/adapters", "/ports", "/cmd"} {
-			if strings.HasPrefix(dep, "github.com/checkins/checkins"+ours) {
-				t.Errorf("app/ depends on %s: dependencies must point inward", dep)
-			}
-		}
-	}
 }
 
 // testOps is the application's operational use cases on Redis (client, keys) for projs.
