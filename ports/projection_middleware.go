@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
-	"sync"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/checkins/checkins/app/ops"
@@ -197,26 +194,6 @@ func timeoutMiddleware(d time.Duration) message.HandlerMiddleware {
 	}
 }
 
-// throttledLog logs a repeating condition at most once per interval, with how often it happened.
-type throttledLog struct {
-	mu         sync.Mutex
-	interval   time.Duration
-	last       time.Time
-	suppressed int
-}
-
-func (t *throttledLog) allow() (bool, int) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if time.Since(t.last) < t.interval {
-		t.suppressed++
-		return false, 0
-	}
-	n := t.suppressed
-	t.last, t.suppressed = time.Now(), 0
-	return true, n
-}
-
 // maxPoisonErrorLen caps the error text stored with a parked event (a recovered panic carries
 // its whole stack trace).
 const maxPoisonErrorLen = 4000
@@ -366,95 +343,4 @@ func (r *ProjectionRouter) transientReasonText(err error) string {
 		return "the live group has a member this build does not run"
 	}
 	return err.Error()
-}
-
-// quietHandlerErrors keeps Watermill's router from logging every nack at error level ("Handler
-// returned error"): the poison middleware logs the failures that matter itself, once per
-// interval for a Redis outage, where the router would log every attempt of every message.
-type quietHandlerErrors struct{ watermill.LoggerAdapter }
-
-func (q quietHandlerErrors) Error(msg string, err error, fields watermill.LogFields) {
-	if msg == "Handler returned error" {
-		q.LoggerAdapter.Debug(msg, fields.Add(watermill.LogFields{"error": err}))
-		return
-	}
-	q.LoggerAdapter.Error(msg, err, fields)
-}
-
-func (q quietHandlerErrors) With(fields watermill.LogFields) watermill.LoggerAdapter {
-	return quietHandlerErrors{q.LoggerAdapter.With(fields)}
-}
-
-func newRouterLogger(l *slog.Logger) watermill.LoggerAdapter {
-	return quietHandlerErrors{watermill.NewSlogLogger(l)}
-}
-
-// watchedSubscriber tells when its subscription's channel closed, i.e. the handler stopped
-// consuming. Watermill's Handler.Stopped() cannot be used for that: RunHandlers assigns the
-// channel after closing Started(), without synchronisation (a data race under -race).
-type watchedSubscriber struct {
-	message.Subscriber
-	ended chan struct{}
-	once  sync.Once
-}
-
-func watchSubscription(s message.Subscriber) message.Subscriber {
-	return &watchedSubscriber{Subscriber: s, ended: make(chan struct{})}
-}
-
-// Subscribe forwards the inner subscription and closes ended after it closed.
-func (w *watchedSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	in, err := w.Subscriber.Subscribe(ctx, topic)
-	if err != nil {
-		return nil, err
-	}
-	out := make(chan *message.Message)
-	go func() {
-		defer w.once.Do(func() { close(w.ended) })
-		defer close(out)
-		for m := range in {
-			out <- m
-		}
-	}()
-	return out, nil
-}
-
-// subscriptionEnded is closed when s's subscription ended; never for other subscribers.
-func subscriptionEnded(s message.Subscriber) <-chan struct{} {
-	if w, ok := s.(*watchedSubscriber); ok {
-		return w.ended
-	}
-	return nil
-}
-
-// throttledErrorLogger logs each distinct error message at most once per interval, with how many
-// were suppressed. The stock watermill-redisstream subscriber logs every failed read (twice a
-// second per consumer group) while Redis is down; an outage should be one line per interval.
-type throttledErrorLogger struct {
-	watermill.LoggerAdapter
-	interval time.Duration
-	mu       *sync.Mutex
-	byMsg    map[string]*throttledLog
-}
-
-// NewThrottledErrorLogger wraps l so that repeated errors are logged once per interval.
-func NewThrottledErrorLogger(l watermill.LoggerAdapter, interval time.Duration) watermill.LoggerAdapter {
-	return throttledErrorLogger{LoggerAdapter: l, interval: interval, mu: &sync.Mutex{}, byMsg: map[string]*throttledLog{}}
-}
-
-func (t throttledErrorLogger) Error(msg string, err error, fields watermill.LogFields) {
-	t.mu.Lock()
-	tl, ok := t.byMsg[msg]
-	if !ok {
-		tl = &throttledLog{interval: t.interval}
-		t.byMsg[msg] = tl
-	}
-	t.mu.Unlock()
-	if ok, n := tl.allow(); ok {
-		t.LoggerAdapter.Error(msg, err, fields.Add(watermill.LogFields{"suppressed": n}))
-	}
-}
-
-func (t throttledErrorLogger) With(fields watermill.LogFields) watermill.LoggerAdapter {
-	return throttledErrorLogger{LoggerAdapter: t.LoggerAdapter.With(fields), interval: t.interval, mu: t.mu, byMsg: t.byMsg}
 }

@@ -19,6 +19,21 @@ import (
 	"github.com/checkins/checkins/app/projection"
 )
 
+// How the projections are fed, one story over a few files:
+//
+//   - projection_router.go (here): the Watermill router. One handler for the live group, which
+//     feeds every projection version that joined it, and one per version still backfilling
+//     through its own group; SetTargets starts and stops them as the registry asks
+//     (projection_registry_watch.go polls it); checkpoints record how far each group got.
+//   - projection_subscription.go: the subscriber cmd hands in per group (NewSubscriber), wrapped
+//     to notice a subscription that ends; projection_batch.go turns its messages into batches.
+//   - projection_middleware.go: around every batch, outermost first: poison queue, retry with
+//     backoff, a timeout per attempt, panic recovery.
+//   - projection_feed.go: the batch handler: decode once (ProjectorBackend.DecodeEntries), run
+//     each member's handlers, apply every update in a few script calls (ProjectionApplier).
+//   - projection_backend.go: what the router needs from outside, as interfaces; cmd hands in
+//     adapters.ProjectorBackend and adapters.ProjectionApplier.
+
 // Outcomes of handling events, as reported to a ProjectionObserver.
 const (
 	OutcomeApplied   = "applied"
