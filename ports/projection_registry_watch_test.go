@@ -31,7 +31,7 @@ import (
 	"github.com/checkins/checkins/ports"
 )
 
-// TestRebuildDrivenByTheProjectorLoop runs the projector's registry watcher (ProjectionOps.Watch)
+// TestRebuildDrivenByTheProjectorLoop runs the projector's registry watcher (RegistryWatch)
 // next to a running router, with each subscriber implementation, and rebuilds a projection
 // while events arrive: the watcher starts v2 next to v1, switches reads once v2 caught up, stops
 // v1 and removes its keys and group, all without restarting the router.

@@ -3,8 +3,8 @@ package main
 // The extension point, proven with the example of README.md ("Adding a projection"): the projection
 // below is that example (the same text, with the projection package's names qualified because
 // this file is in package main), run through the real machinery (ports.ProjectionRouter with
-// the batched subscriber, the Redis projection store, ProjectionOps for status) on a private
-// redis-server whose stream already holds history.
+// the batched subscriber, the Redis projection store, the ProjectionVersions query for status) on
+// a private redis-server whose stream already holds history.
 
 import (
 	"context"
