@@ -2,8 +2,11 @@ package ports
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
+	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -55,6 +58,40 @@ func PermuteArgs(args []string, boolFlags map[string]bool) []string {
 	return append(flags, pos...)
 }
 
+// pickVerb reads the verb that args starts with, one of verbs; otherwise it prints usage and
+// says what is wrong (flag.ErrHelp for -h).
+func pickVerb(args []string, usage string, stderr io.Writer, verbs ...string) (string, error) {
+	alternatives := strings.Join(verbs[:len(verbs)-1], ", ") + " or " + verbs[len(verbs)-1]
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		fmt.Fprint(stderr, usage)
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
+			return "", flag.ErrHelp
+		}
+		return "", errors.New("missing verb: " + alternatives)
+	}
+	if !slices.Contains(verbs, args[0]) {
+		fmt.Fprint(stderr, usage)
+		return "", fmt.Errorf("unknown verb %q: use %s", args[0], alternatives)
+	}
+	return args[0], nil
+}
+
+// listOnly is for a verb that takes no positional arguments.
+func listOnly(s *CLISession) error {
+	if len(s.Args) > 0 {
+		return fmt.Errorf("unexpected arguments: %v", s.Args)
+	}
+	return nil
+}
+
+// printAs writes v as JSON or, for people, with text.
+func printAs[T any](w io.Writer, asJSON bool, v T, text func(io.Writer, T) error) error {
+	if asJSON {
+		return WriteJSON(w, v)
+	}
+	return text(w, v)
+}
+
 // WriteJSON prints v as indented JSON, as every `--json` of the CLI does.
 func WriteJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
@@ -74,7 +111,7 @@ func newVerbFlags(name, usage string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("checkins "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		io.WriteString(stderr, usage+"\nFlags:\n")
+		fmt.Fprint(stderr, usage, "\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	return fs

@@ -3,7 +3,6 @@ package ports
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -30,19 +29,9 @@ Connection flags (--redis-url, --key-prefix, ...) are those of "checkins serve -
 
 // PoisonCommand is `checkins poison list|show|replay|purge`.
 func PoisonCommand(ctx context.Context, args []string, stdout, stderr io.Writer, connect Connect) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		fmt.Fprint(stderr, poisonUsage)
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-			return flag.ErrHelp
-		}
-		return errors.New("missing verb: list, show, replay or purge")
-	}
-	verb := args[0]
-	switch verb {
-	case "list", "show", "replay", "purge":
-	default:
-		fmt.Fprint(stderr, poisonUsage)
-		return fmt.Errorf("unknown verb %q: use list, show, replay or purge", verb)
+	verb, err := pickVerb(args, poisonUsage, stderr, "list", "show", "replay", "purge")
+	if err != nil {
+		return err
 	}
 	fs := newVerbFlags("poison "+verb, poisonUsage, stderr)
 	asJSON := fs.Bool("json", false, "print JSON")
@@ -58,17 +47,14 @@ func PoisonCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 	c, q := s.App.Commands, s.App.Queries
 	switch verb {
 	case "list":
-		if len(s.Args) > 0 {
-			return fmt.Errorf("unexpected arguments: %v", s.Args)
+		if err := listOnly(s); err != nil {
+			return err
 		}
 		page, err := q.ListPoisoned.List(ctx, query.PoisonFilter{Projection: *projection, Cursor: *cursor, Limit: *limit})
 		if err != nil {
 			return err
 		}
-		if *asJSON {
-			return WriteJSON(stdout, page)
-		}
-		return WritePoisonText(stdout, page)
+		return printAs(stdout, *asJSON, page, WritePoisonText)
 	case "show":
 		id, err := oneID(s.Args, false)
 		if err != nil {

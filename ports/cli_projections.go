@@ -3,11 +3,9 @@ package ports
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -35,17 +33,9 @@ Connection flags (--redis-url, --key-prefix, ...) are those of "checkins serve -
 
 // ProjectionsCommand is `checkins projections list|rebuild`.
 func ProjectionsCommand(ctx context.Context, args []string, stdout, stderr io.Writer, connect Connect) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		fmt.Fprint(stderr, projectionsUsage)
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-			return flag.ErrHelp
-		}
-		return errors.New("missing verb: list or rebuild")
-	}
-	verb := args[0]
-	if verb != "list" && verb != "rebuild" {
-		fmt.Fprint(stderr, projectionsUsage)
-		return fmt.Errorf("unknown verb %q: use list or rebuild", verb)
+	verb, err := pickVerb(args, projectionsUsage, stderr, "list", "rebuild")
+	if err != nil {
+		return err
 	}
 	fs := newVerbFlags("projections "+verb, projectionsUsage, stderr)
 	asJSON := fs.Bool("json", false, "print JSON")
@@ -56,17 +46,14 @@ func ProjectionsCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 	}
 	defer s.Close()
 	if verb == "list" {
-		if len(s.Args) > 0 {
-			return fmt.Errorf("unexpected arguments: %v", s.Args)
+		if err := listOnly(s); err != nil {
+			return err
 		}
 		rep, err := s.App.Queries.ProjectionVersions.List(ctx)
 		if err != nil {
 			return err
 		}
-		if *asJSON {
-			return WriteJSON(stdout, rep)
-		}
-		return WriteProjectionsText(stdout, rep)
+		return printAs(stdout, *asJSON, rep, WriteProjectionsText)
 	}
 	if len(s.Args) != 1 {
 		return fmt.Errorf("rebuild takes one projection name, got %d arguments %v", len(s.Args), s.Args)

@@ -24,17 +24,14 @@ func StatusCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 		return err
 	}
 	defer s.Close()
-	if len(s.Args) > 0 {
-		return fmt.Errorf("unexpected arguments: %v", s.Args)
+	if err := listOnly(s); err != nil {
+		return err
 	}
 	st, err := s.App.Queries.Status.Status(ctx)
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		return WriteJSON(stdout, st)
-	}
-	return WriteStatusText(stdout, st)
+	return printAs(stdout, *asJSON, st, WriteStatusText)
 }
 
 // WriteStatusText prints st as tables for people.

@@ -89,17 +89,12 @@ func TestExampleProjectionIsTheDocumentedOne(t *testing.T) {
 		"the README example and the tested projection must be the same code")
 }
 
-// testOps is the application's operational use cases on Redis (client, keys) for projs.
-func testOps(t *testing.T, client redis.UniversalClient, keys adapters.KeySpace, projs []projection.Projection, cfg app.OpsConfig) app.Application {
+// testOps is the application's operational use cases on Redis (client, keys) for projs, as the
+// service builds them.
+func testOps(t *testing.T, client redis.UniversalClient, keys adapters.KeySpace, projs []projection.Projection, cfg Config) app.Application {
 	t.Helper()
-	applier, err := adapters.NewProjectionApplier(client, keys, 0)
-	require.NoError(t, err)
-	cfg.Backend, cfg.Applier, cfg.Projections = adapters.NewOpsBackend(client, keys), applier, projs
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
 	var a app.Application
-	require.NoError(t, a.AddOps(cfg))
+	require.NoError(t, addOps(&a, client, keys, cfg, projs, slog.New(slog.DiscardHandler)))
 	return a
 }
 
@@ -225,7 +220,7 @@ func TestExampleProjectionBackfillsThenStaysExact(t *testing.T) {
 	publishWithDuplicates(t, pub, rng, history, 4)
 
 	p := RatingsHistogram{}
-	versions := testOps(t, client, keys, []projection.Projection{p}, app.OpsConfig{}).Queries.ProjectionVersions
+	versions := testOps(t, client, keys, []projection.Projection{p}, Config{}).Queries.ProjectionVersions
 	testProjector(t, srv.URL(), keys, []ops.ProjectionTarget{{Projection: p, Version: 1}})
 
 	want := func(events []domain.CheckinRecorded) map[int64][6]int64 {

@@ -21,7 +21,6 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
-	"github.com/checkins/checkins/app"
 	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/app/query"
@@ -91,7 +90,7 @@ func TestRebuildMatchesIncrementalProcessing(t *testing.T) {
 	client := redistest.Client(t, srv.URL())
 	ctx := context.Background()
 	projs := allProjections(Config{LeaderboardMinCheckins: 3})
-	a := testOps(t, client, keys, projs, app.OpsConfig{RetireGrace: time.Millisecond})
+	a := testOps(t, client, keys, projs, Config{RetireGrace: time.Millisecond})
 	versions, rebuild := a.Queries.ProjectionVersions, a.Commands.RebuildProjection
 	pub := testPublisher(t, srv.URL(), keys)
 	rng := rand.New(rand.NewPCG(9, 9))

@@ -109,7 +109,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		Locations: app.LocationQueries{Reader: adapters.NewProjectionReader(s.client, s.keys, "locations")},
 	}
 	s.projectionQueries(&application.Queries)
-	if err := addOps(&application, s.client, s.keys, cfg, log); err != nil {
+	if err := addOps(&application, s.client, s.keys, cfg, allProjections(cfg), log); err != nil {
 		return nil, err
 	}
 	if err := s.initProjections(mode, application); err != nil {

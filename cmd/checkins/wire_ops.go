@@ -13,6 +13,7 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app"
+	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/ports"
 )
 
@@ -62,7 +63,7 @@ func connectOps(getenv func(string) string, stderr io.Writer) ports.Connect {
 			level = max(level, slog.LevelWarn)
 		}
 		var a app.Application
-		if err := addOps(&a, client, adapters.KeySpace{Prefix: cfg.KeyPrefix}, cfg, newLogger(stderr, level)); err != nil {
+		if err := addOps(&a, client, adapters.KeySpace{Prefix: cfg.KeyPrefix}, cfg, allProjections(cfg), newLogger(stderr, level)); err != nil {
 			_ = client.Close()
 			return nil, err
 		}
@@ -70,12 +71,13 @@ func connectOps(getenv func(string) string, stderr io.Writer) ports.Connect {
 	}
 }
 
-// addOps adds the operational commands and queries, on client, to a.
-func addOps(a *app.Application, client redis.UniversalClient, keys adapters.KeySpace, cfg Config, log *slog.Logger) error {
+// addOps adds the operational commands and queries for projs (every projection the build knows),
+// on client, to a.
+func addOps(a *app.Application, client redis.UniversalClient, keys adapters.KeySpace, cfg Config, projs []projection.Projection, log *slog.Logger) error {
 	applier, err := adapters.NewProjectionApplier(client, keys, cfg.DedupeWindow)
 	if err != nil {
 		return err
 	}
-	return a.AddOps(app.OpsConfig{Backend: adapters.NewOpsBackend(client, keys), Applier: applier, Projections: allProjections(cfg),
+	return a.AddOps(app.OpsConfig{Backend: adapters.NewOpsBackend(client, keys), Applier: applier, Projections: projs,
 		RetireGrace: cfg.RetireGrace, StallAfter: cfg.StallAfter, Retention: cfg.Retention, Logger: log})
 }
