@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -21,7 +20,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/checkins/checkins/adapters"
-	"github.com/checkins/checkins/adapters/batchsub"
 	"github.com/checkins/checkins/adapters/redistest"
 	"github.com/checkins/checkins/app"
 	"github.com/checkins/checkins/app/ops"
@@ -86,11 +84,9 @@ func TestMetricsAndReadinessFollowProgress(t *testing.T) {
 			Targets: []ops.ProjectionTarget{{Projection: p, Version: 1}}, LiveGroup: ports.LiveGroupName([]string{p.Name()}, false),
 			Backend: adapters.NewProjectorBackend(client, keys), Applier: testApplier(t, client, keys), Observer: metrics, Logger: log, CloseTimeout: 10 * time.Second,
 			Retry: ports.RetryPolicy{InitialInterval: 5 * time.Millisecond, Multiplier: 1, MaxInterval: 5 * time.Millisecond, MaxAttempts: 2},
-			NewSubscriber: func(group string, start func(context.Context) (string, error)) (message.Subscriber, error) {
-				return batchsub.NewSubscriber(batchsub.Config{Client: redistest.Client(t, env.URL), ConsumerGroup: group, Consumer: "c1", StartID: start,
-					Unmarshaller: adapters.FlatMarshaller{}, BatchSize: 10, MaxInFlight: 20, BlockTime: 50 * time.Millisecond,
-					DrainTimeout: 5 * time.Second, Logger: watermill.NopLogger{}})
-			},
+			NewSubscriber: adapters.Subscribers{NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, env.URL), nil },
+				Consumer: "c1", BatchSize: 10, MaxInFlight: 20, BlockTime: 50 * time.Millisecond,
+				DrainTimeout: 5 * time.Second, Logger: watermill.NopLogger{}}.New,
 		})
 		require.NoError(t, err)
 		routers = append(routers, router)

@@ -14,15 +14,12 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/checkins/checkins/adapters"
-	"github.com/checkins/checkins/adapters/batchsub"
 	"github.com/checkins/checkins/adapters/redistest"
 	"github.com/checkins/checkins/app"
 	"github.com/checkins/checkins/app/ops"
@@ -52,22 +49,8 @@ func TestRebuildDrivenByTheProjectorLoop(t *testing.T) {
 				Targets: []ops.ProjectionTarget{{Projection: projection.UserStats{}, Version: 1}},
 				Backend: adapters.NewProjectorBackend(client, keys), Applier: testApplier(t, client, keys),
 				Logger: log, CloseTimeout: 10 * time.Second, Retry: ports.DefaultRetryPolicy(),
-				NewSubscriber: func(group string, start func(context.Context) (string, error)) (message.Subscriber, error) {
-					c := redistest.Client(t, env.URL)
-					if sub == "watermill" {
-						stock, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{Client: c, Unmarshaller: adapters.FlatMarshaller{},
-							Consumer: "c1", ConsumerGroup: group, OldestId: "0", BlockTime: 50 * time.Millisecond,
-							DisableIndefiniteInitialBlock: true}, watermill.NopLogger{})
-						if err != nil {
-							return nil, err
-						}
-						return adapters.NewDrainingSubscriber(adapters.DrainingSubscriberConfig{Inner: stock, Client: redistest.Client(t, env.URL),
-							ConsumerGroup: group, Consumer: "c1", Unmarshaller: adapters.FlatMarshaller{}, DrainTimeout: 5 * time.Second})
-					}
-					return batchsub.NewSubscriber(batchsub.Config{Client: c, ConsumerGroup: group, Consumer: "c1", StartID: start,
-						Unmarshaller: adapters.FlatMarshaller{}, BlockTime: 50 * time.Millisecond, DrainTimeout: 5 * time.Second,
-						Logger: watermill.NopLogger{}})
-				},
+				NewSubscriber: adapters.Subscribers{Kind: sub, NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, env.URL), nil },
+					Consumer: "c1", BlockTime: 50 * time.Millisecond, DrainTimeout: 5 * time.Second, Logger: watermill.NopLogger{}}.New,
 			})
 			require.NoError(t, err)
 			runCtx, cancel := context.WithCancel(ctx)

@@ -15,14 +15,12 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/checkins/checkins/adapters"
-	"github.com/checkins/checkins/adapters/batchsub"
 	"github.com/checkins/checkins/adapters/redistest"
 	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
@@ -154,26 +152,9 @@ func startHarness(t *testing.T, p *faultyProjection, o harnessOptions) *harness 
 		subMu.Unlock()
 		return c
 	}
-	newSub := func(group string, start func(context.Context) (string, error)) (message.Subscriber, error) {
-		c := subClient()
-		if o.subscriber == "watermill" {
-			stock, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
-				Client: c, Unmarshaller: adapters.FlatMarshaller{}, Consumer: "c1", ConsumerGroup: group, OldestId: "0",
-				NackResendSleep: o.nackDelay, ClaimInterval: time.Second, MaxIdleTime: 5 * time.Second,
-				BlockTime: 50 * time.Millisecond, DisableIndefiniteInitialBlock: true,
-			}, wlog)
-			if err != nil {
-				return nil, err
-			}
-			return adapters.NewDrainingSubscriber(adapters.DrainingSubscriberConfig{Inner: stock, Client: subClient(),
-				ConsumerGroup: group, Consumer: "c1", Unmarshaller: adapters.FlatMarshaller{}, DrainTimeout: 5 * time.Second, Logger: wlog})
-		}
-		return batchsub.NewSubscriber(batchsub.Config{
-			Client: c, ConsumerGroup: group, Consumer: "c1", Unmarshaller: adapters.FlatMarshaller{}, StartID: start,
-			BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: o.nackDelay,
-			ClaimInterval: time.Second, ClaimMinIdle: 5 * time.Second, DrainTimeout: 5 * time.Second, Logger: wlog,
-		})
-	}
+	newSub := adapters.Subscribers{Kind: o.subscriber, NewClient: func() (redis.UniversalClient, error) { return subClient(), nil },
+		Consumer: "c1", BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: o.nackDelay,
+		ClaimInterval: time.Second, ClaimIdle: 5 * time.Second, DrainTimeout: 5 * time.Second, Logger: wlog}.New
 	applier := testApplier(t, h.client, h.keys)
 	if o.applier != nil {
 		applier = o.applier(h.client, h.keys)

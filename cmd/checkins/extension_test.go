@@ -20,13 +20,11 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/checkins/checkins/adapters"
-	"github.com/checkins/checkins/adapters/batchsub"
 	"github.com/checkins/checkins/adapters/redistest"
 	"github.com/checkins/checkins/app"
 	"github.com/checkins/checkins/app/ops"
@@ -109,11 +107,9 @@ func testProjector(t *testing.T, url string, keys adapters.KeySpace, targets []o
 	r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
 		Targets: targets, Backend: adapters.NewProjectorBackend(client, keys), Applier: applier, Logger: log, CloseTimeout: 20 * time.Second,
 		HandlerTimeout: 10 * time.Second, Retry: ports.DefaultRetryPolicy(),
-		NewSubscriber: func(group string, start func(context.Context) (string, error)) (message.Subscriber, error) {
-			return batchsub.NewSubscriber(batchsub.Config{Client: redistest.Client(t, url), ConsumerGroup: group, StartID: start,
-				Consumer: "test-projector", Unmarshaller: adapters.FlatMarshaller{}, BatchSize: 100, MaxInFlight: 200,
-				BlockTime: 50 * time.Millisecond, DrainTimeout: 10 * time.Second, Logger: watermill.NopLogger{}})
-		},
+		NewSubscriber: adapters.Subscribers{NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, url), nil },
+			Consumer: "test-projector", BatchSize: 100, MaxInFlight: 200, BlockTime: 50 * time.Millisecond,
+			DrainTimeout: 10 * time.Second, Logger: watermill.NopLogger{}}.New,
 	})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
