@@ -76,9 +76,7 @@ func TestMetricsAndReadinessFollowProgress(t *testing.T) {
 	// Projections of one live group share its progress: a stuck one holds the others back until
 	// HANDLER_TIMEOUT parks its events. Isolating a projection is running it in a process (and a
 	// live group) of its own, as here: users and gated each have theirs.
-	runCtx, cancel := context.WithCancel(ctx)
 	var routers []*ports.ProjectionRouter
-	done := make(chan error, 2)
 	for _, p := range projs {
 		router, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
 			Targets: []ops.ProjectionTarget{{Projection: p, Version: 1}}, LiveGroup: ports.LiveGroupName([]string{p.Name()}, false),
@@ -90,18 +88,8 @@ func TestMetricsAndReadinessFollowProgress(t *testing.T) {
 		})
 		require.NoError(t, err)
 		routers = append(routers, router)
-		go func() { done <- router.Run(runCtx) }()
+		redistest.Background(t, "router of "+p.Name(), 20*time.Second, router.Run)
 	}
-	t.Cleanup(func() {
-		cancel()
-		for range routers {
-			select {
-			case <-done:
-			case <-time.After(20 * time.Second):
-				t.Error("router did not stop")
-			}
-		}
-	})
 	var gateOnce bool
 	openGate := func() {
 		if !gateOnce {

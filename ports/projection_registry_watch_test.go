@@ -53,23 +53,10 @@ func TestRebuildDrivenByTheProjectorLoop(t *testing.T) {
 					Consumer: "c1", BlockTime: 50 * time.Millisecond, DrainTimeout: 5 * time.Second, Logger: watermill.NopLogger{}}.New,
 			})
 			require.NoError(t, err)
-			runCtx, cancel := context.WithCancel(ctx)
-			done := make(chan error, 2)
-			go func() { done <- router.Run(runCtx) }()
+			redistest.Background(t, "router", 20*time.Second, router.Run)
 			watch := ports.RegistryWatch{Router: router, Versions: a.Queries.ProjectionVersions, Rebuild: a.Commands.RebuildProjection,
 				Projections: projs, Interval: 50 * time.Millisecond, Logger: log}
-			go func() { done <- watch.Run(runCtx) }()
-			t.Cleanup(func() {
-				cancel()
-				for range 2 {
-					select {
-					case err := <-done:
-						assert.NoError(t, err, "a clean stop")
-					case <-time.After(20 * time.Second):
-						t.Error("router or watcher did not stop")
-					}
-				}
-			})
+			redistest.Background(t, "registry watcher", 20*time.Second, watch.Run)
 			require.Eventually(t, router.Running, 10*time.Second, 10*time.Millisecond)
 
 			n := 0

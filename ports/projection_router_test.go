@@ -164,23 +164,14 @@ func startHarness(t *testing.T, p *faultyProjection, o harnessOptions) *harness 
 		NewSubscriber: newSub, Retry: o.retry, HandlerTimeout: o.handlerTimeout, CloseTimeout: 10 * time.Second, Logger: log,
 	})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
 	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			assert.NoError(t, err, "router Run after a clean stop")
-		case <-time.After(20 * time.Second):
-			t.Error("router did not stop within 20s")
-		}
 		subMu.Lock()
 		defer subMu.Unlock()
 		for _, c := range subClients {
 			_ = c.Close()
 		}
 	})
+	redistest.Background(t, "router", 20*time.Second, r.Run) // stops before the clients close
 	require.Eventually(t, r.Running, 10*time.Second, 10*time.Millisecond, "router never started")
 	return h
 }

@@ -112,18 +112,7 @@ func testProjector(t *testing.T, url string, keys adapters.KeySpace, targets []o
 			DrainTimeout: 10 * time.Second, Logger: watermill.NopLogger{}}.New,
 	})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			assert.NoError(t, err, "projector stopped with an error")
-		case <-time.After(30 * time.Second):
-			t.Error("projector did not stop within 30s")
-		}
-	})
+	redistest.Background(t, "projector", 30*time.Second, r.Run)
 	require.Eventually(t, r.Running, 10*time.Second, 10*time.Millisecond, "projector never started")
 	return r
 }
