@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"cmp"
@@ -109,13 +109,14 @@ type GroupBacklog struct {
 
 // Check outcomes.
 const (
-	checkOK       = "OK"
-	checkMismatch = "MISMATCH"
-	checkSkipped  = "SKIPPED"
+	CheckOK       = "OK"
+	CheckMismatch = "MISMATCH"
+	CheckSkipped  = "SKIPPED"
 )
 
 // bencher holds what every phase shares: Redis, the config for in-process services, the run ID.
 type bencher struct {
+	host  Host
 	cfg   Config
 	opts  benchOptions
 	log   *slog.Logger
@@ -132,17 +133,17 @@ type bencher struct {
 	tokens    *benchTokens // one per user, for the load generator
 }
 
-func newBencher(ctx context.Context, cfg Config, opts benchOptions, log *slog.Logger, progress io.Writer) (*bencher, error) {
+func newBencher(ctx context.Context, h Host, cfg Config, opts benchOptions, log *slog.Logger, progress io.Writer) (*bencher, error) {
 	id := make([]byte, 4)
 	if _, err := rand.Read(id); err != nil {
 		return nil, err
 	}
-	b := &bencher{cfg: cfg, opts: opts, log: log, out: progress, runID: "bench-" + hex.EncodeToString(id)}
+	b := &bencher{host: h, cfg: cfg, opts: opts, log: log, out: progress, runID: "bench-" + hex.EncodeToString(id)}
 	var err error
-	if b.tokens, err = newBenchTokens(cfg); err != nil {
+	if b.tokens, err = newBenchTokens(h, cfg); err != nil {
 		return nil, err
 	}
-	r, err := openBenchRedis(ctx, cfg.RedisURL, b.runID, log)
+	r, err := openBenchRedis(ctx, cfg.RedisURL, b.runID, log, h.Redact)
 	if err != nil {
 		return nil, err
 	}
@@ -224,15 +225,15 @@ func (b *bencher) run(ctx context.Context) (BenchResult, error) {
 		// The table reads ours then baseline per consumer count, whatever order they ran in.
 		slices.SortStableFunc(res.Phases, func(a, b PhaseResult) int {
 			return cmp.Or(cmp.Compare(phaseRank(a.Phase), phaseRank(b.Phase)), cmp.Compare(a.Consumers, b.Consumers),
-				cmp.Compare(slices.Index(benchPhaseOrder(), a.Phase), slices.Index(benchPhaseOrder(), b.Phase)))
+				cmp.Compare(slices.Index(PhaseOrder(), a.Phase), slices.Index(PhaseOrder(), b.Phase)))
 		})
 		res = withRatios(res)
 		res.Seconds = time.Since(start).Seconds()
 		return res
 	}
 
-	if want[phaseIngest] || want[phaseIngestBaseline] {
-		rs, err := b.phaseIngestPair(ctx, want[phaseIngest], want[phaseIngestBaseline])
+	if want[PhaseIngest] || want[PhaseIngestBaseline] {
+		rs, err := b.phaseIngestPair(ctx, want[PhaseIngest], want[PhaseIngestBaseline])
 		if err != nil {
 			return finish(res), fmt.Errorf("ingest: %w", err)
 		}
@@ -240,14 +241,14 @@ func (b *bencher) run(ctx context.Context) (BenchResult, error) {
 			add(r)
 		}
 	}
-	if want[phaseSustained] {
-		r, err := b.phaseSustained(ctx)
+	if want[PhaseSustained] {
+		r, err := b.PhaseSustained(ctx)
 		if err != nil {
-			return finish(res), fmt.Errorf("%s: %w", phaseSustained, err)
+			return finish(res), fmt.Errorf("%s: %w", PhaseSustained, err)
 		}
 		add(r)
 	}
-	if want[phaseDrain] || want[phaseDrainBaseline] {
+	if want[PhaseDrain] || want[PhaseDrainBaseline] {
 		data, err := b.preload(ctx)
 		if err != nil {
 			return finish(res), fmt.Errorf("drain preload: %w", err)
@@ -256,15 +257,15 @@ func (b *bencher) run(ctx context.Context) (BenchResult, error) {
 		// other going first, so drift in the machine's load (it is shared) does not always favour
 		// the same side of the ratios.
 		for i, k := range b.opts.Consumers {
-			order := []string{phaseDrain, phaseDrainBaseline}
+			order := []string{PhaseDrain, PhaseDrainBaseline}
 			if i%2 == 1 {
-				order = []string{phaseDrainBaseline, phaseDrain}
+				order = []string{PhaseDrainBaseline, PhaseDrain}
 			}
 			for _, p := range order {
 				if !want[p] {
 					continue
 				}
-				r, err := b.phaseDrain(ctx, data, k, p == phaseDrainBaseline)
+				r, err := b.PhaseDrain(ctx, data, k, p == PhaseDrainBaseline)
 				if err != nil {
 					return finish(res), fmt.Errorf("%s with %d consumers: %w", p, k, err)
 				}
@@ -272,25 +273,25 @@ func (b *bencher) run(ctx context.Context) (BenchResult, error) {
 			}
 		}
 	}
-	if want[phaseE2E] {
-		r, err := b.phaseE2E(ctx)
+	if want[PhaseE2E] {
+		r, err := b.PhaseE2E(ctx)
 		if err != nil {
-			return finish(res), fmt.Errorf("%s: %w", phaseE2E, err)
+			return finish(res), fmt.Errorf("%s: %w", PhaseE2E, err)
 		}
 		add(r)
 	}
-	if want[phaseMemory] {
+	if want[PhaseMemory] {
 		for _, n := range []int{b.opts.MemoryEvents, 2 * b.opts.MemoryEvents} {
-			r, err := b.phaseMemory(ctx, n, res.Phases)
+			r, err := b.PhaseMemory(ctx, n, res.Phases)
 			if err != nil {
-				return finish(res), fmt.Errorf("%s with %d events: %w", phaseMemory, n, err)
+				return finish(res), fmt.Errorf("%s with %d events: %w", PhaseMemory, n, err)
 			}
 			add(r)
 		}
 	}
 	res = finish(res)
 	for _, r := range res.Phases {
-		if r.Check == checkMismatch {
+		if r.Check == CheckMismatch {
 			return res, fmt.Errorf("%s check failed: %s", r.Phase, r.CheckDetail)
 		}
 	}
@@ -299,7 +300,7 @@ func (b *bencher) run(ctx context.Context) (BenchResult, error) {
 
 // phaseRank groups a phase with its baseline.
 func phaseRank(phase string) int {
-	return slices.Index(benchPhaseOrder(), strings.TrimSuffix(phase, "-baseline"))
+	return slices.Index(PhaseOrder(), strings.TrimSuffix(phase, "-baseline"))
 }
 
 // withRatios fills the ours/baseline ratios. Sustained has no baseline of its own: what it is
@@ -311,8 +312,8 @@ func withRatios(res BenchResult) BenchResult {
 			base[fmt.Sprintf("%s/%d", strings.TrimSuffix(r.Phase, "-baseline"), r.Consumers)] = r.Throughput
 		}
 	}
-	if b, ok := base[phaseIngest+"/0"]; ok {
-		base[phaseSustained+"/0"] = b
+	if b, ok := base[PhaseIngest+"/0"]; ok {
+		base[PhaseSustained+"/0"] = b
 	}
 	for i, r := range res.Phases {
 		if b, ok := base[fmt.Sprintf("%s/%d", r.Phase, r.Consumers)]; ok && b > 0 {
@@ -325,7 +326,7 @@ func withRatios(res BenchResult) BenchResult {
 
 // runningService is an in-process Service serving on a loopback port.
 type runningService struct {
-	svc    *Service
+	svc    Service
 	addr   string
 	cancel context.CancelFunc
 	exited chan struct{} // closed when Run returned; err is then set
@@ -352,13 +353,13 @@ func (b *bencher) newService(ctx context.Context, prefix string, mode Mode, cons
 	}
 	// Trimming would break the stream-length and drain checks, and is not what is measured.
 	cfg.Retention = command.RetentionPolicy{}
-	svc, err := NewService(ctx, cfg, mode, b.log)
+	svc, err := b.host.NewService(ctx, cfg, mode, b.log)
 	if err != nil {
 		return nil, err
 	}
 	addr, err := svc.Listen()
 	if err != nil {
-		svc.close()
+		svc.Close()
 		return nil, err
 	}
 	return &runningService{svc: svc, addr: addr.String()}, nil
@@ -377,7 +378,7 @@ func (s *runningService) start(ctx context.Context) {
 func (s *runningService) stop() error {
 	s.stopping.Store(true)
 	if s.cancel == nil {
-		s.svc.close()
+		s.svc.Close()
 		return nil
 	}
 	s.cancel()
@@ -387,10 +388,7 @@ func (s *runningService) stop() error {
 
 // groups are the consumer groups the service's projection router feeds.
 func (s *runningService) groups() []string {
-	if s.svc.router == nil {
-		return nil
-	}
-	return s.svc.router.Groups()
+	return s.svc.Groups()
 }
 
 // watch sends to fail when the service stops before the bench asked it to.

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"cmp"
@@ -27,8 +27,8 @@ const (
 
 // Which figure a memory row's throughput and growth use.
 const (
-	figureUsedMemory = "used_memory" // INFO memory delta: what Redis really holds, on a private server
-	figurePerKey     = "per_key"     // sum of MEMORY USAGE: immune to other clients of a shared Redis
+	FigureUsedMemory = "used_memory" // INFO memory delta: what Redis really holds, on a private server
+	FigurePerKey     = "per_key"     // sum of MEMORY USAGE: immune to other clients of a shared Redis
 )
 
 // MemoryResult is what one memory run measured, in bytes.
@@ -73,10 +73,10 @@ type MemoryKeyGroup struct {
 	Bytes       int64  `json:"bytes"`
 }
 
-// phaseMemory preloads n events of a month of history, drains them with one projector running
+// PhaseMemory preloads n events of a month of history, drains them with one projector running
 // every selected projection, and measures what Redis holds for them besides the stream. prior
 // are the rows so far: the run with n/2 events gives the growth.
-func (b *bencher) phaseMemory(ctx context.Context, n int, prior []PhaseResult) (PhaseResult, error) {
+func (b *bencher) PhaseMemory(ctx context.Context, n int, prior []PhaseResult) (PhaseResult, error) {
 	keys := adapters.KeySpace{Prefix: b.prefix(fmt.Sprintf("memory-%d", n))}
 	defer func() {
 		cctx := context.WithoutCancel(ctx)
@@ -147,12 +147,12 @@ func (b *bencher) phaseMemory(ctx context.Context, n int, prior []PhaseResult) (
 	mr.ProjectionBytes = after - withStream - mr.IdempotencyBytes - mr.PoisonBytes
 	mr.BytesPerCheckin = float64(mr.ProjectionBytes) / float64(mr.Checkins)
 	mr.PerKeyBytesPerCheckin = float64(mr.PerKeyBytes) / float64(mr.Checkins)
-	mr.Figure = figureUsedMemory
+	mr.Figure = FigureUsedMemory
 	if !b.redis.private {
-		mr.Figure = figurePerKey
+		mr.Figure = FigurePerKey
 	}
 
-	r := PhaseResult{Phase: phaseMemory, Count: int64(n), Seconds: elapsed.Seconds(), Unit: "B/checkin",
+	r := PhaseResult{Phase: PhaseMemory, Count: int64(n), Seconds: elapsed.Seconds(), Unit: "B/checkin",
 		Throughput: mr.figure(), Memory: &mr}
 	use.fill(&r)
 	r.Note = fmt.Sprintf("N=%d events (%d distinct check-ins, %d users, %d locations): projection memory %s = used_memory after the drain - used_memory with the stream loaded (the stream added %s; MEMORY USAGE says %s) - idempotency %s - poison %s; per-key sum %s (%.0f B/check-in); drained in %.1fs (%.0f events/s)",
@@ -160,7 +160,7 @@ func (b *bencher) phaseMemory(ctx context.Context, n int, prior []PhaseResult) (
 		fmtSize(mr.IdempotencyBytes), fmtSize(mr.PoisonBytes), fmtSize(mr.PerKeyBytes), mr.PerKeyBytesPerCheckin,
 		mr.DrainSeconds, mr.DrainRate)
 	for _, p := range prior {
-		if p.Phase == phaseMemory && p.Memory != nil && 2*p.Memory.Events == n && p.Memory.figureBytes() > 0 {
+		if p.Phase == PhaseMemory && p.Memory != nil && 2*p.Memory.Events == n && p.Memory.figureBytes() > 0 {
 			g := (float64(mr.figureBytes())/float64(p.Memory.figureBytes()) - 1) * 100
 			mr.GrowthPct = &g
 			r.Note += fmt.Sprintf("; growth from N=%d: %+.0f%% (by %s)", p.Memory.Events, g, mr.Figure)
@@ -174,15 +174,15 @@ func (b *bencher) phaseMemory(ctx context.Context, n int, prior []PhaseResult) (
 	if stopErr != nil {
 		ok, detail = false, strings.TrimPrefix(detail+"; ", "; ")+"stopping the projector failed: "+stopErr.Error()
 	}
-	r.Check, r.CheckDetail = checkOK, detail
+	r.Check, r.CheckDetail = CheckOK, detail
 	if !ok {
-		r.Check = checkMismatch
+		r.Check = CheckMismatch
 	}
 	return r, nil
 }
 
 func (m *MemoryResult) figureBytes() int64 {
-	if m.Figure == figurePerKey {
+	if m.Figure == FigurePerKey {
 		return m.PerKeyBytes
 	}
 	return m.ProjectionBytes
@@ -256,7 +256,7 @@ func (b *bencher) preloadHistory(ctx context.Context, keys adapters.KeySpace, n 
 func (b *bencher) memoryBreakdown(ctx context.Context, keys adapters.KeySpace, mr *MemoryResult) error {
 	prefixes := map[string]string{} // projection key prefix -> name
 	versions := adapters.NewProjectionVersions(b.admin, keys)
-	for _, p := range allProjections(b.cfg) {
+	for _, p := range b.host.Projections(b.cfg) {
 		v, err := versions.Current(ctx, p.Name())
 		if err != nil {
 			return err
@@ -345,7 +345,7 @@ func (b *bencher) usedMemory(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("INFO memory: %w", err)
 	}
-	n, err := strconv.ParseInt(infoField(info, "used_memory"), 10, 64)
+	n, err := strconv.ParseInt(InfoField(info, "used_memory"), 10, 64)
 	if err != nil {
 		return 0, fmt.Errorf("INFO memory used_memory: %w", err)
 	}
@@ -361,7 +361,7 @@ func (b *bencher) waitLazyFree(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("INFO memory: %w", err)
 		}
-		if v := infoField(info, "lazyfree_pending_objects"); v == "0" || v == "unknown" || time.Now().After(deadline) {
+		if v := InfoField(info, "lazyfree_pending_objects"); v == "0" || v == "unknown" || time.Now().After(deadline) {
 			return nil
 		}
 		select {
@@ -377,7 +377,7 @@ func (b *bencher) connectedClients(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("INFO clients: %w", err)
 	}
-	n, _ := strconv.ParseInt(infoField(info, "connected_clients"), 10, 64)
+	n, _ := strconv.ParseInt(InfoField(info, "connected_clients"), 10, 64)
 	return n, nil
 }
 

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -80,13 +80,13 @@ func (b *bencher) preload(ctx context.Context) (*drainData, error) {
 	return d, nil
 }
 
-// phaseDrain copies the preloaded stream under a fresh prefix, starts k consumers per
+// PhaseDrain copies the preloaded stream under a fresh prefix, starts k consumers per
 // projection (our projector instances, or raw go-redis readers for the baseline), and measures
 // until every consumer group has read the last entry and has nothing pending.
-func (b *bencher) phaseDrain(ctx context.Context, data *drainData, k int, baseline bool) (PhaseResult, error) {
-	phase, tag := phaseDrain, "drain"
+func (b *bencher) PhaseDrain(ctx context.Context, data *drainData, k int, baseline bool) (PhaseResult, error) {
+	phase, tag := PhaseDrain, "drain"
 	if baseline {
-		phase, tag = phaseDrainBaseline, "drain-baseline"
+		phase, tag = PhaseDrainBaseline, "drain-baseline"
 	}
 	keys := adapters.KeySpace{Prefix: b.prefix(fmt.Sprintf("%s-k%d", tag, k))}
 	// COPY is server-side: every run starts from identical entries without paying the preload.
@@ -157,9 +157,9 @@ func (b *bencher) phaseDrain(ctx context.Context, data *drainData, k int, baseli
 	if stopErr != nil {
 		ok, detail = false, strings.TrimPrefix(detail+"; ", "; ")+"stopping the consumers failed: "+stopErr.Error()
 	}
-	r.Check, r.CheckDetail = checkOK, detail
+	r.Check, r.CheckDetail = CheckOK, detail
 	if !ok {
-		r.Check = checkMismatch
+		r.Check = CheckMismatch
 	}
 	return r, nil
 }
@@ -232,7 +232,7 @@ func (b *bencher) startBaselineConsumers(ctx context.Context, keys adapters.KeyS
 	}
 	cfg := b.cfg
 	cfg.Projections = b.opts.Projections
-	projs, err := selectProjections(cfg)
+	projs, err := b.host.SelectProjections(cfg)
 	if err != nil {
 		fail <- err
 		return client.Close

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -12,11 +12,11 @@ import (
 // sustainedRound gives the sustained load checkinIds of its own (ingest uses rounds 0-3).
 const sustainedRound = 100
 
-// phaseSustained runs the ingest load against an in-process serve with every selected projection
+// PhaseSustained runs the ingest load against an in-process serve with every selected projection
 // and default settings, and measures until the projections have caught up: fully projected
 // check-ins/s, the figure that matters, with what the projections still owed when the load
 // stopped.
-func (b *bencher) phaseSustained(ctx context.Context) (PhaseResult, error) {
+func (b *bencher) PhaseSustained(ctx context.Context) (PhaseResult, error) {
 	keys := adapters.KeySpace{Prefix: b.prefix("sustained")}
 	stream := keys.Stream()
 	rs, err := b.newService(ctx, keys.Prefix, Mode{API: true, Projections: true}, b.runID+"-sustained")
@@ -77,7 +77,7 @@ func (b *bencher) phaseSustained(ctx context.Context) (PhaseResult, error) {
 	stopped = true
 	stopErr := rs.stop()
 
-	r := PhaseResult{Phase: phaseSustained, Count: lr.ok, Seconds: elapsed.Seconds(), Unit: "checkins/s",
+	r := PhaseResult{Phase: PhaseSustained, Count: lr.ok, Seconds: elapsed.Seconds(), Unit: "checkins/s",
 		Throughput: float64(lr.ok) / elapsed.Seconds(), Latency: summarize(lr.lat), Backlog: &backlog}
 	use.fill(&r)
 	if len(lr.errs) > 0 {
@@ -109,9 +109,9 @@ func (b *bencher) phaseSustained(ctx context.Context) (PhaseResult, error) {
 		ok = false
 		problems = append(problems, "stopping the service failed: "+stopErr.Error())
 	}
-	r.Check, r.CheckDetail = checkOK, strings.Join(problems, "; ")
+	r.Check, r.CheckDetail = CheckOK, strings.Join(problems, "; ")
 	if !ok || lr.ok == 0 || after-before != answered {
-		r.Check = checkMismatch
+		r.Check = CheckMismatch
 	}
 	return r, nil
 }

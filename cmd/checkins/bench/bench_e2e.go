@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -17,13 +17,13 @@ import (
 	"github.com/checkins/checkins/domain"
 )
 
-// phaseE2E posts check-ins at a fixed rate to an in-process serve and measures, for each, the
+// PhaseE2E posts check-ins at a fixed rate to an in-process serve and measures, for each, the
 // time from its 202 to the users projection counting it (recent_checkins listing it when users
 // is not selected). Every check-in goes to a new user, so "visible" is simply one check-in on
 // that user, and one poller reads all pending ones through the projection's own query every
 // millisecond, pipelined: the polling stays cheap next to the service. Once the load is over and
 // every group caught up, every selected read model is checked against the accepted check-ins.
-func (b *bencher) phaseE2E(ctx context.Context) (PhaseResult, error) {
+func (b *bencher) PhaseE2E(ctx context.Context) (PhaseResult, error) {
 	keys := adapters.KeySpace{Prefix: b.prefix("e2e")}
 	rs, err := b.newService(ctx, keys.Prefix, Mode{API: true, Projections: true}, b.runID+"-e2e")
 	if err != nil {
@@ -146,9 +146,9 @@ dispatch:
 	if err := ctx.Err(); err != nil {
 		return PhaseResult{}, err
 	}
-	r := PhaseResult{Phase: phaseE2E, Count: ok.Load(), Seconds: sendElapsed.Seconds(), Unit: "req/s",
+	r := PhaseResult{Phase: PhaseE2E, Count: ok.Load(), Seconds: sendElapsed.Seconds(), Unit: "req/s",
 		Throughput: float64(ok.Load()) / sendElapsed.Seconds(), Latency: summarize(poller.latencies),
-		PostLatency: summarize(postLat), Check: checkOK}
+		PostLatency: summarize(postLat), Check: CheckOK}
 	use.fill(&r)
 	if len(errs) > 0 {
 		r.Errors = errs
@@ -186,7 +186,7 @@ dispatch:
 	}
 	r.CheckDetail = strings.Join(problems, "; ")
 	if failed {
-		r.Check = checkMismatch
+		r.Check = CheckMismatch
 	}
 	if offered := float64(total) / b.opts.Duration.Seconds(); r.PostLatency != nil && r.Throughput < 0.95*offered {
 		r.Note = fmt.Sprintf("offered %.0f/s but only %.0f/s were answered: %d senders could not keep up (POST p50 %s), so the latencies are not at the offered rate",

@@ -1,7 +1,6 @@
-package main
+package bench
 
 import (
-	"errors"
 	"sync"
 	"time"
 
@@ -17,20 +16,10 @@ type benchTokens struct {
 	cache  map[int64]string
 }
 
-func newBenchTokens(cfg Config) (*benchTokens, error) {
-	switch cfg.AuthMode {
-	case AuthOff:
-		return &benchTokens{}, nil
-	case AuthJWKS:
-		return nil, errors.New("the bench mints its own tokens: run it with AUTH_MODE=hs256 (the target's secret) or dev, not jwks")
-	}
-	key, err := cfg.signingKey()
-	if err != nil {
-		return nil, err
-	}
-	iss, err := ports.NewTokenIssuer(key, cfg.Issuer, cfg.Audience)
-	if err != nil {
-		return nil, err
+func newBenchTokens(h Host, cfg Config) (*benchTokens, error) {
+	iss, err := h.TokenIssuer(cfg)
+	if err != nil || iss == nil {
+		return &benchTokens{}, err
 	}
 	return &benchTokens{issuer: iss, cache: map[int64]string{}}, nil
 }

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bufio"
@@ -126,7 +126,7 @@ func redisCPUSeconds(ctx context.Context, c *redis.Client) float64 {
 	}
 	var total float64
 	for _, f := range []string{"used_cpu_sys", "used_cpu_user"} {
-		v, _ := strconv.ParseFloat(infoField(info, f), 64)
+		v, _ := strconv.ParseFloat(InfoField(info, f), 64)
 		total += v
 	}
 	return total

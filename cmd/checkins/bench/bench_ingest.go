@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bytes"
@@ -254,7 +254,7 @@ func (b *bencher) phaseIngestPair(ctx context.Context, ours, baseline bool) ([]P
 }
 
 func (b *bencher) ingestOurs(ctx context.Context) (*ingestTarget, error) {
-	t := &ingestTarget{phase: phaseIngest, url: b.opts.Target + "/checkins", close: func() {}}
+	t := &ingestTarget{phase: PhaseIngest, url: b.opts.Target + "/checkins", close: func() {}}
 	switch {
 	case b.opts.Target == "":
 		prefix := b.prefix("ingest")
@@ -295,7 +295,7 @@ func (b *bencher) ingestBaseline(ctx context.Context) (*ingestTarget, error) {
 	}
 	srv := &http.Server{Handler: baselineIngestHandler(client, stream), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(l) }()
-	return &ingestTarget{phase: phaseIngestBaseline, url: "http://" + l.Addr().String() + "/checkins", stream: stream,
+	return &ingestTarget{phase: PhaseIngestBaseline, url: "http://" + l.Addr().String() + "/checkins", stream: stream,
 		close: func() {
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
@@ -390,20 +390,20 @@ func (t *ingestTarget) result() PhaseResult {
 	a := t.acc
 	r := PhaseResult{Phase: t.phase, Count: a.load.ok, Seconds: a.load.elapsed.Seconds(), Unit: "req/s",
 		Throughput: float64(a.load.ok) / a.load.elapsed.Seconds(), Latency: summarize(a.load.lat),
-		PeakRSS: a.rss, PeakHeap: a.heap, CPUSeconds: a.cpu, RedisCPUSeconds: a.redisCPU, Check: checkSkipped, CheckDetail: t.skip}
+		PeakRSS: a.rss, PeakHeap: a.heap, CPUSeconds: a.cpu, RedisCPUSeconds: a.redisCPU, Check: CheckSkipped, CheckDetail: t.skip}
 	if len(a.load.errs) > 0 {
 		r.Errors = a.load.errs
 	}
 	answered := a.load.ok + a.load.warm
 	switch {
 	case r.Count == 0:
-		r.Check = checkMismatch
+		r.Check = CheckMismatch
 		r.CheckDetail = fmt.Sprintf("no request was answered 2xx (errors: %s)", fmtErrors(a.load.errs))
 	case t.stream == "":
 	case a.grew == answered:
-		r.Check = checkOK
+		r.Check = CheckOK
 	default:
-		r.Check = checkMismatch
+		r.Check = CheckMismatch
 		r.CheckDetail = fmt.Sprintf("stream grew by %d entries but %d requests were answered 2xx (%d of them warm-ups)", a.grew, answered, a.load.warm)
 	}
 	return r

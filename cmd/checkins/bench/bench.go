@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -21,24 +21,17 @@ import (
 
 // The phases of `checkins bench`, in the order they run.
 const (
-	phaseIngest         = "ingest"
-	phaseIngestBaseline = "ingest-baseline"
-	phaseSustained      = "sustained"
-	phaseDrain          = "drain"
-	phaseDrainBaseline  = "drain-baseline"
-	phaseE2E            = "e2e"
-	phaseMemory         = "memory"
+	PhaseIngest         = "ingest"
+	PhaseIngestBaseline = "ingest-baseline"
+	PhaseSustained      = "sustained"
+	PhaseDrain          = "drain"
+	PhaseDrainBaseline  = "drain-baseline"
+	PhaseE2E            = "e2e"
+	PhaseMemory         = "memory"
 )
 
-func benchPhaseOrder() []string {
-	return []string{phaseIngest, phaseIngestBaseline, phaseSustained, phaseDrain, phaseDrainBaseline, phaseE2E, phaseMemory}
-}
-
-// benchCommands is the `bench` verb.
-func benchCommands() map[string]subcommand {
-	return map[string]subcommand{
-		"bench": {"measure ingest, sustained projected throughput, drain, end-to-end latency and Redis memory against raw-Redis baselines", runBench},
-	}
+func PhaseOrder() []string {
+	return []string{PhaseIngest, PhaseIngestBaseline, PhaseSustained, PhaseDrain, PhaseDrainBaseline, PhaseE2E, PhaseMemory}
 }
 
 const benchUsage = `Usage: checkins bench [flags]
@@ -120,12 +113,13 @@ type benchFlags struct {
 
 const projectionsFlagUsage = "comma-separated projections the bench runs and checks (env PROJECTIONS, default: every shipped projection: %s)"
 
-func runBench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+// Run is `checkins bench`: h is the binary it is part of.
+func Run(ctx context.Context, h Host, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	stderr = &lockedWriter{w: stderr} // the service logs and the progress lines share it
 	fs := flag.NewFlagSet("checkins bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var f benchFlags
-	fs.StringVar(&f.phases, "phases", strings.Join(benchPhaseOrder(), ","), "comma-separated phases to run: "+strings.Join(benchPhaseOrder(), ", ")+" (or all)")
+	fs.StringVar(&f.phases, "phases", strings.Join(PhaseOrder(), ","), "comma-separated phases to run: "+strings.Join(PhaseOrder(), ", ")+" (or all)")
 	fs.DurationVar(&f.duration, "duration", 10*time.Second, "length of the load of each ingest, ingest-baseline, sustained and e2e phase")
 	fs.IntVar(&f.clients, "clients", 50, "concurrent keep-alive HTTP clients (ingest, sustained) and senders (e2e)")
 	fs.IntVar(&f.events, "events", 100000, "events preloaded for drain and drain-baseline")
@@ -138,26 +132,26 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.Usage = func() {
 		// PROJECTIONS is a service setting; in the bench it selects what is measured and checked.
 		if pf := fs.Lookup("projections"); pf != nil {
-			pf.Usage = fmt.Sprintf(projectionsFlagUsage, strings.Join(projectionNames(allProjections(Config{})), ","))
+			pf.Usage = fmt.Sprintf(projectionsFlagUsage, strings.Join(ProjectionNames(h.Projections(Config{})), ","))
 		}
 		fmt.Fprint(fs.Output(), benchUsage)
 		fs.PrintDefaults()
 	}
-	cfg, rest, err := parseConfig(fs, args, benchGetenv(getenv))
+	cfg, rest, err := h.ParseConfig(fs, args, benchGetenv(getenv))
 	if err != nil {
 		return err
 	}
 	if len(rest) > 0 {
 		return fmt.Errorf("unexpected arguments: %v", rest)
 	}
-	opts, err := parseBenchOptions(f, cfg)
+	opts, err := parseBenchOptions(h, f, cfg)
 	if err != nil {
 		return err
 	}
 	opts.JSON = *asJSON
-	log := newLogger(stderr, cfg.LogLevel)
+	log := h.NewLogger(stderr, cfg.LogLevel)
 
-	b, err := newBencher(ctx, cfg, opts, log, stderr)
+	b, err := newBencher(ctx, h, cfg, opts, log, stderr)
 	if err != nil {
 		return err
 	}
@@ -199,7 +193,7 @@ func benchGetenv(getenv func(string) string) func(string) string {
 	}
 }
 
-func projectionNames(ps []projection.Projection) []string {
+func ProjectionNames(ps []projection.Projection) []string {
 	out := make([]string, len(ps))
 	for i, p := range ps {
 		out[i] = p.Name()
@@ -207,7 +201,7 @@ func projectionNames(ps []projection.Projection) []string {
 	return out
 }
 
-func parseBenchOptions(f benchFlags, cfg Config) (benchOptions, error) {
+func parseBenchOptions(h Host, f benchFlags, cfg Config) (benchOptions, error) {
 	o := benchOptions{Duration: f.duration, Clients: f.clients, Events: f.events, Rate: f.rate, MemoryEvents: f.memoryEvents}
 	want := map[string]bool{}
 	for _, p := range strings.Split(f.phases, ",") {
@@ -215,16 +209,16 @@ func parseBenchOptions(f benchFlags, cfg Config) (benchOptions, error) {
 		switch {
 		case p == "":
 		case p == "all":
-			for _, q := range benchPhaseOrder() {
+			for _, q := range PhaseOrder() {
 				want[q] = true
 			}
-		case slices.Contains(benchPhaseOrder(), p):
+		case slices.Contains(PhaseOrder(), p):
 			want[p] = true
 		default:
-			return o, fmt.Errorf("invalid --phases: unknown phase %q (known: %s)", p, strings.Join(benchPhaseOrder(), ", "))
+			return o, fmt.Errorf("invalid --phases: unknown phase %q (known: %s)", p, strings.Join(PhaseOrder(), ", "))
 		}
 	}
-	for _, p := range benchPhaseOrder() {
+	for _, p := range PhaseOrder() {
 		if want[p] {
 			o.Phases = append(o.Phases, p)
 		}
@@ -272,10 +266,10 @@ func parseBenchOptions(f benchFlags, cfg Config) (benchOptions, error) {
 		o.Target = strings.TrimRight(f.target, "/")
 	}
 	var err error
-	if o.Projections, o.AllProjections, err = benchSelection(cfg); err != nil {
+	if o.Projections, o.AllProjections, err = benchSelection(h, cfg); err != nil {
 		return o, err
 	}
-	if want[phaseE2E] && !slices.Contains(o.Projections, projection.UserStats{}.Name()) &&
+	if want[PhaseE2E] && !slices.Contains(o.Projections, projection.UserStats{}.Name()) &&
 		!slices.Contains(o.Projections, projection.RecentCheckins{}.Name()) {
 		return o, fmt.Errorf("invalid --projections: e2e times a check-in until it is visible in %s or %s; select one of them, or leave e2e out of --phases",
 			projection.UserStats{}.Name(), projection.RecentCheckins{}.Name())
@@ -285,8 +279,8 @@ func parseBenchOptions(f benchFlags, cfg Config) (benchOptions, error) {
 
 // benchSelection resolves --projections (cfg.Projections) against the shipped projections: the
 // names in shipped order, and whether they are all of them.
-func benchSelection(cfg Config) ([]string, bool, error) {
-	shipped := projectionNames(allProjections(cfg))
+func benchSelection(h Host, cfg Config) ([]string, bool, error) {
+	shipped := ProjectionNames(h.Projections(cfg))
 	if len(cfg.Projections) == 0 {
 		return shipped, true, nil
 	}

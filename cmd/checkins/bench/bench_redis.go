@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bufio"
@@ -29,7 +29,7 @@ type benchRedis struct {
 
 // openBenchRedis uses redisURL when set; otherwise it starts a private redis-server without
 // persistence, so nothing on disk slows the figures down and nothing is left behind.
-func openBenchRedis(ctx context.Context, redisURL, runID string, log *slog.Logger) (*benchRedis, error) {
+func openBenchRedis(ctx context.Context, redisURL, runID string, log *slog.Logger, redact func(string) string) (*benchRedis, error) {
 	r := &benchRedis{url: redisURL}
 	if redisURL == "" {
 		if err := r.startPrivate(ctx, runID); err != nil {
@@ -48,7 +48,7 @@ func openBenchRedis(ctx context.Context, redisURL, runID string, log *slog.Logge
 		r.close(log)
 		return nil, fmt.Errorf("redis at %s does not answer INFO: %w", redact(r.url), err)
 	}
-	r.version = infoField(info, "redis_version")
+	r.version = InfoField(info, "redis_version")
 	return r, nil
 }
 
@@ -127,7 +127,7 @@ func (r *benchRedis) describe() string {
 	return "REDIS_URL " + u.Scheme + "://" + u.Host
 }
 
-func infoField(info, name string) string {
+func InfoField(info, name string) string {
 	sc := bufio.NewScanner(strings.NewReader(info))
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), name+":"); ok {

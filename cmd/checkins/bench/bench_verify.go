@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bytes"
@@ -187,7 +187,7 @@ func (b *bencher) verifyReadModels(ctx context.Context, keys adapters.KeySpace, 
 	found := map[string]*problems{}
 	seen := map[string]map[string]bool{}
 	var unchecked []string
-	shipped := allProjections(b.cfg)
+	shipped := b.host.Projections(b.cfg)
 	for _, name := range b.opts.Projections {
 		i := slices.IndexFunc(shipped, func(p projection.Projection) bool { return p.Name() == name })
 		rd := &slotRecorder{Reader: adapters.NewProjectionReader(b.reads, keys, name), slots: map[string]bool{}}
