@@ -107,7 +107,7 @@ func benchApply(b *testing.B, batch int) {
 	projs := []projection.Projection{projection.UserStats{}, projection.LocationStats{},
 		projection.Leaderboards{MinCheckins: 5}, projection.RecentCheckins{}, projection.DailyCheckins{}}
 	ctx := context.Background()
-	works := make([]adapters.Work, 0, batch*len(projs))
+	works := make([]projection.Work, 0, batch*len(projs))
 	cpu0 := redisCPU(b, c)
 	i := 0
 	flush := func() {
@@ -125,7 +125,7 @@ func benchApply(b *testing.B, batch int) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			works = append(works, adapters.Work{Group: "live", Projection: p.Name(), Version: 1, Event: adapters.RefOf(ev, entry(1_700_000_000_000+int64(i))), Updates: us})
+			works = append(works, projection.Work{Group: "live", Projection: p.Name(), Version: 1, Event: projection.RefOf(ev, entry(1_700_000_000_000+int64(i))), Updates: us})
 		}
 		if i%batch == 0 {
 			flush()

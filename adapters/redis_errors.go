@@ -83,3 +83,9 @@ func IsTransient(err error) bool {
 	_, ok := TransientReason(err)
 	return ok
 }
+
+// RedisErrors classifies Redis failures for the app (ops.Failures).
+type RedisErrors struct{}
+
+// TransientReason implements ops.Failures.
+func (RedisErrors) TransientReason(err error) (string, bool) { return TransientReason(err) }

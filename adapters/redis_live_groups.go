@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/app/ops"
 )
 
 // Processing groups ("live groups"): the projection versions a projector runs together consume
@@ -22,55 +24,12 @@ import (
 // The membership lives in the projections registry (KeySpace.Projections), field
 // live:<group>, as JSON; the position every group has acknowledged through, in acked:<group>.
 
-// LiveMember is one projection version's membership of a live group.
-type LiveMember struct {
-	// Join: entries after it reach the version through the live group.
-	Join string `json:"join"`
-	// Own is BackfillRunning while the version's own group still delivers entries up to Join,
-	// BackfillDone after.
-	Own string `json:"own"`
-	// DoneAt (ms, as a string) is when the backfill was found finished.
-	DoneAt string `json:"doneAt,omitempty"`
-	// Legacy: entries up to it may have been applied under the earlier layout's dedupe sets
-	// (an upgrade); they are checked there too.
-	Legacy string `json:"legacy,omitempty"`
-}
-
-// Backfill states of LiveMember.Own.
-const (
-	BackfillRunning = "running"
-	BackfillDone    = "done"
-)
-
-// Membership is a live group's members, by "<name>.v<N>". Raw is the registry value it was
-// parsed from, so a reader can tell cheaply whether it changed.
-type Membership struct {
-	Raw     string
-	Members map[string]LiveMember
-}
-
-// MemberName is how a projection version is named in a membership (and its own group).
-func MemberName(name string, version int) string { return name + ".v" + strconv.Itoa(version) }
-
-// ParseMemberName reads "users.v2" as ("users", 2).
-func ParseMemberName(s string) (string, int, bool) {
-	i := strings.LastIndex(s, ".v")
-	if i <= 0 {
-		return "", 0, false
-	}
-	v, err := strconv.Atoi(s[i+2:])
-	if err != nil || v < 1 {
-		return "", 0, false
-	}
-	return s[:i], v, true
-}
-
 const (
 	liveField  = "live:"
 	ackedField = "acked:"
 )
 
-// LiveGroups reads and changes live-group membership and acknowledged positions.
+// LiveGroups reads and changes live-group membership and acknowledged positions (ops.LiveGroups).
 type LiveGroups struct {
 	client redis.UniversalClient
 	keys   KeySpace
@@ -82,33 +41,33 @@ func NewLiveGroups(client redis.UniversalClient, keys KeySpace) *LiveGroups {
 }
 
 // Read is one live group's membership (empty when nobody joined yet).
-func (l *LiveGroups) Read(ctx context.Context, group string) (Membership, error) {
+func (l *LiveGroups) Read(ctx context.Context, group string) (ops.Membership, error) {
 	raw, err := l.client.HGet(ctx, l.keys.Projections(), liveField+group).Result()
 	if errors.Is(err, redis.Nil) {
-		return Membership{Members: map[string]LiveMember{}}, nil
+		return ops.Membership{Members: map[string]ops.LiveMember{}}, nil
 	}
 	if err != nil {
-		return Membership{}, err
+		return ops.Membership{}, err
 	}
 	return ParseMembership(group, raw)
 }
 
 // ParseMembership decodes a registry value.
-func ParseMembership(group, raw string) (Membership, error) {
-	m := Membership{Raw: raw, Members: map[string]LiveMember{}}
+func ParseMembership(group, raw string) (ops.Membership, error) {
+	m := ops.Membership{Raw: raw, Members: map[string]ops.LiveMember{}}
 	if err := json.Unmarshal([]byte(raw), &m.Members); err != nil {
-		return Membership{}, fmt.Errorf("live group %s: registry membership %q is not JSON: %w", group, raw, err)
+		return ops.Membership{}, fmt.Errorf("live group %s: registry membership %q is not JSON: %w", group, raw, err)
 	}
 	return m, nil
 }
 
 // ReadAll is every live group's membership and every group's acknowledged position.
-func (l *LiveGroups) ReadAll(ctx context.Context) (map[string]Membership, map[string]string, error) {
+func (l *LiveGroups) ReadAll(ctx context.Context) (map[string]ops.Membership, map[string]string, error) {
 	h, err := l.client.HGetAll(ctx, l.keys.Projections()).Result()
 	if err != nil {
 		return nil, nil, err
 	}
-	groups, acked := map[string]Membership{}, map[string]string{}
+	groups, acked := map[string]ops.Membership{}, map[string]string{}
 	for f, v := range h {
 		if g, ok := strings.CutPrefix(f, liveField); ok {
 			m, err := ParseMembership(g, v)
@@ -172,11 +131,11 @@ return enc
 `)
 
 // Join makes member (MemberName) part of live group, once: later calls return the membership.
-func (l *LiveGroups) Join(ctx context.Context, group, member string) (Membership, error) {
+func (l *LiveGroups) Join(ctx context.Context, group, member string) (ops.Membership, error) {
 	raw, err := joinLua.Run(ctx, l.client, []string{l.keys.Projections(), l.keys.Stream()}, group, member,
 		strconv.FormatInt(time.Now().UnixMilli(), 10)).Text()
 	if err != nil {
-		return Membership{}, fmt.Errorf("join %s to live group %s: %w", member, group, err)
+		return ops.Membership{}, fmt.Errorf("join %s to live group %s: %w", member, group, err)
 	}
 	return ParseMembership(group, raw)
 }
@@ -250,25 +209,16 @@ func (l *LiveGroups) ForgetAcked(ctx context.Context, group string) error {
 	return l.client.HDel(ctx, l.keys.Projections(), ackedField+group).Err()
 }
 
-// GroupProgress is how far one consumer group got.
-type GroupProgress struct {
-	LastDeliveredID string
-	Pending         int64
-	// AckedThrough: every entry up to it is acknowledged (just before the oldest pending
-	// entry, or the last delivered one when nothing is pending).
-	AckedThrough string
-}
-
 // ReadGroupsProgress reads every consumer group of stream (none when the stream is missing).
-func ReadGroupsProgress(ctx context.Context, client redis.UniversalClient, stream string) (map[string]GroupProgress, error) {
+func ReadGroupsProgress(ctx context.Context, client redis.UniversalClient, stream string) (map[string]ops.GroupPosition, error) {
 	gs, err := client.XInfoGroups(ctx, stream).Result()
 	if isNoSuchKey(err) {
-		return map[string]GroupProgress{}, nil
+		return map[string]ops.GroupPosition{}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
 	}
-	out := make(map[string]GroupProgress, len(gs))
+	out := make(map[string]ops.GroupPosition, len(gs))
 	pipe := client.Pipeline()
 	pend := map[string]*redis.XPendingCmd{}
 	for _, g := range gs {
@@ -276,7 +226,7 @@ func ReadGroupsProgress(ctx context.Context, client redis.UniversalClient, strea
 		if last == "0" { // a group that has delivered nothing, as the embedded Redis says it
 			last = "0-0"
 		}
-		out[g.Name] = GroupProgress{LastDeliveredID: last, Pending: g.Pending, AckedThrough: last}
+		out[g.Name] = ops.GroupPosition{LastDeliveredID: last, Pending: g.Pending, AckedThrough: last}
 		if g.Pending > 0 {
 			pend[g.Name] = pipe.XPending(ctx, stream, g.Name)
 		}
@@ -293,7 +243,7 @@ func ReadGroupsProgress(ctx context.Context, client redis.UniversalClient, strea
 		}
 		gp := out[name]
 		gp.Pending = p.Count
-		prev, ok := PrevEntryID(p.Lower)
+		prev, ok := ops.PrevEntryID(p.Lower)
 		if !ok {
 			return nil, fmt.Errorf("group %s: pending entry ID %q is not ms-seq", name, p.Lower)
 		}
@@ -301,47 +251,6 @@ func ReadGroupsProgress(ctx context.Context, client redis.UniversalClient, strea
 		out[name] = gp
 	}
 	return out, nil
-}
-
-// PrevEntryID is the greatest entry ID below id ("0-0" has none).
-func PrevEntryID(id string) (string, bool) {
-	ms, seq, ok := strings.Cut(id, "-")
-	m, err1 := strconv.ParseUint(ms, 10, 64)
-	s, err2 := strconv.ParseUint(seq, 10, 64)
-	if !ok || err1 != nil || err2 != nil {
-		return "", false
-	}
-	switch {
-	case s > 0:
-		return fmt.Sprintf("%d-%d", m, s-1), true
-	case m > 0:
-		return fmt.Sprintf("%d-%d", m-1, uint64(1<<64-1)), true
-	default:
-		return "0-0", true
-	}
-}
-
-// CompareEntryIDs orders two stream entry IDs (-1, 0, 1); malformed IDs sort first.
-func CompareEntryIDs(a, b string) int {
-	am, as, _ := strings.Cut(a, "-")
-	bm, bs, _ := strings.Cut(b, "-")
-	x, _ := strconv.ParseUint(am, 10, 64)
-	y, _ := strconv.ParseUint(bm, 10, 64)
-	if x != y {
-		if x < y {
-			return -1
-		}
-		return 1
-	}
-	p, _ := strconv.ParseUint(as, 10, 64)
-	q, _ := strconv.ParseUint(bs, 10, 64)
-	switch {
-	case p < q:
-		return -1
-	case p > q:
-		return 1
-	}
-	return 0
 }
 
 // DedupeFloor is the stream position below which no consumer group that feeds projections will
@@ -354,13 +263,13 @@ func CompareEntryIDs(a, b string) int {
 // every process of it down that long) does not hold the floor back, so a forgotten group cannot
 // make the registry grow forever. Such a group, if it comes back, may count a copy that falls in
 // the window of one it decided before it stopped.
-func DedupeFloor(ctx context.Context, client redis.UniversalClient, stream string, lives map[string]Membership,
-	progress map[string]GroupProgress, idleLimit time.Duration, now time.Time) (string, bool, error) {
+func DedupeFloor(ctx context.Context, client redis.UniversalClient, stream string, lives map[string]ops.Membership,
+	progress map[string]ops.GroupPosition, idleLimit time.Duration, now time.Time) (string, bool, error) {
 	var groups []string
 	for live, ms := range lives {
 		groups = append(groups, live)
 		for name, m := range ms.Members {
-			if m.Own == BackfillRunning {
+			if m.Own == ops.BackfillRunning {
 				groups = append(groups, name)
 			}
 		}
@@ -380,7 +289,7 @@ func DedupeFloor(ctx context.Context, client redis.UniversalClient, stream strin
 				continue
 			}
 		}
-		if floor == "" || CompareEntryIDs(p.AckedThrough, floor) < 0 {
+		if floor == "" || ops.CompareEntryIDs(p.AckedThrough, floor) < 0 {
 			floor = p.AckedThrough
 		}
 	}
@@ -403,3 +312,5 @@ func groupIdle(ctx context.Context, client redis.UniversalClient, stream, group 
 	}
 	return idle, nil
 }
+
+var _ ops.LiveGroups = (*LiveGroups)(nil)

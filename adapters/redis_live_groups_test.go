@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/app/ops"
 )
 
 // TestDedupeFloor: the floor is the least position of the live group and of members still
@@ -42,9 +43,9 @@ func TestDedupeFloor(t *testing.T) {
 		}
 	}
 	read("live", 10)
-	lives := map[string]adapters.Membership{"live": {Members: map[string]adapters.LiveMember{
-		"users.v1": {Join: "0-0", Own: adapters.BackfillDone},
-		"users.v2": {Join: last, Own: adapters.BackfillRunning},
+	lives := map[string]ops.Membership{"live": {Members: map[string]ops.LiveMember{
+		"users.v1": {Join: "0-0", Own: ops.BackfillDone},
+		"users.v2": {Join: last, Own: ops.BackfillRunning},
 	}}}
 	floor := func(limit time.Duration) (string, bool) {
 		t.Helper()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/domain"
 )
 
@@ -28,42 +29,7 @@ const (
 	PoisonFieldDecision = "poison:decision"
 )
 
-// Values of PoisonFieldDecision.
-const (
-	DecisionCounted   = "counted"
-	DecisionDuplicate = "duplicate"
-)
-
-// PoisonEntry is one event a projection gave up on.
-type PoisonEntry struct {
-	ID         string            `json:"id"` // entry ID in the poison stream
-	Stream     string            `json:"stream"`
-	EntryID    string            `json:"entryId"` // original entry ID in Stream
-	Projection string            `json:"projection"`
-	Group      string            `json:"group,omitempty"`   // consumer group, e.g. live or users.v2
-	Version    int               `json:"version,omitempty"` // projection version that failed (0: older entries, see Group)
-	Error      string            `json:"error"`
-	Attempts   int               `json:"attempts"`
-	FailedAt   time.Time         `json:"failedAt"`
-	Fields     map[string]string `json:"fields"` // the original entry, unchanged
-	// Decision is DecisionCounted or DecisionDuplicate: whether this copy of the check-in counts,
-	// as decided when it was parked ("" when it was not decided). A replay keeps it, whatever
-	// the dedupe registry has forgotten since.
-	Decision string `json:"decision,omitempty"`
-}
-
-// DecisionRef is e's decision as EventRef.Decision.
-func (e PoisonEntry) DecisionRef() Decision {
-	switch e.Decision {
-	case DecisionCounted:
-		return DecidedCounted
-	case DecisionDuplicate:
-		return DecidedDuplicate
-	}
-	return Undecided
-}
-
-// PoisonQueue is the Redis stream of parked events for one event stream.
+// PoisonQueue is the Redis stream of parked events for one event stream (ops.PoisonQueue).
 type PoisonQueue struct {
 	client redis.UniversalClient
 	stream string
@@ -79,7 +45,7 @@ func NewPoisonQueue(client redis.UniversalClient, keys KeySpace) *PoisonQueue {
 func (q *PoisonQueue) Stream() string { return q.stream }
 
 // Park adds e to the queue and returns its ID.
-func (q *PoisonQueue) Park(ctx context.Context, e PoisonEntry) (string, error) {
+func (q *PoisonQueue) Park(ctx context.Context, e ops.PoisonEntry) (string, error) {
 	id, err := q.client.XAdd(ctx, &redis.XAddArgs{Stream: q.stream, Values: poisonValues(e)}).Result()
 	if err != nil {
 		return "", fmt.Errorf("park event %s of %s in %s: %w", e.EntryID, e.Projection, q.stream, err)
@@ -97,7 +63,7 @@ return redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
 // Repark replaces the entry e.ID by e (with its new error, attempts and time) and returns the
 // new ID; domain.ErrNotFound when e.ID is no longer in the queue. Stream entries cannot be
 // updated in place, so the entry gets a new ID at the end of the queue.
-func (q *PoisonQueue) Repark(ctx context.Context, e PoisonEntry) (string, error) {
+func (q *PoisonQueue) Repark(ctx context.Context, e ops.PoisonEntry) (string, error) {
 	args := append([]any{e.ID}, poisonValues(e)...)
 	id, err := q.repark.Run(ctx, q.client, []string{q.stream}, args...).Text()
 	if errors.Is(err, redis.Nil) {
@@ -120,7 +86,7 @@ func (q *PoisonQueue) LastID(ctx context.Context) (string, error) {
 }
 
 // Range returns up to count entries with after < ID <= until, oldest first ("" after: from the start).
-func (q *PoisonQueue) Range(ctx context.Context, after, until string, count int64) ([]PoisonEntry, error) {
+func (q *PoisonQueue) Range(ctx context.Context, after, until string, count int64) ([]ops.PoisonEntry, error) {
 	start := "-"
 	if after != "" {
 		start = "(" + after
@@ -129,7 +95,7 @@ func (q *PoisonQueue) Range(ctx context.Context, after, until string, count int6
 	if err != nil {
 		return nil, err
 	}
-	out := make([]PoisonEntry, len(xs))
+	out := make([]ops.PoisonEntry, len(xs))
 	for i, x := range xs {
 		out[i] = toPoisonEntry(x)
 	}
@@ -144,7 +110,7 @@ func (q *PoisonQueue) DeleteIDs(ctx context.Context, ids ...string) (int64, erro
 	return q.client.XDel(ctx, q.stream, ids...).Result()
 }
 
-func poisonValues(e PoisonEntry) []any {
+func poisonValues(e ops.PoisonEntry) []any {
 	values := make([]any, 0, 2*(len(e.Fields)+8))
 	for k, v := range e.Fields {
 		if strings.HasPrefix(k, "poison:") {
@@ -165,7 +131,7 @@ func poisonValues(e PoisonEntry) []any {
 
 // List returns up to count entries after the cursor ("" from the start), oldest first, and the
 // cursor to continue ("" when done).
-func (q *PoisonQueue) List(ctx context.Context, cursor string, count int64) ([]PoisonEntry, string, error) {
+func (q *PoisonQueue) List(ctx context.Context, cursor string, count int64) ([]ops.PoisonEntry, string, error) {
 	start := "-"
 	if cursor != "" {
 		if !entryIDPattern.MatchString(cursor) {
@@ -177,7 +143,7 @@ func (q *PoisonQueue) List(ctx context.Context, cursor string, count int64) ([]P
 	if err != nil {
 		return nil, "", err
 	}
-	out := make([]PoisonEntry, len(xs))
+	out := make([]ops.PoisonEntry, len(xs))
 	for i, x := range xs {
 		out[i] = toPoisonEntry(x)
 	}
@@ -189,16 +155,16 @@ func (q *PoisonQueue) List(ctx context.Context, cursor string, count int64) ([]P
 }
 
 // Get returns one entry; domain.ErrNotFound when it is not there.
-func (q *PoisonQueue) Get(ctx context.Context, id string) (PoisonEntry, error) {
+func (q *PoisonQueue) Get(ctx context.Context, id string) (ops.PoisonEntry, error) {
 	if !entryIDPattern.MatchString(id) {
-		return PoisonEntry{}, &domain.ValidationError{Code: domain.CodeInvalid, Field: "id", Message: fmt.Sprintf("is not a poison entry ID: %q", id)}
+		return ops.PoisonEntry{}, &domain.ValidationError{Code: domain.CodeInvalid, Field: "id", Message: fmt.Sprintf("is not a poison entry ID: %q", id)}
 	}
 	xs, err := q.client.XRangeN(ctx, q.stream, id, id, 1).Result()
 	if err != nil {
-		return PoisonEntry{}, err
+		return ops.PoisonEntry{}, err
 	}
 	if len(xs) == 0 {
-		return PoisonEntry{}, fmt.Errorf("poison entry %s: %w", id, domain.ErrNotFound)
+		return ops.PoisonEntry{}, fmt.Errorf("poison entry %s: %w", id, domain.ErrNotFound)
 	}
 	return toPoisonEntry(xs[0]), nil
 }
@@ -242,8 +208,8 @@ func (q *PoisonQueue) CountByProjection(ctx context.Context) (map[string]int64, 
 	}
 }
 
-func toPoisonEntry(x redis.XMessage) PoisonEntry {
-	e := PoisonEntry{ID: x.ID, Fields: map[string]string{}}
+func toPoisonEntry(x redis.XMessage) ops.PoisonEntry {
+	e := ops.PoisonEntry{ID: x.ID, Fields: map[string]string{}}
 	for k, v := range x.Values {
 		s, _ := v.(string)
 		switch k {
@@ -275,3 +241,5 @@ func toPoisonEntry(x redis.XMessage) PoisonEntry {
 
 // ErrPoisonQueue wraps failures to park, so callers can tell them from handler failures.
 var ErrPoisonQueue = errors.New("poison queue")
+
+var _ ops.PoisonQueue = (*PoisonQueue)(nil)

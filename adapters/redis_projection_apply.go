@@ -241,33 +241,8 @@ var (
 // recognised as a duplicate.
 const DefaultDedupeWindow = 48 * time.Hour
 
-// EventRef is what applying needs to know of the event an update comes from.
-type EventRef struct {
-	EntryID  string // stream entry ID; "" when unknown (RecordedAt is the clock then)
-	UserID   int64  // whose registry decides
-	Identity int64  // domain.Checkin.Identity
-	// RecordedAt (ms) stands in for the entry's time when EntryID is empty.
-	RecordedAt int64
-	// LegacyID, when set, is the checkinId to look up in the dedupe sets of the service's earlier
-	// layout (<...>:{<slot>}:seen): entries read before an upgrade may be applied there already.
-	LegacyID string
-	// Decision is step 1's answer when it is known already: a parked event carries the one made
-	// when it was parked, since the registry may have let go of its copies by the time it is
-	// replayed. Apply then does not ask the registry.
-	Decision Decision
-}
-
-// Decision is step 1's answer for one event.
-type Decision int8
-
-// Decisions.
-const (
-	Undecided        Decision = iota
-	DecidedCounted            // this copy is the one counted
-	DecidedDuplicate          // another copy was counted
-)
-
-func (e EventRef) score() (int64, error) {
+// scoreOf is e's position as a score.
+func scoreOf(e projection.EventRef) (int64, error) {
 	if e.EntryID != "" {
 		s, ok := ScoreOfEntry(e.EntryID)
 		if !ok {
@@ -280,34 +255,6 @@ func (e EventRef) score() (int64, error) {
 	}
 	return e.RecordedAt * scorePerMs, nil
 }
-
-// Work is the updates one projection version made for one event, applied by one consumer group.
-type Work struct {
-	// Group is the consumer group the event came through: markers are kept per group, since
-	// only the group that delivered an entry delivers it again. Every update one group makes
-	// for one event in one slot is applied together, under one marker.
-	Group      string
-	Projection string
-	Version    int
-	Event      EventRef
-	Updates    []*projection.Update
-}
-
-// Prune tells, per consumer group, the stream position below which the group will deliver no
-// entry again (its oldest pending entry, or its last delivered one): markers below it may go.
-// ok false prunes nothing. A nil Prune prunes nothing.
-type Prune func(group string) (before string, ok bool)
-
-// Outcome of one Work.
-type Outcome int8
-
-// Outcomes.
-const (
-	Applied        Outcome = iota + 1 // at least one update was applied now
-	AlreadyApplied                    // every update had landed before (a redelivery)
-	Duplicate                         // another copy of this check-in was counted
-	Ignored                           // the projection made no update for the event
-)
 
 // ProjectionApplier applies projection updates in batches, each exactly once per check-in.
 type ProjectionApplier struct {
@@ -458,8 +405,8 @@ var opArity = map[projection.OpKind][2]int{
 // a script may touch one slot only, so step 1 runs first, then step 2 per slot. Outcomes are
 // per work, in order. An error means some updates may have been applied and others not:
 // calling Apply again with the same works is safe and completes them.
-func (a *ProjectionApplier) Apply(ctx context.Context, works []Work, prune Prune) ([]Outcome, error) {
-	out := make([]Outcome, len(works))
+func (a *ProjectionApplier) Apply(ctx context.Context, works []projection.Work, prune projection.Prune) ([]projection.Outcome, error) {
+	out := make([]projection.Outcome, len(works))
 	if len(works) == 0 {
 		return out, nil
 	}
@@ -470,7 +417,7 @@ func (a *ProjectionApplier) Apply(ctx context.Context, works []Work, prune Prune
 				return nil, err
 			}
 		}
-		s, err := w.Event.score()
+		s, err := scoreOf(w.Event)
 		if err != nil {
 			return nil, fmt.Errorf("projection %s: %w", w.Projection, err)
 		}
@@ -481,9 +428,9 @@ func (a *ProjectionApplier) Apply(ctx context.Context, works []Work, prune Prune
 	var ask []int
 	for i, w := range works {
 		switch w.Event.Decision {
-		case DecidedCounted:
+		case projection.DecidedCounted:
 			counted[i], decided[i] = true, true
-		case DecidedDuplicate:
+		case projection.DecidedDuplicate:
 			decided[i] = true
 		default:
 			if a.cluster {
@@ -494,7 +441,7 @@ func (a *ProjectionApplier) Apply(ctx context.Context, works []Work, prune Prune
 		}
 	}
 	if len(ask) > 0 {
-		sub, subScores := make([]Work, len(ask)), make([]int64, len(ask))
+		sub, subScores := make([]projection.Work, len(ask)), make([]int64, len(ask))
 		for k, i := range ask {
 			sub[k], subScores[k] = works[i], scores[i]
 		}
@@ -513,11 +460,11 @@ func (a *ProjectionApplier) Apply(ctx context.Context, works []Work, prune Prune
 	for i := range works {
 		switch {
 		case !counted[i] || states[i] == itemDuplicate:
-			out[i] = Duplicate
+			out[i] = projection.Duplicate
 		case states[i] == itemApplied:
-			out[i] = Applied
+			out[i] = projection.Applied
 		default:
-			out[i] = AlreadyApplied
+			out[i] = projection.AlreadyApplied
 		}
 	}
 	return out, nil
@@ -537,21 +484,21 @@ type decideKey struct {
 
 // Decide runs step 1 for events without applying anything: true for the copy to count. It is
 // idempotent (the counted copy asked again is still the counted copy), so the projector asks it
-// for an event it parks, and the parked event keeps the answer (EventRef.Decision).
-func (a *ProjectionApplier) Decide(ctx context.Context, events []EventRef) ([]bool, error) {
-	works, scores := make([]Work, len(events)), make([]int64, len(events))
+// for an event it parks, and the parked event keeps the answer (projection.EventRef.Decision).
+func (a *ProjectionApplier) Decide(ctx context.Context, events []projection.EventRef) ([]bool, error) {
+	works, scores := make([]projection.Work, len(events)), make([]int64, len(events))
 	for i, e := range events {
-		s, err := e.score()
+		s, err := scoreOf(e)
 		if err != nil {
 			return nil, err
 		}
-		works[i], scores[i] = Work{Event: e}, s
+		works[i], scores[i] = projection.Work{Event: e}, s
 	}
 	return a.decide(ctx, works, scores)
 }
 
 // decide runs step 1 once per distinct event of works.
-func (a *ProjectionApplier) decide(ctx context.Context, works []Work, scores []int64) ([]bool, error) {
+func (a *ProjectionApplier) decide(ctx context.Context, works []projection.Work, scores []int64) ([]bool, error) {
 	type event struct {
 		user     int64
 		identity int64
@@ -634,7 +581,7 @@ type updateRef struct{ work, update int }
 // apply runs step 2 (with step 1 on a single server, for works not decided yet) for the updates
 // of counted works; it returns each work's item state (the best of its items: applied anywhere
 // counts as applied).
-func (a *ProjectionApplier) apply(ctx context.Context, works []Work, scores []int64, counted, decided []bool, prune Prune) ([]int, error) {
+func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, scores []int64, counted, decided []bool, prune projection.Prune) ([]int, error) {
 	type itemKey struct {
 		group, slot string
 		event       decideKey
@@ -924,32 +871,27 @@ func scriptSource(s *redis.Script) string {
 // markers: how a parked event is replayed (under a group of its own), and a short way to feed a
 // projection in tests. entryID is the event's stream entry ("" uses its recordedAt as the
 // clock). It prunes nothing.
-func (a *ProjectionApplier) ApplyEvent(ctx context.Context, group string, p projection.Projection, version int, e domain.CheckinRecorded, entryID string) (Outcome, error) {
-	return a.ApplyDecided(ctx, group, p, version, e, entryID, Undecided)
+func (a *ProjectionApplier) ApplyEvent(ctx context.Context, group string, p projection.Projection, version int, e domain.CheckinRecorded, entryID string) (projection.Outcome, error) {
+	return a.ApplyDecided(ctx, group, p, version, e, entryID, projection.Undecided)
 }
 
 // ApplyDecided is ApplyEvent for an event whose dedupe decision is known (a parked one): the
 // registry is not asked again.
-func (a *ProjectionApplier) ApplyDecided(ctx context.Context, group string, p projection.Projection, version int, e domain.CheckinRecorded, entryID string, d Decision) (Outcome, error) {
+func (a *ProjectionApplier) ApplyDecided(ctx context.Context, group string, p projection.Projection, version int, e domain.CheckinRecorded, entryID string, d projection.Decision) (projection.Outcome, error) {
 	updates, err := projection.Updates(ctx, p, e)
 	if err != nil {
 		return 0, err
 	}
 	if len(updates) == 0 {
-		return Ignored, nil
+		return projection.Ignored, nil
 	}
-	ref := RefOf(e, entryID)
+	ref := projection.RefOf(e, entryID)
 	ref.Decision = d
-	out, err := a.Apply(ctx, []Work{{Group: group, Projection: p.Name(), Version: version, Event: ref, Updates: updates}}, nil)
+	out, err := a.Apply(ctx, []projection.Work{{Group: group, Projection: p.Name(), Version: version, Event: ref, Updates: updates}}, nil)
 	if err != nil {
 		return 0, err
 	}
 	return out[0], nil
-}
-
-// RefOf is the EventRef of e read from the stream at entryID.
-func RefOf(e domain.CheckinRecorded, entryID string) EventRef {
-	return EventRef{EntryID: entryID, UserID: e.UserID, Identity: e.Identity(), RecordedAt: e.RecordedAt}
 }
 
 func (a *ProjectionApplier) touch(items []item) {

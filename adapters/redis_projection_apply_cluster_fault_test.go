@@ -59,14 +59,14 @@ func TestApplySurvivesAMasterCrash(t *testing.T) {
 		wg.Go(func() {
 			// Each applier takes every other batch: both write to every master all along.
 			for start := w * batch; start < len(evs); start += appliers * batch {
-				var works []adapters.Work
+				var works []projection.Work
 				for i := start; i < min(start+batch, len(evs)); i++ {
 					for _, p := range projections {
 						us, err := projection.Updates(ctx, p, evs[i])
 						if err != nil {
 							panic(err)
 						}
-						works = append(works, adapters.Work{Group: "live", Projection: p.Name(), Version: 1, Event: adapters.RefOf(evs[i], entries[i]), Updates: us})
+						works = append(works, projection.Work{Group: "live", Projection: p.Name(), Version: 1, Event: projection.RefOf(evs[i], entries[i]), Updates: us})
 					}
 				}
 				for deadline := time.Now().Add(30 * time.Second); ; {

@@ -137,18 +137,18 @@ func entry(ms int64) string { return strconv.FormatInt(ms, 10) + "-0" }
 // applyBoth feeds ev, read at entryID, to users and locations through one group, in one call
 // (as the projector applies a batch: a group's updates for an event go together); it returns
 // their outcomes.
-func applyBoth(t testing.TB, a *adapters.ProjectionApplier, ev domain.CheckinRecorded, entryID string) [2]adapters.Outcome {
+func applyBoth(t testing.TB, a *adapters.ProjectionApplier, ev domain.CheckinRecorded, entryID string) [2]projection.Outcome {
 	t.Helper()
 	ctx := context.Background()
-	var works []adapters.Work
+	var works []projection.Work
 	for _, p := range []projection.Projection{projection.UserStats{}, projection.LocationStats{}} {
 		us, err := projection.Updates(ctx, p, ev)
 		require.NoError(t, err)
-		works = append(works, adapters.Work{Group: "g", Projection: p.Name(), Version: 1, Event: adapters.RefOf(ev, entryID), Updates: us})
+		works = append(works, projection.Work{Group: "g", Projection: p.Name(), Version: 1, Event: projection.RefOf(ev, entryID), Updates: us})
 	}
 	out, err := a.Apply(ctx, works, nil)
 	require.NoError(t, err)
-	return [2]adapters.Outcome{out[0], out[1]}
+	return [2]projection.Outcome{out[0], out[1]}
 }
 
 // snapshot is every read-model key under the prefix with its full content, the prefix cut off,
@@ -252,16 +252,16 @@ func testApplyCountsEachCheckinOnce(t *testing.T, env projEnv) {
 	a := env.applier(t, env.client)
 	ev := recorded("ck-1", 42, 7, 4, 1_700_000_000_000)
 
-	assert.Equal(t, [2]adapters.Outcome{adapters.Applied, adapters.Applied}, applyBoth(t, a, ev, entry(1_700_000_000_001)))
+	assert.Equal(t, [2]projection.Outcome{projection.Applied, projection.Applied}, applyBoth(t, a, ev, entry(1_700_000_000_001)))
 	before := snapshot(t, env.client, env.keys.Prefix)
 	require.NotEmpty(t, before)
 
 	// Redelivered (same entry): the markers say it landed.
-	assert.Equal(t, [2]adapters.Outcome{adapters.AlreadyApplied, adapters.AlreadyApplied}, applyBoth(t, a, ev, entry(1_700_000_000_001)))
+	assert.Equal(t, [2]projection.Outcome{projection.AlreadyApplied, projection.AlreadyApplied}, applyBoth(t, a, ev, entry(1_700_000_000_001)))
 	// Published again (another entry, same check-in), a minute and a day later: the registry
 	// says another copy was counted, for both projections alike.
-	assert.Equal(t, [2]adapters.Outcome{adapters.Duplicate, adapters.Duplicate}, applyBoth(t, a, ev, entry(1_700_000_060_000)))
-	assert.Equal(t, [2]adapters.Outcome{adapters.Duplicate, adapters.Duplicate}, applyBoth(t, a, ev, entry(1_700_086_400_000)))
+	assert.Equal(t, [2]projection.Outcome{projection.Duplicate, projection.Duplicate}, applyBoth(t, a, ev, entry(1_700_000_060_000)))
+	assert.Equal(t, [2]projection.Outcome{projection.Duplicate, projection.Duplicate}, applyBoth(t, a, ev, entry(1_700_086_400_000)))
 	assert.Equal(t, before, snapshot(t, env.client, env.keys.Prefix), "a duplicate must change nothing")
 	assert.Equal(t, projection.UserStatsView{UserID: 42, NumCheckins: 1, LastCheckin: ev.Timestamp, LastSeenAt: 7}, env.userStats(t, 42))
 	assert.Equal(t, projection.LocationStatsView{LocationID: 7, NumCheckins: 1, NumStars: 4, AverageStars: 4}, env.locationStats(t, 7))
@@ -269,7 +269,7 @@ func testApplyCountsEachCheckinOnce(t *testing.T, env projEnv) {
 	// The same checkinId with another body is another check-in: counted by both.
 	other := ev
 	other.StarRating = 1
-	assert.Equal(t, [2]adapters.Outcome{adapters.Applied, adapters.Applied}, applyBoth(t, a, other, entry(1_700_000_120_000)))
+	assert.Equal(t, [2]projection.Outcome{projection.Applied, projection.Applied}, applyBoth(t, a, other, entry(1_700_000_120_000)))
 	assert.Equal(t, int64(2), env.userStats(t, 42).NumCheckins)
 	assert.Equal(t, projection.LocationStatsView{LocationID: 7, NumCheckins: 2, NumStars: 5, AverageStars: 3}, env.locationStats(t, 7))
 
@@ -289,10 +289,10 @@ func testApplyDedupeWindow(t *testing.T, env projEnv) {
 	ctx := context.Background()
 	// As the projector does: every entry before the one at hand was acknowledged by every group,
 	// so the markers below it may go.
-	apply := func(ev domain.CheckinRecorded, at int64) adapters.Outcome {
+	apply := func(ev domain.CheckinRecorded, at int64) projection.Outcome {
 		us, err := projection.Updates(ctx, projection.UserStats{}, ev)
 		require.NoError(t, err)
-		out, err := a.Apply(ctx, []adapters.Work{{Group: "g", Projection: "users", Version: 1, Event: adapters.RefOf(ev, entry(at)), Updates: us}},
+		out, err := a.Apply(ctx, []projection.Work{{Group: "g", Projection: "users", Version: 1, Event: projection.RefOf(ev, entry(at)), Updates: us}},
 			func(string) (string, bool) { return entry(at), true })
 		require.NoError(t, err)
 		return out[0]
@@ -301,12 +301,12 @@ func testApplyDedupeWindow(t *testing.T, env projEnv) {
 	const t0 = 1_700_000_000_000
 	defer a.PruneEvery(1)
 	a.PruneEvery(0) // correctness must not depend on pruning: stale markers count as absent
-	assert.Equal(t, adapters.Applied, apply(ev, t0))
-	assert.Equal(t, adapters.Duplicate, apply(ev, t0+3_600_000), "exactly the window apart: a duplicate")
+	assert.Equal(t, projection.Applied, apply(ev, t0))
+	assert.Equal(t, projection.Duplicate, apply(ev, t0+3_600_000), "exactly the window apart: a duplicate")
 	// Beyond the window the copy is counted again (the documented limit), and it becomes the
 	// copy later ones are judged against.
-	assert.Equal(t, adapters.Applied, apply(ev, t0+3_600_001))
-	assert.Equal(t, adapters.Duplicate, apply(ev, t0+7_000_000))
+	assert.Equal(t, projection.Applied, apply(ev, t0+3_600_001))
+	assert.Equal(t, projection.Duplicate, apply(ev, t0+7_000_000))
 	assert.Equal(t, int64(2), env.userStats(t, 1).NumCheckins)
 	a.PruneEvery(1)
 
@@ -344,30 +344,30 @@ func testRegistryKeepsWhatABackfillStillDecides(t *testing.T, env projEnv) {
 	require.NoError(t, err)
 	a.PruneEvery(1)
 	ctx := context.Background()
-	apply := func(group string, version int, ev domain.CheckinRecorded, at int64) adapters.Outcome {
+	apply := func(group string, version int, ev domain.CheckinRecorded, at int64) projection.Outcome {
 		us, err := projection.Updates(ctx, projection.UserStats{}, ev)
 		require.NoError(t, err)
-		out, err := a.Apply(ctx, []adapters.Work{{Group: group, Projection: "users", Version: version, Event: adapters.RefOf(ev, entry(at)), Updates: us}},
+		out, err := a.Apply(ctx, []projection.Work{{Group: group, Projection: "users", Version: version, Event: projection.RefOf(ev, entry(at)), Updates: us}},
 			func(string) (string, bool) { return "", false })
 		require.NoError(t, err)
 		return out[0]
 	}
 	const t0 = 1_700_000_000_000
 	dup := recorded("ck-dup", 1, 1, 3, 1_000) // recorded twice, 10 s apart: one check-in
-	assert.Equal(t, adapters.Applied, apply("live", 1, dup, t0))
-	assert.Equal(t, adapters.Duplicate, apply("live", 1, dup, t0+10_000))
+	assert.Equal(t, projection.Applied, apply("live", 1, dup, t0))
+	assert.Equal(t, projection.Duplicate, apply("live", 1, dup, t0+10_000))
 	// Live moves an hour on; everything before is acknowledged, and only live exists yet.
 	require.NoError(t, a.SetRegistryFloor(entry(t0+3_600_000)))
-	assert.Equal(t, adapters.Applied, apply("live", 1, recorded("later-1", 1, 1, 1, 2_000), t0+3_600_000))
+	assert.Equal(t, projection.Applied, apply("live", 1, recorded("later-1", 1, 1, 1, 2_000), t0+3_600_000))
 	// A rebuild of users starts: its own group reads from the start, so the floor is its
 	// position (the projector takes the least of every group's).
 	require.NoError(t, a.SetRegistryFloor(entry(t0-1)))
-	assert.Equal(t, adapters.Applied, apply("users.v2", 2, dup, t0))
+	assert.Equal(t, projection.Applied, apply("users.v2", 2, dup, t0))
 	// Live goes on meanwhile, with check-ins of the same user (their calls prune her registry).
-	assert.Equal(t, adapters.Applied, apply("live", 1, recorded("later-2", 1, 1, 1, 3_000), t0+3_600_001))
-	assert.Equal(t, adapters.Duplicate, apply("users.v2", 2, dup, t0+10_000), "the backfill must decide as live did")
+	assert.Equal(t, projection.Applied, apply("live", 1, recorded("later-2", 1, 1, 1, 3_000), t0+3_600_001))
+	assert.Equal(t, projection.Duplicate, apply("users.v2", 2, dup, t0+10_000), "the backfill must decide as live did")
 	for i, id := range []string{"later-1", "later-2"} {
-		assert.Equal(t, adapters.Applied, apply("users.v2", 2, recorded(id, 1, 1, 1, int64(2_000+1_000*i)), t0+3_600_000+int64(i)))
+		assert.Equal(t, projection.Applied, apply("users.v2", 2, recorded(id, 1, 1, 1, int64(2_000+1_000*i)), t0+3_600_000+int64(i)))
 	}
 	require.NoError(t, env.client.HSet(ctx, env.keys.Projections(), "users.version", "2").Err())
 	assert.Equal(t, int64(3), env.userStats(t, 1).NumCheckins)
@@ -388,10 +388,10 @@ func testParkedEventKeepsItsDecision(t *testing.T, env projEnv) {
 	const t0 = 1_700_000_000_000
 	ev := recorded("ck-p", 7, 1, 4, 1_000)
 	// Both copies fail in users and are parked; step 1 decides them as they are parked.
-	decided, err := a.Decide(ctx, []adapters.EventRef{adapters.RefOf(ev, entry(t0)), adapters.RefOf(ev, entry(t0+5_000))})
+	decided, err := a.Decide(ctx, []projection.EventRef{projection.RefOf(ev, entry(t0)), projection.RefOf(ev, entry(t0+5_000))})
 	require.NoError(t, err)
 	assert.Equal(t, []bool{true, false}, decided)
-	again, err := a.Decide(ctx, []adapters.EventRef{adapters.RefOf(ev, entry(t0))})
+	again, err := a.Decide(ctx, []projection.EventRef{projection.RefOf(ev, entry(t0))})
 	require.NoError(t, err)
 	assert.Equal(t, []bool{true}, again, "deciding is idempotent")
 	// Days later, with the registry pruned past both copies.
@@ -402,15 +402,15 @@ func testParkedEventKeepsItsDecision(t *testing.T, env projEnv) {
 	require.ErrorIs(t, err, redis.Nil, "the registry forgot the copies (score %v)", n)
 
 	// The duplicate first: asked now, the registry would count it (it remembers neither copy).
-	out, err := a.ApplyDecided(ctx, "replay:users.v1", projection.UserStats{}, 1, ev, entry(t0+5_000), adapters.DecidedDuplicate)
+	out, err := a.ApplyDecided(ctx, "replay:users.v1", projection.UserStats{}, 1, ev, entry(t0+5_000), projection.DecidedDuplicate)
 	require.NoError(t, err)
-	assert.Equal(t, adapters.Duplicate, out)
-	out, err = a.ApplyDecided(ctx, "replay:users.v1", projection.UserStats{}, 1, ev, entry(t0), adapters.DecidedCounted)
+	assert.Equal(t, projection.Duplicate, out)
+	out, err = a.ApplyDecided(ctx, "replay:users.v1", projection.UserStats{}, 1, ev, entry(t0), projection.DecidedCounted)
 	require.NoError(t, err)
-	assert.Equal(t, adapters.Applied, out)
-	out, err = a.ApplyDecided(ctx, "replay:users.v1", projection.UserStats{}, 1, ev, entry(t0), adapters.DecidedCounted)
+	assert.Equal(t, projection.Applied, out)
+	out, err = a.ApplyDecided(ctx, "replay:users.v1", projection.UserStats{}, 1, ev, entry(t0), projection.DecidedCounted)
 	require.NoError(t, err)
-	assert.Equal(t, adapters.AlreadyApplied, out, "a replay run twice applies once")
+	assert.Equal(t, projection.AlreadyApplied, out, "a replay run twice applies once")
 	assert.Equal(t, int64(1), env.userStats(t, 7).NumCheckins)
 }
 
@@ -423,7 +423,7 @@ func testApplyMarkersArePruned(t *testing.T, env projEnv) {
 	a := env.applier(t, env.client).PruneEvery(1)
 	ctx := context.Background()
 	const t0 = 1_700_000_000_000
-	works := map[string][]adapters.Work{}
+	works := map[string][]projection.Work{}
 	for i := range 50 {
 		ev := recorded("ck-"+strconv.Itoa(i), 1, 1, 2, 5_000+int64(i))
 		for _, p := range []projection.Projection{projection.UserStats{}, projection.RecentCheckins{}} {
@@ -433,13 +433,13 @@ func testApplyMarkersArePruned(t *testing.T, env projEnv) {
 				if g == "users.v2" && p.Name() != "users" {
 					continue
 				}
-				works[g] = append(works[g], adapters.Work{Group: g, Projection: p.Name(), Version: 1 + strings.Count(g, "v2"),
-					Event: adapters.RefOf(ev, entry(t0+int64(i))), Updates: us})
+				works[g] = append(works[g], projection.Work{Group: g, Projection: p.Name(), Version: 1 + strings.Count(g, "v2"),
+					Event: projection.RefOf(ev, entry(t0+int64(i))), Updates: us})
 			}
 		}
 	}
 	live, own := works["live"], works["users.v2"] // two works (users, recent) per event in live
-	for _, ws := range [][]adapters.Work{live[:80], own[:40]} {
+	for _, ws := range [][]projection.Work{live[:80], own[:40]} {
 		_, err := a.Apply(ctx, ws, nil)
 		require.NoError(t, err)
 	}
@@ -459,10 +459,10 @@ func testApplyMarkersArePruned(t *testing.T, env projEnv) {
 	}
 	out, err := a.Apply(ctx, append(slices.Clone(live[70:]), own[35:]...), prune)
 	require.NoError(t, err)
-	want := slices.Repeat([]adapters.Outcome{adapters.AlreadyApplied}, 10)
-	want = append(want, slices.Repeat([]adapters.Outcome{adapters.Applied}, 20)...)
-	want = append(want, slices.Repeat([]adapters.Outcome{adapters.AlreadyApplied}, 5)...)
-	want = append(want, slices.Repeat([]adapters.Outcome{adapters.Applied}, 10)...)
+	want := slices.Repeat([]projection.Outcome{projection.AlreadyApplied}, 10)
+	want = append(want, slices.Repeat([]projection.Outcome{projection.Applied}, 20)...)
+	want = append(want, slices.Repeat([]projection.Outcome{projection.AlreadyApplied}, 5)...)
+	want = append(want, slices.Repeat([]projection.Outcome{projection.Applied}, 10)...)
 	assert.Equal(t, want, out)
 	assert.Equal(t, int64(20), card("live"), "markers of entries 30..49 remain")
 	assert.Equal(t, int64(50), card("users.v2"), "another group's markers are its own")
@@ -483,9 +483,9 @@ func testApplyLegacySeenSet(t *testing.T, env projEnv) {
 		ev := recorded(id, 5, 1, 1, 1_000)
 		us, err := projection.Updates(ctx, projection.UserStats{}, ev)
 		require.NoError(t, err)
-		ref := adapters.RefOf(ev, entry(1_700_000_000_000))
+		ref := projection.RefOf(ev, entry(1_700_000_000_000))
 		ref.LegacyID = id
-		_, err = a.Apply(ctx, []adapters.Work{{Group: "g", Projection: "users", Version: 1, Event: ref, Updates: us}}, nil)
+		_, err = a.Apply(ctx, []projection.Work{{Group: "g", Projection: "users", Version: 1, Event: ref, Updates: us}}, nil)
 		require.NoError(t, err)
 	}
 	assert.Equal(t, int64(1), env.userStats(t, 5).NumCheckins, "old-1 was applied before the upgrade")
@@ -698,7 +698,7 @@ func testApplyConcurrentBatches(t *testing.T, env projEnv) {
 				errs <- err
 				return
 			}
-			var works []adapters.Work
+			var works []projection.Work
 			for _, p := range picks {
 				for _, proj := range []projection.Projection{projection.UserStats{}, projection.LocationStats{}} {
 					us, err := projection.Updates(ctx, proj, p.ev)
@@ -706,7 +706,7 @@ func testApplyConcurrentBatches(t *testing.T, env projEnv) {
 						errs <- err
 						return
 					}
-					works = append(works, adapters.Work{Group: "g", Projection: proj.Name(), Version: 1, Event: adapters.RefOf(p.ev, p.entry), Updates: us})
+					works = append(works, projection.Work{Group: "g", Projection: proj.Name(), Version: 1, Event: projection.RefOf(p.ev, p.entry), Updates: us})
 				}
 			}
 			for chunk := range slices.Chunk(works, 16) {
@@ -748,9 +748,9 @@ func testApplyRejectsBeforeAnyWrite(t *testing.T, env projEnv) {
 	}
 	ev := recorded("ck-1", 1, 1, 1, 1)
 	for name, u := range tests {
-		works := []adapters.Work{
-			{Group: "g", Projection: "users", Version: 1, Event: adapters.RefOf(ev, entry(1_700_000_000_000)), Updates: []*projection.Update{valid()}},
-			{Group: "g", Projection: "users", Version: 1, Event: adapters.RefOf(ev, entry(1_700_000_000_000)), Updates: []*projection.Update{u}},
+		works := []projection.Work{
+			{Group: "g", Projection: "users", Version: 1, Event: projection.RefOf(ev, entry(1_700_000_000_000)), Updates: []*projection.Update{valid()}},
+			{Group: "g", Projection: "users", Version: 1, Event: projection.RefOf(ev, entry(1_700_000_000_000)), Updates: []*projection.Update{u}},
 		}
 		_, err := a.Apply(ctx, works, nil)
 		assert.Error(t, err, name)
@@ -758,7 +758,7 @@ func testApplyRejectsBeforeAnyWrite(t *testing.T, env projEnv) {
 		require.NoError(t, err)
 		assert.Empty(t, keys, "%s: nothing may be written, not even the registry", name)
 	}
-	_, err := a.Apply(ctx, []adapters.Work{{Group: "g", Projection: "users", Version: 1, Event: adapters.EventRef{UserID: 1, Identity: 1}, Updates: []*projection.Update{valid()}}}, nil)
+	_, err := a.Apply(ctx, []projection.Work{{Group: "g", Projection: "users", Version: 1, Event: projection.EventRef{UserID: 1, Identity: 1}, Updates: []*projection.Update{valid()}}}, nil)
 	assert.ErrorContains(t, err, "neither a stream entry ID nor a usable recordedAt")
 }
 
@@ -793,7 +793,7 @@ func TestApplyScriptLostOnOneNode(t *testing.T) {
 			once.Do(func() { err = n.ScriptFlush(ctx).Err() }) // one node, whichever comes first
 			return err
 		}))
-		var works []adapters.Work
+		var works []projection.Work
 		var evs []domain.CheckinRecorded
 		for i := range 40 { // 40 users and locations: every master has some
 			ev := recorded("ck-"+strconv.Itoa(i), int64(i+2), int64(i+2), i%6, 100)
@@ -801,12 +801,12 @@ func TestApplyScriptLostOnOneNode(t *testing.T) {
 			for _, p := range []projection.Projection{projection.UserStats{}, projection.LocationStats{}} {
 				us, err := projection.Updates(ctx, p, ev)
 				require.NoError(t, err)
-				works = append(works, adapters.Work{Group: "g", Projection: p.Name(), Version: 1, Event: adapters.RefOf(ev, entry(1_700_000_000_001+int64(i))), Updates: us})
+				works = append(works, projection.Work{Group: "g", Projection: p.Name(), Version: 1, Event: projection.RefOf(ev, entry(1_700_000_000_001+int64(i))), Updates: us})
 			}
 		}
 		out, err := a.Apply(ctx, works, nil)
 		require.NoError(t, err)
-		assert.Equal(t, slices.Repeat([]adapters.Outcome{adapters.Applied}, len(works)), out)
+		assert.Equal(t, slices.Repeat([]projection.Outcome{projection.Applied}, len(works)), out)
 		env.assertStats(t, expect(evs))
 	})
 }
@@ -894,7 +894,7 @@ func testProjectionReaderFollowsCurrentVersion(t *testing.T, env projEnv) {
 	for id, ev := range map[string]domain.CheckinRecorded{entry(1_700_000_000_001): recorded("b", 1, 2, 1, 20), entry(1_700_000_000_000): recorded("a", 1, 1, 1, 10)} {
 		out, err := a.ApplyEvent(ctx, "users.v2", projection.UserStats{}, 2, ev, id)
 		require.NoError(t, err)
-		assert.Equal(t, adapters.Applied, out)
+		assert.Equal(t, projection.Applied, out)
 	}
 	assert.Equal(t, int64(1), env.userStats(t, 1).NumCheckins, "version 1 serves until switched")
 	require.NoError(t, env.client.HSet(ctx, env.keys.Projections(), "users.version", "2").Err())
@@ -922,7 +922,7 @@ func testApplySweepLetsGoOfAQuietGroupsMarkers(t *testing.T, env projEnv) {
 			ev := recorded("ck-"+strconv.Itoa(i), int64(i%2+1), 1, 2, 1_000)
 			us, err := projection.Updates(ctx, projection.UserStats{}, ev)
 			require.NoError(t, err)
-			_, err = a.Apply(ctx, []adapters.Work{{Group: g, Projection: "users", Version: 1 + len(g)%2, Event: adapters.RefOf(ev, entry(t0+int64(i))), Updates: us}}, nil)
+			_, err = a.Apply(ctx, []projection.Work{{Group: g, Projection: "users", Version: 1 + len(g)%2, Event: projection.RefOf(ev, entry(t0+int64(i))), Updates: us}}, nil)
 			require.NoError(t, err)
 		}
 	}
@@ -969,7 +969,7 @@ func testRegistryIsPrunedByEveryCallThatTouchesIt(t *testing.T, env projEnv) {
 		ev := recorded("spread-"+strconv.Itoa(i), 1, 1, 1, at)
 		us, err := projection.Updates(ctx, projection.UserStats{}, ev)
 		require.NoError(t, err)
-		_, err = a.Apply(ctx, []adapters.Work{{Group: "g", Projection: "users", Version: 1, Event: adapters.RefOf(ev, entry(at)), Updates: us}},
+		_, err = a.Apply(ctx, []projection.Work{{Group: "g", Projection: "users", Version: 1, Event: projection.RefOf(ev, entry(at)), Updates: us}},
 			func(string) (string, bool) { return "", false })
 		require.NoError(t, err)
 		n, err := env.client.ZCard(ctx, env.keys.Registry(1)).Result()
@@ -1024,16 +1024,16 @@ func TestApplyClusterEqualsStandalone(t *testing.T) {
 		rest = rest[n:]
 	}
 	ctx := context.Background()
-	run := func(env projEnv) ([]adapters.Outcome, map[string]string) {
+	run := func(env projEnv) ([]projection.Outcome, map[string]string) {
 		a := env.applier(t, env.client)
-		var outs []adapters.Outcome
+		var outs []projection.Outcome
 		for k, b := range batches {
-			var works []adapters.Work
+			var works []projection.Work
 			for _, c := range b {
 				for _, p := range projections {
 					us, err := projection.Updates(ctx, p, c.ev)
 					require.NoError(t, err)
-					works = append(works, adapters.Work{Group: "live", Projection: p.Name(), Version: 1, Event: adapters.RefOf(c.ev, c.entry), Updates: us})
+					works = append(works, projection.Work{Group: "live", Projection: p.Name(), Version: 1, Event: projection.RefOf(c.ev, c.entry), Updates: us})
 				}
 			}
 			out, err := a.Apply(ctx, works, func(string) (string, bool) { return floors[k], true })
@@ -1074,13 +1074,13 @@ func TestApplyCopyGivenTwiceInOneBatch(t *testing.T) {
 		ev := recorded("ck-twice", 3, 4, 5, 1_000)
 		us, err := projection.Updates(ctx, projection.UserStats{}, ev)
 		require.NoError(t, err)
-		var works []adapters.Work
+		var works []projection.Work
 		for _, at := range []int64{1, 2, 2, 1} {
-			works = append(works, adapters.Work{Group: "g", Projection: "users", Version: 1, Event: adapters.RefOf(ev, entry(1_700_000_000_000+at)), Updates: us})
+			works = append(works, projection.Work{Group: "g", Projection: "users", Version: 1, Event: projection.RefOf(ev, entry(1_700_000_000_000+at)), Updates: us})
 		}
 		out, err := a.Apply(ctx, works, nil)
 		require.NoError(t, err)
-		assert.Equal(t, []adapters.Outcome{adapters.Applied, adapters.Duplicate, adapters.Duplicate, adapters.AlreadyApplied}, out)
+		assert.Equal(t, []projection.Outcome{projection.Applied, projection.Duplicate, projection.Duplicate, projection.AlreadyApplied}, out)
 		assert.Equal(t, int64(1), env.userStats(t, 3).NumCheckins)
 	})
 }

@@ -2,13 +2,16 @@ package adapters
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/app/ops"
 )
+
+var _ ops.Registry = (*ProjectionVersions)(nil)
 
 // The projections registry (KeySpace.Projections) beyond the serving version that
 // ProjectionVersions.Current reads: the state of rebuilds, changed only by small scripts so
@@ -25,27 +28,15 @@ const (
 	registryRebuild    = ".rebuild"
 )
 
-// ProjectionVersionState is one projection's entry in the registry.
-type ProjectionVersionState struct {
-	Serving    int
-	Building   int   // 0: no rebuild in progress
-	Retiring   int   // 0: nothing left to clean up
-	SwitchedAt int64 // ms since epoch of the last switch
-	Rebuild    string
-}
-
-// ErrRetiring is returned by BeginBuild while the previous version is still being removed.
-var ErrRetiring = errors.New("the previous rebuild is still removing the old version")
-
 // State reads one projection's registry entry.
-func (v *ProjectionVersions) State(ctx context.Context, name string) (ProjectionVersionState, error) {
+func (v *ProjectionVersions) State(ctx context.Context, name string) (ops.VersionState, error) {
 	vals, err := v.client.HMGet(ctx, v.keys.Projections(), name+".version", name+registryBuilding,
 		name+registryRetiring, name+registrySwitchedAt, name+registryRebuild).Result()
 	if err != nil {
-		return ProjectionVersionState{}, err
+		return ops.VersionState{}, err
 	}
 	str := func(i int) string { s, _ := vals[i].(string); return s }
-	st := ProjectionVersionState{Serving: 1, Rebuild: str(4)}
+	st := ops.VersionState{Serving: 1, Rebuild: str(4)}
 	for _, f := range []struct {
 		i   int
 		dst *int
@@ -53,7 +44,7 @@ func (v *ProjectionVersions) State(ctx context.Context, name string) (Projection
 		if s := str(f.i); s != "" {
 			n, err := strconv.Atoi(s)
 			if err != nil || n < 1 {
-				return ProjectionVersionState{}, fmt.Errorf("projection %s: registry field %d holds %q, not a positive integer", name, f.i, s)
+				return ops.VersionState{}, fmt.Errorf("projection %s: registry field %d holds %q, not a positive integer", name, f.i, s)
 			}
 			*f.dst = n
 		}
@@ -79,7 +70,7 @@ func (v *ProjectionVersions) BeginBuild(ctx context.Context, name string) (servi
 		return 0, 0, false, fmt.Errorf("projection %s: begin rebuild: %w", name, err)
 	}
 	if res[2] == 2 {
-		return int(res[0]), 0, false, fmt.Errorf("projection %s: %w", name, ErrRetiring)
+		return int(res[0]), 0, false, fmt.Errorf("projection %s: %w", name, ops.ErrRetiring)
 	}
 	return int(res[0]), int(res[1]), res[2] == 1, nil
 }

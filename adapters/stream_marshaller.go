@@ -3,6 +3,7 @@ package adapters
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -10,6 +11,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
+
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
 )
 
 // Stream entry layout written by FlatMarshaller:
@@ -191,3 +195,48 @@ const (
 	MetaStream  = "_stream"
 	MetaEntryID = "_entry_id"
 )
+
+// DecodeEntries decodes a batch of messages from FlatMarshaller (read by either subscriber)
+// into out[i], once for every projection and attempt: the entry ID the subscriber put in the
+// metadata, and the event, or why the entry is not one.
+func (FlatMarshaller) DecodeEntries(msgs []*message.Message, out []projection.Entry) {
+	for i, m := range msgs {
+		d := &out[i]
+		d.ID = m.Metadata.Get(MetaEntryID)
+		fields, err := DecodeFields(m)
+		if err != nil {
+			d.Err = err
+			continue
+		}
+		d.Event, d.Err = domain.ParseEvent(fields)
+	}
+}
+
+// messageFields rebuilds the stream entry's fields from the message (a fallback when the entry
+// cannot be read back), including the raw fields of an entry that could not be decoded.
+func messageFields(msg *message.Message) map[string]string {
+	out := map[string]string{}
+	raw := false
+	for k, v := range msg.Metadata {
+		if rest, ok := strings.CutPrefix(k, "_raw."); ok {
+			out[rest] = v
+			raw = true
+		}
+	}
+	if raw {
+		return out
+	}
+	if fields, err := DecodeFields(msg); err == nil {
+		maps.Copy(out, fields)
+	} else {
+		out["payload"] = string(msg.Payload)
+	}
+	for k, v := range msg.Metadata {
+		if strings.HasPrefix(k, "_") || k == MetaDecodeError {
+			continue
+		}
+		out[MetaFieldPrefix+k] = v
+	}
+	out[redisstream.UUIDHeaderKey] = msg.UUID
+	return out
+}

@@ -1,11 +1,16 @@
-// Package app holds the use cases: commands that record check-ins, queries over the event stream
-// and the projections' read models. It imports domain only; adapters implement its interfaces.
+// Package app holds the use cases: commands that record check-ins, rebuild projections, replay
+// and purge the poison queue and trim the stream; queries over the event stream, the
+// projections' read models and the consumers' state. It imports domain only; adapters implement
+// its interfaces.
 package app
 
 import (
 	"context"
+	"log/slog"
+	"time"
 
 	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/app/query"
 )
@@ -16,9 +21,15 @@ type Application struct {
 	Queries  Queries
 }
 
-// Commands change state.
+// Commands change state. The operational ones (rebuild, replay, purge, trim) are driven alike
+// by the /ops routes and the CLI verbs.
 type Commands struct {
 	RecordCheckin *command.RecordCheckinHandler
+
+	RebuildProjection *command.RebuildProjection
+	ReplayPoisoned    *command.ReplayPoisoned
+	PurgePoisoned     *command.PurgePoisoned
+	TrimStream        *command.TrimStream
 }
 
 // Queries read state.
@@ -30,6 +41,11 @@ type Queries struct {
 	Leaderboards LeaderboardQueries
 	Recent       RecentCheckinQueries
 	Daily        DailyCheckinQueries
+
+	// Operations: consumer groups and stalls, the poison queue, projection versions.
+	Status             *query.Status
+	ListPoisoned       *query.ListPoisoned
+	ProjectionVersions *query.ProjectionVersions
 }
 
 // UserQueries read the users projection.
@@ -86,4 +102,44 @@ type DailyCheckinQueries struct {
 // OfLocation is a location's check-ins per UTC day from..to (YYYY-MM-DD, inclusive).
 func (q DailyCheckinQueries) OfLocation(ctx context.Context, locationID int64, from, to string) (projection.DailyCheckinsView, error) {
 	return projection.DailyCheckins{}.Get(ctx, q.Reader, locationID, from, to)
+}
+
+// OpsConfig is what the operational use cases are built on.
+type OpsConfig struct {
+	Backend ops.Backend
+	// Applier applies replayed events.
+	Applier     command.EventApplier
+	Projections []projection.Projection // every projection this build knows
+	RetireGrace time.Duration           // 0: command.DefaultRetireGrace
+	StallAfter  time.Duration           // 0: status and the projections list flag no stalls
+	Retention   command.RetentionPolicy
+	Logger      *slog.Logger
+}
+
+// AddOps adds the operational commands and queries to a.
+func (a *Application) AddOps(cfg OpsConfig) error {
+	c, q := &a.Commands, &a.Queries
+	var err error
+	if c.RebuildProjection, err = command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: cfg.Backend,
+		Projections: cfg.Projections, RetireGrace: cfg.RetireGrace, Logger: cfg.Logger}); err != nil {
+		return err
+	}
+	if c.ReplayPoisoned, err = command.NewReplayPoisoned(command.ReplayPoisonedConfig{Backend: cfg.Backend,
+		Projections: cfg.Projections, Applier: cfg.Applier, Logger: cfg.Logger}); err != nil {
+		return err
+	}
+	if c.PurgePoisoned, err = command.NewPurgePoisoned(cfg.Backend.Poison, cfg.Logger); err != nil {
+		return err
+	}
+	if c.TrimStream, err = command.NewTrimStream(cfg.Backend.Stream, cfg.Retention, nil); err != nil {
+		return err
+	}
+	if q.Status, err = query.NewStatus(cfg.Backend, cfg.Projections, cfg.StallAfter); err != nil {
+		return err
+	}
+	if q.ListPoisoned, err = query.NewListPoisoned(cfg.Backend.Poison); err != nil {
+		return err
+	}
+	q.ProjectionVersions, err = query.NewProjectionVersions(cfg.Backend, cfg.Projections, cfg.StallAfter)
+	return err
 }

@@ -13,7 +13,9 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app"
 	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/app/query"
 	"github.com/checkins/checkins/ports"
 )
 
@@ -31,17 +33,15 @@ func TestStatusFlagsAStalledProjection(t *testing.T) {
 	group := keys.Group("users", 1)
 	require.NoError(t, client.XGroupCreate(ctx, keys.Stream(), group, "0").Err())
 
-	status, err := ports.NewStatusOps(client, keys, []projection.Projection{projection.UserStats{}})
-	require.NoError(t, err)
-	status.WithStallAfter(100 * time.Millisecond)
-	usersV1 := func(st ports.Status) ports.ProjectionStatus {
+	status := opsApp(t, client, keys, []projection.Projection{projection.UserStats{}}, app.OpsConfig{StallAfter: 100 * time.Millisecond}).Queries.Status
+	usersV1 := func(st query.StatusReport) query.ProjectionStatus {
 		for _, p := range st.Projections {
 			if p.Group == group {
 				return p
 			}
 		}
 		t.Fatalf("no status for %s in %+v", group, st)
-		return ports.ProjectionStatus{}
+		return query.ProjectionStatus{}
 	}
 
 	st, err := status.Status(ctx)

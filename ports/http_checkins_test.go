@@ -62,7 +62,7 @@ type apiOptions struct {
 	limits         *ports.ServerLimits     // serve through ports.ListenHTTP with these; nil: httptest
 	routes         func(*ports.HTTPServer) // adds test-only routes before serving
 	// userLimit, when set, limits POST /checkins per user in Redis (http.UserLimiter).
-	userLimit adapters.RateLimit
+	userLimit command.RateLimit
 }
 
 func newAPIEnvWith(t *testing.T, o apiOptions) *apiEnv {

@@ -8,6 +8,9 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/checkins/checkins/app"
+	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/app/query"
 	"github.com/checkins/checkins/domain"
 )
 
@@ -15,7 +18,7 @@ import (
 // handles; the answer's next and until continue the run.
 const DefaultHTTPBulkLimit = 1000
 
-// RegisterOpsRoutes adds the operations API, the same operations as the CLI:
+// RegisterOpsRoutes adds the operations API, the same use cases as the CLI verbs:
 //
 //	GET    /ops/status                  consumer groups, consumers, pending, lag, poison counts
 //	GET    /ops/poison                  ?projection=&cursor=&limit=
@@ -24,13 +27,16 @@ const DefaultHTTPBulkLimit = 1000
 //	POST   /ops/poison/replay           ?projection=&after=&until=&limit= (all, in chunks)
 //	DELETE /ops/poison/{id}
 //	DELETE /ops/poison                  ?projection=&after=&until=&limit= (purge all)
+//	GET    /ops/projections             versions, groups, lag, pending and rebuild progress
+//	POST   /ops/projections/{name}/rebuild start a rebuild (202); projectors carry it out
 //
 // Errors use the API's JSON error body; they pass through e's HTTPErrorHandler.
-func RegisterOpsRoutes(e *echo.Echo, poison *PoisonOps, status *StatusOps) error {
-	if poison == nil || status == nil {
-		return errors.New("ports: RegisterOpsRoutes needs PoisonOps and StatusOps")
+func RegisterOpsRoutes(e *echo.Echo, a app.Application) error {
+	h := opsHandlers{c: a.Commands, q: a.Queries}
+	if h.q.Status == nil || h.q.ListPoisoned == nil || h.q.ProjectionVersions == nil ||
+		h.c.ReplayPoisoned == nil || h.c.PurgePoisoned == nil || h.c.RebuildProjection == nil {
+		return errors.New("ports: RegisterOpsRoutes needs the status, poison and projection use cases")
 	}
-	h := opsHandlers{poison: poison, status: status}
 	g := e.Group("/ops")
 	g.GET("/status", h.getStatus)
 	g.GET("/poison", h.listPoison)
@@ -39,16 +45,18 @@ func RegisterOpsRoutes(e *echo.Echo, poison *PoisonOps, status *StatusOps) error
 	g.GET("/poison/:id", h.showPoison)
 	g.POST("/poison/:id/replay", h.replayOne)
 	g.DELETE("/poison/:id", h.purgeOne)
+	g.GET("/projections", h.listProjections)
+	g.POST("/projections/:name/rebuild", h.rebuild)
 	return nil
 }
 
 type opsHandlers struct {
-	poison *PoisonOps
-	status *StatusOps
+	c app.Commands
+	q app.Queries
 }
 
 func (h opsHandlers) getStatus(c echo.Context) error {
-	st, err := h.status.Status(c.Request().Context())
+	st, err := h.q.Status.Status(c.Request().Context())
 	if err != nil {
 		return err
 	}
@@ -60,7 +68,7 @@ func (h opsHandlers) listPoison(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	page, err := h.poison.List(c.Request().Context(), PoisonFilter{Projection: c.QueryParam("projection"), Cursor: c.QueryParam("cursor"), Limit: limit})
+	page, err := h.q.ListPoisoned.List(c.Request().Context(), query.PoisonFilter{Projection: c.QueryParam("projection"), Cursor: c.QueryParam("cursor"), Limit: limit})
 	if err != nil {
 		return err
 	}
@@ -68,7 +76,7 @@ func (h opsHandlers) listPoison(c echo.Context) error {
 }
 
 func (h opsHandlers) showPoison(c echo.Context) error {
-	e, err := h.poison.Show(c.Request().Context(), c.Param("id"))
+	e, err := h.q.ListPoisoned.Show(c.Request().Context(), c.Param("id"))
 	if err != nil {
 		return err
 	}
@@ -77,39 +85,39 @@ func (h opsHandlers) showPoison(c echo.Context) error {
 
 // replayFailure is the error body of a failed replay, with what happened to the entry.
 type replayFailure struct {
-	Error  *APIError    `json:"error"`
-	Result ReplayResult `json:"result"`
+	Error  *APIError            `json:"error"`
+	Result command.ReplayResult `json:"result"`
 }
 
 func (h opsHandlers) replayOne(c echo.Context) error {
-	res, err := h.poison.Replay(c.Request().Context(), c.Param("id"))
+	res, err := h.c.ReplayPoisoned.Replay(c.Request().Context(), c.Param("id"))
 	switch {
 	case err == nil:
 		return c.JSON(http.StatusOK, res)
-	case errors.Is(err, ErrReplayFailed):
+	case errors.Is(err, command.ErrReplayFailed):
 		return c.JSON(http.StatusUnprocessableEntity, replayFailure{
 			Error: apiError(http.StatusUnprocessableEntity, "replay_failed", "", err.Error()), Result: res})
-	case errors.Is(err, ErrNotReplayable):
+	case errors.Is(err, command.ErrNotReplayable):
 		return c.JSON(http.StatusUnprocessableEntity, replayFailure{
 			Error: apiError(http.StatusUnprocessableEntity, "not_replayable", "", err.Error()), Result: res})
 	}
 	return err
 }
 
-func (h opsHandlers) bulkRequest(c echo.Context) (BulkRequest, error) {
+func bulkRequest(c echo.Context) (command.BulkRequest, error) {
 	limit, err := queryInt(c, "limit", DefaultHTTPBulkLimit)
 	if err != nil {
-		return BulkRequest{}, err
+		return command.BulkRequest{}, err
 	}
-	return BulkRequest{Projection: c.QueryParam("projection"), After: c.QueryParam("after"), Until: c.QueryParam("until"), Max: limit}, nil
+	return command.BulkRequest{Projection: c.QueryParam("projection"), After: c.QueryParam("after"), Until: c.QueryParam("until"), Max: limit}, nil
 }
 
 func (h opsHandlers) replayAll(c echo.Context) error {
-	r, err := h.bulkRequest(c)
+	r, err := bulkRequest(c)
 	if err != nil {
 		return err
 	}
-	res, err := h.poison.ReplayAll(c.Request().Context(), r)
+	res, err := h.c.ReplayPoisoned.ReplayAll(c.Request().Context(), r)
 	if err != nil {
 		return err
 	}
@@ -117,22 +125,44 @@ func (h opsHandlers) replayAll(c echo.Context) error {
 }
 
 func (h opsHandlers) purgeOne(c echo.Context) error {
-	if err := h.poison.Purge(c.Request().Context(), c.Param("id")); err != nil {
+	if err := h.c.PurgePoisoned.Purge(c.Request().Context(), c.Param("id")); err != nil {
 		return err
 	}
 	return c.NoContent(http.StatusNoContent)
 }
 
 func (h opsHandlers) purgeAll(c echo.Context) error {
-	r, err := h.bulkRequest(c)
+	r, err := bulkRequest(c)
 	if err != nil {
 		return err
 	}
-	res, err := h.poison.PurgeAll(c.Request().Context(), r)
+	res, err := h.c.PurgePoisoned.PurgeAll(c.Request().Context(), r)
 	if err != nil {
 		return err
 	}
 	return c.JSON(http.StatusOK, res)
+}
+
+func (h opsHandlers) listProjections(c echo.Context) error {
+	rep, err := h.q.ProjectionVersions.List(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, rep)
+}
+
+func (h opsHandlers) rebuild(c echo.Context) error {
+	rp, err := h.c.RebuildProjection.Start(c.Request().Context(), c.Param("name"))
+	switch {
+	case errors.Is(err, domain.ErrNotFound):
+		return apiError(http.StatusNotFound, domain.CodeNotFound, "name", err.Error())
+	case errors.Is(err, command.ErrRebuildBusy):
+		return apiError(http.StatusConflict, domain.CodeConflict, "name", err.Error())
+	case err != nil:
+		return err
+	}
+	c.Response().Header().Set(echo.HeaderLocation, "/ops/projections")
+	return c.JSON(http.StatusAccepted, rp)
 }
 
 func queryInt(c echo.Context, name string, def int) (int, error) {

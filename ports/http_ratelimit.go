@@ -13,7 +13,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/domain"
 )
 
@@ -22,14 +22,14 @@ const CodeRateLimited = "rate_limited"
 
 // UserRateLimiter limits POST /checkins per token subject (adapters.RedisRateLimiter).
 type UserRateLimiter interface {
-	Allow(ctx context.Context, user int64) (adapters.RateDecision, error)
+	Allow(ctx context.Context, user int64) (command.RateDecision, error)
 }
 
 // IPRateLimiter is an in-process GCRA limiter keyed by client address: the same algorithm as
 // the per-user limiter, without a round trip. An IPv6 client is limited per /64, the block one
 // subscriber usually holds. Memory: one entry per address seen within the policy's window.
 type IPRateLimiter struct {
-	limit    adapters.RateLimit
+	limit    command.RateLimit
 	interval time.Duration // between two requests on average
 	burst    time.Duration // interval * burst
 	now      func() time.Time
@@ -40,7 +40,7 @@ type IPRateLimiter struct {
 }
 
 // NewIPRateLimiter limits with l.
-func NewIPRateLimiter(l adapters.RateLimit) (*IPRateLimiter, error) {
+func NewIPRateLimiter(l command.RateLimit) (*IPRateLimiter, error) {
 	if l.Off() || l.Burst < 1 || l.Period <= 0 {
 		return nil, fmt.Errorf("ports: rate limit %+v is not a limit", l)
 	}
@@ -49,7 +49,7 @@ func NewIPRateLimiter(l adapters.RateLimit) (*IPRateLimiter, error) {
 }
 
 // Allow counts one request from ip.
-func (l *IPRateLimiter) Allow(ip string) adapters.RateDecision {
+func (l *IPRateLimiter) Allow(ip string) command.RateDecision {
 	key := ipKey(ip)
 	now := l.now()
 	l.mu.Lock()
@@ -70,10 +70,10 @@ func (l *IPRateLimiter) Allow(ip string) adapters.RateDecision {
 	next := tat.Add(l.interval)
 	allowAt := next.Add(-l.burst)
 	if now.Before(allowAt) {
-		return adapters.RateDecision{RetryAfter: allowAt.Sub(now), ResetAfter: tat.Sub(now)}
+		return command.RateDecision{RetryAfter: allowAt.Sub(now), ResetAfter: tat.Sub(now)}
 	}
 	l.tat[key] = next
-	return adapters.RateDecision{Allowed: true, Remaining: int(now.Sub(allowAt) / l.interval), ResetAfter: next.Sub(now)}
+	return command.RateDecision{Allowed: true, Remaining: int(now.Sub(allowAt) / l.interval), ResetAfter: next.Sub(now)}
 }
 
 // ipKey is the address a budget belongs to: an IPv4 address, or the /64 of an IPv6 one.
@@ -88,7 +88,7 @@ func ipKey(ip string) string {
 // rateHeaders writes the RateLimit-Policy and RateLimit fields of the IETF draft
 // (draft-ietf-httpapi-ratelimit-headers: q = quota, w = window in seconds, r = remaining,
 // t = seconds until the quota is back) for one named policy, appended to those already set.
-func rateHeaders(h http.Header, name string, l adapters.RateLimit, d adapters.RateDecision) {
+func rateHeaders(h http.Header, name string, l command.RateLimit, d command.RateDecision) {
 	addItem(h, "RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", name, l.Burst, ceilSeconds(l.Window())))
 	addItem(h, "RateLimit", fmt.Sprintf("%q;r=%d;t=%d", name, max(d.Remaining, 0), ceilSeconds(d.ResetAfter)))
 }
@@ -109,7 +109,7 @@ func ceilSeconds(d time.Duration) int64 {
 }
 
 // rateLimited is the 429 answer: Retry-After in whole seconds (at least 1), the JSON error.
-func rateLimited(c echo.Context, what string, d adapters.RateDecision) error {
+func rateLimited(c echo.Context, what string, d command.RateDecision) error {
 	secs := max(ceilSeconds(d.RetryAfter), 1)
 	c.Response().Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 	return apiError(http.StatusTooManyRequests, CodeRateLimited, "",

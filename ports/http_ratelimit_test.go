@@ -10,14 +10,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/ports"
 )
 
-func mustLimit(t testing.TB, s string) adapters.RateLimit {
+func mustLimit(t testing.TB, s string) command.RateLimit {
 	t.Helper()
-	l, err := adapters.ParseRateLimit(s)
+	l, err := command.ParseRateLimit(s)
 	require.NoError(t, err)
 	return l
 }
@@ -112,7 +112,7 @@ func TestRateLimitPerIP(t *testing.T) {
 
 func TestParseRateLimit(t *testing.T) {
 	t.Parallel()
-	for in, want := range map[string]adapters.RateLimit{
+	for in, want := range map[string]command.RateLimit{
 		"off":               {},
 		"10/s,burst=20":     {Rate: 10, Period: time.Second, Burst: 20},
 		"600/m":             {Rate: 600, Period: time.Minute, Burst: 600},
@@ -121,12 +121,12 @@ func TestParseRateLimit(t *testing.T) {
 		"1/s,burst=1":       {Rate: 1, Period: time.Second, Burst: 1},
 		"100000/s,burst=10": {Rate: 100000, Period: time.Second, Burst: 10},
 	} {
-		got, err := adapters.ParseRateLimit(in)
+		got, err := command.ParseRateLimit(in)
 		require.NoError(t, err, in)
 		assert.Equal(t, want, got, in)
 	}
 	for _, in := range []string{"", "10", "10/d", "0/s", "-1/s", "10/s,burst=0", "10/s,bust=3", "ten/s", "10/s,burst=x"} {
-		_, err := adapters.ParseRateLimit(in)
+		_, err := command.ParseRateLimit(in)
 		assert.ErrorContains(t, err, "like 10/s,burst=20", "%q", in)
 	}
 	_, err := ports.ParseTrustedProxies("10.0.0.0/8, 192.168.1.7,::1")

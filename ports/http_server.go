@@ -13,8 +13,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
 
-	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app"
+	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/domain"
 )
 
@@ -35,10 +35,10 @@ type HTTPConfig struct {
 	// Auth is who may call what (http_auth.go); nil: no authentication (AUTH_MODE=off).
 	Auth *AuthPolicy
 	// IPLimit limits every route of each listener per client address, in process (zero: off).
-	IPLimit adapters.RateLimit
+	IPLimit command.RateLimit
 	// UserLimiter limits POST /checkins per token subject with UserLimit (nil: off).
 	UserLimiter UserRateLimiter
-	UserLimit   adapters.RateLimit
+	UserLimit   command.RateLimit
 	// IPExtractor finds the client address (nil: the connection's peer; see IPExtractor).
 	IPExtractor echo.IPExtractor
 	// Observe, when set, sees every request of both listeners first (metrics), refused ones too.

@@ -4,18 +4,15 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"slices"
 	"strconv"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/redis/go-redis/v9"
 
-	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/app/ops"
+	"github.com/checkins/checkins/app/query"
 )
 
 // Metrics are the process's Prometheus instruments: HTTP requests, and projection events as a
@@ -101,166 +98,23 @@ func MetricsHandler(g prometheus.Gatherer) http.Handler {
 	return promhttp.HandlerFor(g, promhttp.HandlerOpts{})
 }
 
-// ProgressMonitor tells a projection that makes progress from one that is stuck: a group with
-// entries to deliver or pending whose last-delivered ID and pending entries have not changed for
-// StallAfter is stalled, whether its projector is dead, wedged or cut off. What each group looked
-// like and since when is kept in Redis (hash <prefix>:projections:progress), so every process
-// and the CLI judge from the same observations.
-type ProgressMonitor struct {
-	client     redis.UniversalClient
-	keys       adapters.KeySpace
-	stallAfter time.Duration
-	groups     func(ctx context.Context) ([]string, error)
-	now        func() time.Time
-	// local holds the observations Redis would not take (out of memory, a read-only replica):
-	// status, metrics and readiness only read, and keep working then.
-	mu    sync.Mutex
-	local map[string]observation
-}
-
-type observation struct {
-	sig   string
-	since int64
-}
-
-// NewProgressMonitor watches the groups that groups returns (those that should be consuming).
-func NewProgressMonitor(client redis.UniversalClient, keys adapters.KeySpace, stallAfter time.Duration, groups func(ctx context.Context) ([]string, error)) *ProgressMonitor {
-	return &ProgressMonitor{client: client, keys: keys, stallAfter: stallAfter, groups: groups, now: time.Now, local: map[string]observation{}}
-}
-
-// GroupProgress is one group as the monitor last saw it.
-type GroupProgress struct {
-	Group      string        `json:"group"`
-	Exists     bool          `json:"exists"`
-	Lag        int64         `json:"lag"` // -1: unknown
-	Pending    int64         `json:"pending"`
-	OldestAge  time.Duration `json:"oldestPendingAge"`
-	Consumers  int           `json:"consumers"`
-	Unchanged  time.Duration `json:"unchangedFor"` // since last-delivered ID or pending last changed
-	Stalled    bool          `json:"stalled"`
-	StallCause string        `json:"stallCause,omitempty"`
-}
-
-func (m *ProgressMonitor) progressKey() string { return progressKey(m.keys) }
-
-func progressKey(keys adapters.KeySpace) string { return keys.Projections() + ":progress" }
-
-// Check looks at every watched group once and returns them; info is the stream as read.
-func (m *ProgressMonitor) Check(ctx context.Context) ([]GroupProgress, adapters.StreamInfo, error) {
-	groups, err := m.groups(ctx)
-	if err != nil {
-		return nil, adapters.StreamInfo{}, err
-	}
-	info, err := adapters.ReadStreamInfo(ctx, m.client, m.keys.Stream())
-	if err != nil {
-		return nil, info, err
-	}
-	if len(groups) == 0 {
-		return nil, info, nil
-	}
-	seen, err := m.client.HMGet(ctx, m.progressKey(), groups...).Result()
-	if err != nil {
-		return nil, info, err
-	}
-	now := m.now()
-	out := make([]GroupProgress, 0, len(groups))
-	for i, name := range groups {
-		gp := GroupProgress{Group: name, Lag: -1}
-		g := findGroup(info, name)
-		var sig string
-		if g != nil {
-			gp.Exists, gp.Pending, gp.Consumers = true, g.Pending, len(g.Consumers)
-			if gp.Lag, err = GroupLag(ctx, m.client, info, g); err != nil {
-				return nil, info, err
-			}
-			if t, ok := adapters.EntryTime(g.OldestPendingID); ok && g.Pending > 0 {
-				gp.OldestAge = max(now.Sub(t), 0)
-			}
-			sig = g.LastDeliveredID + "/" + strconv.FormatInt(g.Pending, 10) + "/" + g.OldestPendingID
-		} else {
-			// A group nobody created: the projection never started, and everything is lag.
-			gp.Lag = info.Length
-			sig = "none"
-		}
-		prev, _ := seen[i].(string)
-		prevSig, sinceStr, _ := strings.Cut(prev, "|")
-		since, perr := strconv.ParseInt(sinceStr, 10, 64)
-		if prevSig != sig || perr != nil {
-			since = m.observe(ctx, name, sig, now)
-		}
-		gp.Unchanged = max(now.Sub(time.UnixMilli(since)), 0)
-		behind := gp.Lag != 0 || gp.Pending > 0
-		if behind && gp.Unchanged >= m.stallAfter {
-			gp.Stalled = true
-			gp.StallCause = fmt.Sprintf("projection group %s stalled: lag %s, %d pending, no progress for %s", name,
-				lagText(gp.Lag), gp.Pending, gp.Unchanged.Truncate(time.Second))
-			if !gp.Exists {
-				gp.StallCause += " (the group does not exist: no projector ever ran it)"
-			} else if gp.Consumers == 0 {
-				gp.StallCause += " (no consumers)"
-			}
-		}
-		out = append(out, gp)
-	}
-	return out, info, nil
-}
-
-// observe records that group looks like sig since now, and returns since when it does. When
-// Redis refuses the write, the process keeps the observation itself.
-func (m *ProgressMonitor) observe(ctx context.Context, group, sig string, now time.Time) int64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err := m.client.HSet(ctx, m.progressKey(), group, sig+"|"+strconv.FormatInt(now.UnixMilli(), 10)).Err(); err == nil {
-		delete(m.local, group)
-		return now.UnixMilli()
-	}
-	if o, ok := m.local[group]; ok && o.sig == sig {
-		return o.since
-	}
-	m.local[group] = observation{sig: sig, since: now.UnixMilli()}
-	return now.UnixMilli()
-}
-
-func lagText(l int64) string {
-	if l < 0 {
-		return "unknown"
-	}
-	return strconv.FormatInt(l, 10)
-}
-
-// Stalled returns an error naming every stalled group (nil when all progress): /readyz's test.
-func (m *ProgressMonitor) Stalled(ctx context.Context) error {
-	gs, _, err := m.Check(ctx)
-	if err != nil {
-		return fmt.Errorf("cannot check projection progress: %w", err)
-	}
-	var causes []string
-	for _, g := range gs {
-		if g.Stalled {
-			causes = append(causes, g.StallCause)
-		}
-	}
-	if len(causes) > 0 {
-		return fmt.Errorf("%s", strings.Join(causes, "; "))
-	}
-	return nil
-}
-
 // StreamCollector reads the projections' state from Redis at scrape time: lag, pending, oldest
 // pending age, consumers and stall per group, serving version per projection, poison depth.
 type StreamCollector struct {
-	monitor *ProgressMonitor
-	queue   *adapters.PoisonQueue
+	monitor *query.ProgressMonitor
+	queue   ops.PoisonQueue
+	live    ops.LiveGroups
 	timeout time.Duration
 
 	up, streamLen, poison, lag, pending, oldest, consumers, stalled *prometheus.Desc
 }
 
-// NewStreamCollector collects through monitor (which names the watched groups).
-func NewStreamCollector(monitor *ProgressMonitor, timeout time.Duration) *StreamCollector {
+// NewStreamCollector collects through monitor (which names the watched groups), with the poison
+// queue's depth and the live groups' members from b.
+func NewStreamCollector(monitor *query.ProgressMonitor, b ops.Backend, timeout time.Duration) *StreamCollector {
 	gl := []string{"projection", "version", "group"}
 	return &StreamCollector{
-		monitor: monitor, queue: adapters.NewPoisonQueue(monitor.client, monitor.keys), timeout: timeout,
+		monitor: monitor, queue: b.Poison, live: b.Live, timeout: timeout,
 		up:        prometheus.NewDesc("checkins_redis_up", "1 when the scrape could read the stream state from Redis.", nil, nil),
 		streamLen: prometheus.NewDesc("checkins_stream_length", "Entries in the event stream.", nil, nil),
 		poison:    prometheus.NewDesc("checkins_poison_queue_depth", "Events parked in the poison queue.", nil, nil),
@@ -296,7 +150,7 @@ func (c *StreamCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
 	ch <- prometheus.MustNewConstMetric(c.streamLen, prometheus.GaugeValue, float64(info.Length))
 	ch <- prometheus.MustNewConstMetric(c.poison, prometheus.GaugeValue, float64(depth))
-	live, _, err := adapters.NewLiveGroups(c.monitor.client, c.monitor.keys).ReadAll(ctx)
+	live, _, err := c.live.ReadAll(ctx)
 	if err != nil {
 		live = nil // the series of live groups come without their members' labels this time
 	}
@@ -310,13 +164,13 @@ func (c *StreamCollector) Collect(ch chan<- prometheus.Metric) {
 		var labels []pv
 		if ms, ok := live[g.Group]; ok {
 			for m := range ms.Members {
-				if n, v, ok := adapters.ParseMemberName(m); ok {
+				if n, v, ok := ops.ParseMemberName(m); ok {
 					labels = append(labels, pv{n, v})
 				}
 			}
 		}
 		if len(labels) == 0 {
-			n, v := splitGroup(g.Group)
+			n, v := ops.SplitGroup(g.Group)
 			labels = append(labels, pv{n, v})
 		}
 		stalled := 0.0
@@ -331,85 +185,5 @@ func (c *StreamCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.consumers, prometheus.GaugeValue, float64(g.Consumers), lv...)
 			ch <- prometheus.MustNewConstMetric(c.stalled, prometheus.GaugeValue, stalled, lv...)
 		}
-	}
-}
-
-// ActiveGroups are the groups that should be consuming for the named projections (for
-// ProgressMonitor): the live group feeding each one's serving version (and, during a rebuild,
-// its building version), and the own group of a version still backfilling (or not started).
-func (o *ProjectionOps) ActiveGroups(names []string) func(ctx context.Context) ([]string, error) {
-	return func(ctx context.Context) ([]string, error) {
-		groups, _, err := o.live.ReadAll(ctx)
-		if err != nil {
-			return nil, err
-		}
-		var out []string
-		add := func(g string) {
-			if !slices.Contains(out, g) {
-				out = append(out, g)
-			}
-		}
-		for _, n := range names {
-			st, err := o.versions.State(ctx, n)
-			if err != nil {
-				return nil, err
-			}
-			for _, v := range []int{st.Serving, st.Building} {
-				if v == 0 {
-					continue
-				}
-				member := adapters.MemberName(n, v)
-				lg, m, ok := memberOf(groups, member)
-				if ok {
-					add(lg)
-				}
-				if !ok || m.Own == adapters.BackfillRunning {
-					add(member)
-				}
-			}
-		}
-		return out, nil
-	}
-}
-
-// RedisMemoryCollector reports Redis's memory at scrape time: used_memory, maxmemory (0: no
-// limit) and the eviction policy, what to watch to scale before Redis refuses writes.
-type RedisMemoryCollector struct {
-	client  redis.UniversalClient
-	timeout time.Duration
-
-	used, max, policy *prometheus.Desc
-}
-
-// NewRedisMemoryCollector reads client's INFO memory within timeout per scrape.
-func NewRedisMemoryCollector(client redis.UniversalClient, timeout time.Duration) *RedisMemoryCollector {
-	return &RedisMemoryCollector{client: client, timeout: timeout,
-		used:   prometheus.NewDesc("checkins_redis_used_memory_bytes", "Redis used_memory (INFO memory; summed over the masters of a cluster).", nil, nil),
-		max:    prometheus.NewDesc("checkins_redis_maxmemory_bytes", "Redis maxmemory; 0: no limit (writes fail with OOM at the limit under noeviction).", nil, nil),
-		policy: prometheus.NewDesc("checkins_redis_maxmemory_policy", "1 for Redis's maxmemory-policy (anything but noeviction may delete data).", []string{"policy"}, nil),
-	}
-}
-
-// Describe implements prometheus.Collector.
-func (c *RedisMemoryCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.used
-	ch <- c.max
-	ch <- c.policy
-}
-
-// Collect implements prometheus.Collector; nothing when Redis does not answer or tell.
-func (c *RedisMemoryCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
-	defer cancel()
-	m, err := adapters.ReadMemoryInfo(ctx, c.client)
-	if err != nil {
-		return
-	}
-	if m.Reported {
-		ch <- prometheus.MustNewConstMetric(c.used, prometheus.GaugeValue, float64(m.Used))
-		ch <- prometheus.MustNewConstMetric(c.max, prometheus.GaugeValue, float64(m.Max))
-	}
-	if m.Policy != "" {
-		ch <- prometheus.MustNewConstMetric(c.policy, prometheus.GaugeValue, 1, m.Policy)
 	}
 }

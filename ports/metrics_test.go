@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -21,10 +20,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/checkins/checkins/adapters"
-	"github.com/checkins/checkins/adapters/batchsub"
 	"github.com/checkins/checkins/adapters/redistest"
 	"github.com/checkins/checkins/app"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/app/query"
 	"github.com/checkins/checkins/domain"
 	"github.com/checkins/checkins/ports"
 )
@@ -40,7 +40,7 @@ func (p gatedProjection) OnCheckinRecorded(ctx context.Context, e domain.Checkin
 	return s.Apply(ctx, projection.NewUpdate("all").HIncrBy("stats", "count", 1))
 }
 
-type monitorReadiness struct{ m *ports.ProgressMonitor }
+type monitorReadiness struct{ m *query.ProgressMonitor }
 
 func (r monitorReadiness) Ready(ctx context.Context) error { return r.m.Stalled(ctx) }
 
@@ -68,42 +68,28 @@ func TestMetricsAndReadinessFollowProgress(t *testing.T) {
 	require.NoError(t, err)
 	gated := gatedProjection{gate: make(chan struct{})}
 	projs := []projection.Projection{projection.UserStats{}, gated}
-	ops, err := ports.NewProjectionOps(ports.ProjectionOpsConfig{Redis: client, Keys: keys, Projections: projs, Logger: log})
-	require.NoError(t, err)
-	monitor := ports.NewProgressMonitor(client, keys, 300*time.Millisecond, ops.ActiveGroups([]string{"users", "gated"}))
-	reg.MustRegister(ports.NewStreamCollector(monitor, 5*time.Second))
+	versions := opsApp(t, client, keys, projs, app.OpsConfig{Logger: log}).Queries.ProjectionVersions
+	backend := adapters.NewOpsBackend(client, keys)
+	monitor := query.NewProgressMonitor(backend, 300*time.Millisecond, versions.ActiveGroups([]string{"users", "gated"}))
+	reg.MustRegister(ports.NewStreamCollector(monitor, backend, 5*time.Second))
 
 	// Projections of one live group share its progress: a stuck one holds the others back until
 	// HANDLER_TIMEOUT parks its events. Isolating a projection is running it in a process (and a
 	// live group) of its own, as here: users and gated each have theirs.
-	runCtx, cancel := context.WithCancel(ctx)
 	var routers []*ports.ProjectionRouter
-	done := make(chan error, 2)
 	for _, p := range projs {
 		router, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-			Keys: keys, Targets: []ports.ProjectionTarget{{Projection: p, Version: 1}}, LiveGroup: ports.LiveGroupName([]string{p.Name()}, false),
-			Redis: client, Observer: metrics, Logger: log, CloseTimeout: 10 * time.Second,
+			Targets: []ops.ProjectionTarget{{Projection: p, Version: 1}}, LiveGroup: ports.LiveGroupName([]string{p.Name()}, false),
+			Backend: adapters.NewProjectorBackend(client, keys), Applier: testApplier(t, client, keys), Observer: metrics, Logger: log, CloseTimeout: 10 * time.Second,
 			Retry: ports.RetryPolicy{InitialInterval: 5 * time.Millisecond, Multiplier: 1, MaxInterval: 5 * time.Millisecond, MaxAttempts: 2},
-			NewSubscriber: func(group string, start func(context.Context) (string, error)) (message.Subscriber, error) {
-				return batchsub.NewSubscriber(batchsub.Config{Client: redistest.Client(t, env.URL), ConsumerGroup: group, Consumer: "c1", StartID: start,
-					Unmarshaller: adapters.FlatMarshaller{}, BatchSize: 10, MaxInFlight: 20, BlockTime: 50 * time.Millisecond,
-					DrainTimeout: 5 * time.Second, Logger: watermill.NopLogger{}})
-			},
+			NewSubscriber: adapters.Subscribers{NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, env.URL), nil },
+				Consumer: "c1", BatchSize: 10, MaxInFlight: 20, BlockTime: 50 * time.Millisecond,
+				DrainTimeout: 5 * time.Second, Logger: watermill.NopLogger{}}.New,
 		})
 		require.NoError(t, err)
 		routers = append(routers, router)
-		go func() { done <- router.Run(runCtx) }()
+		redistest.Background(t, "router of "+p.Name(), 20*time.Second, router.Run)
 	}
-	t.Cleanup(func() {
-		cancel()
-		for range routers {
-			select {
-			case <-done:
-			case <-time.After(20 * time.Second):
-				t.Error("router did not stop")
-			}
-		}
-	})
 	var gateOnce bool
 	openGate := func() {
 		if !gateOnce {
@@ -170,10 +156,8 @@ func TestMetricsAndReadinessFollowProgress(t *testing.T) {
 	assert.Contains(t, reason, "stalled")
 	assert.NotContains(t, reason, "live:users", "the projection that keeps up is not blamed")
 
-	// `checkins projections list` (ProjectionOps.List with STALL_AFTER) flags it too.
-	listOps, err := ports.NewProjectionOps(ports.ProjectionOpsConfig{Redis: client, Keys: keys, Projections: projs,
-		StallAfter: 300 * time.Millisecond, Logger: log})
-	require.NoError(t, err)
+	// `checkins projections list` (ProjectionVersions.List with STALL_AFTER) flags it too.
+	listOps := opsApp(t, client, keys, projs, app.OpsConfig{StallAfter: 300 * time.Millisecond, Logger: log}).Queries.ProjectionVersions
 	rep, err := listOps.List(ctx)
 	require.NoError(t, err)
 	stalled := map[string]bool{}

@@ -11,6 +11,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/checkins/checkins/app/projection"
 )
 
 // Projections consume the stream in batches: a batching subscriber turns the subscriber's
@@ -30,7 +32,7 @@ type batch struct {
 	msgs []*message.Message
 
 	decodeOnce sync.Once
-	events     []decoded
+	events     []projection.Entry
 
 	mu       sync.Mutex
 	resolved []bool // acked (or nacked) on its own, before the batch message

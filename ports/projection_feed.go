@@ -9,32 +9,10 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/domain"
 )
-
-// decoded is one entry of a batch, decoded once for every projection and attempt.
-type decoded struct {
-	entryID string
-	event   domain.Event
-	err     error // undecodable or invalid: every projection parks it
-}
-
-func decodeAll(msgs []*message.Message) []decoded {
-	out := make([]decoded, len(msgs))
-	for i, m := range msgs {
-		d := &out[i]
-		d.entryID = m.Metadata.Get(adapters.MetaEntryID)
-		fields, err := adapters.DecodeFields(m)
-		if err != nil {
-			d.err = err
-			continue
-		}
-		d.event, d.err = domain.ParseEvent(fields)
-	}
-	return out
-}
 
 // ErrForeignMember means a live group lists a projection this process does not run: another
 // build (a newer one, during a rolling deploy) joined it. This process then leaves the group's
@@ -60,13 +38,13 @@ type memberRef struct {
 }
 
 // units lists every unit of b: each entry for each member it is for.
-func (f *feed) units(b *batch, ms adapters.Membership) ([]unit, map[string]memberRef, error) {
+func (f *feed) units(b *batch, ms ops.Membership) ([]unit, map[string]memberRef, error) {
 	refs := map[string]memberRef{}
 	for name, m := range ms.Members {
 		if f.member != "" && name != f.member {
 			continue
 		}
-		pname, version, ok := adapters.ParseMemberName(name)
+		pname, version, ok := ops.ParseMemberName(name)
 		if !ok {
 			return nil, nil, fmt.Errorf("live group %s: member %q is not <projection>.v<N>", f.group, name)
 		}
@@ -80,12 +58,12 @@ func (f *feed) units(b *batch, ms adapters.Membership) ([]unit, map[string]membe
 	for i, d := range b.events {
 		n := len(out)
 		for name, ref := range refs {
-			after := adapters.CompareEntryIDs(d.entryID, ref.join) > 0
+			after := ops.CompareEntryIDs(d.ID, ref.join) > 0
 			if after == (f.member == "") {
 				out = append(out, unit{entry: i, member: name})
 			}
 		}
-		if d.err != nil && len(out) > n {
+		if d.Err != nil && len(out) > n {
 			// Not an event at all: one unit for the group, parked once, whoever it was for.
 			out = append(out[:n], unit{entry: i})
 		}
@@ -101,16 +79,19 @@ func (f *feed) handle(msg *message.Message) ([]*message.Message, error) {
 	}
 	ctx := msg.Context()
 	plan := planOf(ctx)
-	b.decodeOnce.Do(func() { b.events = decodeAll(b.msgs) })
+	b.decodeOnce.Do(func() {
+		b.events = make([]projection.Entry, len(b.msgs))
+		f.r.backend.DecodeEntries(b.msgs, b.events)
+	})
 	for _, d := range b.events {
-		if d.entryID == "" {
+		if d.ID == "" {
 			// Which side of a join position an entry is on, and its time for the dedupe
 			// window, come from its ID: without it nothing can be decided (not parked: the
 			// subscriber could not tell, which says nothing about the event).
 			return nil, errors.New("a stream entry came without its entry ID; will retry")
 		}
 	}
-	ms, err := f.r.membership(ctx, f.group)
+	ms, err := f.r.membership(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -133,14 +114,14 @@ func (f *feed) handle(msg *message.Message) ([]*message.Message, error) {
 		plan.progress.current.Store(u)
 		d := b.events[u.entry]
 		ref, ok := refs[u.member]
-		if !ok && d.err == nil {
+		if !ok && d.Err == nil {
 			// The member left the group since the plan was made (a retired version): nothing to do.
 			continue
 		}
-		if d.err != nil {
-			results[i].err = permanent(d.err)
+		if d.Err != nil {
+			results[i].err = permanent(d.Err)
 		} else {
-			results[i].updates, results[i].err = runHandler(ctx, ref.proj, d.event)
+			results[i].updates, results[i].err = runHandler(ctx, ref.proj, d.Event)
 		}
 		if results[i].err != nil {
 			failedEntry[u.entry] = true
@@ -151,7 +132,7 @@ func (f *feed) handle(msg *message.Message) ([]*message.Message, error) {
 	}
 
 	// Apply the entries whose every unit succeeded, unless held: an entry is applied as a whole.
-	var works []adapters.Work
+	var works []projection.Work
 	var workUnits []int
 	var failure BatchFailure
 	for i, u := range units {
@@ -164,16 +145,16 @@ func (f *feed) handle(msg *message.Message) ([]*message.Message, error) {
 			failure.Held = append(failure.Held, u)
 		case len(results[i].updates) > 0:
 			d := b.events[u.entry]
-			ev, ok := d.event.(domain.CheckinRecorded)
+			ev, ok := d.Event.(domain.CheckinRecorded)
 			if !ok {
-				failure.Failed = append(failure.Failed, unitFailure{unit: u, err: permanent(fmt.Errorf("updates for a %s event cannot be deduplicated", d.event.EventName()))})
+				failure.Failed = append(failure.Failed, unitFailure{unit: u, err: permanent(fmt.Errorf("updates for a %s event cannot be deduplicated", d.Event.EventName()))})
 				continue
 			}
-			evRef := adapters.RefOf(ev, d.entryID)
-			if ref.legacy != "" && d.entryID != "" && adapters.CompareEntryIDs(d.entryID, ref.legacy) <= 0 {
+			evRef := projection.RefOf(ev, d.ID)
+			if ref.legacy != "" && d.ID != "" && ops.CompareEntryIDs(d.ID, ref.legacy) <= 0 {
 				evRef.LegacyID = ev.ID
 			}
-			works = append(works, adapters.Work{Group: f.group, Projection: ref.proj.Name(), Version: ref.version, Event: evRef, Updates: results[i].updates})
+			works = append(works, projection.Work{Group: f.group, Projection: ref.proj.Name(), Version: ref.version, Event: evRef, Updates: results[i].updates})
 			workUnits = append(workUnits, i)
 		}
 	}
@@ -183,15 +164,15 @@ func (f *feed) handle(msg *message.Message) ([]*message.Message, error) {
 	}
 	outcomes, err := f.r.cfg.Applier.Apply(ctx, works, f.r.prune)
 	if err != nil {
-		if IsTransient(err) || ctx.Err() != nil {
+		if f.r.isTransient(err) || ctx.Err() != nil {
 			return nil, err
 		}
 		// Something about the updates themselves (a key of another type, say): find which.
-		outcomes = make([]adapters.Outcome, len(works))
+		outcomes = make([]projection.Outcome, len(works))
 		for w := range works {
 			o, err := f.r.cfg.Applier.Apply(ctx, works[w:w+1], f.r.prune)
 			if err != nil {
-				if IsTransient(err) || ctx.Err() != nil {
+				if f.r.isTransient(err) || ctx.Err() != nil {
 					return nil, err
 				}
 				failure.Failed = append(failure.Failed, unitFailure{unit: units[workUnits[w]], err: err})
@@ -218,7 +199,7 @@ func runHandler(ctx context.Context, p projection.Projection, e domain.Event) (u
 }
 
 // observe reports the batch's outcomes per projection.
-func (f *feed) observe(units []unit, results []unitResult, works []adapters.Work, outcomes []adapters.Outcome, refs map[string]memberRef, d time.Duration) {
+func (f *feed) observe(units []unit, results []unitResult, works []projection.Work, outcomes []projection.Outcome, refs map[string]memberRef, d time.Duration) {
 	obs := f.r.cfg.Observer
 	type key struct{ projection, outcome string }
 	counts := map[key]int{}
@@ -229,7 +210,7 @@ func (f *feed) observe(units []unit, results []unitResult, works []adapters.Work
 	}
 	for i, w := range works {
 		outcome := OutcomeApplied
-		if i < len(outcomes) && outcomes[i] == adapters.Duplicate {
+		if i < len(outcomes) && outcomes[i] == projection.Duplicate {
 			outcome = OutcomeDuplicate
 		}
 		counts[key{w.Projection, outcome}]++

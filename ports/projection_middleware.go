@@ -4,18 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"maps"
 	"math/rand/v2"
-	"strings"
-	"sync"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/app/ops"
+	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/domain"
 )
 
@@ -57,13 +52,16 @@ func permanent(err error) error { return fmt.Errorf("%w: %w", ErrPermanent, err)
 
 // IsTransient reports infrastructure failures (Redis down, restarting, out of memory, busy)
 // that say nothing about the event: those are retried for as long as they last and never parked
-// in the poison queue. The classification itself is adapters.TransientReason.
-func IsTransient(err error) bool {
+// in the poison queue. The classification itself is the backend's (adapters.TransientReason).
+func IsTransient(f ops.Failures, err error) bool {
 	if err == nil || errors.Is(err, ErrPermanent) || errors.Is(err, ErrHandlerTimeout) {
 		return false
 	}
-	return adapters.IsTransient(err)
+	_, ok := f.TransientReason(err)
+	return ok
 }
+
+func (r *ProjectionRouter) isTransient(err error) bool { return IsTransient(r.backend, err) }
 
 // retryMiddleware retries the failed units of a batch with exponential backoff and jitter, and
 // a whole batch whose handling failed (Redis). Permanent failures are not retried, and their
@@ -196,26 +194,6 @@ func timeoutMiddleware(d time.Duration) message.HandlerMiddleware {
 	}
 }
 
-// throttledLog logs a repeating condition at most once per interval, with how often it happened.
-type throttledLog struct {
-	mu         sync.Mutex
-	interval   time.Duration
-	last       time.Time
-	suppressed int
-}
-
-func (t *throttledLog) allow() (bool, int) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if time.Since(t.last) < t.interval {
-		t.suppressed++
-		return false, 0
-	}
-	n := t.suppressed
-	t.last, t.suppressed = time.Now(), 0
-	return true, n
-}
-
 // maxPoisonErrorLen caps the error text stored with a parked event (a recovered panic carries
 // its whole stack trace).
 const maxPoisonErrorLen = 4000
@@ -248,7 +226,7 @@ func (r *ProjectionRouter) poisonMiddleware(group string) message.HandlerMiddlew
 				var stuck []unitFailure
 				if partial {
 					for _, f := range bf.Failed {
-						if IsTransient(f.err) {
+						if r.isTransient(f.err) {
 							stuck = append(stuck, f)
 						}
 					}
@@ -261,7 +239,7 @@ func (r *ProjectionRouter) poisonMiddleware(group string) message.HandlerMiddlew
 					r.transientFailure(group, cause)
 					if ok, n := transient.allow(); ok {
 						r.log.Warn("projections cannot apply a batch now, will retry", "group", group,
-							"reason", transientReasonText(cause), "error", cause, "suppressed", n)
+							"reason", r.transientReasonText(cause), "error", cause, "suppressed", n)
 					}
 					return nil, err
 				}
@@ -295,24 +273,16 @@ func (r *ProjectionRouter) park(ctx context.Context, b *batch, group string, fai
 	defer cancel()
 	counts := map[string]int{}
 	for _, f := range failed {
-		name, version, _ := adapters.ParseMemberName(f.unit.member)
+		name, version, _ := ops.ParseMemberName(f.unit.member)
 		m := b.msgs[f.unit.entry]
 		errText := f.err.Error()
 		if len(errText) > maxPoisonErrorLen {
 			errText = errText[:maxPoisonErrorLen] + "...(truncated)"
 		}
-		entry := adapters.PoisonEntry{
-			Stream: m.Metadata.Get(adapters.MetaStream), EntryID: m.Metadata.Get(adapters.MetaEntryID),
-			Projection: name, Version: version, Group: group, Error: errText, Attempts: max(f.attempts, 1), FailedAt: time.Now(),
-		}
-		if entry.Stream == "" {
-			entry.Stream = r.cfg.Keys.Stream()
-		}
-		fields, err := adapters.EntryFields(ctx, r.cfg.Redis, entry.Stream, entry.EntryID)
-		if err != nil {
-			fields = messageFields(m)
-		}
-		entry.Fields = fields
+		entry, correlationID := r.backend.PoisonEntryOf(ctx, m)
+		entry.Projection, entry.Version, entry.Group = name, version, group
+		entry.Error, entry.Attempts, entry.FailedAt = errText, max(f.attempts, 1), time.Now()
+		var err error
 		if entry.Decision, err = r.decision(ctx, entry); err != nil {
 			if ok, n := parkFailed.allow(); ok {
 				r.log.Error("could not decide whether a failed event counts; it stays pending and is retried", "projection", name,
@@ -320,7 +290,7 @@ func (r *ProjectionRouter) park(ctx context.Context, b *batch, group string, fai
 			}
 			return err
 		}
-		id, err := r.poison.Park(ctx, entry)
+		id, err := r.backend.Park(ctx, entry)
 		if err != nil {
 			if ok, n := parkFailed.allow(); ok {
 				r.log.Error("could not park a failed event; it stays pending and is retried", "projection", name,
@@ -331,7 +301,7 @@ func (r *ProjectionRouter) park(ctx context.Context, b *batch, group string, fai
 		counts[name]++
 		r.log.Error("event parked in poison queue", "projection", name, "group", group, "entry_id", entry.EntryID,
 			"poison_id", id, "attempts", entry.Attempts, "error", errText,
-			"correlation_id", m.Metadata.Get(adapters.MetaCorrelationID))
+			"correlation_id", correlationID)
 	}
 	for name, n := range counts {
 		r.cfg.Observer.Handled(name, OutcomePoisoned, n, 0)
@@ -342,7 +312,7 @@ func (r *ProjectionRouter) park(ctx context.Context, b *batch, group string, fai
 // decision is the dedupe decision for a check-in about to be parked, kept with it so that a
 // replay decides as every other projection did, whatever the registry forgets meanwhile ("" for
 // an entry that is not a check-in: it is never counted).
-func (r *ProjectionRouter) decision(ctx context.Context, e adapters.PoisonEntry) (string, error) {
+func (r *ProjectionRouter) decision(ctx context.Context, e ops.PoisonEntry) (string, error) {
 	parsed, err := domain.ParseEvent(e.Fields)
 	if err != nil {
 		return "", nil
@@ -351,19 +321,19 @@ func (r *ProjectionRouter) decision(ctx context.Context, e adapters.PoisonEntry)
 	if !ok {
 		return "", nil
 	}
-	counted, err := r.cfg.Applier.Decide(ctx, []adapters.EventRef{adapters.RefOf(ev, e.EntryID)})
+	counted, err := r.cfg.Applier.Decide(ctx, []projection.EventRef{projection.RefOf(ev, e.EntryID)})
 	if err != nil {
 		return "", err
 	}
 	if counted[0] {
-		return adapters.DecisionCounted, nil
+		return ops.DecisionCounted, nil
 	}
-	return adapters.DecisionDuplicate, nil
+	return ops.DecisionDuplicate, nil
 }
 
 // transientReasonText is the short reason of a transient failure, for logs and readiness.
-func transientReasonText(err error) string {
-	if reason, ok := adapters.TransientReason(err); ok {
+func (r *ProjectionRouter) transientReasonText(err error) string {
+	if reason, ok := r.backend.TransientReason(err); ok {
 		return reason
 	}
 	if errors.Is(err, ErrHandlerTimeout) {
@@ -373,124 +343,4 @@ func transientReasonText(err error) string {
 		return "the live group has a member this build does not run"
 	}
 	return err.Error()
-}
-
-// messageFields rebuilds the stream entry's fields from the message (a fallback when the entry
-// cannot be read back), including the raw fields of an entry that could not be decoded.
-func messageFields(msg *message.Message) map[string]string {
-	out := map[string]string{}
-	raw := false
-	for k, v := range msg.Metadata {
-		if rest, ok := strings.CutPrefix(k, "_raw."); ok {
-			out[rest] = v
-			raw = true
-		}
-	}
-	if raw {
-		return out
-	}
-	if fields, err := adapters.DecodeFields(msg); err == nil {
-		maps.Copy(out, fields)
-	} else {
-		out["payload"] = string(msg.Payload)
-	}
-	for k, v := range msg.Metadata {
-		if strings.HasPrefix(k, "_") || k == adapters.MetaDecodeError {
-			continue
-		}
-		out[adapters.MetaFieldPrefix+k] = v
-	}
-	out[redisstream.UUIDHeaderKey] = msg.UUID
-	return out
-}
-
-// quietHandlerErrors keeps Watermill's router from logging every nack at error level ("Handler
-// returned error"): the poison middleware logs the failures that matter itself, once per
-// interval for a Redis outage, where the router would log every attempt of every message.
-type quietHandlerErrors struct{ watermill.LoggerAdapter }
-
-func (q quietHandlerErrors) Error(msg string, err error, fields watermill.LogFields) {
-	if msg == "Handler returned error" {
-		q.LoggerAdapter.Debug(msg, fields.Add(watermill.LogFields{"error": err}))
-		return
-	}
-	q.LoggerAdapter.Error(msg, err, fields)
-}
-
-func (q quietHandlerErrors) With(fields watermill.LogFields) watermill.LoggerAdapter {
-	return quietHandlerErrors{q.LoggerAdapter.With(fields)}
-}
-
-func newRouterLogger(l *slog.Logger) watermill.LoggerAdapter {
-	return quietHandlerErrors{watermill.NewSlogLogger(l)}
-}
-
-// watchedSubscriber tells when its subscription's channel closed, i.e. the handler stopped
-// consuming. Watermill's Handler.Stopped() cannot be used for that: RunHandlers assigns the
-// channel after closing Started(), without synchronisation (a data race under -race).
-type watchedSubscriber struct {
-	message.Subscriber
-	ended chan struct{}
-	once  sync.Once
-}
-
-func watchSubscription(s message.Subscriber) message.Subscriber {
-	return &watchedSubscriber{Subscriber: s, ended: make(chan struct{})}
-}
-
-// Subscribe forwards the inner subscription and closes ended after it closed.
-func (w *watchedSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	in, err := w.Subscriber.Subscribe(ctx, topic)
-	if err != nil {
-		return nil, err
-	}
-	out := make(chan *message.Message)
-	go func() {
-		defer w.once.Do(func() { close(w.ended) })
-		defer close(out)
-		for m := range in {
-			out <- m
-		}
-	}()
-	return out, nil
-}
-
-// subscriptionEnded is closed when s's subscription ended; never for other subscribers.
-func subscriptionEnded(s message.Subscriber) <-chan struct{} {
-	if w, ok := s.(*watchedSubscriber); ok {
-		return w.ended
-	}
-	return nil
-}
-
-// throttledErrorLogger logs each distinct error message at most once per interval, with how many
-// were suppressed. The stock watermill-redisstream subscriber logs every failed read (twice a
-// second per consumer group) while Redis is down; an outage should be one line per interval.
-type throttledErrorLogger struct {
-	watermill.LoggerAdapter
-	interval time.Duration
-	mu       *sync.Mutex
-	byMsg    map[string]*throttledLog
-}
-
-// NewThrottledErrorLogger wraps l so that repeated errors are logged once per interval.
-func NewThrottledErrorLogger(l watermill.LoggerAdapter, interval time.Duration) watermill.LoggerAdapter {
-	return throttledErrorLogger{LoggerAdapter: l, interval: interval, mu: &sync.Mutex{}, byMsg: map[string]*throttledLog{}}
-}
-
-func (t throttledErrorLogger) Error(msg string, err error, fields watermill.LogFields) {
-	t.mu.Lock()
-	tl, ok := t.byMsg[msg]
-	if !ok {
-		tl = &throttledLog{interval: t.interval}
-		t.byMsg[msg] = tl
-	}
-	t.mu.Unlock()
-	if ok, n := tl.allow(); ok {
-		t.LoggerAdapter.Error(msg, err, fields.Add(watermill.LogFields{"suppressed": n}))
-	}
-}
-
-func (t throttledErrorLogger) With(fields watermill.LogFields) watermill.LoggerAdapter {
-	return throttledErrorLogger{LoggerAdapter: t.LoggerAdapter.With(fields), interval: t.interval, mu: t.mu, byMsg: t.byMsg}
 }

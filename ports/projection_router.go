@@ -14,11 +14,25 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
-	"github.com/redis/go-redis/v9"
 
-	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
 )
+
+// How the projections are fed, one story over a few files:
+//
+//   - projection_router.go (here): the Watermill router. One handler for the live group, which
+//     feeds every projection version that joined it, and one per version still backfilling
+//     through its own group; SetTargets starts and stops them as the registry asks
+//     (projection_registry_watch.go polls it); checkpoints record how far each group got.
+//   - projection_subscription.go: the subscriber cmd hands in per group (NewSubscriber), wrapped
+//     to notice a subscription that ends; projection_batch.go turns its messages into batches.
+//   - projection_middleware.go: around every batch, outermost first: poison queue, retry with
+//     backoff, a timeout per attempt, panic recovery.
+//   - projection_feed.go: the batch handler: decode once (ProjectorBackend.DecodeEntries), run
+//     each member's handlers, apply every update in a few script calls (ProjectionApplier).
+//   - projection_backend.go: what the router needs from outside, as interfaces; cmd hands in
+//     adapters.ProjectorBackend and adapters.ProjectionApplier.
 
 // Outcomes of handling events, as reported to a ProjectionObserver.
 const (
@@ -41,12 +55,6 @@ type noObserver struct{}
 func (noObserver) Handled(string, string, int, time.Duration) {}
 func (noObserver) Transient(string, string)                   {}
 
-// ProjectionTarget is one projection version fed by the router.
-type ProjectionTarget struct {
-	Projection projection.Projection
-	Version    int
-}
-
 // LiveGroupName is the processing group of a process running projections names; all is every
 // projection of the build (the default). Processes running the same projections share it.
 func LiveGroupName(names []string, all bool) string {
@@ -64,19 +72,18 @@ const DefaultCheckpointInterval = 250 * time.Millisecond
 
 // ProjectionRouterConfig wires the shared machinery every projection gets.
 type ProjectionRouterConfig struct {
-	Keys adapters.KeySpace
 	// Projections are the projections this process runs (any version of them); default: those
 	// of Targets.
 	Projections []projection.Projection
 	// Targets, when set, are the versions Run starts feeding (SetTargets changes them later).
-	Targets []ProjectionTarget
+	Targets []ops.ProjectionTarget
 	// LiveGroup is the processing group they share (LiveGroupName).
 	LiveGroup string
-	// Redis holds the registry, the poison queue and the groups' progress (not the subscribers').
-	Redis redis.UniversalClient
-	// Applier applies the projections' updates; default: one on Redis with the default
-	// dedupe window.
-	Applier *adapters.ProjectionApplier
+	// Backend holds the registry, the poison queue and the groups' progress (not the
+	// subscribers'), and decodes the subscribers' messages.
+	Backend ProjectorBackend
+	// Applier applies the projections' updates.
+	Applier ProjectionApplier
 	// NewSubscriber returns a fresh subscriber for a consumer group; start says where the group
 	// stands when it has to be created (or recreated after Redis lost it).
 	NewSubscriber func(group string, start func(context.Context) (string, error)) (message.Subscriber, error)
@@ -98,8 +105,7 @@ type ProjectionRouterConfig struct {
 type ProjectionRouter struct {
 	cfg     ProjectionRouterConfig
 	router  *message.Router
-	poison  *adapters.PoisonQueue
-	groups  *adapters.LiveGroups
+	backend ProjectorBackend
 	projs   map[string]projection.Projection
 	running atomic.Bool
 	log     *slog.Logger
@@ -112,9 +118,6 @@ type ProjectionRouter struct {
 	retired  map[string]bool
 	stopped  chan string
 	joined   map[string]bool // members this process joined (or found joined)
-
-	msMu    sync.Mutex
-	msCache map[string]adapters.Membership
 
 	ackMu sync.RWMutex
 	acked map[string]string // group -> acknowledged through (the registry's checkpoints)
@@ -133,15 +136,8 @@ type runningHandler struct {
 
 // NewProjectionRouter builds the router; SetTargets tells it what to feed, Run starts it.
 func NewProjectionRouter(cfg ProjectionRouterConfig) (*ProjectionRouter, error) {
-	if cfg.Redis == nil || cfg.NewSubscriber == nil || cfg.Logger == nil {
-		return nil, errors.New("ports: ProjectionRouter needs Redis, NewSubscriber and Logger")
-	}
-	if cfg.Applier == nil {
-		a, err := adapters.NewProjectionApplier(cfg.Redis, cfg.Keys, 0)
-		if err != nil {
-			return nil, err
-		}
-		cfg.Applier = a
+	if cfg.Backend == nil || cfg.Applier == nil || cfg.NewSubscriber == nil || cfg.Logger == nil {
+		return nil, errors.New("ports: ProjectionRouter needs a Backend, an Applier, NewSubscriber and Logger")
 	}
 	if len(cfg.Projections) == 0 {
 		for _, t := range cfg.Targets {
@@ -172,10 +168,9 @@ func NewProjectionRouter(cfg ProjectionRouterConfig) (*ProjectionRouter, error) 
 	if err != nil {
 		return nil, err
 	}
-	r := &ProjectionRouter{cfg: cfg, router: router, poison: adapters.NewPoisonQueue(cfg.Redis, cfg.Keys),
-		groups: adapters.NewLiveGroups(cfg.Redis, cfg.Keys), projs: map[string]projection.Projection{}, log: cfg.Logger,
+	r := &ProjectionRouter{cfg: cfg, router: router, backend: cfg.Backend, projs: map[string]projection.Projection{}, log: cfg.Logger,
 		handlers: map[string]*runningHandler{}, retired: map[string]bool{}, stopped: make(chan string, 64),
-		joined: map[string]bool{}, msCache: map[string]adapters.Membership{}, acked: map[string]string{}, lastDelivered: map[string]string{},
+		joined: map[string]bool{}, acked: map[string]string{}, lastDelivered: map[string]string{},
 		problem: map[string]string{}}
 	for _, p := range cfg.Projections {
 		if !validProjectionName(p.Name()) {
@@ -212,7 +207,7 @@ func (r *ProjectionRouter) addHandler(group, member string) error {
 	}
 	sub = watchSubscription(batching(sub, r.cfg.BatchSize))
 	f := &feed{r: r, group: group, member: member}
-	h := r.router.AddConsumerHandler(group, r.cfg.Keys.Stream(), sub, func(msg *message.Message) error {
+	h := r.router.AddConsumerHandler(group, r.backend.Stream(), sub, func(msg *message.Message) error {
 		_, err := f.handle(msg)
 		return err
 	})
@@ -233,20 +228,20 @@ func (r *ProjectionRouter) addHandler(group, member string) error {
 // nothing is skipped and what is delivered again is caught by the markers; without a record,
 // the live group at its first member's join position and an own group at the start.
 func (r *ProjectionRouter) groupStart(ctx context.Context, group, member string) (string, error) {
-	acked, err := r.groups.Acked(ctx, group)
+	acked, err := r.backend.Acked(ctx, group)
 	if err != nil || acked != "" {
 		return acked, err
 	}
 	if member != "" {
 		return "0", nil
 	}
-	ms, err := r.groups.Read(ctx, group)
+	ms, err := r.backend.Read(ctx, group)
 	if err != nil {
 		return "", err
 	}
 	start := ""
 	for _, m := range ms.Members {
-		if start == "" || adapters.CompareEntryIDs(m.Join, start) < 0 {
+		if start == "" || ops.CompareEntryIDs(m.Join, start) < 0 {
 			start = m.Join
 		}
 	}
@@ -334,28 +329,28 @@ var ErrLiveGroupConflict = errors.New("projection version is fed by another live
 // live group and for every own group still backfilling, and the handlers no longer needed
 // stop. It may be called before Run and then periodically; it returns once stopped handlers
 // have finished their in-flight batches.
-func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ProjectionTarget) (added, removed []string, err error) {
+func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.ProjectionTarget) (added, removed []string, err error) {
 	for _, t := range targets {
 		if _, ok := r.projs[t.Projection.Name()]; !ok {
 			return nil, nil, fmt.Errorf("projection %s is not run by this router", t.Projection.Name())
 		}
-		if err := r.join(ctx, adapters.MemberName(t.Projection.Name(), t.Version)); err != nil {
+		if err := r.join(ctx, ops.MemberName(t.Projection.Name(), t.Version)); err != nil {
 			return nil, nil, err
 		}
 	}
-	ms, err := r.groups.Read(ctx, r.cfg.LiveGroup)
+	ms, err := r.backend.Read(ctx, r.cfg.LiveGroup)
 	if err != nil {
 		return nil, nil, err
 	}
 	want := map[string]string{} // group -> member ("" for the live group)
 	for _, t := range targets {
-		name := adapters.MemberName(t.Projection.Name(), t.Version)
+		name := ops.MemberName(t.Projection.Name(), t.Version)
 		m, ok := ms.Members[name]
 		if !ok {
 			continue
 		}
 		want[r.cfg.LiveGroup] = ""
-		if m.Own == adapters.BackfillRunning {
+		if m.Own == ops.BackfillRunning {
 			want[name] = name
 		}
 	}
@@ -381,7 +376,7 @@ func (r *ProjectionRouter) join(ctx context.Context, member string) error {
 	if done {
 		return nil
 	}
-	all, _, err := r.groups.ReadAll(ctx)
+	all, _, err := r.backend.ReadAll(ctx)
 	if err != nil {
 		return err
 	}
@@ -391,7 +386,7 @@ func (r *ProjectionRouter) join(ctx context.Context, member string) error {
 				ErrLiveGroupConflict, member, g, r.cfg.LiveGroup)
 		}
 	}
-	ms, err := r.groups.Join(ctx, r.cfg.LiveGroup, member)
+	ms, err := r.backend.Join(ctx, r.cfg.LiveGroup, member)
 	if err != nil {
 		return err
 	}
@@ -476,27 +471,10 @@ func (r *ProjectionRouter) Groups() []string {
 	return out
 }
 
-// membership is group's membership as the registry says now: read once per batch, so that a
-// version joining is seen by every batch delivered after its join position.
-func (r *ProjectionRouter) membership(ctx context.Context, group string) (adapters.Membership, error) {
-	raw, err := r.cfg.Redis.HGet(ctx, r.cfg.Keys.Projections(), "live:"+r.cfg.LiveGroup).Result()
-	if errors.Is(err, redis.Nil) {
-		raw, err = "{}", nil
-	}
-	if err != nil {
-		return adapters.Membership{}, fmt.Errorf("read the live group's membership: %w", err)
-	}
-	r.msMu.Lock()
-	defer r.msMu.Unlock()
-	if ms, ok := r.msCache[group]; ok && ms.Raw == raw {
-		return ms, nil
-	}
-	ms, err := adapters.ParseMembership(r.cfg.LiveGroup, raw)
-	if err != nil {
-		return adapters.Membership{}, err
-	}
-	r.msCache[group] = ms
-	return ms, nil
+// membership is the live group's membership as the registry says now: read once per batch, so
+// that a version joining is seen by every batch delivered after its join position.
+func (r *ProjectionRouter) membership(ctx context.Context) (ops.Membership, error) {
+	return r.backend.CurrentMembership(ctx, r.cfg.LiveGroup)
 }
 
 // prune is the applier's Prune: markers of a group below its recorded checkpoint may go.
@@ -528,13 +506,12 @@ func (r *ProjectionRouter) keepCheckpoints(ctx context.Context) {
 }
 
 func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
-	stream := r.cfg.Keys.Stream()
 	groups := r.Groups()
-	info, err := adapters.ReadGroupsProgress(ctx, r.cfg.Redis, stream)
+	info, err := r.backend.Positions(ctx)
 	if err != nil {
 		return err
 	}
-	ms, err := r.groups.Read(ctx, r.cfg.LiveGroup)
+	ms, err := r.backend.Read(ctx, r.cfg.LiveGroup)
 	if err != nil {
 		return err
 	}
@@ -549,14 +526,13 @@ func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			err = r.cfg.Redis.XGroupCreateMkStream(ctx, stream, g, start).Err()
-			if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+			if err := r.backend.CreateGroup(ctx, g, start); err != nil {
 				return fmt.Errorf("recreate consumer group %s: %w", g, err)
 			}
 			r.log.Warn("consumer group was missing; recreated it where it had acknowledged through", "group", g, "start", start)
 			continue
 		}
-		if err := r.groups.Checkpoint(ctx, g, p.AckedThrough); err != nil {
+		if err := r.backend.Checkpoint(ctx, g, p.AckedThrough); err != nil {
 			return err
 		}
 		// Quiet (nothing pending, nothing delivered since the last look): let go of the markers
@@ -567,20 +543,20 @@ func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
 			}
 		}
 		r.lastDelivered[g] = p.LastDeliveredID
-		if m, own := ms.Members[g]; own && m.Own == adapters.BackfillRunning &&
-			p.Pending == 0 && adapters.CompareEntryIDs(p.LastDeliveredID, m.Join) >= 0 {
-			if changed, err := r.groups.FinishBackfill(ctx, r.cfg.LiveGroup, g, time.Now()); err != nil {
+		if m, own := ms.Members[g]; own && m.Own == ops.BackfillRunning &&
+			p.Pending == 0 && ops.CompareEntryIDs(p.LastDeliveredID, m.Join) >= 0 {
+			if changed, err := r.backend.FinishBackfill(ctx, r.cfg.LiveGroup, g, time.Now()); err != nil {
 				return err
 			} else if changed {
 				r.log.Info("backfill finished: the version is fed by the live group alone", "member", g, "join", m.Join)
 			}
 		}
 	}
-	lives, acked, err := r.groups.ReadAll(ctx)
+	lives, acked, err := r.backend.ReadAll(ctx)
 	if err != nil {
 		return err
 	}
-	floor, ok, err := adapters.DedupeFloor(ctx, r.cfg.Redis, stream, lives, info, r.cfg.Applier.Window(), time.Now())
+	floor, ok, err := r.backend.DedupeFloor(ctx, lives, info, r.cfg.Applier.Window(), time.Now())
 	if err != nil {
 		return err
 	}
@@ -597,7 +573,7 @@ func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
 
 // transientFailure records why group's batches cannot be applied now (for readiness).
 func (r *ProjectionRouter) transientFailure(group string, err error) {
-	reason := transientReasonText(err)
+	reason := r.transientReasonText(err)
 	r.probMu.Lock()
 	r.problem[group] = reason
 	r.probMu.Unlock()
@@ -620,7 +596,7 @@ func (r *ProjectionRouter) ReportSetup(err error) {
 		delete(r.problem, setupProblem)
 		return
 	}
-	reason, ok := adapters.TransientReason(err)
+	reason, ok := r.backend.TransientReason(err)
 	if !ok {
 		reason = err.Error()
 	}

@@ -15,15 +15,14 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/checkins/checkins/adapters"
-	"github.com/checkins/checkins/adapters/batchsub"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/domain"
 	"github.com/checkins/checkins/ports"
@@ -100,6 +99,14 @@ func (b *syncBuffer) count(s string) int {
 	return strings.Count(b.buf.String(), s)
 }
 
+// testApplier applies the projections' updates on client with the default dedupe window.
+func testApplier(t *testing.T, client redis.UniversalClient, keys adapters.KeySpace) *adapters.ProjectionApplier {
+	t.Helper()
+	a, err := adapters.NewProjectionApplier(client, keys, 0)
+	require.NoError(t, err)
+	return a
+}
+
 // harness is a running projection router on real Redis, fed by the chosen subscriber.
 type harness struct {
 	t      *testing.T
@@ -145,52 +152,26 @@ func startHarness(t *testing.T, p *faultyProjection, o harnessOptions) *harness 
 		subMu.Unlock()
 		return c
 	}
-	newSub := func(group string, start func(context.Context) (string, error)) (message.Subscriber, error) {
-		c := subClient()
-		if o.subscriber == "watermill" {
-			stock, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
-				Client: c, Unmarshaller: adapters.FlatMarshaller{}, Consumer: "c1", ConsumerGroup: group, OldestId: "0",
-				NackResendSleep: o.nackDelay, ClaimInterval: time.Second, MaxIdleTime: 5 * time.Second,
-				BlockTime: 50 * time.Millisecond, DisableIndefiniteInitialBlock: true,
-			}, wlog)
-			if err != nil {
-				return nil, err
-			}
-			return adapters.NewDrainingSubscriber(adapters.DrainingSubscriberConfig{Inner: stock, Client: subClient(),
-				ConsumerGroup: group, Consumer: "c1", Unmarshaller: adapters.FlatMarshaller{}, DrainTimeout: 5 * time.Second, Logger: wlog})
-		}
-		return batchsub.NewSubscriber(batchsub.Config{
-			Client: c, ConsumerGroup: group, Consumer: "c1", Unmarshaller: adapters.FlatMarshaller{}, StartID: start,
-			BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: o.nackDelay,
-			ClaimInterval: time.Second, ClaimMinIdle: 5 * time.Second, DrainTimeout: 5 * time.Second, Logger: wlog,
-		})
-	}
-	var applier *adapters.ProjectionApplier
+	newSub := adapters.Subscribers{Kind: o.subscriber, NewClient: func() (redis.UniversalClient, error) { return subClient(), nil },
+		Consumer: "c1", BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: o.nackDelay,
+		ClaimInterval: time.Second, ClaimIdle: 5 * time.Second, DrainTimeout: 5 * time.Second, Logger: wlog}.New
+	applier := testApplier(t, h.client, h.keys)
 	if o.applier != nil {
 		applier = o.applier(h.client, h.keys)
 	}
 	r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-		Keys: h.keys, Targets: []ports.ProjectionTarget{{Projection: p, Version: 1}}, Redis: h.client, Applier: applier,
+		Targets: []ops.ProjectionTarget{{Projection: p, Version: 1}}, Backend: adapters.NewProjectorBackend(h.client, h.keys), Applier: applier,
 		NewSubscriber: newSub, Retry: o.retry, HandlerTimeout: o.handlerTimeout, CloseTimeout: 10 * time.Second, Logger: log,
 	})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
 	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			assert.NoError(t, err, "router Run after a clean stop")
-		case <-time.After(20 * time.Second):
-			t.Error("router did not stop within 20s")
-		}
 		subMu.Lock()
 		defer subMu.Unlock()
 		for _, c := range subClients {
 			_ = c.Close()
 		}
 	})
+	redistest.Background(t, "router", 20*time.Second, r.Run) // stops before the clients close
 	require.Eventually(t, r.Running, 10*time.Second, 10*time.Millisecond, "router never started")
 	return h
 }
@@ -223,7 +204,7 @@ func (h *harness) count() int64 {
 	return v
 }
 
-func (h *harness) poison() []adapters.PoisonEntry {
+func (h *harness) poison() []ops.PoisonEntry {
 	es, _, err := adapters.NewPoisonQueue(h.client, h.keys).List(context.Background(), "", 1000)
 	require.NoError(h.t, err)
 	return es
@@ -297,7 +278,7 @@ func TestRouterParksAnEventAfterMaxAttempts(t *testing.T) {
 			assert.Contains(t, e.Error, "boom: cannot project this one")
 			assert.Equal(t, 3, e.Attempts)
 			assert.WithinRange(t, e.FailedAt, before, time.Now().Add(time.Second))
-			assert.Equal(t, adapters.DecisionCounted, e.Decision, "parked with its dedupe decision, for the replay")
+			assert.Equal(t, ops.DecisionCounted, e.Decision, "parked with its dedupe decision, for the replay")
 			// The original event, unchanged, field by field.
 			orig, err := h.client.XRange(context.Background(), h.keys.Stream(), badID, badID).Result()
 			require.NoError(t, err)
@@ -448,8 +429,9 @@ func TestRouterRunFailsWhenASubscriptionEndsUnexpectedly(t *testing.T) {
 	t.Parallel()
 	env := redistest.Open(t)
 	r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-		Keys: adapters.KeySpace{Prefix: env.Prefix}, Targets: []ports.ProjectionTarget{{Projection: newFaulty("faulty", nil), Version: 1}},
-		Redis: redistest.Client(t, env.URL), Retry: ports.DefaultRetryPolicy(), Logger: slog.New(slog.DiscardHandler),
+		Targets: []ops.ProjectionTarget{{Projection: newFaulty("faulty", nil), Version: 1}},
+		Backend: adapters.NewProjectorBackend(redistest.Client(t, env.URL), adapters.KeySpace{Prefix: env.Prefix}),
+		Applier: testApplier(t, redistest.Client(t, env.URL), adapters.KeySpace{Prefix: env.Prefix}), Retry: ports.DefaultRetryPolicy(), Logger: slog.New(slog.DiscardHandler),
 		NewSubscriber: func(string, func(context.Context) (string, error)) (message.Subscriber, error) {
 			return closingSubscriber{}, nil
 		},
@@ -521,7 +503,7 @@ func TestIsTransient(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			assert.Equal(t, c.want, ports.IsTransient(c.err))
+			assert.Equal(t, c.want, ports.IsTransient(adapters.RedisErrors{}, c.err))
 		})
 	}
 }

@@ -1,28 +1,25 @@
 package main
 
 // These tests are in package main because they drive run() itself, the whole `checkins bench`
-// path without building the binary; a main package cannot be imported by a _test package.
+// path (cmd/checkins/bench, wired by wire_bench.go) without building the binary; a main package
+// cannot be imported by a _test package.
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
-	"github.com/checkins/checkins/domain"
+	"github.com/checkins/checkins/cmd/checkins/bench"
 )
 
 // envWith is the process environment with some variables replaced ("" hides one).
@@ -38,12 +35,12 @@ func envWith(over map[string]string) func(string) string {
 	}
 }
 
-func runBenchJSON(t *testing.T, getenv func(string) string, args ...string) BenchResult {
+func runBenchJSON(t *testing.T, getenv func(string) string, args ...string) bench.BenchResult {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	code := run(append([]string{"bench", "--json"}, args...), getenv, &stdout, &stderr)
 	require.Equal(t, 0, code, "bench failed; stderr:\n%s", stderr.String())
-	var res BenchResult
+	var res bench.BenchResult
 	require.NoError(t, json.Unmarshal(stdout.Bytes(), &res), "stdout is not the JSON result:\n%s", stdout.String())
 	return res
 }
@@ -60,37 +57,37 @@ func TestBenchEveryPhaseOnPrivateRedis(t *testing.T) {
 	assert.NotEmpty(t, res.Machine.RedisVersion)
 	assert.Positive(t, res.Machine.NumCPU)
 	assert.Contains(t, res.Machine.Redis, "private")
-	assert.Equal(t, projectionNames(allProjections(Config{})), res.Settings.Projections, "every shipped projection by default")
-	byPhase := map[string]PhaseResult{}
-	var memory []PhaseResult
+	assert.Equal(t, bench.ProjectionNames(allProjections(Config{})), res.Settings.Projections, "every shipped projection by default")
+	byPhase := map[string]bench.PhaseResult{}
+	var memory []bench.PhaseResult
 	for _, p := range res.Phases {
 		byPhase[p.Phase] = p
-		if p.Phase == phaseMemory {
+		if p.Phase == bench.PhaseMemory {
 			memory = append(memory, p)
 		}
 		assert.Positive(t, p.Throughput, "%s throughput", p.Phase)
 		assert.Positive(t, p.Count, "%s count", p.Phase)
-		assert.Equal(t, checkOK, p.Check, "%s check: %s", p.Phase, p.CheckDetail)
+		assert.Equal(t, bench.CheckOK, p.Check, "%s check: %s", p.Phase, p.CheckDetail)
 		assert.Positive(t, p.PeakHeap, "%s peak heap", p.Phase)
 		assert.Positive(t, p.CPUSeconds, "%s CPU", p.Phase)
 		if _, err := os.Stat("/proc/self/status"); err == nil {
 			assert.Positive(t, p.PeakRSS, "%s peak RSS", p.Phase)
 		}
 	}
-	require.ElementsMatch(t, benchPhaseOrder(), keysOf(byPhase))
-	for _, p := range []string{phaseIngest, phaseIngestBaseline, phaseSustained, phaseE2E} {
+	require.ElementsMatch(t, bench.PhaseOrder(), keysOf(byPhase))
+	for _, p := range []string{bench.PhaseIngest, bench.PhaseIngestBaseline, bench.PhaseSustained, bench.PhaseE2E} {
 		require.NotNil(t, byPhase[p].Latency, "%s latency", p)
 		assert.Positive(t, byPhase[p].Latency.P99, "%s p99", p)
 	}
-	assert.EqualValues(t, 2000, byPhase[phaseDrain].Count)
-	assert.Equal(t, 1, byPhase[phaseDrain].Consumers)
-	assert.Equal(t, 1, byPhase[phaseDrainBaseline].Consumers)
-	require.NotNil(t, byPhase[phaseIngest].VsBaseline)
-	require.NotNil(t, byPhase[phaseDrain].VsBaseline)
-	assert.Positive(t, *byPhase[phaseDrain].VsBaseline)
-	require.NotNil(t, byPhase[phaseE2E].PostLatency)
+	assert.EqualValues(t, 2000, byPhase[bench.PhaseDrain].Count)
+	assert.Equal(t, 1, byPhase[bench.PhaseDrain].Consumers)
+	assert.Equal(t, 1, byPhase[bench.PhaseDrainBaseline].Consumers)
+	require.NotNil(t, byPhase[bench.PhaseIngest].VsBaseline)
+	require.NotNil(t, byPhase[bench.PhaseDrain].VsBaseline)
+	assert.Positive(t, *byPhase[bench.PhaseDrain].VsBaseline)
+	require.NotNil(t, byPhase[bench.PhaseE2E].PostLatency)
 
-	sustained := byPhase[phaseSustained]
+	sustained := byPhase[bench.PhaseSustained]
 	require.NotNil(t, sustained.VsBaseline, "sustained is held against ingest-baseline")
 	assert.Positive(t, *sustained.VsBaseline)
 	require.NotNil(t, sustained.Backlog)
@@ -112,7 +109,7 @@ func TestBenchEveryPhaseOnPrivateRedis(t *testing.T) {
 		assert.Positive(t, m.ProjectionBytes)
 		assert.Positive(t, m.PerKeyBytes)
 		assert.Positive(t, m.BytesPerCheckin)
-		assert.Equal(t, figureUsedMemory, m.Figure, "a private server measures used_memory")
+		assert.Equal(t, bench.FigureUsedMemory, m.Figure, "a private server measures used_memory")
 		assert.Zero(t, m.IdempotencyBytes)
 		owners := map[string]bool{}
 		for _, g := range m.Breakdown {
@@ -152,7 +149,7 @@ func TestBenchOnSharedRedisDeletesOnlyItsKeys(t *testing.T) {
 	assert.Contains(t, out, "growth from N=200")
 	assert.Contains(t, out, "(by per_key)")
 	assert.Regexp(t, `(?m)^\s+users\s+[0-9.]+ [KM]?i?B: `, out, "the breakdown after the table")
-	assert.NotContains(t, out, checkMismatch)
+	assert.NotContains(t, out, bench.CheckMismatch)
 
 	keys, err := client.Keys(ctx, "*").Result()
 	require.NoError(t, err)
@@ -171,14 +168,14 @@ func TestBenchSubsetOfProjections(t *testing.T) {
 	assert.Equal(t, []string{"leaderboards", "recent_checkins"}, res.Settings.Projections, "in the order they ship")
 	require.Len(t, res.Phases, 3)
 	for _, p := range res.Phases {
-		assert.Equal(t, checkOK, p.Check, "%s check: %s", p.Phase, p.CheckDetail)
+		assert.Equal(t, bench.CheckOK, p.Check, "%s check: %s", p.Phase, p.CheckDetail)
 		assert.Positive(t, p.Throughput, "%s throughput", p.Phase)
-		if p.Phase == phaseSustained {
+		if p.Phase == bench.PhaseSustained {
 			require.NotNil(t, p.Backlog)
 			assert.Len(t, p.Backlog.Groups, 1, "the selected projections share a live group of their own")
 			assert.Nil(t, p.VsBaseline, "no ingest-baseline ran")
 		}
-		if p.Phase == phaseE2E {
+		if p.Phase == bench.PhaseE2E {
 			require.NotNil(t, p.Latency)
 		}
 	}
@@ -186,31 +183,6 @@ func TestBenchSubsetOfProjections(t *testing.T) {
 
 // The selection leaves the services without an explicit list when it is every shipped
 // projection, as serve ships, whatever order or repetition it was given in.
-func TestBenchSelection(t *testing.T) {
-	t.Parallel()
-	all := projectionNames(allProjections(Config{}))
-	reversed := slices.Clone(all)
-	slices.Reverse(reversed)
-	for _, tc := range []struct {
-		name    string
-		given   []string
-		want    []string
-		wantAll bool
-	}{
-		{"default", nil, all, true},
-		{"every one, reordered", reversed, all, true},
-		{"subset", []string{"locations", "users", "users"}, []string{"users", "locations"}, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			got, gotAll, err := benchSelection(Config{Projections: tc.given})
-			require.NoError(t, err)
-			assert.Equal(t, tc.want, got)
-			assert.Equal(t, tc.wantAll, gotAll)
-		})
-	}
-}
-
 // --target sends the ingest load to a running API and checks its stream (found through
 // REDIS_URL and KEY_PREFIX); the target's data is not the bench's to delete.
 func TestBenchIngestAgainstTarget(t *testing.T) {
@@ -231,8 +203,8 @@ func TestBenchIngestAgainstTarget(t *testing.T) {
 
 	require.Len(t, res.Phases, 1)
 	p := res.Phases[0]
-	assert.Equal(t, phaseIngest, p.Phase)
-	assert.Equal(t, checkOK, p.Check, p.CheckDetail)
+	assert.Equal(t, bench.PhaseIngest, p.Phase)
+	assert.Equal(t, bench.CheckOK, p.Check, p.CheckDetail)
 	assert.Positive(t, p.Count)
 	assert.Equal(t, "http://"+addr.String(), res.Settings.Target)
 	n, err := redistest.Client(t, srv.URL()).XLen(context.Background(), "target:events").Result()
@@ -244,7 +216,7 @@ func redistestVersion(t *testing.T, url string) string {
 	t.Helper()
 	info, err := redistest.Client(t, url).Info(context.Background(), "server").Result()
 	require.NoError(t, err)
-	return infoField(info, "redis_version")
+	return bench.InfoField(info, "redis_version")
 }
 
 // Bad flags fail before anything starts, with a message naming the flag and the problem.
@@ -294,82 +266,9 @@ func TestBenchHelp(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	code := run([]string{"bench", "--help"}, envWith(nil), &stdout, &stderr)
 	assert.Equal(t, 0, code)
-	for _, p := range benchPhaseOrder() {
+	for _, p := range bench.PhaseOrder() {
 		assert.Contains(t, stderr.String(), "\n  "+p+" ", "usage describes phase %s", p)
 	}
 	assert.Contains(t, stderr.String(), "default: every shipped projection: users,locations,leaderboards,recent_checkins,daily_checkins")
 	assert.Contains(t, stderr.String(), "-memory-events")
-}
-
-// The read-model check finds a difference in any projection, refuses an entity no check-in
-// mentions, and ignores dedupe keys wherever they are.
-func TestBenchVerifyFindsDifferences(t *testing.T) {
-	srv := redistest.Start(t, redistest.Options{})
-	ctx := context.Background()
-	env := envWith(map[string]string{"REDIS_URL": srv.URL(), "PROJECTIONS": "", "LOG_LEVEL": "warn"})
-	cfg, _, err := parseConfig(flag.NewFlagSet("test", flag.ContinueOnError), nil, env)
-	require.NoError(t, err)
-	opts := benchOptions{Projections: projectionNames(allProjections(cfg)), AllProjections: true}
-	b, err := newBencher(ctx, cfg, opts, newLogger(io.Discard, slog.LevelWarn), io.Discard)
-	require.NoError(t, err)
-	t.Cleanup(b.close)
-	client := redistest.Client(t, srv.URL())
-
-	now := time.Now().UnixMilli()
-	var checkins []domain.Checkin
-	for i := range 300 {
-		checkins = append(checkins, domain.Checkin{ID: fmt.Sprintf("c%d", i), UserID: 1 + int64(i%7), LocationID: 1 + int64(i%11),
-			StarRating: i % 6, Timestamp: now - int64(i)*3_600_000})
-	}
-	apply := func(t *testing.T, keys adapters.KeySpace, cs ...domain.Checkin) {
-		t.Helper()
-		applier, err := adapters.NewProjectionApplier(client, keys, 0)
-		require.NoError(t, err)
-		for _, p := range allProjections(cfg) {
-			for _, c := range cs {
-				_, err := applier.ApplyEvent(ctx, "test."+p.Name(), p, 1, domain.CheckinRecorded{Checkin: c, RecordedAt: now}, "")
-				require.NoError(t, err)
-			}
-		}
-	}
-	model := func(cs ...domain.Checkin) *expectedModel {
-		m := newExpectedModel()
-		for _, c := range cs {
-			m.add(c)
-		}
-		return m
-	}
-
-	keys := adapters.KeySpace{Prefix: "same"}
-	apply(t, keys, checkins...)
-	apply(t, keys, checkins[:10]...) // redelivered: counted once
-	ok, detail, err := b.verifyReadModels(ctx, keys, model(append(checkins, checkins[:3]...)...))
-	require.NoError(t, err)
-	assert.True(t, ok, detail)
-	// A dedupe key in a slot no check-in names is bookkeeping, not an entity.
-	require.NoError(t, client.SAdd(ctx, keys.ProjectionKey("users", 1, "p:7", "seen"), "x").Err())
-	ok, detail, err = b.verifyReadModels(ctx, keys, model(checkins...))
-	require.NoError(t, err)
-	assert.True(t, ok, detail)
-
-	for name, tc := range map[string]struct {
-		applied []domain.Checkin
-		want    []string
-	}{
-		"a check-in the model lacks": {append(slices.Clone(checkins), domain.Checkin{ID: "late", UserID: 3, LocationID: 4, StarRating: 5, Timestamp: now}),
-			[]string{"user 3: numCheckins/lastCheckin/lastSeenAt", "location 4:", "recent check-ins of user 3", "daily check-ins of location 4", "leaderboard of"}},
-		"a user nobody checked in as": {append(slices.Clone(checkins), domain.Checkin{ID: "ghost", UserID: 99, LocationID: 1, Timestamp: now}),
-			[]string{"unexpected users entity user:99", "unexpected recent_checkins entity user:99", "leaderboards "}},
-	} {
-		t.Run(name, func(t *testing.T) {
-			keys := adapters.KeySpace{Prefix: strings.ReplaceAll(name, " ", "-")}
-			apply(t, keys, tc.applied...)
-			ok, detail, err := b.verifyReadModels(ctx, keys, model(checkins...))
-			require.NoError(t, err)
-			assert.False(t, ok)
-			for _, w := range tc.want {
-				assert.Contains(t, detail, w)
-			}
-		})
-	}
 }

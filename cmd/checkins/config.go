@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/checkins/checkins/ports"
+	"github.com/checkins/checkins/app/command"
 )
 
 // Config is read and validated once, here; nothing else reads the environment.
@@ -52,7 +52,7 @@ type Config struct {
 	ProjectionPoll         time.Duration
 	RetireGrace            time.Duration
 	StallAfter             time.Duration
-	Retention              ports.RetentionPolicy
+	Retention              command.RetentionPolicy
 	RetentionInterval      time.Duration
 
 	// Authentication, the ops listener, rate limits (config_access.go).
@@ -192,7 +192,7 @@ func settings() []setting {
 		{"PROJECTION_RETIRE_GRACE", "projection-retire-grace", "10s", "after a rebuild switched reads, wait this long before removing the old version: keep it above PROJECTION_POLL_INTERVAL plus the time in-flight handlers take to finish", dur(func(c *Config) *time.Duration { return &c.RetireGrace }, 0)},
 		{"STALL_AFTER", "stall-after", "60s", "a projection behind the stream that makes no progress this long is reported stalled (/readyz 503)", dur(func(c *Config) *time.Duration { return &c.StallAfter }, 10*time.Millisecond)},
 		{"RETENTION", "retention", "off", "trim the event stream: off, a number of entries (1000000) or an age (720h, 30d); never below what a consumer group still needs", func(c *Config, v string) error {
-			p, err := ports.ParseRetention(v)
+			p, err := command.ParseRetention(v)
 			if err != nil {
 				return err
 			}

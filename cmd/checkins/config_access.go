@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/ports"
 )
 
@@ -42,8 +42,8 @@ type AccessConfig struct {
 	JWKSMinRefresh  time.Duration
 	StateDir        string // dev mode's key lives here
 	OpsAddr         string
-	RateLimitUser   adapters.RateLimit
-	RateLimitIP     adapters.RateLimit
+	RateLimitUser   command.RateLimit
+	RateLimitIP     command.RateLimit
 	TrustedProxies  []*net.IPNet
 }
 
@@ -61,9 +61,9 @@ func accessSettings() []setting {
 			return nil
 		}
 	}
-	rate := func(dst func(*Config) *adapters.RateLimit) func(*Config, string) error {
+	rate := func(dst func(*Config) *command.RateLimit) func(*Config, string) error {
 		return func(c *Config, v string) error {
-			l, err := adapters.ParseRateLimit(v)
+			l, err := command.ParseRateLimit(v)
 			if err != nil {
 				return err
 			}
@@ -130,8 +130,8 @@ func accessSettings() []setting {
 			c.OpsAddr = v
 			return nil
 		}},
-		{"RATE_LIMIT_USER", "rate-limit-user", "10/s,burst=20", "POST /checkins per token subject, shared by every API instance on the Redis (off: none)", rate(func(c *Config) *adapters.RateLimit { return &c.RateLimitUser })},
-		{"RATE_LIMIT_IP", "rate-limit-ip", "200/s,burst=400", "every route per client address, per process and listener (off: none)", rate(func(c *Config) *adapters.RateLimit { return &c.RateLimitIP })},
+		{"RATE_LIMIT_USER", "rate-limit-user", "10/s,burst=20", "POST /checkins per token subject, shared by every API instance on the Redis (off: none)", rate(func(c *Config) *command.RateLimit { return &c.RateLimitUser })},
+		{"RATE_LIMIT_IP", "rate-limit-ip", "200/s,burst=400", "every route per client address, per process and listener (off: none)", rate(func(c *Config) *command.RateLimit { return &c.RateLimitIP })},
 		{"TRUSTED_PROXIES", "trusted-proxies", "", "comma-separated IPs or CIDR ranges of proxies whose X-Forwarded-For names the client (default: none, the peer address is the client)", func(c *Config, v string) error {
 			n, err := ports.ParseTrustedProxies(v)
 			if err != nil {

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/ports"
 )
 
@@ -33,8 +33,8 @@ func TestConfigAccessDefaults(t *testing.T) {
 	assert.Equal(t, "127.0.0.1:8081", cfg.OpsAddr)
 	assert.Equal(t, 30*time.Second, cfg.ClockLeeway)
 	assert.True(t, cfg.PublicReads)
-	assert.Equal(t, adapters.RateLimit{Rate: 10, Period: time.Second, Burst: 20}, cfg.RateLimitUser)
-	assert.Equal(t, adapters.RateLimit{Rate: 200, Period: time.Second, Burst: 400}, cfg.RateLimitIP)
+	assert.Equal(t, command.RateLimit{Rate: 10, Period: time.Second, Burst: 20}, cfg.RateLimitUser)
+	assert.Equal(t, command.RateLimit{Rate: 200, Period: time.Second, Burst: 400}, cfg.RateLimitIP)
 	assert.Empty(t, cfg.TrustedProxies)
 
 	cfg, err = parseEnv(map[string]string{"HOME": "/home/u", "XDG_STATE_HOME": "/xdg"})
@@ -49,7 +49,7 @@ func TestConfigAccessDefaults(t *testing.T) {
 	cfg, err = parseEnv(map[string]string{"RATE_LIMIT_USER": "off", "RATE_LIMIT_IP": "50/m", "TRUSTED_PROXIES": "10.0.0.0/8,192.168.0.1", "AUTH_PUBLIC_READS": "false"})
 	require.NoError(t, err)
 	assert.True(t, cfg.RateLimitUser.Off())
-	assert.Equal(t, adapters.RateLimit{Rate: 50, Period: time.Minute, Burst: 50}, cfg.RateLimitIP)
+	assert.Equal(t, command.RateLimit{Rate: 50, Period: time.Minute, Burst: 50}, cfg.RateLimitIP)
 	assert.Len(t, cfg.TrustedProxies, 2)
 	assert.False(t, cfg.PublicReads)
 

@@ -3,8 +3,8 @@ package main
 // The extension point, proven with the example of README.md ("Adding a projection"): the projection
 // below is that example (the same text, with the projection package's names qualified because
 // this file is in package main), run through the real machinery (ports.ProjectionRouter with
-// the batched subscriber, the Redis projection store, ProjectionOps for status) on a private
-// redis-server whose stream already holds history.
+// the batched subscriber, the Redis projection store, the ProjectionVersions query for status) on
+// a private redis-server whose stream already holds history.
 
 import (
 	"context"
@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,15 +20,16 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/checkins/checkins/adapters"
-	"github.com/checkins/checkins/adapters/batchsub"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/app/query"
 	"github.com/checkins/checkins/domain"
 	"github.com/checkins/checkins/ports"
 )
@@ -87,52 +87,32 @@ func TestExampleProjectionIsTheDocumentedOne(t *testing.T) {
 		"the README example and the tested projection must be the same code")
 }
 
-// TestAppImportsNoInfrastructure guards the layering the extension point relies on: projections
-// (and all of app/) see domain events, Store and Reader only, never Watermill or Redis.
-func TestAppImportsNoInfrastructure(t *testing.T) {
-	t.Parallel()
-	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "github.com/checkins/checkins/app/...").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	for _, dep := range strings.Fields(string(out)) {
-		if !strings.HasPrefix(dep, "github.com/checkins/checkins/") {
-			t.Errorf("app/ depends on %s; only the standard library and our domain are allowed", dep)
-		}
-		for _, ours := range []string{"/adapters", "/ports", "/cmd"} {
-			if strings.HasPrefix(dep, "github.com/checkins/checkins"+ours) {
-				t.Errorf("app/ depends on %s: dependencies must point inward", dep)
-			}
-		}
-	}
+// testOps is the application's operational use cases on Redis (client, keys) for projs, as the
+// service builds them.
+func testOps(t *testing.T, client redis.UniversalClient, keys adapters.KeySpace, projs []projection.Projection, cfg Config) app.Application {
+	t.Helper()
+	var a app.Application
+	require.NoError(t, addOps(&a, client, keys, cfg, projs, slog.New(slog.DiscardHandler)))
+	return a
 }
 
 // testProjector runs a ProjectionRouter like the service does (batched subscriber, retry, poison
 // queue) for targets, until the test ends.
-func testProjector(t *testing.T, url string, keys adapters.KeySpace, targets []ports.ProjectionTarget) *ports.ProjectionRouter {
+func testProjector(t *testing.T, url string, keys adapters.KeySpace, targets []ops.ProjectionTarget) *ports.ProjectionRouter {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	client := redistest.Client(t, url)
+	applier, err := adapters.NewProjectionApplier(client, keys, 0)
+	require.NoError(t, err)
 	r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-		Keys: keys, Targets: targets, Redis: client, Logger: log, CloseTimeout: 20 * time.Second,
+		Targets: targets, Backend: adapters.NewProjectorBackend(client, keys), Applier: applier, Logger: log, CloseTimeout: 20 * time.Second,
 		HandlerTimeout: 10 * time.Second, Retry: ports.DefaultRetryPolicy(),
-		NewSubscriber: func(group string, start func(context.Context) (string, error)) (message.Subscriber, error) {
-			return batchsub.NewSubscriber(batchsub.Config{Client: redistest.Client(t, url), ConsumerGroup: group, StartID: start,
-				Consumer: "test-projector", Unmarshaller: adapters.FlatMarshaller{}, BatchSize: 100, MaxInFlight: 200,
-				BlockTime: 50 * time.Millisecond, DrainTimeout: 10 * time.Second, Logger: watermill.NopLogger{}})
-		},
+		NewSubscriber: adapters.Subscribers{NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, url), nil },
+			Consumer: "test-projector", BatchSize: 100, MaxInFlight: 200, BlockTime: 50 * time.Millisecond,
+			DrainTimeout: 10 * time.Second, Logger: watermill.NopLogger{}}.New,
 	})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			assert.NoError(t, err, "projector stopped with an error")
-		case <-time.After(30 * time.Second):
-			t.Error("projector did not stop within 30s")
-		}
-	})
+	redistest.Background(t, "projector", 30*time.Second, r.Run)
 	require.Eventually(t, r.Running, 10*time.Second, 10*time.Millisecond, "projector never started")
 	return r
 }
@@ -196,11 +176,12 @@ func publishWithDuplicates(t *testing.T, pub *adapters.EventPublisher, rng *rand
 	}
 }
 
-// caughtUp reads the projection's versions through ProjectionOps, as `checkins projections list`
-// does, and says whether the serving one has nothing undelivered and nothing pending.
-func caughtUp(t *testing.T, ops *ports.ProjectionOps, name string) bool {
+// caughtUp reads the projection's versions through the ProjectionVersions query, as
+// `checkins projections list` does, and says whether the serving one has nothing undelivered and
+// nothing pending.
+func caughtUp(t *testing.T, versions *query.ProjectionVersions, name string) bool {
 	t.Helper()
-	rep, err := ops.List(context.Background())
+	rep, err := versions.List(context.Background())
 	require.NoError(t, err)
 	for _, v := range rep.Versions {
 		if v.Projection == name && v.Role == "serving" {
@@ -224,10 +205,8 @@ func TestExampleProjectionBackfillsThenStaysExact(t *testing.T) {
 	publishWithDuplicates(t, pub, rng, history, 4)
 
 	p := RatingsHistogram{}
-	ops, err := ports.NewProjectionOps(ports.ProjectionOpsConfig{Redis: client, Keys: keys,
-		Projections: []projection.Projection{p}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, err)
-	testProjector(t, srv.URL(), keys, []ports.ProjectionTarget{{Projection: p, Version: 1}})
+	versions := testOps(t, client, keys, []projection.Projection{p}, Config{}).Queries.ProjectionVersions
+	testProjector(t, srv.URL(), keys, []ops.ProjectionTarget{{Projection: p, Version: 1}})
 
 	want := func(events []domain.CheckinRecorded) map[int64][6]int64 {
 		out := map[int64][6]int64{}
@@ -248,13 +227,13 @@ func TestExampleProjectionBackfillsThenStaysExact(t *testing.T) {
 		}
 	}
 
-	require.Eventually(t, func() bool { return caughtUp(t, ops, p.Name()) }, 30*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return caughtUp(t, versions, p.Name()) }, 30*time.Second, 20*time.Millisecond,
 		"the new projection never reported caught up")
 	exact(history) // backfilled all of history, each check-in once
 
 	// Then it stays current: more check-ins, duplicates included, while it runs.
 	live := genCheckins(rng, "new", 400)
 	publishWithDuplicates(t, pub, rng, live, 4)
-	require.Eventually(t, func() bool { return caughtUp(t, ops, p.Name()) }, 30*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return caughtUp(t, versions, p.Name()) }, 30*time.Second, 20*time.Millisecond)
 	exact(append(history, live...))
 }

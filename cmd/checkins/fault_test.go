@@ -28,6 +28,7 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/domain"
 )
 
@@ -594,8 +595,8 @@ func runOps(t *testing.T, env map[string]string, args ...string) (int, string, s
 }
 
 type poisonListJSON struct {
-	Entries []adapters.PoisonEntry `json:"entries"`
-	Next    string                 `json:"next"`
+	Entries []ops.PoisonEntry `json:"entries"`
+	Next    string            `json:"next"`
 }
 
 // TestFaultMalformedEntriesAreParked: garbage XADDed straight into the stream is parked with a
@@ -707,7 +708,7 @@ func TestFaultReplayFromTheCLIAndHTTP(t *testing.T) {
 	q := adapters.NewPoisonQueue(client, keys)
 	park := func(id string, user int64) string {
 		ev := domain.CheckinRecorded{Checkin: domain.Checkin{ID: id, UserID: user, LocationID: 1, StarRating: 4, Timestamp: 1_700_000_000_000}, RecordedAt: 1_700_000_000_000}
-		pid, err := q.Park(ctx, adapters.PoisonEntry{Stream: keys.Stream(), EntryID: "1-1", Projection: "users", Group: "users.v1",
+		pid, err := q.Park(ctx, ops.PoisonEntry{Stream: keys.Stream(), EntryID: "1-1", Projection: "users", Group: "users.v1",
 			Error: "handler bug", Attempts: 5, FailedAt: time.Now(), Fields: ev.Fields()})
 		require.NoError(t, err)
 		return pid

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -22,8 +21,9 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
-	"github.com/checkins/checkins/ports"
+	"github.com/checkins/checkins/app/query"
 )
 
 // dumpVersion reads every key of one projection version, by its name within the version
@@ -90,15 +90,14 @@ func TestRebuildMatchesIncrementalProcessing(t *testing.T) {
 	client := redistest.Client(t, srv.URL())
 	ctx := context.Background()
 	projs := allProjections(Config{LeaderboardMinCheckins: 3})
-	ops, err := ports.NewProjectionOps(ports.ProjectionOpsConfig{Redis: client, Keys: keys, Projections: projs,
-		RetireGrace: time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, err)
+	a := testOps(t, client, keys, projs, Config{RetireGrace: time.Millisecond})
+	versions, rebuild := a.Queries.ProjectionVersions, a.Commands.RebuildProjection
 	pub := testPublisher(t, srv.URL(), keys)
 	rng := rand.New(rand.NewPCG(9, 9))
 
 	history := genCheckins(rng, "h", 1500)
 	publishWithDuplicates(t, pub, rng, history[:700], 4)
-	targets, err := ops.Targets(ctx, projs)
+	targets, err := versions.Targets(ctx, projs)
 	require.NoError(t, err)
 	router := testProjector(t, srv.URL(), keys, targets)
 
@@ -109,13 +108,13 @@ func TestRebuildMatchesIncrementalProcessing(t *testing.T) {
 		publishWithDuplicates(t, pub, rand.New(rand.NewPCG(9, 10)), history[700:], 2)
 	}()
 	for _, p := range projs {
-		rp, err := ops.Rebuild(ctx, p.Name())
+		rp, err := rebuild.Start(ctx, p.Name())
 		require.NoError(t, err)
-		require.Equal(t, ports.RebuildProgress{Projection: p.Name(), State: ports.RebuildBuilding, From: 1, To: 2,
+		require.Equal(t, ops.RebuildProgress{Projection: p.Name(), State: ops.RebuildBuilding, From: 1, To: 2,
 			StartedAt: rp.StartedAt, Lag: -1}, rp)
 	}
 	// What a projector's registry watcher does on its next poll: run v2 next to v1.
-	targets, err = ops.Targets(ctx, projs)
+	targets, err = versions.Targets(ctx, projs)
 	require.NoError(t, err)
 	require.Len(t, targets, 2*len(projs))
 	added, removed, err := router.SetTargets(ctx, targets)
@@ -143,22 +142,22 @@ func TestRebuildMatchesIncrementalProcessing(t *testing.T) {
 
 	// Finish: switch reads, retire v1 in the projector, then remove it.
 	for _, p := range projs {
-		rp, err := ops.Step(ctx, p.Name())
+		rp, err := rebuild.Step(ctx, p.Name())
 		require.NoError(t, err)
-		require.Equal(t, ports.RebuildRetiring, rp.State, p.Name())
+		require.Equal(t, ops.RebuildRetiring, rp.State, p.Name())
 		cur, err := adapters.NewProjectionVersions(client, keys).Current(ctx, p.Name())
 		require.NoError(t, err)
 		assert.Equal(t, 2, cur, "%s reads v2 after the switch", p.Name())
 	}
-	targets, err = ops.Targets(ctx, projs)
+	targets, err = versions.Targets(ctx, projs)
 	require.NoError(t, err)
 	_, removed, err = router.SetTargets(ctx, targets)
 	require.NoError(t, err)
 	assert.Len(t, removed, len(projs), "the v1 handlers stop")
 	for _, p := range projs {
-		rp, err := ops.Step(ctx, p.Name())
+		rp, err := rebuild.Step(ctx, p.Name())
 		require.NoError(t, err)
-		assert.Equal(t, ports.RebuildDone, rp.State)
+		assert.Equal(t, ops.RebuildDone, rp.State)
 		assert.Empty(t, dumpVersion(t, client, keys, p.Name(), 1), "%s v1 keys removed", p.Name())
 		assert.NotEmpty(t, dumpVersion(t, client, keys, p.Name(), 2))
 	}
@@ -175,8 +174,8 @@ func TestRebuildMatchesIncrementalProcessing(t *testing.T) {
 	ms, err := adapters.NewLiveGroups(client, keys).Read(ctx, "live")
 	require.NoError(t, err)
 	for _, p := range projs {
-		assert.Equal(t, adapters.BackfillDone, ms.Members[adapters.MemberName(p.Name(), 2)].Own, p.Name())
-		assert.NotContains(t, ms.Members, adapters.MemberName(p.Name(), 1), "v1 left the live group")
+		assert.Equal(t, ops.BackfillDone, ms.Members[ops.MemberName(p.Name(), 2)].Own, p.Name())
+		assert.NotContains(t, ms.Members, ops.MemberName(p.Name(), 1), "v1 left the live group")
 	}
 }
 
@@ -258,7 +257,7 @@ func TestRebuildWhileCheckinsFlow(t *testing.T) {
 
 	// Every rebuild finishes (projectors drive the ones nobody waits for) and everything settles.
 	type opsReport struct {
-		Rebuilds []ports.RebuildProgress `json:"rebuilds"`
+		Rebuilds []ops.RebuildProgress `json:"rebuilds"`
 	}
 	require.Eventually(t, func() bool {
 		var rep opsReport
@@ -267,7 +266,7 @@ func TestRebuildWhileCheckinsFlow(t *testing.T) {
 		}
 		done := 0
 		for _, r := range rep.Rebuilds {
-			if r.State == ports.RebuildDone && r.To == 2 {
+			if r.State == ops.RebuildDone && r.To == 2 {
 				done++
 			}
 		}
@@ -390,9 +389,9 @@ func TestCLIProjectionsRejectsBadUse(t *testing.T) {
 	}
 	code, out, stderr := runCLI(t, env, "projections", "list", "--json")
 	require.Equal(t, 0, code, stderr)
-	var rep ports.ProjectionsReport
+	var rep query.ProjectionsReport
 	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
 	require.Len(t, rep.Projections, 5)
-	assert.Equal(t, ports.ProjectionRow{Projection: "users", Serving: 1}, rep.Projections[0])
+	assert.Equal(t, query.ProjectionRow{Projection: "users", Serving: 1}, rep.Projections[0])
 	assert.Equal(t, "not started: no projector has run it yet", rep.Versions[0].State)
 }

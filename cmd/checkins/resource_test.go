@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"flag"
-	"io"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -17,6 +15,8 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/cmd/checkins/bench"
+	"github.com/checkins/checkins/domain"
 )
 
 // Resource faults: Redis out of memory, a Redis that may evict keys, one that will not say.
@@ -194,20 +194,19 @@ func (l *ledger) verifyAll(t *testing.T, url string, keys adapters.KeySpace) {
 	ctx := context.Background()
 	cfg, _, err := parseConfig(flag.NewFlagSet("test", flag.ContinueOnError), nil, envWith(map[string]string{"REDIS_URL": url, "PROJECTIONS": ""}))
 	require.NoError(t, err)
-	b, err := newBencher(ctx, cfg, benchOptions{Projections: projectionNames(allProjections(cfg)), AllProjections: true},
-		newLogger(io.Discard, slog.LevelWarn), io.Discard)
+	v, err := bench.NewVerifier(ctx, benchHost(), benchConfig(cfg))
 	require.NoError(t, err)
-	defer b.close()
+	defer v.Close()
 	l.mu.Lock()
-	want := newExpectedModel()
+	var want []domain.Checkin
 	for id := range l.ok {
 		c, ok := l.accepted[id]
 		require.True(t, ok, "the 2xx of %s carried its check-in", id)
-		want.add(c)
+		want = append(want, c)
 	}
 	l.mu.Unlock()
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		ok, detail, err := b.verifyReadModels(ctx, keys, want)
+		ok, detail, err := v.Verify(ctx, keys, want)
 		require.NoError(c, err)
 		assert.True(c, ok, detail)
 	}, 30*time.Second, 500*time.Millisecond)

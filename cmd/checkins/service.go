@@ -10,15 +10,12 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/alicebob/miniredis/v2"
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/checkins/checkins/adapters"
-	"github.com/checkins/checkins/adapters/batchsub"
 	"github.com/checkins/checkins/app"
 	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/app/query"
@@ -37,7 +34,8 @@ type Service struct {
 	router   *ports.ProjectionRouter
 	listener *ports.HTTPListener // the public one, nil until Listen (wire_http.go)
 	httpLims ports.ServerLimits  // its limits
-	proj     *projectionWiring   // metrics, rebuilds, stall checks (wire_projections.go)
+	proj     *projectionWiring   // metrics, stall checks (wire_projections.go)
+	app      app.Application
 
 	// Access (wire_access.go): the ops listener (nil: it shares the public one), the API's
 	// auto-pipeline (the per-user rate limit goes through it), dev mode's token issuer.
@@ -101,10 +99,6 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		}
 	}
 	wlog := watermill.NewSlogLogger(log)
-	if err := s.initProjections(mode); err != nil {
-		return nil, err
-	}
-
 	var application app.Application
 	application.Queries = app.Queries{
 		Checkins:  query.NewCheckins(adapters.NewEventLog(s.client, s.keys)),
@@ -112,6 +106,12 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		Locations: app.LocationQueries{Reader: adapters.NewProjectionReader(s.client, s.keys, "locations")},
 	}
 	s.projectionQueries(&application.Queries)
+	if err := addOps(&application, s.client, s.keys, cfg, allProjections(cfg), log); err != nil {
+		return nil, err
+	}
+	if err := s.initProjections(mode, application); err != nil {
+		return nil, err
+	}
 	if mode.API {
 		// Watermill's Publisher.Close closes its client, so it gets one of its own.
 		pubClient, err := newClient(0)
@@ -147,7 +147,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		application.Commands.RecordCheckin = rec
 	}
 	if mode.Projections {
-		targets, err := s.initialTargets(pingCtx)
+		targets, err := s.initialTargets(pingCtx, application.Queries.ProjectionVersions)
 		if err != nil {
 			return nil, err
 		}
@@ -172,11 +172,15 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 			names[i] = p.Name()
 		}
 		s.router, err = ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-			Keys: s.keys, Projections: s.proj.projs, LiveGroup: ports.LiveGroupName(names, len(cfg.Projections) == 0),
-			Redis: s.client, Applier: applier, BatchSize: cfg.BatchSize,
-			NewSubscriber: func(group string, start func(context.Context) (string, error)) (message.Subscriber, error) {
-				return s.newSubscriber(group, start, subClient, newClient, wlog)
-			},
+			Projections: s.proj.projs, LiveGroup: ports.LiveGroupName(names, len(cfg.Projections) == 0),
+			Backend: adapters.NewProjectorBackend(s.client, s.keys), Applier: applier, BatchSize: cfg.BatchSize,
+			NewSubscriber: adapters.Subscribers{Kind: cfg.Subscriber, Client: subClient,
+				// The stock subscriber closes its client on Close: one client each.
+				NewClient: func() (redis.UniversalClient, error) { return newClient(0) },
+				Consumer:  cfg.ConsumerName, BatchSize: int64(cfg.BatchSize), ReadLinger: cfg.ReadLinger, MaxInFlight: cfg.MaxInFlight,
+				ClaimInterval: cfg.ClaimInterval, ClaimIdle: cfg.ClaimIdle, NackDelay: cfg.NackDelay, DrainTimeout: cfg.DrainTimeout,
+				ConsumerIdleRemove: cfg.ConsumerIdleRemove, Logger: wlog, StockLogger: ports.NewThrottledErrorLogger(wlog, 10*time.Second),
+			}.New,
 			Retry: ports.RetryPolicy{InitialInterval: cfg.RetryInitial, Multiplier: cfg.RetryMultiplier,
 				MaxInterval: cfg.RetryMax, MaxAttempts: cfg.RetryAttempts},
 			HandlerTimeout: cfg.HandlerTimeout, CloseTimeout: cfg.DrainTimeout, Logger: log, Observer: s.proj.metrics,
@@ -186,7 +190,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		}
 		if len(targets) > 0 {
 			if _, _, err := s.router.SetTargets(pingCtx, targets); err != nil {
-				if !ports.IsTransient(err) && !errors.Is(err, context.DeadlineExceeded) {
+				if !ports.IsTransient(adapters.RedisErrors{}, err) && !errors.Is(err, context.DeadlineExceeded) {
 					return nil, err
 				}
 				// Redis cannot be reached yet: the registry watcher starts the projections when
@@ -201,44 +205,12 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		return nil, err
 	}
 	httpCfg.CORSAllowedOrigins = cfg.HTTP.CORSOrigins
+	s.app = application
 	s.http = ports.NewHTTPServer(application, s, httpCfg, log)
-	if err := s.wireOps(); err != nil {
-		return nil, err
-	}
 	if err := s.wireProjections(); err != nil {
 		return nil, err
 	}
 	return s, nil
-}
-
-func (s *Service) newSubscriber(group string, start func(context.Context) (string, error), shared *redis.Client, newClient func(int) (*redis.Client, error), wlog watermill.LoggerAdapter) (message.Subscriber, error) {
-	switch s.cfg.Subscriber {
-	case "watermill":
-		// The stock subscriber closes its client on Close: one client each.
-		c, err := newClient(0)
-		if err != nil {
-			return nil, err
-		}
-		stock, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
-			Client: c, Unmarshaller: adapters.FlatMarshaller{}, Consumer: s.cfg.ConsumerName, ConsumerGroup: group,
-			OldestId: "0", NackResendSleep: s.cfg.NackDelay, ClaimInterval: s.cfg.ClaimInterval, MaxIdleTime: s.cfg.ClaimIdle,
-			CheckConsumersInterval: s.cfg.ClaimInterval, ConsumerTimeout: s.cfg.ConsumerIdleRemove,
-		}, ports.NewThrottledErrorLogger(wlog, 10*time.Second))
-		if err != nil {
-			return nil, err
-		}
-		// On shutdown it hands back what the stock subscriber read ahead and dropped (see adapters).
-		return adapters.NewDrainingSubscriber(adapters.DrainingSubscriberConfig{Inner: stock, Client: shared,
-			ConsumerGroup: group, Consumer: s.cfg.ConsumerName, Unmarshaller: adapters.FlatMarshaller{},
-			DrainTimeout: s.cfg.DrainTimeout, Logger: wlog})
-	default:
-		return batchsub.NewSubscriber(batchsub.Config{
-			Client: shared, ConsumerGroup: group, Consumer: s.cfg.ConsumerName, Unmarshaller: adapters.FlatMarshaller{},
-			StartID: start, BatchSize: int64(s.cfg.BatchSize), ReadLinger: s.cfg.ReadLinger, MaxInFlight: s.cfg.MaxInFlight,
-			ClaimInterval: s.cfg.ClaimInterval, ClaimMinIdle: s.cfg.ClaimIdle, NackDelay: s.cfg.NackDelay,
-			DrainTimeout: s.cfg.DrainTimeout, ConsumerIdleRemove: s.cfg.ConsumerIdleRemove, Logger: wlog,
-		})
-	}
 }
 
 // Ready implements ports.Readiness: Redis answers and, in a projector, the router consumes.

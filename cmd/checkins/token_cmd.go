@@ -90,7 +90,7 @@ func tokenCommand(_ context.Context, args []string, getenv func(string) string, 
 		return err
 	}
 	if *asJSON {
-		return writeJSON(stdout, tok)
+		return ports.WriteJSON(stdout, tok)
 	}
 	_, err = fmt.Fprintln(stdout, tok.Token)
 	return err

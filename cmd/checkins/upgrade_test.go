@@ -59,11 +59,11 @@ func TestUpgradeFromTheEarlierLayoutKeepsEveryCount(t *testing.T) {
 	emulate, err := adapters.NewProjectionApplier(c, keys, 0)
 	require.NoError(t, err)
 	for i := range applied {
-		var works []adapters.Work
+		var works []projection.Work
 		for _, p := range projs {
 			us, err := projection.Updates(ctx, p, evs[i])
 			require.NoError(t, err)
-			works = append(works, adapters.Work{Group: "emulation", Projection: p.Name(), Version: 1, Event: adapters.RefOf(evs[i], ids[i]), Updates: us})
+			works = append(works, projection.Work{Group: "emulation", Projection: p.Name(), Version: 1, Event: projection.RefOf(evs[i], ids[i]), Updates: us})
 			for _, u := range us {
 				require.NoError(t, c.SAdd(ctx, keys.ProjectionKey(p.Name(), 1, u.Slot, "seen"), evs[i].ID).Err())
 			}

@@ -1,0 +1,51 @@
+package adapters
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisMemoryCollector reports Redis's memory at scrape time: used_memory, maxmemory (0: no
+// limit) and the eviction policy, what to watch to scale before Redis refuses writes.
+type RedisMemoryCollector struct {
+	client  redis.UniversalClient
+	timeout time.Duration
+
+	used, max, policy *prometheus.Desc
+}
+
+// NewRedisMemoryCollector reads client's INFO memory within timeout per scrape.
+func NewRedisMemoryCollector(client redis.UniversalClient, timeout time.Duration) *RedisMemoryCollector {
+	return &RedisMemoryCollector{client: client, timeout: timeout,
+		used:   prometheus.NewDesc("checkins_redis_used_memory_bytes", "Redis used_memory (INFO memory; summed over the masters of a cluster).", nil, nil),
+		max:    prometheus.NewDesc("checkins_redis_maxmemory_bytes", "Redis maxmemory; 0: no limit (writes fail with OOM at the limit under noeviction).", nil, nil),
+		policy: prometheus.NewDesc("checkins_redis_maxmemory_policy", "1 for Redis's maxmemory-policy (anything but noeviction may delete data).", []string{"policy"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *RedisMemoryCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.used
+	ch <- c.max
+	ch <- c.policy
+}
+
+// Collect implements prometheus.Collector; nothing when Redis does not answer or tell.
+func (c *RedisMemoryCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	m, err := ReadMemoryInfo(ctx, c.client)
+	if err != nil {
+		return
+	}
+	if m.Reported {
+		ch <- prometheus.MustNewConstMetric(c.used, prometheus.GaugeValue, float64(m.Used))
+		ch <- prometheus.MustNewConstMetric(c.max, prometheus.GaugeValue, float64(m.Max))
+	}
+	if m.Policy != "" {
+		ch <- prometheus.MustNewConstMetric(c.policy, prometheus.GaugeValue, 1, m.Policy)
+	}
+}

@@ -1,0 +1,99 @@
+package adapters
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/app/ops"
+)
+
+// ProjectorBackend is Redis behind the projection router (ports.ProjectorBackend): live-group
+// membership and checkpoints, consumer groups' positions, parking in the poison queue, the
+// stream entries' format (FlatMarshaller) and Redis's failures.
+type ProjectorBackend struct {
+	*LiveGroups
+	FlatMarshaller
+	RedisErrors
+	client redis.UniversalClient
+	keys   KeySpace
+	queue  *PoisonQueue
+
+	msMu    sync.Mutex
+	msCache map[string]ops.Membership
+}
+
+// NewProjectorBackend works on the keys of keys.
+func NewProjectorBackend(client redis.UniversalClient, keys KeySpace) *ProjectorBackend {
+	return &ProjectorBackend{LiveGroups: NewLiveGroups(client, keys), client: client, keys: keys,
+		queue: NewPoisonQueue(client, keys), msCache: map[string]ops.Membership{}}
+}
+
+// Stream is the event stream's key (the router's topic).
+func (p *ProjectorBackend) Stream() string { return p.keys.Stream() }
+
+// CurrentMembership is group's membership as the registry says now (one HGET), parsed again
+// only when it changed: the router reads it once per batch, so that a version joining is seen
+// by every batch delivered after its join position.
+func (p *ProjectorBackend) CurrentMembership(ctx context.Context, group string) (ops.Membership, error) {
+	raw, err := p.client.HGet(ctx, p.keys.Projections(), liveField+group).Result()
+	if errors.Is(err, redis.Nil) {
+		raw, err = "{}", nil
+	}
+	if err != nil {
+		return ops.Membership{}, fmt.Errorf("read the live group's membership: %w", err)
+	}
+	p.msMu.Lock()
+	defer p.msMu.Unlock()
+	if ms, ok := p.msCache[group]; ok && ms.Raw == raw {
+		return ms, nil
+	}
+	ms, err := ParseMembership(group, raw)
+	if err != nil {
+		return ops.Membership{}, err
+	}
+	p.msCache[group] = ms
+	return ms, nil
+}
+
+// Positions reads how far every consumer group of the stream got.
+func (p *ProjectorBackend) Positions(ctx context.Context) (map[string]ops.GroupPosition, error) {
+	return ReadGroupsProgress(ctx, p.client, p.keys.Stream())
+}
+
+// CreateGroup creates group at start unless it exists (a group Redis lost).
+func (p *ProjectorBackend) CreateGroup(ctx context.Context, group, start string) error {
+	return NewStreamAdmin(p.client, p.keys).CreateGroup(ctx, group, start)
+}
+
+// DedupeFloor: see the function of that name.
+func (p *ProjectorBackend) DedupeFloor(ctx context.Context, lives map[string]ops.Membership, progress map[string]ops.GroupPosition,
+	idleLimit time.Duration, now time.Time) (string, bool, error) {
+	return DedupeFloor(ctx, p.client, p.keys.Stream(), lives, progress, idleLimit, now)
+}
+
+// PoisonEntryOf is the poison entry of the message msg, as far as the message tells: the stream
+// and entry it came from, with the entry's exact fields (read back from the stream, or rebuilt
+// from the message when that fails), and its correlation ID.
+func (p *ProjectorBackend) PoisonEntryOf(ctx context.Context, msg *message.Message) (ops.PoisonEntry, string) {
+	e := ops.PoisonEntry{Stream: msg.Metadata.Get(MetaStream), EntryID: msg.Metadata.Get(MetaEntryID)}
+	if e.Stream == "" {
+		e.Stream = p.keys.Stream()
+	}
+	fields, err := EntryFields(ctx, p.client, e.Stream, e.EntryID)
+	if err != nil {
+		fields = messageFields(msg)
+	}
+	e.Fields = fields
+	return e, msg.Metadata.Get(MetaCorrelationID)
+}
+
+// Park adds e to the poison queue.
+func (p *ProjectorBackend) Park(ctx context.Context, e ops.PoisonEntry) (string, error) {
+	return p.queue.Park(ctx, e)
+}

@@ -1,0 +1,205 @@
+package adapters
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/app/ops"
+)
+
+// ReadStreamInfo reads the stream's length and every group's state. A missing stream is not an
+// error: Exists is false.
+func ReadStreamInfo(ctx context.Context, client redis.UniversalClient, stream string) (ops.StreamInfo, error) {
+	info := ops.StreamInfo{Stream: stream}
+	xs, err := client.XInfoStream(ctx, stream).Result()
+	if isNoSuchKey(err) {
+		return info, nil
+	}
+	if err != nil {
+		return info, fmt.Errorf("XINFO STREAM %s: %w", stream, err)
+	}
+	info.Exists, info.Length, info.LastEntryID = true, xs.Length, xs.LastGeneratedID
+	groups, err := client.XInfoGroups(ctx, stream).Result()
+	if err != nil {
+		return info, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
+	}
+	for _, g := range groups {
+		gi := ops.GroupInfo{Name: g.Name, LastDeliveredID: g.LastDeliveredID, EntriesRead: g.EntriesRead, Lag: g.Lag, Pending: g.Pending}
+		if g.LastDeliveredID == xs.LastGeneratedID {
+			// Delivered up to the last entry: no lag, whatever the server says. miniredis (the
+			// embedded Redis of `serve`) reports the stream length as every group's lag, which
+			// would make an idle service look stalled.
+			gi.Lag = 0
+		}
+		cs, err := client.XInfoConsumers(ctx, stream, g.Name).Result()
+		if err != nil {
+			return info, fmt.Errorf("XINFO CONSUMERS %s %s: %w", stream, g.Name, err)
+		}
+		for _, c := range cs {
+			gi.Consumers = append(gi.Consumers, ops.ConsumerInfo{Name: c.Name, Pending: c.Pending, Idle: c.Idle})
+		}
+		if g.Pending > 0 {
+			// The summary gives the lowest pending ID; the extended form gives its idle time.
+			sum, err := client.XPending(ctx, stream, g.Name).Result()
+			if err != nil {
+				return info, fmt.Errorf("XPENDING %s %s: %w", stream, g.Name, err)
+			}
+			gi.Pending = sum.Count
+			if sum.Count > 0 {
+				ext, err := client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: stream, Group: g.Name, Start: sum.Lower, End: sum.Lower, Count: 1}).Result()
+				if err != nil {
+					return info, fmt.Errorf("XPENDING %s %s %s: %w", stream, g.Name, sum.Lower, err)
+				}
+				gi.OldestPendingID = sum.Lower
+				if len(ext) == 1 {
+					gi.OldestPendingIdle, gi.OldestPendingDeliveries, gi.OldestPendingConsumer = ext[0].Idle, ext[0].RetryCount, ext[0].Consumer
+				}
+			}
+		}
+		info.Groups = append(info.Groups, gi)
+	}
+	return info, nil
+}
+
+// EntryFields reads one stream entry's fields exactly as they were written.
+func EntryFields(ctx context.Context, client redis.UniversalClient, stream, id string) (map[string]string, error) {
+	xs, err := client.XRangeN(ctx, stream, id, id, 1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read entry %s of %s: %w", id, stream, err)
+	}
+	if len(xs) == 0 {
+		return nil, fmt.Errorf("entry %s of %s is not in the stream", id, stream)
+	}
+	return stringFields(xs[0].Values), nil
+}
+
+// matchEntry reads the entries ids of stream and returns the ID of the first one match accepts
+// ("" when none does).
+func matchEntry(ctx context.Context, client redis.UniversalClient, stream string, ids []string, match func(values map[string]any) bool) (string, error) {
+	cmds, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, id := range ids {
+			p.XRangeN(ctx, stream, id, id, 1)
+		}
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("read pending entries of %s: %w", stream, err)
+	}
+	for _, c := range cmds {
+		xs, _ := c.(*redis.XMessageSliceCmd).Result()
+		if len(xs) == 1 && match(xs[0].Values) {
+			return xs[0].ID, nil
+		}
+	}
+	return "", nil
+}
+
+func stringFields(values map[string]any) map[string]string {
+	out := make(map[string]string, len(values))
+	for k, v := range values {
+		out[k] = fmt.Sprint(v)
+	}
+	return out
+}
+
+func isNoSuchKey(err error) bool {
+	return err != nil && !errors.Is(err, redis.Nil) && strings.Contains(err.Error(), "no such key")
+}
+
+// SameMessage reports whether a stream entry's values decode (with u) to msg: the same Watermill
+// UUID when the entry has one, and the same payload and metadata.
+func SameMessage(msg *message.Message, values map[string]any, u redisstream.Unmarshaller) bool {
+	if id, ok := values[redisstream.UUIDHeaderKey].(string); ok && id != msg.UUID {
+		return false
+	}
+	m, err := u.Unmarshal(values)
+	if err != nil || !bytes.Equal(m.Payload, msg.Payload) {
+		return false
+	}
+	for k, v := range m.Metadata {
+		if msg.Metadata.Get(k) != v {
+			return false
+		}
+	}
+	return true
+}
+
+// StreamAdmin is the event stream as the ops use cases see it (ops.Stream): XINFO, XRANGE
+// counts, consumer groups created and destroyed, XTRIM MINID.
+type StreamAdmin struct {
+	client redis.UniversalClient
+	stream string
+}
+
+var _ ops.Stream = (*StreamAdmin)(nil)
+
+// NewStreamAdmin works on keys.Stream().
+func NewStreamAdmin(client redis.UniversalClient, keys KeySpace) *StreamAdmin {
+	return &StreamAdmin{client: client, stream: keys.Stream()}
+}
+
+// Name is the stream's key.
+func (s *StreamAdmin) Name() string { return s.stream }
+
+// Info implements ops.Stream.
+func (s *StreamAdmin) Info(ctx context.Context) (ops.StreamInfo, error) {
+	return ReadStreamInfo(ctx, s.client, s.stream)
+}
+
+// CountAfter counts the entries after id (XRANGE), up to max.
+func (s *StreamAdmin) CountAfter(ctx context.Context, id string, max int64) (int64, error) {
+	xs, err := s.client.XRangeN(ctx, s.stream, "("+id, "+", max).Result()
+	if err != nil {
+		return 0, err
+	}
+	return int64(len(xs)), nil
+}
+
+// CreateGroup creates group at start (and the stream if missing) unless the group exists.
+func (s *StreamAdmin) CreateGroup(ctx context.Context, group, start string) error {
+	err := s.client.XGroupCreateMkStream(ctx, s.stream, group, start).Err()
+	if err != nil && !strings.Contains(err.Error(), "BUSYGROUP") {
+		return fmt.Errorf("create group %s: %w", group, err)
+	}
+	return nil
+}
+
+// DestroyGroup destroys group; a missing stream is not an error (nor a missing group: Redis
+// answers 0 for it). Redis 7 says "requires the key to exist" for a missing stream, miniredis
+// "no such key".
+func (s *StreamAdmin) DestroyGroup(ctx context.Context, group string) error {
+	err := s.client.XGroupDestroy(ctx, s.stream, group).Err()
+	if err != nil && !strings.Contains(err.Error(), "no such key") && !strings.Contains(err.Error(), "requires the key to exist") {
+		return fmt.Errorf("destroy group %s: %w", group, err)
+	}
+	return nil
+}
+
+// OldestIDs returns the IDs of up to n oldest entries.
+func (s *StreamAdmin) OldestIDs(ctx context.Context, n int64) ([]string, error) {
+	xs, err := s.client.XRangeN(ctx, s.stream, "-", "+", n).Result()
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(xs))
+	for i, x := range xs {
+		ids[i] = x.ID
+	}
+	return ids, nil
+}
+
+// TrimBelow is XTRIM MINID: every entry below minID goes.
+func (s *StreamAdmin) TrimBelow(ctx context.Context, minID string) (int64, error) {
+	n, err := s.client.XTrimMinID(ctx, s.stream, minID).Result()
+	if err != nil {
+		return 0, fmt.Errorf("XTRIM %s MINID %s: %w", s.stream, minID, err)
+	}
+	return n, nil
+}

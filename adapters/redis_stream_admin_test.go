@@ -1,0 +1,164 @@
+package adapters_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/command"
+)
+
+// The trim floor and the policy are command.TrimStream's; these run it on a real stream, through
+// the adapter's XINFO, XRANGE and XTRIM MINID.
+
+// retentionEnv is a stream with consumer groups in chosen states on a real Redis.
+type retentionEnv struct {
+	client *redis.Client
+	keys   adapters.KeySpace
+	ids    []string
+}
+
+func newRetentionEnv(t *testing.T, entries int, firstMs int64) *retentionEnv {
+	t.Helper()
+	env := redistest.Open(t)
+	e := &retentionEnv{client: redistest.Client(t, env.URL), keys: adapters.KeySpace{Prefix: env.Prefix}}
+	for i := range entries {
+		// Explicit IDs, one ms apart, so an age policy has old entries to work on.
+		id, err := e.client.XAdd(context.Background(), &redis.XAddArgs{Stream: e.keys.Stream(), ID: fmt.Sprintf("%d-0", firstMs+int64(i)),
+			Values: map[string]any{"n": i}}).Result()
+		require.NoError(t, err)
+		e.ids = append(e.ids, id)
+	}
+	return e
+}
+
+// group creates a group that has read the first read entries and acked all of them but unacked.
+func (e *retentionEnv) group(t *testing.T, name string, read int, unacked ...int) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, e.client.XGroupCreate(ctx, e.keys.Stream(), name, "0").Err())
+	if read == 0 {
+		return
+	}
+	_, err := e.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: name, Consumer: "c", Streams: []string{e.keys.Stream(), ">"}, Count: int64(read)}).Result()
+	require.NoError(t, err)
+	keep := map[int]bool{}
+	for _, i := range unacked {
+		keep[i] = true
+	}
+	var ack []string
+	for i := range read {
+		if !keep[i] {
+			ack = append(ack, e.ids[i])
+		}
+	}
+	if len(ack) > 0 {
+		require.NoError(t, e.client.XAck(ctx, e.keys.Stream(), name, ack...).Err())
+	}
+}
+
+// needed is every entry some group has not acknowledged: pending in a group, or not yet
+// delivered to it.
+func (e *retentionEnv) needed(t *testing.T) map[string]bool {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string]bool{}
+	groups, err := e.client.XInfoGroups(ctx, e.keys.Stream()).Result()
+	require.NoError(t, err)
+	for _, g := range groups {
+		pend, err := e.client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: e.keys.Stream(), Group: g.Name, Start: "-", End: "+", Count: 100000}).Result()
+		require.NoError(t, err)
+		for _, p := range pend {
+			out[p.ID] = true
+		}
+		rest, err := e.client.XRange(ctx, e.keys.Stream(), "("+g.LastDeliveredID, "+").Result()
+		require.NoError(t, err)
+		for _, x := range rest {
+			out[x.ID] = true
+		}
+	}
+	return out
+}
+
+func (e *retentionEnv) present(t *testing.T) map[string]bool {
+	t.Helper()
+	xs, err := e.client.XRange(context.Background(), e.keys.Stream(), "-", "+").Result()
+	require.NoError(t, err)
+	out := map[string]bool{}
+	for _, x := range xs {
+		out[x.ID] = true
+	}
+	return out
+}
+
+func (e *retentionEnv) trimmer(t *testing.T, p command.RetentionPolicy) *command.TrimStream {
+	t.Helper()
+	tr, err := command.NewTrimStream(adapters.NewStreamAdmin(e.client, e.keys), p, nil)
+	require.NoError(t, err)
+	return tr
+}
+
+func TestRetentionNeverTrimsWhatAGroupStillNeeds(t *testing.T) {
+	t.Parallel()
+	old := time.Now().Add(-48 * time.Hour).UnixMilli()
+	for seed := range uint64(12) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Parallel()
+			rng := rand.New(rand.NewPCG(seed, 99))
+			e := newRetentionEnv(t, 200, old)
+			for g := range 1 + rng.IntN(3) {
+				read := rng.IntN(201)
+				var unacked []int
+				for range rng.IntN(4) {
+					if read > 0 {
+						unacked = append(unacked, rng.IntN(read))
+					}
+				}
+				e.group(t, fmt.Sprintf("g%d.v1", g), read, unacked...)
+			}
+			policy := command.RetentionPolicy{MaxEntries: int64(1 + rng.IntN(50))}
+			if seed%2 == 1 {
+				policy = command.RetentionPolicy{MaxAge: time.Hour} // every entry is older
+			}
+			needed := e.needed(t)
+			res, err := e.trimmer(t, policy).TrimOnce(context.Background())
+			require.NoError(t, err)
+			present := e.present(t)
+			for id := range needed {
+				assert.True(t, present[id], "entry %s was still needed by a group but was trimmed (floor %s, min id %s)", id, res.Floor, res.MinID)
+			}
+			// And it did trim what nobody needs, below the floor, as far as the policy asks.
+			for i, id := range e.ids {
+				if needed[id] {
+					break // everything from the first needed entry on is kept
+				}
+				wantGone := policy.MaxAge > 0 || int64(len(e.ids)-i) > policy.MaxEntries
+				assert.Equal(t, wantGone, !present[id], "entry %d (%s), policy %s", i, id, policy)
+			}
+		})
+	}
+}
+
+func TestRetentionLeavesAStreamWithoutGroupsAlone(t *testing.T) {
+	t.Parallel()
+	e := newRetentionEnv(t, 20, time.Now().Add(-time.Hour).UnixMilli())
+	res, err := e.trimmer(t, command.RetentionPolicy{MaxEntries: 1}).TrimOnce(context.Background())
+	require.NoError(t, err)
+	assert.Zero(t, res.Trimmed)
+	assert.Len(t, e.present(t), 20, "no group has seen anything yet: nothing may go")
+
+	// Off: nothing ever goes, even with a group that acked everything.
+	e.group(t, "done.v1", 20)
+	res, err = e.trimmer(t, command.RetentionPolicy{}).TrimOnce(context.Background())
+	require.NoError(t, err)
+	assert.Zero(t, res.Trimmed)
+	assert.Len(t, e.present(t), 20)
+}

@@ -1,0 +1,100 @@
+package adapters
+
+import (
+	"context"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/adapters/batchsub"
+)
+
+// Stream subscriber kinds (SUBSCRIBER).
+const (
+	SubscriberBatched   = "batched"   // adapters/batchsub: batched reads and acks
+	SubscriberWatermill = "watermill" // the stock watermill-redisstream subscriber
+)
+
+// Subscribers builds the stream subscriber of a consumer group as the projection router asks for
+// one (ports.ProjectionRouterConfig.NewSubscriber is Subscribers.New): the batched one, or the
+// stock watermill-redisstream one behind a DrainingSubscriber, always with FlatMarshaller.
+type Subscribers struct {
+	Kind string // SubscriberBatched (default) or SubscriberWatermill
+	// Client reads for the batched subscriber and the draining one; nil: NewClient gives each
+	// subscriber a client of its own. The stock subscriber always gets its own from NewClient
+	// (its Close closes it).
+	Client    redis.UniversalClient
+	NewClient func() (redis.UniversalClient, error)
+	Consumer  string
+
+	BatchSize   int64
+	ReadLinger  time.Duration
+	MaxInFlight int
+	BlockTime   time.Duration // 0: the subscriber's default
+	// ClaimInterval and ClaimIdle: how often and after how long a crashed consumer's entries
+	// are taken over.
+	ClaimInterval, ClaimIdle time.Duration
+	NackDelay                time.Duration
+	DrainTimeout             time.Duration
+	// ConsumerIdleRemove: a consumer idle this long with nothing pending leaves the group (0:
+	// the subscriber's default).
+	ConsumerIdleRemove time.Duration
+
+	Logger watermill.LoggerAdapter
+	// StockLogger is the stock subscriber's logger (it logs every failed read); default Logger.
+	StockLogger watermill.LoggerAdapter
+}
+
+// New returns a fresh subscriber for group; start says where the group stands when it has to be
+// created (the batched subscriber asks it; the stock one starts at "0").
+func (s Subscribers) New(group string, start func(context.Context) (string, error)) (message.Subscriber, error) {
+	client := func() (redis.UniversalClient, error) {
+		if s.Client != nil {
+			return s.Client, nil
+		}
+		return s.NewClient()
+	}
+	if s.Kind == SubscriberWatermill {
+		own, err := s.NewClient()
+		if err != nil {
+			return nil, err
+		}
+		logger := s.StockLogger
+		if logger == nil {
+			logger = s.Logger
+		}
+		cfg := redisstream.SubscriberConfig{
+			Client: own, Unmarshaller: FlatMarshaller{}, Consumer: s.Consumer, ConsumerGroup: group,
+			OldestId: "0", NackResendSleep: s.NackDelay, ClaimInterval: s.ClaimInterval, MaxIdleTime: s.ClaimIdle,
+			BlockTime: s.BlockTime, DisableIndefiniteInitialBlock: s.BlockTime > 0,
+		}
+		if s.ConsumerIdleRemove > 0 {
+			cfg.CheckConsumersInterval, cfg.ConsumerTimeout = s.ClaimInterval, s.ConsumerIdleRemove
+		}
+		stock, err := redisstream.NewSubscriber(cfg, logger)
+		if err != nil {
+			return nil, err
+		}
+		reads, err := client()
+		if err != nil {
+			return nil, err
+		}
+		// On shutdown it hands back what the stock subscriber read ahead and dropped.
+		return NewDrainingSubscriber(DrainingSubscriberConfig{Inner: stock, Client: reads,
+			ConsumerGroup: group, Consumer: s.Consumer, Unmarshaller: FlatMarshaller{},
+			DrainTimeout: s.DrainTimeout, Logger: s.Logger})
+	}
+	reads, err := client()
+	if err != nil {
+		return nil, err
+	}
+	return batchsub.NewSubscriber(batchsub.Config{
+		Client: reads, ConsumerGroup: group, Consumer: s.Consumer, Unmarshaller: FlatMarshaller{},
+		StartID: start, BatchSize: s.BatchSize, ReadLinger: s.ReadLinger, MaxInFlight: s.MaxInFlight, BlockTime: s.BlockTime,
+		ClaimInterval: s.ClaimInterval, ClaimMinIdle: s.ClaimIdle, NackDelay: s.NackDelay,
+		DrainTimeout: s.DrainTimeout, ConsumerIdleRemove: s.ConsumerIdleRemove, Logger: s.Logger,
+	})
+}

@@ -1,0 +1,132 @@
+package command
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/checkins/checkins/app/ops"
+)
+
+// PoisonChunk is how many parked entries a bulk replay or purge reads per round trip.
+const PoisonChunk = 100
+
+// BulkRequest selects entries for a bulk replay or purge.
+type BulkRequest struct {
+	Projection string // "" for all
+	// After continues a previous call ("" from the start); Until bounds the run to entries that
+	// were in the queue when it began ("" = the newest entry now), so entries re-parked by a
+	// failed replay are not replayed again in the same run.
+	After, Until string
+	// Max bounds the entries handled by this call (0: no bound); the HTTP API uses it to stay
+	// within the request timeout and returns Next to continue.
+	Max int
+}
+
+// BulkResult summarises a bulk replay or purge.
+type BulkResult struct {
+	Replayed int `json:"replayed,omitempty"`
+	// Gone counts entries another run replayed or purged first (this run changed nothing for
+	// them), so the totals of concurrent runs add up to what was parked.
+	Gone          int            `json:"gone,omitempty"`
+	Failed        int            `json:"failed,omitempty"`
+	NotReplayable int            `json:"notReplayable,omitempty"`
+	Purged        int64          `json:"purged,omitempty"`
+	Failures      []ReplayResult `json:"failures,omitempty"` // the first maxReportedFailures
+	// Next and Until continue the run when it stopped early (Max or a deadline); Next is ""
+	// when the run is complete.
+	Next  string `json:"next,omitempty"`
+	Until string `json:"until,omitempty"`
+}
+
+const maxReportedFailures = 100
+
+// deadlineReserve is the time a bulk call keeps in hand before its context's deadline, to stop
+// cleanly and answer rather than be cut off mid-entry.
+const deadlineReserve = 500 * time.Millisecond
+
+var errStopEarly = errors.New("stop early")
+
+// walkPoison walks the queue from r.After to r.Until in chunks, handing the entries of
+// r.Projection to do. do returns the ID of the first entry it did not handle when it stops early.
+func walkPoison(ctx context.Context, q ops.PoisonQueue, r BulkRequest, res *BulkResult, do func([]ops.PoisonEntry) (string, error)) error {
+	if err := ops.ValidateCursor("cursor", r.After); err != nil {
+		return err
+	}
+	if r.Until != "" {
+		if err := ops.ValidateCursor("until", r.Until); err != nil {
+			return err
+		}
+	} else {
+		last, err := q.LastID(ctx)
+		if err != nil {
+			return ops.Unavailable(err)
+		}
+		if last == "" {
+			return nil
+		}
+		r.Until = last
+	}
+	res.Until = r.Until
+	after, handled := r.After, 0
+	for {
+		if stopSoon(ctx) || (r.Max > 0 && handled >= r.Max) {
+			res.Next = after
+			return nil
+		}
+		chunk := int64(PoisonChunk)
+		if r.Max > 0 {
+			chunk = int64(min(PoisonChunk, r.Max-handled))
+		}
+		es, err := q.Range(ctx, after, r.Until, chunk)
+		if err != nil {
+			res.Next = after
+			return ops.Unavailable(err)
+		}
+		if len(es) == 0 {
+			return nil
+		}
+		mine := es[:0:0]
+		for _, e := range es {
+			if r.Projection == "" || e.Projection == r.Projection {
+				mine = append(mine, e)
+			}
+		}
+		if len(mine) > 0 {
+			stoppedAt, err := do(mine)
+			if err != nil {
+				res.Next = previousID(es, stoppedAt, after)
+				if errors.Is(err, errStopEarly) {
+					return nil
+				}
+				return err
+			}
+		}
+		handled += len(es)
+		after = es[len(es)-1].ID
+		if int64(len(es)) < chunk {
+			return nil
+		}
+	}
+}
+
+// previousID is the cursor that resumes at stoppedAt: the ID before it in es, or after.
+func previousID(es []ops.PoisonEntry, stoppedAt, after string) string {
+	for i, e := range es {
+		if e.ID == stoppedAt {
+			if i == 0 {
+				return after
+			}
+			return es[i-1].ID
+		}
+	}
+	return after
+}
+
+func stopSoon(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && time.Until(d) < deadlineReserve
+}

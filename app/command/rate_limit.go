@@ -1,0 +1,76 @@
+package command
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Rate limits on recording check-ins: the policy and a limiter's answer. The HTTP port applies
+// them (per client address in process, per user through adapters.RedisRateLimiter).
+
+// RateLimit is a GCRA policy: Rate requests per Period on average, Burst at once.
+type RateLimit struct {
+	Rate   int
+	Period time.Duration
+	Burst  int
+}
+
+// Off reports the zero policy: no limit.
+func (l RateLimit) Off() bool { return l.Rate == 0 }
+
+// Window is how long a full burst takes to come back: the "w" of the RateLimit-Policy header.
+func (l RateLimit) Window() time.Duration {
+	return time.Duration(int64(l.Period) * int64(l.Burst) / int64(l.Rate))
+}
+
+// String writes the policy the way ParseRateLimit reads it.
+func (l RateLimit) String() string {
+	if l.Off() {
+		return "off"
+	}
+	unit := map[time.Duration]string{time.Second: "s", time.Minute: "m", time.Hour: "h"}[l.Period]
+	return fmt.Sprintf("%d/%s,burst=%d", l.Rate, unit, l.Burst)
+}
+
+// ParseRateLimit reads "off" or "<n>/<s|m|h>[,burst=<b>]" (burst defaults to n).
+func ParseRateLimit(v string) (RateLimit, error) {
+	v = strings.TrimSpace(v)
+	if v == "off" {
+		return RateLimit{}, nil
+	}
+	bad := fmt.Errorf("must be off or like 10/s,burst=20 (a rate per s, m or h, and an optional burst), got %q", v)
+	spec, burst, hasBurst := strings.Cut(v, ",")
+	n, unit, ok := strings.Cut(strings.TrimSpace(spec), "/")
+	if !ok {
+		return RateLimit{}, bad
+	}
+	rate, err := strconv.Atoi(n)
+	if err != nil || rate < 1 {
+		return RateLimit{}, bad
+	}
+	period, ok := map[string]time.Duration{"s": time.Second, "m": time.Minute, "h": time.Hour}[unit]
+	if !ok {
+		return RateLimit{}, bad
+	}
+	l := RateLimit{Rate: rate, Period: period, Burst: rate}
+	if hasBurst {
+		k, b, ok := strings.Cut(strings.TrimSpace(burst), "=")
+		if !ok || k != "burst" {
+			return RateLimit{}, bad
+		}
+		if l.Burst, err = strconv.Atoi(b); err != nil || l.Burst < 1 {
+			return RateLimit{}, bad
+		}
+	}
+	return l, nil
+}
+
+// RateDecision is the limiter's answer for one request.
+type RateDecision struct {
+	Allowed    bool
+	Remaining  int           // requests that could be made at once now
+	RetryAfter time.Duration // when refused: until the next one is allowed
+	ResetAfter time.Duration // until the full burst is back
+}

@@ -1,0 +1,414 @@
+package command
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/checkins/checkins/app/ops"
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
+)
+
+// DefaultRetireGrace is how long a switch waits before removing the old version: longer than
+// every projector's registry poll, so none still writes to the old keys when they go.
+const DefaultRetireGrace = 10 * time.Second
+
+// ErrRebuildBusy is returned when a rebuild cannot start now (the previous one still removes
+// its old version).
+var ErrRebuildBusy = errors.New("cannot start a rebuild now")
+
+// RebuildProjectionConfig wires RebuildProjection.
+type RebuildProjectionConfig struct {
+	Backend     ops.Backend
+	Projections []projection.Projection // every projection this build knows
+	RetireGrace time.Duration           // 0: DefaultRetireGrace
+	Logger      *slog.Logger
+	Now         func() time.Time // default time.Now
+}
+
+// RebuildProjection rebuilds a projection without downtime.
+//
+// A rebuild of projection p serving version N:
+//  1. marks N+1 as building in the registry and creates its own group p.v<N+1> at "0";
+//  2. every projector polls the registry; the first to see N+1 joins it to its live group at
+//     the stream's last entry J: from then on the live group feeds N+1 next to N (writing under
+//     the key prefix of N+1), and the own group backfills N+1 with everything up to J, while
+//     reads still go to N;
+//  3. once the backfill has delivered and acknowledged everything up to J (BackfillCaughtUp),
+//     N+1 is exactly as current as N (the live group feeds both from the same batches), and
+//     whoever drives the rebuild switches reads to N+1 in one registry write (compare-and-set, so
+//     concurrent drivers switch once) and takes N out of the live group;
+//  4. after RetireGrace (batches in flight finish) the driver unlinks N's keys.
+//
+// Every step is idempotent and its state lives in the registry, so the driver may be the CLI,
+// the HTTP request's process or any projector, and a driver that dies is simply replaced:
+// projectors drive every rebuild in progress.
+type RebuildProjection struct {
+	b     ops.Backend
+	projs []projection.Projection
+	grace time.Duration
+	log   *slog.Logger
+	now   func() time.Time
+}
+
+// NewRebuildProjection fails fast on missing dependencies.
+func NewRebuildProjection(cfg RebuildProjectionConfig) (*RebuildProjection, error) {
+	b := cfg.Backend
+	if b.Stream == nil || b.Registry == nil || b.Live == nil || b.Keys == nil || b.Observations == nil || cfg.Logger == nil {
+		return nil, errors.New("command: RebuildProjection needs the backend's Stream, Registry, Live, Keys and Observations, and a Logger")
+	}
+	if cfg.RetireGrace <= 0 {
+		cfg.RetireGrace = DefaultRetireGrace
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &RebuildProjection{b: cfg.Backend, projs: cfg.Projections, grace: cfg.RetireGrace, log: cfg.Logger, now: cfg.Now}, nil
+}
+
+// KnownProjection returns domain.ErrNotFound, naming the known ones, unless name is one of projs.
+func KnownProjection(projs []projection.Projection, name string) error {
+	names := make([]string, len(projs))
+	for i, p := range projs {
+		if p.Name() == name {
+			return nil
+		}
+		names[i] = p.Name()
+	}
+	return fmt.Errorf("projection %q (known: %s): %w", name, strings.Join(names, ", "), domain.ErrNotFound)
+}
+
+// Start starts a rebuild of name, or returns the one in progress (so it can be resumed).
+func (h *RebuildProjection) Start(ctx context.Context, name string) (ops.RebuildProgress, error) {
+	if err := KnownProjection(h.projs, name); err != nil {
+		return ops.RebuildProgress{}, err
+	}
+	st, err := h.b.Registry.State(ctx, name)
+	if err != nil {
+		return ops.RebuildProgress{}, ops.Unavailable(err)
+	}
+	if st.Building == 0 && st.Retiring == 0 {
+		// No build of N+1 ever switched, so a group N+1 is a leftover of a build abandoned by hand
+		// (its handler only wrote keys once the group existed); start from nothing. Checking the
+		// group first spares a SCAN of the whole keyspace in the usual case.
+		info, err := h.b.Stream.Info(ctx)
+		if err != nil {
+			return ops.RebuildProgress{}, ops.Unavailable(err)
+		}
+		if info.Group(ops.MemberName(name, st.Serving+1)) != nil {
+			if _, err := h.removeVersion(ctx, name, st.Serving+1); err != nil {
+				return ops.RebuildProgress{}, ops.Unavailable(err)
+			}
+		}
+	}
+	from, to, started, err := h.b.Registry.BeginBuild(ctx, name)
+	if errors.Is(err, ops.ErrRetiring) {
+		return ops.RebuildProgress{}, fmt.Errorf("%w: %w", ErrRebuildBusy, err)
+	}
+	if err != nil {
+		return ops.RebuildProgress{}, ops.Unavailable(err)
+	}
+	if !started {
+		rp, _ := ops.ParseRebuildProgress(st.Rebuild)
+		h.log.Info("rebuild already in progress, resuming", "projection", name, "from", from, "to", to)
+		return rp, nil
+	}
+	// Creating the group here, at "0", makes the build's lag visible at once and pins its start
+	// to the beginning of the stream whichever projector subscribes first.
+	if err := h.b.Stream.CreateGroup(ctx, ops.MemberName(name, to), "0"); err != nil {
+		return ops.RebuildProgress{}, ops.Unavailable(err)
+	}
+	rp := ops.RebuildProgress{Projection: name, State: ops.RebuildBuilding, From: from, To: to, StartedAt: h.now().UTC(), Lag: -1}
+	if err := h.saveProgress(ctx, rp); err != nil {
+		return rp, err
+	}
+	h.log.Info("rebuild started", "projection", name, "from", from, "to", to)
+	return rp, nil
+}
+
+// BackfillCaughtUp is the caught-up rule of a version still backfilling: its own group (b) has
+// delivered everything up to the join position and has nothing pending, so the live group,
+// which feeds it everything after, has made it exactly as current as the serving version.
+func BackfillCaughtUp(m ops.LiveMember, b *ops.GroupInfo) bool {
+	return m.Own == ops.BackfillRunning && b != nil && b.Pending == 0 && ops.CompareEntryIDs(b.LastDeliveredID, m.Join) >= 0
+}
+
+// RebuildAction is what a rebuild step does next, from the registry's state.
+type RebuildAction int
+
+// Rebuild actions.
+const (
+	RebuildNothing       RebuildAction = iota // no rebuild in progress
+	RebuildWatchBuilding                      // the new version builds: switch once it caught up
+	RebuildWaitGrace                          // switched; the grace has not passed yet
+	RebuildRemoveOld                          // switched and the grace passed: remove the old version
+)
+
+// NextRebuildAction is the rebuild state machine: building until it has caught up, then
+// retiring for the grace period, then the old version goes.
+func NextRebuildAction(st ops.VersionState, now time.Time, grace time.Duration) RebuildAction {
+	switch {
+	case st.Building > 0:
+		return RebuildWatchBuilding
+	case st.Retiring > 0 && now.Sub(time.UnixMilli(st.SwitchedAt)) < grace:
+		return RebuildWaitGrace
+	case st.Retiring > 0:
+		return RebuildRemoveOld
+	}
+	return RebuildNothing
+}
+
+// Step advances name's rebuild by what can be done now: switch reads once the new version has
+// caught up, remove the old version once the grace has passed. It is idempotent and safe to run
+// from several processes at once.
+func (h *RebuildProjection) Step(ctx context.Context, name string) (ops.RebuildProgress, error) {
+	st, err := h.b.Registry.State(ctx, name)
+	if err != nil {
+		return ops.RebuildProgress{}, err
+	}
+	rp, ok := ops.ParseRebuildProgress(st.Rebuild)
+	if !ok {
+		rp = ops.RebuildProgress{Projection: name, From: st.Serving, To: st.Building, StartedAt: h.now().UTC()}
+	}
+	switch NextRebuildAction(st, h.now(), h.grace) {
+	case RebuildWatchBuilding:
+		info, err := h.b.Stream.Info(ctx)
+		if err != nil {
+			return rp, err
+		}
+		rp.State, rp.From, rp.To, rp.StreamLength = ops.RebuildBuilding, st.Serving, st.Building, info.Length
+		b := info.Group(ops.MemberName(name, st.Building))
+		rp.Lag, rp.Pending = -1, 0
+		if b != nil {
+			if rp.Lag, err = ops.GroupLag(ctx, h.b.Stream, info, b); err != nil {
+				return rp, err
+			}
+			rp.Pending = b.Pending
+		}
+		groups, _, err := h.b.Live.ReadAll(ctx)
+		if err != nil {
+			return rp, err
+		}
+		// Caught up: the version is in a live group (fed with v<serving> from the same batches)
+		// and its backfill of what came before delivered and acknowledged everything.
+		building := ops.MemberName(name, st.Building)
+		lg, m, member := ops.MemberOf(groups, building)
+		if member && BackfillCaughtUp(m, b) {
+			// What the projectors' checkpoints find too.
+			if _, err := h.b.Live.FinishBackfill(ctx, lg, building, h.now()); err != nil {
+				return rp, err
+			}
+			m.Own = ops.BackfillDone
+		}
+		if member && m.Own == ops.BackfillDone {
+			now := h.now().UTC()
+			switched, err := h.b.Registry.Promote(ctx, name, st.Serving, st.Building, now)
+			if err != nil {
+				return rp, err
+			}
+			if !switched {
+				// Another driver switched first; its progress record stands.
+				return h.storedProgress(ctx, name, rp)
+			}
+			rp.State, rp.SwitchedAt = ops.RebuildRetiring, &now
+			h.log.Info("rebuild caught up: reads switched", "projection", name, "from", st.Serving, "to", st.Building,
+				"live_group", lg)
+			if err := h.leave(ctx, groups, ops.MemberName(name, st.Serving)); err != nil {
+				return rp, err
+			}
+		}
+		return rp, h.saveProgress(ctx, rp)
+	case RebuildWaitGrace:
+		rp.State = ops.RebuildRetiring
+		switchedAt := time.UnixMilli(st.SwitchedAt).UTC()
+		rp.SwitchedAt = &switchedAt
+		return rp, h.saveProgress(ctx, rp)
+	case RebuildRemoveOld:
+		rp.State = ops.RebuildRetiring
+		switchedAt := time.UnixMilli(st.SwitchedAt).UTC()
+		rp.SwitchedAt = &switchedAt
+		groups, _, err := h.b.Live.ReadAll(ctx)
+		if err != nil {
+			return rp, err
+		}
+		if err := h.leave(ctx, groups, ops.MemberName(name, st.Retiring)); err != nil {
+			return rp, err
+		}
+		removed, err := h.removeVersion(ctx, name, st.Retiring)
+		if err != nil {
+			return rp, err
+		}
+		if err := h.b.Registry.Retired(ctx, name, st.Retiring); err != nil {
+			return rp, err
+		}
+		now := h.now().UTC()
+		rp.State, rp.FinishedAt = ops.RebuildDone, &now
+		h.log.Info("rebuild done: old version removed", "projection", name, "version", st.Retiring, "keys_removed", removed)
+		return rp, h.saveProgress(ctx, rp)
+	default:
+		if !ok {
+			rp.State = ops.RebuildDone
+		}
+		return rp, nil
+	}
+}
+
+// StepAll steps the rebuild of each of projs that has one in progress (what every projector
+// does at each registry poll).
+func (h *RebuildProjection) StepAll(ctx context.Context, projs []projection.Projection) error {
+	for _, p := range projs {
+		st, err := h.b.Registry.State(ctx, p.Name())
+		if err != nil {
+			return err
+		}
+		if st.Building > 0 || st.Retiring > 0 {
+			if _, err := h.Step(ctx, p.Name()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// leave takes member out of whichever live group feeds it (a retired version): batches read
+// after that do not feed it.
+func (h *RebuildProjection) leave(ctx context.Context, groups map[string]ops.Membership, member string) error {
+	for g, ms := range groups {
+		if _, ok := ms.Members[member]; ok {
+			if err := h.b.Live.Leave(ctx, g, member); err != nil {
+				return fmt.Errorf("take %s out of live group %s: %w", member, g, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Drive runs Step every interval until the rebuild is done or ctx ends, reporting each step.
+func (h *RebuildProjection) Drive(ctx context.Context, name string, interval time.Duration, report func(ops.RebuildProgress)) (ops.RebuildProgress, error) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		rp, err := h.Step(ctx, name)
+		if err != nil && ctx.Err() == nil {
+			h.log.Warn("rebuild step failed, will retry", "projection", name, "error", err)
+		}
+		if err == nil && report != nil {
+			report(rp)
+		}
+		if err == nil && rp.State == ops.RebuildDone {
+			return rp, nil
+		}
+		select {
+		case <-ctx.Done():
+			return rp, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// storedProgress rereads name's stored progress (fallback when it cannot be read).
+func (h *RebuildProjection) storedProgress(ctx context.Context, name string, fallback ops.RebuildProgress) (ops.RebuildProgress, error) {
+	st, err := h.b.Registry.State(ctx, name)
+	if err != nil {
+		return fallback, err
+	}
+	if rp, ok := ops.ParseRebuildProgress(st.Rebuild); ok {
+		return rp, nil
+	}
+	return fallback, nil
+}
+
+// removeVersion destroys version's group and removes its keys; it returns how many keys went.
+func (h *RebuildProjection) removeVersion(ctx context.Context, name string, version int) (int64, error) {
+	group := ops.MemberName(name, version)
+	if err := h.b.Stream.DestroyGroup(ctx, group); err != nil {
+		return 0, err
+	}
+	removed, err := h.b.Keys.RemoveVersion(ctx, name, version)
+	if err != nil {
+		return removed, err
+	}
+	// Once more: a subscription of a projector that had not yet retired the version may have
+	// recreated the group while the keys went.
+	if err := h.b.Stream.DestroyGroup(ctx, group); err != nil {
+		return removed, err
+	}
+	// The stall check's observation of the group goes with it, and the group's markers.
+	if err := h.b.Observations.Forget(ctx, group); err != nil {
+		return removed, err
+	}
+	n, err := h.removeOwnGroup(ctx, group)
+	return removed + n, err
+}
+
+// removeOwnGroup destroys a version's own group once its backfill is over, with its markers and
+// its recorded position; it returns how many keys went.
+func (h *RebuildProjection) removeOwnGroup(ctx context.Context, group string) (int64, error) {
+	if err := h.b.Stream.DestroyGroup(ctx, group); err != nil {
+		return 0, err
+	}
+	n, err := h.b.Keys.RemoveMarkers(ctx, group)
+	if err != nil {
+		return n, err
+	}
+	if err := h.b.Live.ForgetAcked(ctx, group); err != nil {
+		return n, err
+	}
+	return n, h.b.Observations.Forget(ctx, group)
+}
+
+// RemoveFinishedBackfills removes the own groups of versions whose backfill finished more than
+// RetireGrace ago (every projector has stopped its handler by then), and, after an upgrade, the
+// earlier layout's dedupe sets of those versions.
+func (h *RebuildProjection) RemoveFinishedBackfills(ctx context.Context) error {
+	groups, _, err := h.b.Live.ReadAll(ctx)
+	if err != nil {
+		return err
+	}
+	info, err := h.b.Stream.Info(ctx)
+	if err != nil {
+		return err
+	}
+	for _, ms := range groups {
+		for member, m := range ms.Members {
+			if m.Own != ops.BackfillDone || info.Group(member) == nil {
+				continue
+			}
+			doneAt, err := strconv.ParseInt(m.DoneAt, 10, 64)
+			if err != nil || h.now().Sub(time.UnixMilli(doneAt)) < h.grace {
+				continue
+			}
+			n, err := h.removeOwnGroup(ctx, member)
+			if err != nil {
+				return err
+			}
+			if m.Legacy != "" {
+				name, version, _ := ops.ParseMemberName(member)
+				k, err := h.b.Keys.RemoveLegacyDedupe(ctx, name, version)
+				if err != nil {
+					return err
+				}
+				n += k
+			}
+			h.log.Info("backfill group removed", "group", member, "keys_removed", n)
+		}
+	}
+	return nil
+}
+
+func (h *RebuildProjection) saveProgress(ctx context.Context, rp ops.RebuildProgress) error {
+	b, err := json.Marshal(rp)
+	if err != nil {
+		return err
+	}
+	if err := h.b.Registry.SetRebuildStatus(ctx, rp.Projection, string(b)); err != nil {
+		return ops.Unavailable(err)
+	}
+	return nil
+}

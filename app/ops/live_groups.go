@@ -1,0 +1,66 @@
+package ops
+
+import (
+	"strconv"
+	"strings"
+)
+
+// Processing groups ("live groups"): the projection versions a projector runs together consume
+// the stream through one consumer group, so each entry is read, decoded and acknowledged once
+// for all of them. A version joins its live group at a stream position J: entries after J reach
+// it through the live group; entries up to J through its own group, <name>.v<N>, which starts at
+// the beginning of the stream (a backfill, a rebuild) or where the service's earlier layout left
+// it (an upgrade), and is removed once it has delivered and acknowledged everything up to J.
+
+// LiveMember is one projection version's membership of a live group.
+type LiveMember struct {
+	// Join: entries after it reach the version through the live group.
+	Join string `json:"join"`
+	// Own is BackfillRunning while the version's own group still delivers entries up to Join,
+	// BackfillDone after.
+	Own string `json:"own"`
+	// DoneAt (ms, as a string) is when the backfill was found finished.
+	DoneAt string `json:"doneAt,omitempty"`
+	// Legacy: entries up to it may have been applied under the earlier layout's dedupe sets
+	// (an upgrade); they are checked there too.
+	Legacy string `json:"legacy,omitempty"`
+}
+
+// Backfill states of LiveMember.Own.
+const (
+	BackfillRunning = "running"
+	BackfillDone    = "done"
+)
+
+// Membership is a live group's members, by "<name>.v<N>". Raw is the registry value it was
+// parsed from, so a reader can tell cheaply whether it changed.
+type Membership struct {
+	Raw     string
+	Members map[string]LiveMember
+}
+
+// MemberName is how a projection version is named in a membership (and its own group).
+func MemberName(name string, version int) string { return name + ".v" + strconv.Itoa(version) }
+
+// ParseMemberName reads "users.v2" as ("users", 2).
+func ParseMemberName(s string) (string, int, bool) {
+	i := strings.LastIndex(s, ".v")
+	if i <= 0 {
+		return "", 0, false
+	}
+	v, err := strconv.Atoi(s[i+2:])
+	if err != nil || v < 1 {
+		return "", 0, false
+	}
+	return s[:i], v, true
+}
+
+// MemberOf finds the live group a projection version is a member of.
+func MemberOf(groups map[string]Membership, member string) (string, LiveMember, bool) {
+	for g, ms := range groups {
+		if m, ok := ms.Members[member]; ok {
+			return g, m, true
+		}
+	}
+	return "", LiveMember{}, false
+}

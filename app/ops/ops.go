@@ -1,0 +1,141 @@
+// Package ops is the operational model that the ops commands (app/command) and queries
+// (app/query) share, and the projection router (ports) reads: the event stream and its consumer
+// groups, live groups, the projections registry and its rebuilds, and the poison queue, as the
+// app sees them. It declares the small interfaces adapters implement for them (Backend); the
+// rules that decide (caught up, stalled, where to trim, what a rebuild does next) live with the
+// use cases that apply them.
+package ops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/checkins/checkins/domain"
+)
+
+// Backend is everything the ops use cases read and change, one small interface per concern;
+// adapters.NewOpsBackend fills it with Redis.
+type Backend struct {
+	Stream       Stream
+	Registry     Registry
+	Live         LiveGroups
+	Poison       PoisonQueue
+	Keys         ProjectionKeys
+	Observations Observations
+	Failures     Failures
+}
+
+// Stream is the event stream and its consumer groups.
+type Stream interface {
+	// Name is the stream's key, for reports.
+	Name() string
+	// Info reads the stream's length and every group's state; a missing stream is not an error.
+	Info(ctx context.Context) (StreamInfo, error)
+	// CountAfter counts entries after id, up to max (for a lag the server cannot tell).
+	CountAfter(ctx context.Context, id string, max int64) (int64, error)
+	// CreateGroup creates group at start unless it exists.
+	CreateGroup(ctx context.Context, group, start string) error
+	// DestroyGroup destroys group; a group (or stream) that is not there is not an error.
+	DestroyGroup(ctx context.Context, group string) error
+	// OldestIDs returns the IDs of up to n oldest entries, oldest first.
+	OldestIDs(ctx context.Context, n int64) ([]string, error)
+	// TrimBelow removes every entry with an ID below minID and returns how many went.
+	TrimBelow(ctx context.Context, minID string) (int64, error)
+}
+
+// Registry is the projections registry: per projection, the version serving reads and the
+// state of its rebuild, changed atomically so that concurrent rebuild drivers agree.
+type Registry interface {
+	State(ctx context.Context, name string) (VersionState, error)
+	// Current is the version serving reads.
+	Current(ctx context.Context, name string) (int, error)
+	// BeginBuild marks serving+1 as building unless a build is in progress (started false, the
+	// build in progress returned) or the previous one still retires (ErrRetiring).
+	BeginBuild(ctx context.Context, name string) (serving, building int, started bool, err error)
+	// Promote switches reads from version from to to, if from still serves and to builds.
+	Promote(ctx context.Context, name string, from, to int, at time.Time) (bool, error)
+	// Retired records that version's keys and group are gone.
+	Retired(ctx context.Context, name string, version int) error
+	// SetRebuildStatus stores the last rebuild's progress (JSON).
+	SetRebuildStatus(ctx context.Context, name, status string) error
+}
+
+// LiveGroups reads and changes which projection versions each live group feeds.
+type LiveGroups interface {
+	// ReadAll is every live group's membership and every group's acknowledged position.
+	ReadAll(ctx context.Context) (map[string]Membership, map[string]string, error)
+	// FinishBackfill records that member's own group delivered everything up to its join.
+	FinishBackfill(ctx context.Context, group, member string, at time.Time) (bool, error)
+	// Leave takes member out of group.
+	Leave(ctx context.Context, group, member string) error
+	// ForgetAcked drops a removed group's acknowledged position.
+	ForgetAcked(ctx context.Context, group string) error
+}
+
+// PoisonQueue is the stream of parked events.
+type PoisonQueue interface {
+	// Stream is the poison stream's key, for reports.
+	Stream() string
+	// Get returns one entry: a domain.ValidationError for a malformed id, domain.ErrNotFound
+	// when it is not there.
+	Get(ctx context.Context, id string) (PoisonEntry, error)
+	// Range returns up to count entries with after < ID <= until ("" after: from the start;
+	// "+" until: to the end), oldest first.
+	Range(ctx context.Context, after, until string, count int64) ([]PoisonEntry, error)
+	// LastID is the newest entry's ID ("" when the queue is empty).
+	LastID(ctx context.Context) (string, error)
+	// DeleteIDs removes entries and returns how many were there.
+	DeleteIDs(ctx context.Context, ids ...string) (int64, error)
+	// Delete removes one entry; errors as Get.
+	Delete(ctx context.Context, id string) error
+	// Repark replaces entry e.ID by e under a new ID; domain.ErrNotFound when it went meanwhile.
+	Repark(ctx context.Context, e PoisonEntry) (string, error)
+	// Len is the number of parked entries.
+	Len(ctx context.Context) (int64, error)
+	// CountByProjection counts parked entries per projection.
+	CountByProjection(ctx context.Context) (map[string]int64, error)
+}
+
+// ProjectionKeys removes what a projection version or a consumer group left in Redis.
+type ProjectionKeys interface {
+	// RemoveVersion removes every key of a projection version; it returns how many went.
+	RemoveVersion(ctx context.Context, name string, version int) (int64, error)
+	// RemoveMarkers removes a consumer group's dedupe markers.
+	RemoveMarkers(ctx context.Context, group string) (int64, error)
+	// RemoveLegacyDedupe removes a version's dedupe sets of the service's earlier layout.
+	RemoveLegacyDedupe(ctx context.Context, name string, version int) (int64, error)
+}
+
+// Observations keep, per consumer group, what it looked like and since when, so that every
+// process and the CLI judge stalls from the same observations.
+type Observations interface {
+	// Observed returns the stored observation of each group ("" when none).
+	Observed(ctx context.Context, groups []string) ([]string, error)
+	// Observe stores group's observation.
+	Observe(ctx context.Context, group, observation string) error
+	// Forget drops group's observation (a removed group).
+	Forget(ctx context.Context, group string) error
+}
+
+// Failures classifies errors of the backend.
+type Failures interface {
+	// TransientReason is ok for a failure that will pass (unreachable, restarting, out of
+	// memory, busy), with a short reason.
+	TransientReason(err error) (reason string, ok bool)
+}
+
+// Unavailable marks a backend failure so that the HTTP port answers 503.
+func Unavailable(err error) error {
+	if err == nil || errors.Is(err, domain.ErrUnavailable) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", domain.ErrUnavailable, err)
+}
+
+// IsClientError reports errors the caller's input caused (a bad ID, an unknown entry).
+func IsClientError(err error) bool {
+	var ve *domain.ValidationError
+	return errors.As(err, &ve) || errors.Is(err, domain.ErrNotFound)
+}

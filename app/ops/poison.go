@@ -1,0 +1,60 @@
+package ops
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
+)
+
+// Values of PoisonEntry.Decision.
+const (
+	DecisionCounted   = "counted"
+	DecisionDuplicate = "duplicate"
+)
+
+// PoisonEntry is one event a projection gave up on.
+type PoisonEntry struct {
+	ID         string            `json:"id"` // entry ID in the poison stream
+	Stream     string            `json:"stream"`
+	EntryID    string            `json:"entryId"` // original entry ID in Stream
+	Projection string            `json:"projection"`
+	Group      string            `json:"group,omitempty"`   // consumer group, e.g. live or users.v2
+	Version    int               `json:"version,omitempty"` // projection version that failed (0: older entries, see Group)
+	Error      string            `json:"error"`
+	Attempts   int               `json:"attempts"`
+	FailedAt   time.Time         `json:"failedAt"`
+	Fields     map[string]string `json:"fields"` // the original entry, unchanged
+	// Decision is DecisionCounted or DecisionDuplicate: whether this copy of the check-in counts,
+	// as decided when it was parked ("" when it was not decided). A replay keeps it, whatever
+	// the dedupe registry has forgotten since.
+	Decision string `json:"decision,omitempty"`
+}
+
+// DecisionRef is e's decision as EventRef.Decision.
+func (e PoisonEntry) DecisionRef() projection.Decision {
+	switch e.Decision {
+	case DecisionCounted:
+		return projection.DecidedCounted
+	case DecisionDuplicate:
+		return projection.DecidedDuplicate
+	}
+	return projection.Undecided
+}
+
+// ValidateCursor checks that c ("" is fine) is a poison entry ID; the error names field.
+func ValidateCursor(field, c string) error {
+	if c == "" {
+		return nil
+	}
+	if _, ok := EntryTime(c); !ok || strings.Count(c, "-") != 1 {
+		return &domain.ValidationError{Code: domain.CodeInvalid, Field: field, Message: fmt.Sprintf("is not a poison entry ID like 1700000000000-0: %q", c)}
+	}
+	if _, err := strconv.ParseUint(c[strings.Index(c, "-")+1:], 10, 64); err != nil {
+		return &domain.ValidationError{Code: domain.CodeInvalid, Field: field, Message: fmt.Sprintf("is not a poison entry ID like 1700000000000-0: %q", c)}
+	}
+	return nil
+}

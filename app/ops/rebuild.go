@@ -1,0 +1,60 @@
+package ops
+
+import (
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/checkins/checkins/app/projection"
+)
+
+// VersionState is one projection's entry in the registry.
+type VersionState struct {
+	Serving    int
+	Building   int   // 0: no rebuild in progress
+	Retiring   int   // 0: nothing left to clean up
+	SwitchedAt int64 // ms since epoch of the last switch
+	Rebuild    string
+}
+
+// ErrRetiring is returned by Registry.BeginBuild while the previous version is still being
+// removed.
+var ErrRetiring = errors.New("the previous rebuild is still removing the old version")
+
+// ProjectionTarget is one projection version a projector feeds.
+type ProjectionTarget struct {
+	Projection projection.Projection
+	Version    int
+}
+
+// Rebuild states, as RebuildProgress.State.
+const (
+	RebuildBuilding = "building" // version N+1 consumes the stream from the start; N serves reads
+	RebuildRetiring = "retiring" // reads switched to N+1; N's keys and group go after the grace
+	RebuildDone     = "done"
+)
+
+// RebuildProgress is the state of a projection's last rebuild, as stored in the registry.
+type RebuildProgress struct {
+	Projection string     `json:"projection"`
+	State      string     `json:"state"`
+	From       int        `json:"from"`
+	To         int        `json:"to"`
+	StartedAt  time.Time  `json:"startedAt"`
+	SwitchedAt *time.Time `json:"switchedAt,omitempty"`
+	FinishedAt *time.Time `json:"finishedAt,omitempty"`
+	// Lag and Pending of the building group the last time a driver looked (-1: unknown).
+	Lag     int64 `json:"lag"`
+	Pending int64 `json:"pending"`
+	// StreamLength is the stream's length then, for a sense of how far the build got.
+	StreamLength int64 `json:"streamLength"`
+}
+
+// ParseRebuildProgress reads a stored progress record.
+func ParseRebuildProgress(s string) (RebuildProgress, bool) {
+	var rp RebuildProgress
+	if s == "" || json.Unmarshal([]byte(s), &rp) != nil {
+		return RebuildProgress{}, false
+	}
+	return rp, true
+}

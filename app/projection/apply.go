@@ -1,0 +1,73 @@
+package projection
+
+import "github.com/checkins/checkins/domain"
+
+// What the projection machinery hands the applier (adapters.ProjectionApplier): the updates one
+// projection version made for one event, with what deduplicating needs to know of that event.
+
+// EventRef is what applying needs to know of the event an update comes from.
+type EventRef struct {
+	EntryID  string // stream entry ID; "" when unknown (RecordedAt is the clock then)
+	UserID   int64  // whose registry decides
+	Identity int64  // domain.Checkin.Identity
+	// RecordedAt (ms) stands in for the entry's time when EntryID is empty.
+	RecordedAt int64
+	// LegacyID, when set, is the checkinId to look up in the dedupe sets of the service's earlier
+	// layout (<...>:{<slot>}:seen): entries read before an upgrade may be applied there already.
+	LegacyID string
+	// Decision is the dedupe decision when it is known already: a parked event carries the one
+	// made when it was parked, since the registry may have let go of its copies by the time it
+	// is replayed. Applying then does not ask the registry.
+	Decision Decision
+}
+
+// RefOf is the EventRef of e read from the stream at entryID.
+func RefOf(e domain.CheckinRecorded, entryID string) EventRef {
+	return EventRef{EntryID: entryID, UserID: e.UserID, Identity: e.Identity(), RecordedAt: e.RecordedAt}
+}
+
+// Decision is the dedupe decision for one event.
+type Decision int8
+
+// Decisions.
+const (
+	Undecided        Decision = iota
+	DecidedCounted            // this copy is the one counted
+	DecidedDuplicate          // another copy was counted
+)
+
+// Work is the updates one projection version made for one event, applied by one consumer group.
+type Work struct {
+	// Group is the consumer group the event came through: markers are kept per group, since
+	// only the group that delivered an entry delivers it again. Every update one group makes
+	// for one event in one slot is applied together, under one marker.
+	Group      string
+	Projection string
+	Version    int
+	Event      EventRef
+	Updates    []*Update
+}
+
+// Prune tells, per consumer group, the stream position below which the group will deliver no
+// entry again (its oldest pending entry, or its last delivered one): markers below it may go.
+// ok false prunes nothing. A nil Prune prunes nothing.
+type Prune func(group string) (before string, ok bool)
+
+// Outcome of one Work.
+type Outcome int8
+
+// Outcomes.
+const (
+	Applied        Outcome = iota + 1 // at least one update was applied now
+	AlreadyApplied                    // every update had landed before (a redelivery)
+	Duplicate                         // another copy of this check-in was counted
+	Ignored                           // the projection made no update for the event
+)
+
+// Entry is one stream entry as the machinery hands it to the projections: its ID and its
+// event, or why it is not one (undecodable or invalid: every projection parks it).
+type Entry struct {
+	ID    string
+	Event domain.Event
+	Err   error
+}

@@ -1,0 +1,313 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/checkins/checkins/app/projection"
+)
+
+// The phases of `checkins bench`, in the order they run.
+const (
+	PhaseIngest         = "ingest"
+	PhaseIngestBaseline = "ingest-baseline"
+	PhaseSustained      = "sustained"
+	PhaseDrain          = "drain"
+	PhaseDrainBaseline  = "drain-baseline"
+	PhaseE2E            = "e2e"
+	PhaseMemory         = "memory"
+)
+
+func PhaseOrder() []string {
+	return []string{PhaseIngest, PhaseIngestBaseline, PhaseSustained, PhaseDrain, PhaseDrainBaseline, PhaseE2E, PhaseMemory}
+}
+
+const benchUsage = `Usage: checkins bench [flags]
+
+Measures, in one run and one process, against raw go-redis baselines:
+  ingest           C keep-alive HTTP clients post distinct check-ins to the real API for D
+  ingest-baseline  the same clients and payloads against a bare net/http handler doing one XADD
+  sustained        the same clients against an in-process serve (API and every selected
+                   projection, default settings) for D; the figure is 2xx answers over the time
+                   from the first timed request until every consumer group on the stream has
+                   delivered its last entry with nothing pending, i.e. fully projected
+                   check-ins/s, with the backlog left when the load stopped and how long it took
+                   to drain; the ratio is over ingest-baseline
+  drain            N preloaded events consumed by K projector instances (every selected
+                   projection), for each K of --consumers, until every group has delivered the
+                   last entry and has nothing pending
+  drain-baseline   the same data read by raw XREADGROUP COUNT 500 consumers running the same
+                   Lua updates pipelined, with batched XACK
+  e2e              check-ins posted at a fixed rate to an in-process serve; time from the 202
+                   to the check-in being visible in the users projection (recent_checkins when
+                   users is not selected)
+  memory           M (--memory-events) events of a month of history (200 users, 50 locations,
+                   explicit entry IDs over the last 30 days, 1% republished) drained by one
+                   projector; Redis used_memory growth minus the stream, per distinct check-in,
+                   with a breakdown by projection and key kind; then again with 2M events under a
+                   fresh prefix, and the growth from M to 2M
+
+Checks: every phase that runs projections compares each selected projection's read model, read
+through the projection's own queries, with an independent computation from the events (the
+accepted check-ins for sustained and e2e); ingest, ingest-baseline and sustained check that the
+stream grew by exactly the 2xx answers.
+
+Redis: REDIS_URL when set (keys under a private bench-<random> prefix, deleted at the end);
+otherwise a private redis-server (--save "" --appendonly no) on a free port, killed at the end.
+Service settings (SUBSCRIBER/--subscriber, BATCH_SIZE, MAX_IN_FLIGHT, ...) apply to the
+in-process services; the bench sets KEY_PREFIX, HTTP_ADDR and CONSUMER_NAME itself (KEY_PREFIX
+names the stream of --target for the stream check). --projections (env PROJECTIONS) selects the
+projections; with all of them the services run as serve ships, without a PROJECTIONS list.
+LOG_LEVEL defaults to warn.
+
+Time: ingest and ingest-baseline take --duration each, sustained and e2e --duration plus the
+time the projections need to catch up; drain and drain-baseline each drain --events once per
+--consumers entry; memory drains 3 x --memory-events. With every projection the drain runs at
+about 20,000 events/s on 2 cores (one consumer; more add contention there), so the default run
+(--events 100000, --consumers 1,4) takes about 100 s. Lower --memory-events or leave phases out
+for a quicker run.
+
+Flags:
+`
+
+// benchOptions are the bench's own flags.
+type benchOptions struct {
+	Phases       []string
+	Duration     time.Duration
+	Clients      int
+	Events       int
+	Consumers    []int
+	Rate         float64
+	Target       string
+	JSON         bool
+	MemoryEvents int
+	// Projections are the selected projection names, in the order the service ships them;
+	// AllProjections says they are every shipped one (the services then get no explicit list).
+	Projections    []string
+	AllProjections bool
+}
+
+// benchFlags are the raw values of the bench's flags.
+type benchFlags struct {
+	phases       string
+	duration     time.Duration
+	clients      int
+	events       int
+	consumers    string
+	rate         float64
+	target       string
+	memoryEvents int
+}
+
+const projectionsFlagUsage = "comma-separated projections the bench runs and checks (env PROJECTIONS, default: every shipped projection: %s)"
+
+// Run is `checkins bench`: h is the binary it is part of.
+func Run(ctx context.Context, h Host, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	stderr = &lockedWriter{w: stderr} // the service logs and the progress lines share it
+	fs := flag.NewFlagSet("checkins bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f benchFlags
+	fs.StringVar(&f.phases, "phases", strings.Join(PhaseOrder(), ","), "comma-separated phases to run: "+strings.Join(PhaseOrder(), ", ")+" (or all)")
+	fs.DurationVar(&f.duration, "duration", 10*time.Second, "length of the load of each ingest, ingest-baseline, sustained and e2e phase")
+	fs.IntVar(&f.clients, "clients", 50, "concurrent keep-alive HTTP clients (ingest, sustained) and senders (e2e)")
+	fs.IntVar(&f.events, "events", 100000, "events preloaded for drain and drain-baseline")
+	fs.StringVar(&f.consumers, "consumers", "1,4", "comma-separated numbers of consumers to sweep in drain and drain-baseline")
+	fs.Float64Var(&f.rate, "rate", 2000, "check-ins per second posted in e2e")
+	fs.StringVar(&f.target, "target", "", "base URL of a running API (e.g. http://127.0.0.1:8080) for ingest instead of the in-process one")
+	fs.IntVar(&f.memoryEvents, "memory-events", 100000, "events of the first memory run; the second writes twice as many")
+	asJSON := fs.Bool("json", false, "print the result as JSON on stdout instead of the table")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (service, load and baselines) to this file, for go tool pprof")
+	fs.Usage = func() {
+		// PROJECTIONS is a service setting; in the bench it selects what is measured and checked.
+		if pf := fs.Lookup("projections"); pf != nil {
+			pf.Usage = fmt.Sprintf(projectionsFlagUsage, strings.Join(ProjectionNames(h.Projections(Config{})), ","))
+		}
+		fmt.Fprint(fs.Output(), benchUsage)
+		fs.PrintDefaults()
+	}
+	cfg, rest, err := h.ParseConfig(fs, args, benchGetenv(getenv))
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return fmt.Errorf("unexpected arguments: %v", rest)
+	}
+	opts, err := parseBenchOptions(h, f, cfg)
+	if err != nil {
+		return err
+	}
+	opts.JSON = *asJSON
+	log := h.NewLogger(stderr, cfg.LogLevel)
+
+	b, err := newBencher(ctx, h, cfg, opts, log, stderr)
+	if err != nil {
+		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("invalid --cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	res, runErr := b.run(ctx)
+	b.close()
+	if len(res.Phases) > 0 || runErr == nil {
+		if opts.JSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			if err := enc.Encode(res); err != nil {
+				return err
+			}
+		} else {
+			printBenchTable(stdout, res)
+		}
+	}
+	return runErr
+}
+
+// benchGetenv keeps the in-process services quiet unless LOG_LEVEL asks otherwise: info logs of
+// a dozen services would bury the progress lines.
+func benchGetenv(getenv func(string) string) func(string) string {
+	return func(k string) string {
+		if v := getenv(k); v != "" || k != "LOG_LEVEL" {
+			return v
+		}
+		return "warn"
+	}
+}
+
+func ProjectionNames(ps []projection.Projection) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.Name()
+	}
+	return out
+}
+
+func parseBenchOptions(h Host, f benchFlags, cfg Config) (benchOptions, error) {
+	o := benchOptions{Duration: f.duration, Clients: f.clients, Events: f.events, Rate: f.rate, MemoryEvents: f.memoryEvents}
+	want := map[string]bool{}
+	for _, p := range strings.Split(f.phases, ",") {
+		p = strings.TrimSpace(p)
+		switch {
+		case p == "":
+		case p == "all":
+			for _, q := range PhaseOrder() {
+				want[q] = true
+			}
+		case slices.Contains(PhaseOrder(), p):
+			want[p] = true
+		default:
+			return o, fmt.Errorf("invalid --phases: unknown phase %q (known: %s)", p, strings.Join(PhaseOrder(), ", "))
+		}
+	}
+	for _, p := range PhaseOrder() {
+		if want[p] {
+			o.Phases = append(o.Phases, p)
+		}
+	}
+	if len(o.Phases) == 0 {
+		return o, errors.New("invalid --phases: no phase selected")
+	}
+	if f.duration < 100*time.Millisecond {
+		return o, fmt.Errorf("invalid --duration: must be at least 100ms, got %s", f.duration)
+	}
+	if f.clients < 1 || f.clients > 10000 {
+		return o, fmt.Errorf("invalid --clients: must be from 1 to 10000, got %d", f.clients)
+	}
+	if f.events < 1 || f.events > 10_000_000 {
+		return o, fmt.Errorf("invalid --events: must be from 1 to 10000000, got %d", f.events)
+	}
+	if f.memoryEvents < 100 || f.memoryEvents > 10_000_000 {
+		return o, fmt.Errorf("invalid --memory-events: must be from 100 to 10000000, got %d", f.memoryEvents)
+	}
+	if f.rate <= 0 || f.rate > 1_000_000 {
+		return o, fmt.Errorf("invalid --rate: must be above 0 and at most 1000000 per second, got %g", f.rate)
+	}
+	seen := map[int]bool{}
+	for _, s := range strings.Split(f.consumers, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		k, err := strconv.Atoi(s)
+		if err != nil || k < 1 || k > 64 {
+			return o, fmt.Errorf("invalid --consumers: each must be an integer from 1 to 64, got %q", s)
+		}
+		if !seen[k] {
+			seen[k] = true
+			o.Consumers = append(o.Consumers, k)
+		}
+	}
+	if len(o.Consumers) == 0 {
+		return o, errors.New("invalid --consumers: give at least one number, e.g. 1,2,4,8")
+	}
+	if f.target != "" {
+		u, err := url.Parse(f.target)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return o, fmt.Errorf("invalid --target: must be a base URL like http://127.0.0.1:8080, got %q", f.target)
+		}
+		o.Target = strings.TrimRight(f.target, "/")
+	}
+	var err error
+	if o.Projections, o.AllProjections, err = benchSelection(h, cfg); err != nil {
+		return o, err
+	}
+	if want[PhaseE2E] && !slices.Contains(o.Projections, projection.UserStats{}.Name()) &&
+		!slices.Contains(o.Projections, projection.RecentCheckins{}.Name()) {
+		return o, fmt.Errorf("invalid --projections: e2e times a check-in until it is visible in %s or %s; select one of them, or leave e2e out of --phases",
+			projection.UserStats{}.Name(), projection.RecentCheckins{}.Name())
+	}
+	return o, nil
+}
+
+// benchSelection resolves --projections (cfg.Projections) against the shipped projections: the
+// names in shipped order, and whether they are all of them.
+func benchSelection(h Host, cfg Config) ([]string, bool, error) {
+	shipped := ProjectionNames(h.Projections(cfg))
+	if len(cfg.Projections) == 0 {
+		return shipped, true, nil
+	}
+	want := map[string]bool{}
+	for _, p := range cfg.Projections {
+		if !slices.Contains(shipped, p) {
+			return nil, false, fmt.Errorf("invalid --projections (PROJECTIONS): unknown projection %q (known: %s)", p, strings.Join(shipped, ", "))
+		}
+		want[p] = true
+	}
+	var out []string
+	for _, p := range shipped {
+		if want[p] {
+			out = append(out, p)
+		}
+	}
+	return out, len(out) == len(shipped), nil
+}
+
+// lockedWriter serialises writes from the progress lines and the services' loggers.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}

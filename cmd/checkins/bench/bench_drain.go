@@ -1,0 +1,351 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
+)
+
+// drainData is the preloaded stream and what the read models must say once it is consumed,
+// computed here from the generated events, independently of the projections.
+type drainData struct {
+	source  string // stream key holding the preloaded entries; each drain run copies it
+	lastID  string
+	entries int
+	want    *expectedModel
+}
+
+// preload writes N entries exactly as the publisher does (FlatMarshaller over the event's
+// Fields), pipelined. One entry in a hundred republishes a recent check-in, as a retried publish
+// would, so the counts also prove dedupe. Timestamps are distinct and shuffled: events arrive out
+// of order, and no tie-break decides a user's latest check-in.
+func (b *bencher) preload(ctx context.Context) (*drainData, error) {
+	start := time.Now()
+	n := b.opts.Events
+	keys := adapters.KeySpace{Prefix: b.prefix("source")}
+	d := &drainData{source: keys.Stream(), entries: n, want: newExpectedModel()}
+	numUsers, numLocs := int64(max(n/10, 1)), int64(min(max(n/200, 1), 1000))
+	rng := rand.New(rand.NewPCG(7, 11)) // #nosec G404 -- reproducible bench data, not a secret
+	now := time.Now().UnixMilli()
+	order := rng.Perm(n)
+	recent := make([]domain.CheckinRecorded, 0, 1000)
+	const batch = 1000
+	for lo := 0; lo < n; lo += batch {
+		pipe := b.admin.Pipeline()
+		var last *redis.StringCmd
+		for i := lo; i < min(lo+batch, n); i++ {
+			var ev domain.CheckinRecorded
+			if i%100 == 99 && len(recent) > 0 {
+				ev = recent[rng.IntN(len(recent))]
+			} else {
+				ev = domain.CheckinRecorded{Checkin: domain.Checkin{
+					ID: b.runID + "-e" + strconv.Itoa(i), UserID: 1 + rng.Int64N(numUsers), LocationID: 1 + rng.Int64N(numLocs),
+					StarRating: rng.IntN(domain.MaxStarRating + 1), Timestamp: now - 60_000 - int64(order[i]),
+				}, RecordedAt: now}
+				if len(recent) < cap(recent) {
+					recent = append(recent, ev)
+				} else {
+					recent[rng.IntN(len(recent))] = ev
+				}
+			}
+			d.want.addEvent(ev)
+			msg, err := adapters.NewEventMessage(ev.Fields(), b.runID+"-preload")
+			if err != nil {
+				return nil, err
+			}
+			values, err := adapters.FlatMarshaller{}.Marshal(d.source, msg)
+			if err != nil {
+				return nil, err
+			}
+			last = pipe.XAdd(ctx, &redis.XAddArgs{Stream: d.source, Values: values})
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return nil, fmt.Errorf("XADD to %s: %w", d.source, err)
+		}
+		d.lastID = last.Val()
+	}
+	b.progress("preloaded %d events (%d users, %d locations, 1%% republished) in %.1fs", n, len(d.want.users), len(d.want.locs), time.Since(start).Seconds())
+	return d, nil
+}
+
+// PhaseDrain copies the preloaded stream under a fresh prefix, starts k consumers per
+// projection (our projector instances, or raw go-redis readers for the baseline), and measures
+// until every consumer group has read the last entry and has nothing pending.
+func (b *bencher) PhaseDrain(ctx context.Context, data *drainData, k int, baseline bool) (PhaseResult, error) {
+	phase, tag := PhaseDrain, "drain"
+	if baseline {
+		phase, tag = PhaseDrainBaseline, "drain-baseline"
+	}
+	keys := adapters.KeySpace{Prefix: b.prefix(fmt.Sprintf("%s-k%d", tag, k))}
+	// COPY is server-side: every run starts from identical entries without paying the preload.
+	if err := b.admin.Copy(ctx, data.source, keys.Stream(), 0, false).Err(); err != nil {
+		return PhaseResult{}, fmt.Errorf("COPY %s %s (needs Redis >= 6.2): %w", data.source, keys.Stream(), err)
+	}
+	defer func() {
+		if _, err := deleteKeys(context.WithoutCancel(ctx), b.admin, keys.Prefix+":*"); err != nil {
+			b.log.Warn("bench: could not delete drain keys", "prefix", keys.Prefix, "error", err)
+		}
+	}()
+	// The groups that must catch up: those the consumers feed (so a group not created yet is
+	// waited for), and whatever else XINFO GROUPS shows on the stream.
+	var groups []string
+
+	// The meter and the clock start once everything is built, just before consuming starts.
+	var (
+		m    *meter
+		t0   time.Time
+		stop func() error
+		fail = make(chan error, 2*k*len(b.opts.Projections)+k)
+	)
+	if baseline {
+		groups = append(groups, baselineGroup)
+		m, t0 = b.startMeter(ctx), time.Now()
+		stop = b.startBaselineConsumers(ctx, keys, k, fail)
+	} else {
+		services := make([]*runningService, 0, k)
+		stop = func() error {
+			var errs []error
+			for _, s := range services {
+				if err := s.stop(); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			return errors.Join(errs...)
+		}
+		for i := range k {
+			s, err := b.newService(ctx, keys.Prefix, Mode{Projections: true}, fmt.Sprintf("%s-k%d-%d", b.runID, k, i))
+			if err != nil {
+				_ = stop()
+				return PhaseResult{}, err
+			}
+			services = append(services, s)
+			groups = append(groups, s.groups()...)
+		}
+		slices.Sort(groups)
+		groups = slices.Compact(groups)
+		m, t0 = b.startMeter(ctx), time.Now()
+		for _, s := range services {
+			s.start(ctx)
+			s.watch("projector", fail)
+		}
+	}
+	elapsed, waitErr := b.waitDrained(ctx, keys.Stream(), groups, data.lastID, t0, fail)
+	use := m.Stop()
+	stopErr := stop()
+	if waitErr != nil {
+		return PhaseResult{}, waitErr
+	}
+	r := PhaseResult{Phase: phase, Consumers: k, Count: int64(data.entries), Seconds: elapsed.Seconds(), Unit: "events/s",
+		Throughput: float64(data.entries) / elapsed.Seconds()}
+	use.fill(&r)
+	ok, detail, err := b.verifyReadModels(ctx, keys, data.want)
+	if err != nil {
+		return PhaseResult{}, fmt.Errorf("verify read models: %w", err)
+	}
+	if stopErr != nil {
+		ok, detail = false, strings.TrimPrefix(detail+"; ", "; ")+"stopping the consumers failed: "+stopErr.Error()
+	}
+	r.Check, r.CheckDetail = CheckOK, detail
+	if !ok {
+		r.Check = CheckMismatch
+	}
+	return r, nil
+}
+
+// waitDrained polls XINFO GROUPS until every group on the stream, and at least those of want,
+// has delivered lastID and has nothing pending. It gives up when nothing moved for 30s or a
+// consumer failed.
+func (b *bencher) waitDrained(ctx context.Context, stream string, want []string, lastID string, t0 time.Time, fail <-chan error) (time.Duration, error) {
+	const stallAfter = 30 * time.Second
+	var state string
+	changed := time.Now()
+	for {
+		infos, err := b.admin.XInfoGroups(ctx, stream).Result()
+		if err != nil {
+			return 0, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
+		}
+		at := time.Since(t0)
+		done := len(infos) > 0
+		var sb strings.Builder
+		for _, name := range want {
+			if !slices.ContainsFunc(infos, func(g redis.XInfoGroup) bool { return g.Name == name }) {
+				done = false
+				fmt.Fprintf(&sb, "%s not created yet; ", name)
+			}
+		}
+		for _, g := range infos {
+			if g.LastDeliveredID != lastID || g.Pending != 0 {
+				done = false
+			}
+			fmt.Fprintf(&sb, "%s last-delivered %s pending %d; ", g.Name, g.LastDeliveredID, g.Pending)
+		}
+		if done {
+			return at, nil
+		}
+		if s := sb.String(); s != state {
+			state, changed = s, time.Now()
+		} else if time.Since(changed) > stallAfter {
+			return 0, fmt.Errorf("%w for %s (last entry %s): %s", errStalled, stallAfter, lastID, state)
+		}
+		select {
+		case err := <-fail:
+			return 0, err
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// lastEntryID is the ID of the stream's last entry, "" when it has none.
+func lastEntryID(ctx context.Context, c *redis.Client, stream string) (string, error) {
+	ms, err := c.XRevRangeN(ctx, stream, "+", "-", 1).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return "", fmt.Errorf("XREVRANGE %s: %w", stream, err)
+	}
+	if len(ms) == 0 {
+		return "", nil
+	}
+	return ms[0].ID, nil
+}
+
+// startBaselineConsumers runs k raw readers of one consumer group feeding every projection;
+// stop ends them.
+func (b *bencher) startBaselineConsumers(ctx context.Context, keys adapters.KeySpace, k int, fail chan<- error) (stop func() error) {
+	client, err := adapters.NewRedisClient(adapters.ClientOptions{URL: b.redis.url, DialTimeout: 2 * time.Second,
+		ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second, PoolSize: 2*k + 4})
+	if err != nil {
+		fail <- err
+		return func() error { return nil }
+	}
+	cfg := b.cfg
+	cfg.Projections = b.opts.Projections
+	projs, err := b.host.SelectProjections(cfg)
+	if err != nil {
+		fail <- err
+		return client.Close
+	}
+	applier, err := adapters.NewProjectionApplier(client, keys, cfg.DedupeWindow)
+	if err != nil {
+		fail <- err
+		return client.Close
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for i := range k {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := baselineConsumer{client: client, applier: applier, stream: keys.Stream(), consumer: fmt.Sprintf("baseline-%d", i), projs: projs}
+			if err := c.run(rctx, keys); err != nil {
+				fail <- fmt.Errorf("baseline consumer %s: %w", c.consumer, err)
+			}
+		}()
+	}
+	return func() error {
+		cancel()
+		wg.Wait()
+		return client.Close()
+	}
+}
+
+// baselineGroup is the consumer group the baseline readers share.
+const baselineGroup = "baseline"
+
+// baselineConsumer is the raw limit: XREADGROUP COUNT 500 on one group, every projection's
+// updates applied the way the service applies them (ProjectionApplier.Apply: a few script calls
+// per batch), one XACK per batch; no Watermill, no middleware, no batching subscriber.
+type baselineConsumer struct {
+	client   *redis.Client
+	applier  *adapters.ProjectionApplier
+	stream   string
+	consumer string
+	projs    []projection.Projection
+}
+
+func (c baselineConsumer) run(ctx context.Context, keys adapters.KeySpace) error {
+	versions := adapters.NewProjectionVersions(c.client, keys)
+	vs := make([]int, len(c.projs))
+	for i, p := range c.projs {
+		v, err := versions.Current(ctx, p.Name())
+		if err != nil {
+			return err
+		}
+		vs[i] = v
+	}
+	if err := c.client.XGroupCreateMkStream(ctx, c.stream, baselineGroup, "0").Err(); err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+		return fmt.Errorf("XGROUP CREATE: %w", err)
+	}
+	fields := map[string]string{}
+	var ids []string
+	var works []projection.Work
+	for {
+		res, err := c.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: baselineGroup, Consumer: c.consumer,
+			Streams: []string{c.stream, ">"}, Count: 500, Block: 100 * time.Millisecond}).Result()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("XREADGROUP: %w", err)
+		}
+		works, ids = works[:0], ids[:0]
+		for _, s := range res {
+			for _, m := range s.Messages {
+				ids = append(ids, m.ID)
+				clear(fields)
+				for k, v := range m.Values {
+					if s, ok := v.(string); ok {
+						fields[k] = s
+					}
+				}
+				ev, err := domain.ParseEvent(fields)
+				if err != nil {
+					continue // never in the preloaded data; a real consumer would park it
+				}
+				e, ok := ev.(domain.CheckinRecorded)
+				if !ok {
+					continue
+				}
+				for i, p := range c.projs {
+					us, err := projection.Updates(ctx, p, e)
+					if err != nil {
+						return err
+					}
+					if len(us) > 0 {
+						works = append(works, projection.Work{Group: baselineGroup, Projection: p.Name(), Version: vs[i],
+							Event: projection.RefOf(e, m.ID), Updates: us})
+					}
+				}
+			}
+		}
+		if _, err := c.applier.Apply(ctx, works, nil); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if len(ids) > 0 {
+			if err := c.client.XAck(ctx, c.stream, baselineGroup, ids...).Err(); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("XACK: %w", err)
+			}
+		}
+	}
+}

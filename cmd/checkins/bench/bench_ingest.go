@@ -1,0 +1,410 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/domain"
+)
+
+// payloadSource gives each client the same sequence of valid, varied check-ins in every phase,
+// so ours and the baseline decode exactly the same bodies.
+type payloadSource struct {
+	runID string
+	now   int64
+}
+
+func newPayloadSource(runID string) *payloadSource {
+	return &payloadSource{runID: runID, now: time.Now().UnixMilli()}
+}
+
+// payloadGen is one client's generator; not safe for concurrent use.
+type payloadGen struct {
+	idPrefix []byte
+	seq      int64
+	rng      *rand.Rand
+	now      int64
+	last     domain.Checkin // the check-in of the last body, filled only when keep is set
+	keep     bool
+	user     int64 // the user of the last body
+}
+
+// client is client i's generator in a round: every round sends the same bodies but for their
+// checkinIds, which stay distinct so no request is an idempotent replay.
+func (s *payloadSource) client(round, i int) *payloadGen {
+	return &payloadGen{idPrefix: []byte(s.runID + "-r" + strconv.Itoa(round) + "c" + strconv.Itoa(i) + "-"),
+		rng: rand.New(rand.NewPCG(uint64(i), 42)), now: s.now} // #nosec G115 G404 -- a reproducible load generator's seed, not a secret
+}
+
+// next appends the next body to buf: a distinct checkinId, 10,000 users, 1,000 locations, every
+// rating, timestamps spread over the last week (so they arrive out of order).
+func (g *payloadGen) next(buf []byte) []byte {
+	g.seq++
+	user, loc, stars := 1+g.rng.Int64N(10000), 1+g.rng.Int64N(1000), g.rng.Int64N(6)
+	g.user = user
+	ts := g.now - g.rng.Int64N(7*24*3600*1000)
+	buf = append(buf, `{"checkinId":"`...)
+	idAt := len(buf)
+	buf = append(buf, g.idPrefix...)
+	buf = strconv.AppendInt(buf, g.seq, 10)
+	if g.keep {
+		g.last = domain.Checkin{ID: string(buf[idAt:]), UserID: user, LocationID: loc, StarRating: int(stars), Timestamp: ts}
+	}
+	buf = append(buf, `","userId":`...)
+	buf = strconv.AppendInt(buf, user, 10)
+	buf = append(buf, `,"locationId":`...)
+	buf = strconv.AppendInt(buf, loc, 10)
+	buf = append(buf, `,"starRating":`...)
+	buf = strconv.AppendInt(buf, stars, 10)
+	buf = append(buf, `,"timestamp":`...)
+	buf = strconv.AppendInt(buf, ts, 10)
+	return append(buf, '}')
+}
+
+// newLoadClient is a keep-alive client with an idle connection kept for every sender.
+func newLoadClient(clients int) *http.Client {
+	return &http.Client{
+		Transport: &http.Transport{Proxy: nil, MaxIdleConns: clients, MaxIdleConnsPerHost: clients,
+			IdleConnTimeout: 90 * time.Second, DisableCompression: true},
+		Timeout: 30 * time.Second,
+	}
+}
+
+func postJSON(ctx context.Context, hc *http.Client, url string, body []byte, token string) (int, error) {
+	// #nosec G704 -- the bench's own target, given by its operator
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := hc.Do(req) // #nosec G704 -- the same
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// loadResult is what a closed-loop run measured.
+type loadResult struct {
+	ok      int64 // 2xx answers in the timed part
+	warm    int64 // 2xx answers during warm-up (their events are on the stream too)
+	lat     []time.Duration
+	errs    map[string]int64
+	start   time.Time // when the timed part began
+	elapsed time.Duration
+	// accepted are the check-ins answered 2xx, warm-ups included, when asked to keep them.
+	accepted []domain.Checkin
+}
+
+// closedLoop runs `clients` senders, each posting its next check-in as soon as the previous one
+// is answered, for d. Each sender first posts once untimed, so connections are open and scripts
+// loaded before the clock starts. With keep, it remembers every check-in answered 2xx.
+func closedLoop(ctx context.Context, url string, clients int, d time.Duration, src *payloadSource, round int, keep bool, tokens *benchTokens) loadResult {
+	hc := newLoadClient(clients)
+	defer hc.CloseIdleConnections()
+	type senderResult struct {
+		ok, warm int64
+		lat      []time.Duration
+		errs     map[string]int64
+		accepted []domain.Checkin
+	}
+	results := make([]senderResult, clients)
+	var warmed, finished sync.WaitGroup
+	startc := make(chan time.Time)
+	for i := range clients {
+		warmed.Add(1)
+		finished.Add(1)
+		go func() {
+			defer finished.Done()
+			res := &results[i]
+			res.errs = map[string]int64{}
+			gen := src.client(round, i)
+			gen.keep = keep
+			buf := make([]byte, 0, 256)
+			count := func(status int, err error) bool {
+				switch {
+				case err != nil && ctx.Err() != nil:
+				case err != nil:
+					res.errs["transport"]++
+					time.Sleep(10 * time.Millisecond) // a refused connection must not turn into a spin
+				case status >= 200 && status < 300:
+					if keep {
+						res.accepted = append(res.accepted, gen.last)
+					}
+					return true
+				default:
+					res.errs[strconv.Itoa(status)]++
+				}
+				return false
+			}
+			buf = gen.next(buf[:0])
+			if count(postJSON(ctx, hc, url, buf, tokens.forUser(gen.user))) {
+				res.warm++
+			}
+			warmed.Done()
+			deadline := (<-startc).Add(d)
+			for ctx.Err() == nil {
+				buf = gen.next(buf[:0])
+				t := time.Now()
+				if !t.Before(deadline) {
+					return
+				}
+				status, err := postJSON(ctx, hc, url, buf, tokens.forUser(gen.user))
+				if count(status, err) {
+					res.lat = append(res.lat, time.Since(t))
+					res.ok++
+				}
+			}
+		}()
+	}
+	warmed.Wait()
+	t0 := time.Now()
+	for range clients {
+		startc <- t0
+	}
+	finished.Wait()
+	out := loadResult{errs: map[string]int64{}, start: t0, elapsed: time.Since(t0)}
+	for _, r := range results {
+		out.ok += r.ok
+		out.warm += r.warm
+		out.lat = append(out.lat, r.lat...)
+		out.accepted = append(out.accepted, r.accepted...)
+		for k, v := range r.errs {
+			out.errs[k] += v
+		}
+	}
+	return out
+}
+
+// ingestTarget is one side of the ingest comparison: where to post and which stream to check.
+type ingestTarget struct {
+	phase  string
+	url    string
+	stream string // "" when it cannot be checked (skip says why)
+	skip   string
+	close  func()
+	acc    ingestTotals
+}
+
+// ingestTotals adds up a target's rounds.
+type ingestTotals struct {
+	load          loadResult
+	grew          int64
+	rss, heap     uint64
+	cpu, redisCPU float64
+}
+
+// phaseIngestPair runs ours and the baseline (or just one of them) in rounds of D/2 ordered
+// ours, baseline, baseline, ours: a machine getting slower or faster during the run (it is shared)
+// then weighs on both sides alike instead of skewing the ratio.
+func (b *bencher) phaseIngestPair(ctx context.Context, ours, baseline bool) ([]PhaseResult, error) {
+	var targets []*ingestTarget
+	defer func() {
+		for _, t := range targets {
+			t.close()
+		}
+	}()
+	if ours {
+		t, err := b.ingestOurs(ctx)
+		if err != nil {
+			return nil, err
+		}
+		targets = append(targets, t)
+	}
+	if baseline {
+		t, err := b.ingestBaseline(ctx)
+		if err != nil {
+			return nil, err
+		}
+		targets = append(targets, t)
+	}
+	order := []*ingestTarget{targets[0]}
+	round := b.opts.Duration
+	if len(targets) == 2 {
+		order = []*ingestTarget{targets[0], targets[1], targets[1], targets[0]}
+		round = b.opts.Duration / 2
+	}
+	src := newPayloadSource(b.runID)
+	for i, t := range order {
+		if err := b.ingestRound(ctx, t, src, i, round); err != nil {
+			return nil, fmt.Errorf("%s: %w", t.phase, err)
+		}
+	}
+	out := make([]PhaseResult, len(targets))
+	for i, t := range targets {
+		out[i] = t.result()
+	}
+	return out, nil
+}
+
+func (b *bencher) ingestOurs(ctx context.Context) (*ingestTarget, error) {
+	t := &ingestTarget{phase: PhaseIngest, url: b.opts.Target + "/checkins", close: func() {}}
+	switch {
+	case b.opts.Target == "":
+		prefix := b.prefix("ingest")
+		rs, err := b.newService(ctx, prefix, Mode{API: true}, b.runID+"-api")
+		if err != nil {
+			return nil, err
+		}
+		rs.start(ctx)
+		t.close = func() { _ = rs.stop() }
+		if err := rs.waitHTTP(ctx, "/healthz"); err != nil {
+			t.close()
+			return nil, err
+		}
+		t.url = "http://" + rs.addr + "/checkins"
+		t.stream = adapters.KeySpace{Prefix: prefix}.Stream()
+	case b.redis.private:
+		t.skip = "--target without REDIS_URL: the target's stream is not reachable"
+	default:
+		// The target is assumed to use REDIS_URL and KEY_PREFIX as given to the bench.
+		t.stream = adapters.KeySpace{Prefix: b.cfg.KeyPrefix}.Stream()
+	}
+	return t, nil
+}
+
+// ingestBaseline serves the same clients with the least a Redis-backed ingest can do.
+func (b *bencher) ingestBaseline(ctx context.Context) (*ingestTarget, error) {
+	stream := adapters.KeySpace{Prefix: b.prefix("ingest-baseline")}.Stream()
+	// The same client options as the service's publisher.
+	client, err := adapters.NewRedisClient(adapters.ClientOptions{URL: b.redis.url, DialTimeout: 2 * time.Second,
+		ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second})
+	if err != nil {
+		return nil, err
+	}
+	l, err := freeLoopbackListener()
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	srv := &http.Server{Handler: baselineIngestHandler(client, stream), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	return &ingestTarget{phase: PhaseIngestBaseline, url: "http://" + l.Addr().String() + "/checkins", stream: stream,
+		close: func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+			_ = client.Close()
+		}}, nil
+}
+
+type baselineCheckin struct {
+	CheckinID  *string `json:"checkinId"`
+	UserID     *int64  `json:"userId"`
+	LocationID *int64  `json:"locationId"`
+	StarRating *int64  `json:"starRating"`
+	Timestamp  *int64  `json:"timestamp"`
+}
+
+// baselineIngestHandler decodes the check-in JSON and does one XADD of flat fields: no
+// validation, no idempotency, no router, no middleware.
+func baselineIngestHandler(client *redis.Client, stream string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.URL.Path != "/checkins" {
+			http.NotFound(w, r)
+			return
+		}
+		var in baselineCheckin
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 16<<10)).Decode(&in); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if in.CheckinID == nil || in.UserID == nil || in.LocationID == nil || in.StarRating == nil || in.Timestamp == nil {
+			http.Error(w, "every field is required", http.StatusBadRequest)
+			return
+		}
+		id, err := client.XAdd(r.Context(), &redis.XAddArgs{Stream: stream, Values: []any{
+			domain.FieldType, domain.EventCheckinRecorded, domain.FieldCheckinID, *in.CheckinID,
+			domain.FieldUserID, *in.UserID, domain.FieldLocationID, *in.LocationID,
+			domain.FieldStarRating, *in.StarRating, domain.FieldTimestamp, *in.Timestamp,
+			domain.FieldRecordedAt, time.Now().UnixMilli(),
+		}}).Result()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusAccepted)
+		_, _ = fmt.Fprintf(w, `{"entryId":%q}`, id)
+	})
+}
+
+// ingestRound runs the closed loop against t for d and adds what it measured to t's totals,
+// including how much its stream grew.
+func (b *bencher) ingestRound(ctx context.Context, t *ingestTarget, src *payloadSource, round int, d time.Duration) error {
+	var before int64
+	if t.stream != "" {
+		var err error
+		if before, err = b.admin.XLen(ctx, t.stream).Result(); err != nil {
+			return fmt.Errorf("XLEN %s: %w", t.stream, err)
+		}
+	}
+	m := b.startMeter(ctx)
+	lr := closedLoop(ctx, t.url, b.opts.Clients, d, src, round, false, b.tokens)
+	use := m.Stop()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if t.stream != "" {
+		after, err := b.admin.XLen(ctx, t.stream).Result()
+		if err != nil {
+			return fmt.Errorf("XLEN %s: %w", t.stream, err)
+		}
+		t.acc.grew += after - before
+	}
+	a := &t.acc
+	a.load.ok += lr.ok
+	a.load.warm += lr.warm
+	a.load.elapsed += lr.elapsed
+	a.load.lat = append(a.load.lat, lr.lat...)
+	if a.load.errs == nil {
+		a.load.errs = map[string]int64{}
+	}
+	for k, v := range lr.errs {
+		a.load.errs[k] += v
+	}
+	a.rss, a.heap = max(a.rss, use.rss), max(a.heap, use.heap)
+	a.cpu += use.cpu
+	a.redisCPU += use.redisCPU
+	return nil
+}
+
+// result is the target's row; its stream must have grown by exactly its 2xx answers.
+func (t *ingestTarget) result() PhaseResult {
+	a := t.acc
+	r := PhaseResult{Phase: t.phase, Count: a.load.ok, Seconds: a.load.elapsed.Seconds(), Unit: "req/s",
+		Throughput: float64(a.load.ok) / a.load.elapsed.Seconds(), Latency: summarize(a.load.lat),
+		PeakRSS: a.rss, PeakHeap: a.heap, CPUSeconds: a.cpu, RedisCPUSeconds: a.redisCPU, Check: CheckSkipped, CheckDetail: t.skip}
+	if len(a.load.errs) > 0 {
+		r.Errors = a.load.errs
+	}
+	answered := a.load.ok + a.load.warm
+	switch {
+	case r.Count == 0:
+		r.Check = CheckMismatch
+		r.CheckDetail = fmt.Sprintf("no request was answered 2xx (errors: %s)", fmtErrors(a.load.errs))
+	case t.stream == "":
+	case a.grew == answered:
+		r.Check = CheckOK
+	default:
+		r.Check = CheckMismatch
+		r.CheckDetail = fmt.Sprintf("stream grew by %d entries but %d requests were answered 2xx (%d of them warm-ups)", a.grew, answered, a.load.warm)
+	}
+	return r
+}

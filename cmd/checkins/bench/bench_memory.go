@@ -1,0 +1,445 @@
+package bench
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/domain"
+)
+
+// The population of the memory phase: fixed, so that read models stay the same size and only
+// what grows with every check-in shows as growth from N to 2N.
+const (
+	memoryUsers     = 200
+	memoryLocations = 50
+	memoryHistory   = 30 * 24 * time.Hour
+)
+
+// Which figure a memory row's throughput and growth use.
+const (
+	FigureUsedMemory = "used_memory" // INFO memory delta: what Redis really holds, on a private server
+	FigurePerKey     = "per_key"     // sum of MEMORY USAGE: immune to other clients of a shared Redis
+)
+
+// MemoryResult is what one memory run measured, in bytes.
+type MemoryResult struct {
+	Events    int `json:"events"`   // stream entries written, republished ones included
+	Checkins  int `json:"checkins"` // distinct check-ins among them
+	Users     int `json:"users"`
+	Locations int `json:"locations"`
+
+	UsedMemoryBefore int64 `json:"used_memory_before"` // INFO memory, before the preload
+	UsedMemoryAfter  int64 `json:"used_memory_after"`  // after the drain, the projector stopped
+	// StreamUsedMemory is what preloading the stream added to used_memory.
+	StreamUsedMemory int64 `json:"stream_used_memory"`
+	StreamBytes      int64 `json:"stream_bytes"`      // MEMORY USAGE <stream> SAMPLES 0, groups included
+	IdempotencyBytes int64 `json:"idempotency_bytes"` // <prefix>:idem:* (none expected: nothing went through the API)
+	PoisonBytes      int64 `json:"poison_bytes"`
+	// ProjectionBytes is used_memory after - before - stream - idempotency - poison.
+	ProjectionBytes int64 `json:"projection_bytes"`
+	// PerKeyBytes is the sum of MEMORY USAGE over every other key of the run: read models,
+	// dedupe state, the projections registry.
+	PerKeyBytes int64 `json:"per_key_bytes"`
+	// Per distinct check-in.
+	BytesPerCheckin       float64 `json:"bytes_per_checkin"`
+	PerKeyBytesPerCheckin float64 `json:"per_key_bytes_per_checkin"`
+	// Figure is what the row's throughput and GrowthPct use: used_memory on a private
+	// redis-server, per_key on a shared REDIS_URL (other clients move used_memory).
+	Figure string `json:"figure"`
+	// GrowthPct (the 2N run): projection memory at 2N over that at N, minus 1, in percent. Read
+	// models of a fixed population do not grow; whatever does grows with every check-in.
+	GrowthPct    *float64         `json:"growth_pct,omitempty"`
+	DrainSeconds float64          `json:"drain_seconds"`
+	DrainRate    float64          `json:"drain_events_per_second"`
+	Breakdown    []MemoryKeyGroup `json:"breakdown"`
+}
+
+// MemoryKeyGroup is the keys of one owner and kind.
+type MemoryKeyGroup struct {
+	Owner       string `json:"owner"`                 // projection name, or stream, poison, idempotency, registry, other
+	Kind        string `json:"kind"`                  // the key's last segment: stats, recent, daily, seen, ...
+	Bookkeeping bool   `json:"bookkeeping,omitempty"` // dedupe state, not a read model (bookkeepingKeyNames)
+	Keys        int    `json:"keys"`
+	Bytes       int64  `json:"bytes"`
+}
+
+// PhaseMemory preloads n events of a month of history, drains them with one projector running
+// every selected projection, and measures what Redis holds for them besides the stream. prior
+// are the rows so far: the run with n/2 events gives the growth.
+func (b *bencher) PhaseMemory(ctx context.Context, n int, prior []PhaseResult) (PhaseResult, error) {
+	keys := adapters.KeySpace{Prefix: b.prefix(fmt.Sprintf("memory-%d", n))}
+	defer func() {
+		cctx := context.WithoutCancel(ctx)
+		if _, err := deleteKeys(cctx, b.admin, keys.Prefix+":*"); err != nil {
+			b.log.Warn("bench: could not delete memory keys", "prefix", keys.Prefix, "error", err)
+		}
+		_ = b.waitLazyFree(cctx)
+	}()
+	if err := b.waitLazyFree(ctx); err != nil {
+		return PhaseResult{}, err
+	}
+	clients0, err := b.connectedClients(ctx)
+	if err != nil {
+		return PhaseResult{}, err
+	}
+	before, err := b.usedMemory(ctx)
+	if err != nil {
+		return PhaseResult{}, err
+	}
+	data, err := b.preloadHistory(ctx, keys, n)
+	if err != nil {
+		return PhaseResult{}, fmt.Errorf("preload: %w", err)
+	}
+	// The stream itself is measured as what it added to used_memory: MEMORY USAGE of a stream
+	// is an estimate, off by more than the projections' whole memory at these sizes.
+	withStream, err := b.usedMemory(ctx)
+	if err != nil {
+		return PhaseResult{}, err
+	}
+
+	rs, err := b.newService(ctx, keys.Prefix, Mode{Projections: true}, fmt.Sprintf("%s-memory-%d", b.runID, n))
+	if err != nil {
+		return PhaseResult{}, err
+	}
+	fail := make(chan error, 1)
+	m, t0 := b.startMeter(ctx), time.Now()
+	rs.start(ctx)
+	rs.watch("projector", fail)
+	elapsed, waitErr := b.waitDrained(ctx, data.source, rs.groups(), data.lastID, t0, fail)
+	use := m.Stop()
+	if waitErr == nil {
+		// What a caught-up service holds: once its group is quiet the projector lets go of the
+		// markers of its last batches (within a few checkpoint intervals).
+		waitErr = b.waitMarkersSwept(ctx, keys)
+	}
+	stopErr := rs.stop()
+	if waitErr != nil {
+		return PhaseResult{}, waitErr
+	}
+	// The projector's connections are gone before used_memory is read again: their buffers are
+	// not what is measured.
+	if err := b.waitClients(ctx, clients0); err != nil {
+		return PhaseResult{}, err
+	}
+	if err := b.waitLazyFree(ctx); err != nil {
+		return PhaseResult{}, err
+	}
+	after, err := b.usedMemory(ctx)
+	if err != nil {
+		return PhaseResult{}, err
+	}
+	mr := MemoryResult{Events: n, Checkins: data.want.distinct(), Users: len(data.want.users), Locations: len(data.want.locs),
+		UsedMemoryBefore: before, UsedMemoryAfter: after, DrainSeconds: elapsed.Seconds(), DrainRate: float64(n) / elapsed.Seconds()}
+	if err := b.memoryBreakdown(ctx, keys, &mr); err != nil {
+		return PhaseResult{}, err
+	}
+	mr.StreamUsedMemory = withStream - before
+	mr.ProjectionBytes = after - withStream - mr.IdempotencyBytes - mr.PoisonBytes
+	mr.BytesPerCheckin = float64(mr.ProjectionBytes) / float64(mr.Checkins)
+	mr.PerKeyBytesPerCheckin = float64(mr.PerKeyBytes) / float64(mr.Checkins)
+	mr.Figure = FigureUsedMemory
+	if !b.redis.private {
+		mr.Figure = FigurePerKey
+	}
+
+	r := PhaseResult{Phase: PhaseMemory, Count: int64(n), Seconds: elapsed.Seconds(), Unit: "B/checkin",
+		Throughput: mr.figure(), Memory: &mr}
+	use.fill(&r)
+	r.Note = fmt.Sprintf("N=%d events (%d distinct check-ins, %d users, %d locations): projection memory %s = used_memory after the drain - used_memory with the stream loaded (the stream added %s; MEMORY USAGE says %s) - idempotency %s - poison %s; per-key sum %s (%.0f B/check-in); drained in %.1fs (%.0f events/s)",
+		n, mr.Checkins, mr.Users, mr.Locations, fmtSize(mr.ProjectionBytes), fmtSize(mr.StreamUsedMemory), fmtSize(mr.StreamBytes),
+		fmtSize(mr.IdempotencyBytes), fmtSize(mr.PoisonBytes), fmtSize(mr.PerKeyBytes), mr.PerKeyBytesPerCheckin,
+		mr.DrainSeconds, mr.DrainRate)
+	for _, p := range prior {
+		if p.Phase == PhaseMemory && p.Memory != nil && 2*p.Memory.Events == n && p.Memory.figureBytes() > 0 {
+			g := (float64(mr.figureBytes())/float64(p.Memory.figureBytes()) - 1) * 100
+			mr.GrowthPct = &g
+			r.Note += fmt.Sprintf("; growth from N=%d: %+.0f%% (by %s)", p.Memory.Events, g, mr.Figure)
+		}
+	}
+
+	ok, detail, err := b.verifyReadModels(ctx, keys, data.want)
+	if err != nil {
+		return PhaseResult{}, fmt.Errorf("verify read models: %w", err)
+	}
+	if stopErr != nil {
+		ok, detail = false, strings.TrimPrefix(detail+"; ", "; ")+"stopping the projector failed: "+stopErr.Error()
+	}
+	r.Check, r.CheckDetail = CheckOK, detail
+	if !ok {
+		r.Check = CheckMismatch
+	}
+	return r, nil
+}
+
+func (m *MemoryResult) figureBytes() int64 {
+	if m.Figure == FigurePerKey {
+		return m.PerKeyBytes
+	}
+	return m.ProjectionBytes
+}
+
+func (m *MemoryResult) figure() float64 { return float64(m.figureBytes()) / float64(m.Checkins) }
+
+// preloadHistory writes n entries as the publisher does (FlatMarshaller over the event's Fields)
+// with explicit IDs spread evenly over the 30 days ending now, recordedAt being the entry's
+// time and the check-in's timestamp up to 10 minutes before it. One entry in a hundred
+// republishes a recent check-in unchanged, as a retried publish would.
+func (b *bencher) preloadHistory(ctx context.Context, keys adapters.KeySpace, n int) (*drainData, error) {
+	start := time.Now()
+	d := &drainData{source: keys.Stream(), entries: n, want: newExpectedModel()}
+	rng := rand.New(rand.NewPCG(uint64(n), 13)) // #nosec G115 G404 -- a reproducible load generator's seed, not a secret
+	end := time.Now().UnixMilli()
+	span := memoryHistory.Milliseconds()
+	from := end - span
+	recent := make([]domain.CheckinRecorded, 0, 1000)
+	var lastMs, seq int64
+	fresh := 0 // check-ins written so far, republished copies not counted
+	const batch = 1000
+	for lo := 0; lo < n; lo += batch {
+		pipe := b.admin.Pipeline()
+		for i := lo; i < min(lo+batch, n); i++ {
+			ms := from + (int64(i)+1)*span/int64(n)
+			if ms == lastMs {
+				seq++
+			} else {
+				lastMs, seq = ms, 0
+			}
+			var ev domain.CheckinRecorded
+			if i%100 == 99 && len(recent) > 0 {
+				ev = recent[rng.IntN(len(recent))]
+			} else {
+				// IDs of a fixed width, as the API's UUIDs: N and 2N differ only in how many.
+				ev = domain.CheckinRecorded{Checkin: domain.Checkin{
+					ID: fmt.Sprintf("%s-e%08d", keys.Prefix, i), UserID: 1 + rng.Int64N(memoryUsers), LocationID: 1 + rng.Int64N(memoryLocations),
+					StarRating: rng.IntN(domain.MaxStarRating + 1), Timestamp: ms - rng.Int64N(10*60*1000+1),
+				}, RecordedAt: ms}
+				if len(recent) < cap(recent) {
+					recent = append(recent, ev)
+				} else {
+					recent[fresh%cap(recent)] = ev // a ring: the last thousand check-ins
+				}
+				fresh++
+			}
+			d.want.addEvent(ev)
+			msg, err := adapters.NewEventMessage(ev.Fields(), b.runID+"-memory")
+			if err != nil {
+				return nil, err
+			}
+			values, err := adapters.FlatMarshaller{}.Marshal(d.source, msg)
+			if err != nil {
+				return nil, err
+			}
+			d.lastID = strconv.FormatInt(ms, 10) + "-" + strconv.FormatInt(seq, 10)
+			pipe.XAdd(ctx, &redis.XAddArgs{Stream: d.source, ID: d.lastID, Values: values})
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return nil, fmt.Errorf("XADD to %s: %w", d.source, err)
+		}
+	}
+	b.progress("memory: preloaded %d events over the last 30 days (%d users, %d locations, 1%% republished) in %.1fs",
+		n, len(d.want.users), len(d.want.locs), time.Since(start).Seconds())
+	return d, nil
+}
+
+// memoryBreakdown sizes every key of the run with MEMORY USAGE (SAMPLES 0: exact), grouped by
+// owner and kind, and fills the stream, idempotency and poison figures and the per-key sum.
+func (b *bencher) memoryBreakdown(ctx context.Context, keys adapters.KeySpace, mr *MemoryResult) error {
+	prefixes := map[string]string{} // projection key prefix -> name
+	versions := adapters.NewProjectionVersions(b.admin, keys)
+	for _, p := range b.host.Projections(b.cfg) {
+		v, err := versions.Current(ctx, p.Name())
+		if err != nil {
+			return err
+		}
+		prefixes[keys.ProjectionPrefix(p.Name(), v)] = p.Name()
+	}
+	groups := map[[2]string]*MemoryKeyGroup{}
+	err := scanKeys(ctx, b, keys.Prefix+":*", func(ks []string) error {
+		pipe := b.admin.Pipeline()
+		cmds := make([]*redis.IntCmd, len(ks))
+		for i, k := range ks {
+			cmds[i] = pipe.MemoryUsage(ctx, k, 0)
+		}
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return fmt.Errorf("MEMORY USAGE: %w", err)
+		}
+		for i, k := range ks {
+			size, err := cmds[i].Result()
+			if errors.Is(err, redis.Nil) {
+				continue // deleted meanwhile
+			}
+			if err != nil {
+				return fmt.Errorf("MEMORY USAGE %s: %w", k, err)
+			}
+			owner, kind := keyOwner(keys, prefixes, k)
+			switch owner {
+			case "stream":
+				mr.StreamBytes += size
+			case "idempotency":
+				mr.IdempotencyBytes += size
+			case "poison":
+				mr.PoisonBytes += size
+			default:
+				mr.PerKeyBytes += size
+			}
+			g := groups[[2]string{owner, kind}]
+			if g == nil {
+				g = &MemoryKeyGroup{Owner: owner, Kind: kind, Bookkeeping: owner == "dedupe" || slices.Contains(bookkeepingKeyNames(), kind)}
+				groups[[2]string{owner, kind}] = g
+			}
+			g.Keys++
+			g.Bytes += size
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, g := range groups {
+		mr.Breakdown = append(mr.Breakdown, *g)
+	}
+	slices.SortFunc(mr.Breakdown, func(a, b MemoryKeyGroup) int {
+		return cmp.Or(cmp.Compare(a.Owner, b.Owner), cmp.Compare(b.Bytes, a.Bytes), cmp.Compare(a.Kind, b.Kind))
+	})
+	return nil
+}
+
+// keyOwner names what a key of the run belongs to and its kind (its last segment).
+func keyOwner(keys adapters.KeySpace, projections map[string]string, k string) (owner, kind string) {
+	switch {
+	case k == keys.Stream():
+		return "stream", "events"
+	case k == keys.PoisonStream():
+		return "poison", "poison"
+	case strings.HasPrefix(k, keys.IdempotencyPrefix()), k == keys.IdempotencyScopedSince():
+		return "idempotency", "idem"
+	case k == keys.Projections():
+		return "registry", "projections"
+	case strings.HasPrefix(k, keys.Prefix+":dedupe:"):
+		return "dedupe", "window" // the check-ins counted in the last DEDUPE_WINDOW, per user
+	case strings.HasPrefix(k, keys.Prefix+":applied:"):
+		return "dedupe", "markers" // what each group applied and may deliver again
+	}
+	kind = k[strings.LastIndexByte(k, ':')+1:]
+	for prefix, name := range projections {
+		if strings.HasPrefix(k, prefix) {
+			return name, kind
+		}
+	}
+	return "other", kind
+}
+
+// usedMemory is INFO memory used_memory.
+func (b *bencher) usedMemory(ctx context.Context) (int64, error) {
+	info, err := b.admin.Info(ctx, "memory").Result()
+	if err != nil {
+		return 0, fmt.Errorf("INFO memory: %w", err)
+	}
+	n, err := strconv.ParseInt(InfoField(info, "used_memory"), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("INFO memory used_memory: %w", err)
+	}
+	return n, nil
+}
+
+// waitLazyFree waits until Redis has freed what UNLINK handed to its background thread, so that
+// used_memory is not still shrinking from an earlier phase.
+func (b *bencher) waitLazyFree(ctx context.Context) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		info, err := b.admin.Info(ctx, "memory").Result()
+		if err != nil {
+			return fmt.Errorf("INFO memory: %w", err)
+		}
+		if v := InfoField(info, "lazyfree_pending_objects"); v == "0" || v == "unknown" || time.Now().After(deadline) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func (b *bencher) connectedClients(ctx context.Context) (int64, error) {
+	info, err := b.admin.Info(ctx, "clients").Result()
+	if err != nil {
+		return 0, fmt.Errorf("INFO clients: %w", err)
+	}
+	n, _ := strconv.ParseInt(InfoField(info, "connected_clients"), 10, 64)
+	return n, nil
+}
+
+// waitClients waits (up to 2s: on a shared Redis others come and go) until no more clients are
+// connected than want.
+func (b *bencher) waitClients(ctx context.Context, want int64) error {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		n, err := b.connectedClients(ctx)
+		if err != nil {
+			return err
+		}
+		if n <= want || time.Now().After(deadline) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// fmtSize is a byte count for people: B, KiB or MiB.
+func fmtSize(n int64) string {
+	a := n
+	if a < 0 {
+		a = -a
+	}
+	switch {
+	case a < 10<<10:
+		return fmt.Sprintf("%d B", n)
+	case a < 10<<20:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	default:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	}
+}
+
+// waitMarkersSwept waits until no marker set of the run holds anything (at most 5s).
+func (b *bencher) waitMarkersSwept(ctx context.Context, keys adapters.KeySpace) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var total int64
+		iter := b.admin.Scan(ctx, 0, keys.Prefix+":applied:*", 1000).Iterator()
+		for iter.Next(ctx) {
+			n, err := b.admin.ZCard(ctx, iter.Val()).Result()
+			if err != nil {
+				return err
+			}
+			total += n
+		}
+		if err := iter.Err(); err != nil {
+			return err
+		}
+		if total == 0 || time.Now().After(deadline) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

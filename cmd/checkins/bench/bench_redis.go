@@ -1,0 +1,147 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// benchRedis is the Redis the bench runs against: REDIS_URL, or a private server it owns.
+type benchRedis struct {
+	url     string
+	version string
+	private bool
+	cmd     *exec.Cmd
+	waited  chan struct{}
+	dir     string
+}
+
+// openBenchRedis uses redisURL when set; otherwise it starts a private redis-server without
+// persistence, so nothing on disk slows the figures down and nothing is left behind.
+func openBenchRedis(ctx context.Context, redisURL, runID string, log *slog.Logger, redact func(string) string) (*benchRedis, error) {
+	r := &benchRedis{url: redisURL}
+	if redisURL == "" {
+		if err := r.startPrivate(ctx, runID); err != nil {
+			return nil, err
+		}
+	}
+	opt, err := redis.ParseURL(r.url)
+	if err != nil {
+		r.close(log)
+		return nil, fmt.Errorf("REDIS_URL: %w", err)
+	}
+	c := redis.NewClient(opt)
+	defer c.Close()
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		r.close(log)
+		return nil, fmt.Errorf("redis at %s does not answer INFO: %w", redact(r.url), err)
+	}
+	r.version = InfoField(info, "redis_version")
+	return r, nil
+}
+
+func (r *benchRedis) startPrivate(ctx context.Context, runID string) error {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return fmt.Errorf("REDIS_URL is not set and redis-server is not in PATH: install Redis 7 (apt-get install redis-server) or set REDIS_URL")
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	if r.dir, err = os.MkdirTemp("", runID+"-redis-"); err != nil {
+		return fmt.Errorf("private redis-server: %w", err)
+	}
+	// #nosec G204 -- redis-server from PATH, with arguments this bench builds
+	r.cmd = exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", r.dir,
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", filepath.Join(r.dir, "redis.log"))
+	r.cmd.SysProcAttr = childProcAttr()
+	if err := r.cmd.Start(); err != nil {
+		_ = os.RemoveAll(r.dir)
+		return fmt.Errorf("start redis-server: %w", err)
+	}
+	r.private = true
+	r.waited = make(chan struct{})
+	go func() { _ = r.cmd.Wait(); close(r.waited) }()
+	r.url = fmt.Sprintf("redis://127.0.0.1:%d/0", port)
+	c := redis.NewClient(&redis.Options{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := c.Ping(ctx).Err()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-r.waited:
+			logText, _ := os.ReadFile(filepath.Join(r.dir, "redis.log"))
+			r.close(nil)
+			return fmt.Errorf("private redis-server exited at start: %s", strings.TrimSpace(string(logText)))
+		default:
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			r.close(nil)
+			return fmt.Errorf("private redis-server on port %d did not answer within 10s: %w", port, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// close kills the private server (it holds nothing worth keeping) and removes its directory.
+func (r *benchRedis) close(log *slog.Logger) {
+	if !r.private || r.cmd == nil || r.cmd.Process == nil {
+		return
+	}
+	_ = r.cmd.Process.Kill()
+	select {
+	case <-r.waited:
+	case <-time.After(10 * time.Second):
+		if log != nil {
+			log.Warn("bench: private redis-server did not exit after SIGKILL", "pid", r.cmd.Process.Pid)
+		}
+	}
+	_ = os.RemoveAll(r.dir) // #nosec G703 -- the directory os.MkdirTemp made for this server
+	r.cmd = nil
+}
+
+func (r *benchRedis) describe() string {
+	if r.private {
+		return "private redis-server, no persistence"
+	}
+	u, err := url.Parse(r.url)
+	if err != nil {
+		return "REDIS_URL"
+	}
+	return "REDIS_URL " + u.Scheme + "://" + u.Host
+}
+
+func InfoField(info, name string) string {
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), name+":"); ok {
+			return v
+		}
+	}
+	return "unknown"
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

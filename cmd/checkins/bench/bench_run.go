@@ -1,0 +1,491 @@
+package bench
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/app/command"
+)
+
+// BenchResult is the machine-readable outcome of `checkins bench --json`.
+type BenchResult struct {
+	Machine  BenchMachine  `json:"machine"`
+	Settings BenchSettings `json:"settings"`
+	Phases   []PhaseResult `json:"phases"`
+	Seconds  float64       `json:"seconds"`
+}
+
+// BenchMachine says where the figures come from.
+type BenchMachine struct {
+	NumCPU       int    `json:"nproc"`
+	GOMAXPROCS   int    `json:"gomaxprocs"`
+	GoVersion    string `json:"go_version"`
+	OS           string `json:"os"`
+	RedisVersion string `json:"redis_version"`
+	Redis        string `json:"redis"`
+	Hostname     string `json:"hostname"`
+	StartedAt    string `json:"started_at"`
+}
+
+// BenchSettings echo what was run.
+type BenchSettings struct {
+	Phases       []string `json:"phases"`
+	Projections  []string `json:"projections"`
+	DurationSec  float64  `json:"duration_seconds"`
+	Clients      int      `json:"clients"`
+	Events       int      `json:"events"`
+	Consumers    []int    `json:"consumers"`
+	Rate         float64  `json:"rate"`
+	MemoryEvents int      `json:"memory_events"`
+	Target       string   `json:"target,omitempty"`
+	Subscriber   string   `json:"subscriber"`
+	BatchSize    int      `json:"batch_size"`
+	MaxInFlight  int      `json:"max_in_flight"`
+	AuthMode     string   `json:"auth_mode"`       // the in-process services' AUTH_MODE; off: no tokens sent
+	RateLimitUse string   `json:"rate_limit_user"` // RATE_LIMIT_USER of the in-process services
+}
+
+// PhaseResult is one row of the table.
+type PhaseResult struct {
+	Phase     string `json:"phase"`
+	Consumers int    `json:"consumers,omitempty"` // per projection, drain phases only
+	// Count is what the throughput counts: 2xx answers (ingest, sustained, e2e), stream entries
+	// fully processed by every projection (drain) or the events written (memory, whose
+	// throughput is bytes per distinct check-in).
+	Count       int64            `json:"count"`
+	Seconds     float64          `json:"seconds"`
+	Throughput  float64          `json:"throughput"`
+	Unit        string           `json:"unit"`
+	Latency     *LatencySummary  `json:"latency_ms,omitempty"`      // request latency; e2e: 202 -> visible
+	PostLatency *LatencySummary  `json:"post_latency_ms,omitempty"` // e2e: the POSTs themselves
+	Errors      map[string]int64 `json:"errors,omitempty"`          // by HTTP status, or "transport"
+	Check       string           `json:"check"`                     // OK, MISMATCH or SKIPPED
+	CheckDetail string           `json:"check_detail,omitempty"`
+	PeakRSS     uint64           `json:"peak_rss_bytes"`
+	PeakHeap    uint64           `json:"peak_heap_bytes"`
+	// CPU time used during the phase by this process (service, load and baselines alike) and
+	// by Redis (INFO cpu); over Seconds, the cores each kept busy.
+	CPUSeconds      float64 `json:"cpu_seconds"`
+	RedisCPUSeconds float64 `json:"redis_cpu_seconds"`
+	// VsBaseline is this phase's throughput over its baseline's in the same run (ingest, drain;
+	// sustained: over ingest-baseline).
+	VsBaseline *float64       `json:"vs_baseline,omitempty"`
+	Backlog    *BacklogResult `json:"backlog,omitempty"` // sustained
+	Memory     *MemoryResult  `json:"memory,omitempty"`  // memory
+	Note       string         `json:"note,omitempty"`
+}
+
+// BacklogResult is what the projections still owed when the sustained load stopped.
+type BacklogResult struct {
+	// EntriesBehind is the most any one group owed: entries not yet delivered plus pending.
+	EntriesBehind int64                   `json:"entries_behind"`
+	Groups        map[string]GroupBacklog `json:"groups"`
+	// DrainSeconds is how long after the load stopped the last group caught up.
+	DrainSeconds float64 `json:"drain_seconds"`
+}
+
+// GroupBacklog is one consumer group's share of the backlog.
+type GroupBacklog struct {
+	Undelivered int64 `json:"undelivered"`
+	Pending     int64 `json:"pending"`
+}
+
+// Check outcomes.
+const (
+	CheckOK       = "OK"
+	CheckMismatch = "MISMATCH"
+	CheckSkipped  = "SKIPPED"
+)
+
+// bencher holds what every phase shares: Redis, the config for in-process services, the run ID.
+type bencher struct {
+	host  Host
+	cfg   Config
+	opts  benchOptions
+	log   *slog.Logger
+	out   io.Writer // progress lines
+	redis *benchRedis
+	runID string
+	admin *redis.Client // setup, checks and polling; never measured
+	// reads serves the projections' own read paths (adapters.ProjectionReader) for the checks:
+	// its commands go through readPipe, so many concurrent reads share round trips.
+	reads     *redis.Client
+	readPipe  *adapters.AutoPipeline
+	readPipeC *redis.Client
+	closed    bool
+	tokens    *benchTokens // one per user, for the load generator
+}
+
+func newBencher(ctx context.Context, h Host, cfg Config, opts benchOptions, log *slog.Logger, progress io.Writer) (*bencher, error) {
+	id := make([]byte, 4)
+	if _, err := rand.Read(id); err != nil {
+		return nil, err
+	}
+	b := &bencher{host: h, cfg: cfg, opts: opts, log: log, out: progress, runID: "bench-" + hex.EncodeToString(id)}
+	var err error
+	if b.tokens, err = newBenchTokens(h, cfg); err != nil {
+		return nil, err
+	}
+	r, err := openBenchRedis(ctx, cfg.RedisURL, b.runID, log, h.Redact)
+	if err != nil {
+		return nil, err
+	}
+	b.redis = r
+	opts30s := adapters.ClientOptions{URL: r.url, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, PoolSize: 8}
+	if b.admin, err = adapters.NewRedisClient(opts30s); err != nil {
+		r.close(log)
+		return nil, err
+	}
+	if b.readPipeC, err = adapters.NewRedisClient(opts30s); err != nil {
+		_ = b.admin.Close()
+		r.close(log)
+		return nil, err
+	}
+	b.readPipe = adapters.NewAutoPipeline(b.readPipeC, 256, 2)
+	if b.reads, err = adapters.NewRedisClient(opts30s); err != nil {
+		_ = b.readPipe.Close()
+		_ = b.readPipeC.Close()
+		_ = b.admin.Close()
+		r.close(log)
+		return nil, err
+	}
+	b.reads.AddHook(b.readPipe.Hook())
+	return b, nil
+}
+
+// close removes what the run left: its keys on a shared Redis, or the private server.
+func (b *bencher) close() {
+	if b.closed {
+		return
+	}
+	b.closed = true
+	if !b.redis.private {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if n, err := deleteKeys(ctx, b.admin, b.runID+"-*"); err != nil {
+			b.log.Error("bench: could not delete its keys", "pattern", b.runID+"-*", "error", err)
+		} else {
+			b.progress("deleted %d keys under %s-*", n, b.runID)
+		}
+	}
+	_ = b.reads.Close()
+	_ = b.readPipe.Close()
+	_ = b.readPipeC.Close()
+	_ = b.admin.Close()
+	b.redis.close(b.log)
+}
+
+func (b *bencher) progress(format string, args ...any) {
+	fmt.Fprintf(b.out, "bench: "+format+"\n", args...)
+}
+
+// prefix is a KEY_PREFIX of this run; every key the service writes starts with it and ":".
+func (b *bencher) prefix(part string) string { return b.runID + "-" + part }
+
+func (b *bencher) run(ctx context.Context) (BenchResult, error) {
+	start := time.Now()
+	host, _ := os.Hostname()
+	res := BenchResult{
+		Machine: BenchMachine{NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(),
+			OS: runtime.GOOS + "/" + runtime.GOARCH, RedisVersion: b.redis.version, Redis: b.redis.describe(),
+			Hostname: host, StartedAt: start.UTC().Format(time.RFC3339)},
+		Settings: BenchSettings{Phases: b.opts.Phases, Projections: b.opts.Projections, DurationSec: b.opts.Duration.Seconds(),
+			Clients: b.opts.Clients, Events: b.opts.Events, Consumers: b.opts.Consumers, Rate: b.opts.Rate,
+			MemoryEvents: b.opts.MemoryEvents, Target: b.opts.Target,
+			Subscriber: b.cfg.Subscriber, BatchSize: b.cfg.BatchSize, MaxInFlight: b.cfg.MaxInFlight,
+			AuthMode: b.cfg.AuthMode, RateLimitUse: b.cfg.RateLimitUser.String()},
+	}
+	b.progress("%s", machineLine(res))
+	want := map[string]bool{}
+	for _, p := range b.opts.Phases {
+		want[p] = true
+	}
+	add := func(r PhaseResult) {
+		res.Phases = append(res.Phases, r)
+		b.progress("%s", progressLine(r))
+	}
+	finish := func(res BenchResult) BenchResult {
+		// The table reads ours then baseline per consumer count, whatever order they ran in.
+		slices.SortStableFunc(res.Phases, func(a, b PhaseResult) int {
+			return cmp.Or(cmp.Compare(phaseRank(a.Phase), phaseRank(b.Phase)), cmp.Compare(a.Consumers, b.Consumers),
+				cmp.Compare(slices.Index(PhaseOrder(), a.Phase), slices.Index(PhaseOrder(), b.Phase)))
+		})
+		res = withRatios(res)
+		res.Seconds = time.Since(start).Seconds()
+		return res
+	}
+
+	if want[PhaseIngest] || want[PhaseIngestBaseline] {
+		rs, err := b.phaseIngestPair(ctx, want[PhaseIngest], want[PhaseIngestBaseline])
+		if err != nil {
+			return finish(res), fmt.Errorf("ingest: %w", err)
+		}
+		for _, r := range rs {
+			add(r)
+		}
+	}
+	if want[PhaseSustained] {
+		r, err := b.PhaseSustained(ctx)
+		if err != nil {
+			return finish(res), fmt.Errorf("%s: %w", PhaseSustained, err)
+		}
+		add(r)
+	}
+	if want[PhaseDrain] || want[PhaseDrainBaseline] {
+		data, err := b.preload(ctx)
+		if err != nil {
+			return finish(res), fmt.Errorf("drain preload: %w", err)
+		}
+		// Ours and the baseline run back to back for each consumer count, first one then the
+		// other going first, so drift in the machine's load (it is shared) does not always favour
+		// the same side of the ratios.
+		for i, k := range b.opts.Consumers {
+			order := []string{PhaseDrain, PhaseDrainBaseline}
+			if i%2 == 1 {
+				order = []string{PhaseDrainBaseline, PhaseDrain}
+			}
+			for _, p := range order {
+				if !want[p] {
+					continue
+				}
+				r, err := b.PhaseDrain(ctx, data, k, p == PhaseDrainBaseline)
+				if err != nil {
+					return finish(res), fmt.Errorf("%s with %d consumers: %w", p, k, err)
+				}
+				add(r)
+			}
+		}
+	}
+	if want[PhaseE2E] {
+		r, err := b.PhaseE2E(ctx)
+		if err != nil {
+			return finish(res), fmt.Errorf("%s: %w", PhaseE2E, err)
+		}
+		add(r)
+	}
+	if want[PhaseMemory] {
+		for _, n := range []int{b.opts.MemoryEvents, 2 * b.opts.MemoryEvents} {
+			r, err := b.PhaseMemory(ctx, n, res.Phases)
+			if err != nil {
+				return finish(res), fmt.Errorf("%s with %d events: %w", PhaseMemory, n, err)
+			}
+			add(r)
+		}
+	}
+	res = finish(res)
+	for _, r := range res.Phases {
+		if r.Check == CheckMismatch {
+			return res, fmt.Errorf("%s check failed: %s", r.Phase, r.CheckDetail)
+		}
+	}
+	return res, nil
+}
+
+// phaseRank groups a phase with its baseline.
+func phaseRank(phase string) int {
+	return slices.Index(PhaseOrder(), strings.TrimSuffix(phase, "-baseline"))
+}
+
+// withRatios fills the ours/baseline ratios. Sustained has no baseline of its own: what it is
+// held against is the bare XADD handler, ingest-baseline.
+func withRatios(res BenchResult) BenchResult {
+	base := map[string]float64{}
+	for _, r := range res.Phases {
+		if strings.HasSuffix(r.Phase, "-baseline") {
+			base[fmt.Sprintf("%s/%d", strings.TrimSuffix(r.Phase, "-baseline"), r.Consumers)] = r.Throughput
+		}
+	}
+	if b, ok := base[PhaseIngest+"/0"]; ok {
+		base[PhaseSustained+"/0"] = b
+	}
+	for i, r := range res.Phases {
+		if b, ok := base[fmt.Sprintf("%s/%d", r.Phase, r.Consumers)]; ok && b > 0 {
+			ratio := r.Throughput / b
+			res.Phases[i].VsBaseline = &ratio
+		}
+	}
+	return res
+}
+
+// runningService is an in-process Service serving on a loopback port.
+type runningService struct {
+	svc    Service
+	addr   string
+	cancel context.CancelFunc
+	exited chan struct{} // closed when Run returned; err is then set
+	err    error
+	// stopping is set once the bench asked it to stop; an exit before that is a failure.
+	stopping atomic.Bool
+}
+
+// newService builds (but does not run) a Service of the configured kind under prefix.
+func (b *bencher) newService(ctx context.Context, prefix string, mode Mode, consumer string) (*runningService, error) {
+	cfg := b.cfg
+	cfg.RedisURL = b.redis.url
+	cfg.KeyPrefix = prefix
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.OpsAddr = cfg.HTTPAddr // one port: ops routes must not need a fixed port of their own
+	// The load generator is one address: a per-address limit would measure the limiter.
+	cfg.RateLimitIP = command.RateLimit{}
+	cfg.ConsumerName = consumer
+	// With every projection selected the service gets no list, as serve ships: it may name
+	// things differently for an explicit list.
+	cfg.Projections = nil
+	if !b.opts.AllProjections {
+		cfg.Projections = b.opts.Projections
+	}
+	// Trimming would break the stream-length and drain checks, and is not what is measured.
+	cfg.Retention = command.RetentionPolicy{}
+	svc, err := b.host.NewService(ctx, cfg, mode, b.log)
+	if err != nil {
+		return nil, err
+	}
+	addr, err := svc.Listen()
+	if err != nil {
+		svc.Close()
+		return nil, err
+	}
+	return &runningService{svc: svc, addr: addr.String()}, nil
+}
+
+func (s *runningService) start(ctx context.Context) {
+	rctx, cancel := context.WithCancel(ctx)
+	s.cancel, s.exited = cancel, make(chan struct{})
+	go func() {
+		s.err = s.svc.Run(rctx)
+		close(s.exited)
+	}()
+}
+
+// stop shuts the service down gracefully and returns what Run returned.
+func (s *runningService) stop() error {
+	s.stopping.Store(true)
+	if s.cancel == nil {
+		s.svc.Close()
+		return nil
+	}
+	s.cancel()
+	<-s.exited
+	return s.err
+}
+
+// groups are the consumer groups the service's projection router feeds.
+func (s *runningService) groups() []string {
+	return s.svc.Groups()
+}
+
+// watch sends to fail when the service stops before the bench asked it to.
+func (s *runningService) watch(what string, fail chan<- error) {
+	go func() {
+		<-s.exited
+		if !s.stopping.Load() {
+			select {
+			case fail <- fmt.Errorf("%s %s stopped on its own: %v", what, s.addr, s.err):
+			default:
+			}
+		}
+	}()
+}
+
+// waitReady waits until the service reports ready (Redis answers, the projection router
+// consumes), asking it directly so that the wait leaves no 503s in its logs.
+func (s *runningService) waitReady(ctx context.Context) error {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		err := s.svc.Ready(ctx)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("service not ready within 15s: %w", err)
+		}
+		select {
+		case <-s.exited:
+			return fmt.Errorf("service stopped while starting: %v", s.err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// waitHTTP waits until GET path answers 200.
+func (s *runningService) waitHTTP(ctx context.Context, path string) error {
+	deadline := time.Now().Add(15 * time.Second)
+	c := &http.Client{Timeout: time.Second}
+	defer c.CloseIdleConnections()
+	var last string
+	for time.Now().Before(deadline) {
+		// #nosec G704 -- the service this bench started on loopback
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.addr+path, nil)
+		resp, err := c.Do(req) // #nosec G704 -- the same
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			last = resp.Status
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-s.exited:
+			return fmt.Errorf("service stopped while starting: %v", s.err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("http://%s%s did not answer 200 within 15s (last: %s)", s.addr, path, last)
+}
+
+// deleteKeys UNLINKs every key matching pattern; it returns how many.
+func deleteKeys(ctx context.Context, c *redis.Client, pattern string) (int, error) {
+	var cursor uint64
+	n := 0
+	for {
+		keys, next, err := c.Scan(ctx, cursor, pattern, 2000).Result()
+		if err != nil {
+			return n, fmt.Errorf("scan %s: %w", pattern, err)
+		}
+		if len(keys) > 0 {
+			if err := c.Unlink(ctx, keys...).Err(); err != nil {
+				return n, fmt.Errorf("unlink: %w", err)
+			}
+			n += len(keys)
+		}
+		if cursor = next; cursor == 0 {
+			return n, nil
+		}
+	}
+}
+
+// freeLoopbackListener binds 127.0.0.1:0 for a baseline server.
+func freeLoopbackListener() (net.Listener, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("listen on loopback: %w", err)
+	}
+	return l, nil
+}
+
+// errStalled is returned when a drain stops making progress.
+var errStalled = errors.New("no progress")

@@ -1,0 +1,131 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
+	"github.com/checkins/checkins/ports"
+)
+
+// testHost stands in for the binary where a test needs only its projections (the whole bench
+// runs through the binary in cmd/checkins/bench_test.go): the shipped ones, with the default
+// LEADERBOARD_MIN_CHECKINS.
+func testHost() Host {
+	shipped := func(Config) []projection.Projection {
+		return []projection.Projection{projection.UserStats{}, projection.LocationStats{}, projection.Leaderboards{MinCheckins: 5},
+			projection.RecentCheckins{}, projection.DailyCheckins{}}
+	}
+	return Host{Projections: shipped, NewLogger: func(w io.Writer, level slog.Level) *slog.Logger {
+		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+	}, Redact: func(s string) string { return s }, TokenIssuer: func(Config) (*ports.TokenIssuer, error) { return nil, nil }}
+}
+
+func TestBenchSelection(t *testing.T) {
+	t.Parallel()
+	all := ProjectionNames(testHost().Projections(Config{}))
+	reversed := slices.Clone(all)
+	slices.Reverse(reversed)
+	for _, tc := range []struct {
+		name    string
+		given   []string
+		want    []string
+		wantAll bool
+	}{
+		{"default", nil, all, true},
+		{"every one, reordered", reversed, all, true},
+		{"subset", []string{"locations", "users", "users"}, []string{"users", "locations"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got, gotAll, err := benchSelection(testHost(), Config{Projections: tc.given})
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+			assert.Equal(t, tc.wantAll, gotAll)
+		})
+	}
+}
+
+// The read-model check finds a difference in any projection, refuses an entity no check-in
+// mentions, and ignores dedupe keys wherever they are.
+func TestBenchVerifyFindsDifferences(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	ctx := context.Background()
+	h := testHost()
+	cfg := Config{RedisURL: srv.URL(), LogLevel: slog.LevelWarn}
+	opts := benchOptions{Projections: ProjectionNames(h.Projections(cfg)), AllProjections: true}
+	b, err := newBencher(ctx, h, cfg, opts, h.NewLogger(io.Discard, slog.LevelWarn), io.Discard)
+	require.NoError(t, err)
+	t.Cleanup(b.close)
+	client := redistest.Client(t, srv.URL())
+
+	now := time.Now().UnixMilli()
+	var checkins []domain.Checkin
+	for i := range 300 {
+		checkins = append(checkins, domain.Checkin{ID: fmt.Sprintf("c%d", i), UserID: 1 + int64(i%7), LocationID: 1 + int64(i%11),
+			StarRating: i % 6, Timestamp: now - int64(i)*3_600_000})
+	}
+	apply := func(t *testing.T, keys adapters.KeySpace, cs ...domain.Checkin) {
+		t.Helper()
+		applier, err := adapters.NewProjectionApplier(client, keys, 0)
+		require.NoError(t, err)
+		for _, p := range h.Projections(cfg) {
+			for _, c := range cs {
+				_, err := applier.ApplyEvent(ctx, "test."+p.Name(), p, 1, domain.CheckinRecorded{Checkin: c, RecordedAt: now}, "")
+				require.NoError(t, err)
+			}
+		}
+	}
+	model := func(cs ...domain.Checkin) *expectedModel {
+		m := newExpectedModel()
+		for _, c := range cs {
+			m.add(c)
+		}
+		return m
+	}
+
+	keys := adapters.KeySpace{Prefix: "same"}
+	apply(t, keys, checkins...)
+	apply(t, keys, checkins[:10]...) // redelivered: counted once
+	ok, detail, err := b.verifyReadModels(ctx, keys, model(append(checkins, checkins[:3]...)...))
+	require.NoError(t, err)
+	assert.True(t, ok, detail)
+	// A dedupe key in a slot no check-in names is bookkeeping, not an entity.
+	require.NoError(t, client.SAdd(ctx, keys.ProjectionKey("users", 1, "p:7", "seen"), "x").Err())
+	ok, detail, err = b.verifyReadModels(ctx, keys, model(checkins...))
+	require.NoError(t, err)
+	assert.True(t, ok, detail)
+
+	for name, tc := range map[string]struct {
+		applied []domain.Checkin
+		want    []string
+	}{
+		"a check-in the model lacks": {append(slices.Clone(checkins), domain.Checkin{ID: "late", UserID: 3, LocationID: 4, StarRating: 5, Timestamp: now}),
+			[]string{"user 3: numCheckins/lastCheckin/lastSeenAt", "location 4:", "recent check-ins of user 3", "daily check-ins of location 4", "leaderboard of"}},
+		"a user nobody checked in as": {append(slices.Clone(checkins), domain.Checkin{ID: "ghost", UserID: 99, LocationID: 1, Timestamp: now}),
+			[]string{"unexpected users entity user:99", "unexpected recent_checkins entity user:99", "leaderboards "}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			keys := adapters.KeySpace{Prefix: strings.ReplaceAll(name, " ", "-")}
+			apply(t, keys, tc.applied...)
+			ok, detail, err := b.verifyReadModels(ctx, keys, model(checkins...))
+			require.NoError(t, err)
+			assert.False(t, ok)
+			for _, w := range tc.want {
+				assert.Contains(t, detail, w)
+			}
+		})
+	}
+}

@@ -1,0 +1,118 @@
+package ports
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/checkins/checkins/app"
+)
+
+// The CLI's operational verbs (checkins status, poison ..., projections ...) drive the same use
+// cases as the /ops routes: each verb declares its flags, has cmd connect (read the service's
+// settings from the same flag set and the environment, build the adapters and the use cases),
+// calls the use case and prints text or JSON.
+
+// CLISession is a connected verb: the application to drive and what is left of its arguments.
+type CLISession struct {
+	App  app.Application
+	Args []string // positional arguments
+	// Poll is how often a verb that waits (projections rebuild) looks again.
+	Poll  time.Duration
+	Close func()
+}
+
+// Connect parses args on fs (the verb's flags, plus the service's settings that cmd adds) and
+// connects; name is the verb ("poison list").
+type Connect func(name string, fs *flag.FlagSet, args []string) (*CLISession, error)
+
+// PermuteArgs moves positional arguments after the flags, because package flag stops at the
+// first non-flag. Flags not listed in boolFlags take a value unless written --name=value.
+func PermuteArgs(args []string, boolFlags map[string]bool) []string {
+	var flags, pos []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			pos = append(pos, args[i+1:]...)
+			break
+		}
+		if !strings.HasPrefix(a, "-") || a == "-" {
+			pos = append(pos, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") || boolFlags[name] {
+			continue
+		}
+		if i+1 < len(args) {
+			flags = append(flags, args[i+1])
+			i++
+		}
+	}
+	return append(flags, pos...)
+}
+
+// pickVerb reads the verb that args starts with, one of verbs; otherwise it prints usage and
+// says what is wrong (flag.ErrHelp for -h).
+func pickVerb(args []string, usage string, stderr io.Writer, verbs ...string) (string, error) {
+	alternatives := strings.Join(verbs[:len(verbs)-1], ", ") + " or " + verbs[len(verbs)-1]
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		fmt.Fprint(stderr, usage)
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
+			return "", flag.ErrHelp
+		}
+		return "", errors.New("missing verb: " + alternatives)
+	}
+	if !slices.Contains(verbs, args[0]) {
+		fmt.Fprint(stderr, usage)
+		return "", fmt.Errorf("unknown verb %q: use %s", args[0], alternatives)
+	}
+	return args[0], nil
+}
+
+// listOnly is for a verb that takes no positional arguments.
+func listOnly(s *CLISession) error {
+	if len(s.Args) > 0 {
+		return fmt.Errorf("unexpected arguments: %v", s.Args)
+	}
+	return nil
+}
+
+// printAs writes v as JSON or, for people, with text.
+func printAs[T any](w io.Writer, asJSON bool, v T, text func(io.Writer, T) error) error {
+	if asJSON {
+		return WriteJSON(w, v)
+	}
+	return text(w, v)
+}
+
+// WriteJSON prints v as indented JSON, as every `--json` of the CLI does.
+func WriteJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// newVerbFlags is the flag set of one verb, printing usage and its flags on --help.
+func newVerbFlags(name, usage string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("checkins "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage, "\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	return fs
+}

@@ -1,0 +1,151 @@
+package ports
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/app/ops"
+	"github.com/checkins/checkins/app/query"
+)
+
+const projectionsUsage = `Usage:
+  checkins projections list [--json]
+  checkins projections rebuild <name> [--no-wait] [--json]
+
+list shows, per projection, the version serving reads, the version being rebuilt if any, their
+consumer groups, lag, pending and state, and the last rebuild's progress.
+
+rebuild builds a fresh copy of <name> from the whole event stream under version N+1 (consumer
+group <name>.v<N+1> from the start of the stream, keys <prefix>:p:<name>:v<N+1>:...) while
+version N keeps serving. Running projectors (serve, project) start it within
+PROJECTION_POLL_INTERVAL; when it has caught up, reads switch to it in one step, projectors stop
+version N, and after PROJECTION_RETIRE_GRACE its keys and group are removed. The command waits
+and reports progress (unless --no-wait); stopping it does not stop the rebuild: projectors carry
+it on. Running it again for a rebuild in progress resumes watching it.
+Connection flags (--redis-url, --key-prefix, ...) are those of "checkins serve --help".
+`
+
+// ProjectionsCommand is `checkins projections list|rebuild`.
+func ProjectionsCommand(ctx context.Context, args []string, stdout, stderr io.Writer, connect Connect) error {
+	verb, err := pickVerb(args, projectionsUsage, stderr, "list", "rebuild")
+	if err != nil {
+		return err
+	}
+	fs := newVerbFlags("projections "+verb, projectionsUsage, stderr)
+	asJSON := fs.Bool("json", false, "print JSON")
+	noWait := fs.Bool("no-wait", false, "rebuild: start it and return; projectors carry it out")
+	s, err := connect("projections "+verb, fs, PermuteArgs(args[1:], map[string]bool{"json": true, "no-wait": true, "h": true, "help": true}))
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if verb == "list" {
+		if err := listOnly(s); err != nil {
+			return err
+		}
+		rep, err := s.App.Queries.ProjectionVersions.List(ctx)
+		if err != nil {
+			return err
+		}
+		return printAs(stdout, *asJSON, rep, WriteProjectionsText)
+	}
+	if len(s.Args) != 1 {
+		return fmt.Errorf("rebuild takes one projection name, got %d arguments %v", len(s.Args), s.Args)
+	}
+	return rebuild(ctx, s.App.Commands.RebuildProjection, s.Args[0], s.Poll, *noWait, *asJSON, stdout)
+}
+
+func rebuild(ctx context.Context, rb *command.RebuildProjection, name string, poll time.Duration, noWait, asJSON bool, stdout io.Writer) error {
+	rp, err := rb.Start(ctx, name)
+	if err != nil {
+		return err
+	}
+	if !asJSON {
+		fmt.Fprintf(stdout, "rebuild of %s: v%d serves reads while v%d is built from the start of the stream\n", name, rp.From, rp.To)
+	}
+	if noWait {
+		if asJSON {
+			return WriteJSON(stdout, rp)
+		}
+		return nil
+	}
+	last := ""
+	rp, err = rb.Drive(ctx, name, poll, func(p ops.RebuildProgress) {
+		if asJSON {
+			return
+		}
+		line := fmt.Sprintf("%s: %s", name, p.State)
+		switch p.State {
+		case ops.RebuildBuilding:
+			if p.Lag >= 0 {
+				line += fmt.Sprintf(", v%d has %d of %d entries to go, %d pending", p.To, p.Lag, p.StreamLength, p.Pending)
+			} else {
+				line += fmt.Sprintf(", waiting for a projector to start v%d", p.To)
+			}
+		case ops.RebuildRetiring:
+			line += fmt.Sprintf(", reads switched to v%d; v%d is removed after the grace period", p.To, p.From)
+		case ops.RebuildDone:
+			line += fmt.Sprintf(", v%d serves reads, v%d removed", p.To, p.From)
+		}
+		if line != last {
+			fmt.Fprintln(stdout, line)
+			last = line
+		}
+	})
+	if errors.Is(err, context.Canceled) {
+		fmt.Fprintln(stdout, "stopped waiting; running projectors carry the rebuild on (see: checkins projections list)")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return WriteJSON(stdout, rp)
+	}
+	return nil
+}
+
+// WriteProjectionsText prints the report as a table for people.
+func WriteProjectionsText(w io.Writer, rep query.ProjectionsReport) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PROJECTION\tSERVING\tBUILDING\tVERSION\tGROUP\tLAG\tPENDING\tSTATE")
+	for _, v := range rep.Versions {
+		var row query.ProjectionRow
+		for _, r := range rep.Projections {
+			if r.Projection == v.Projection {
+				row = r
+			}
+		}
+		lag := "?"
+		if v.Lag != nil {
+			lag = strconv.FormatInt(*v.Lag, 10)
+		}
+		building := "-"
+		if row.Building > 0 {
+			building = "v" + strconv.Itoa(row.Building)
+		}
+		fmt.Fprintf(tw, "%s\tv%d\t%s\tv%d (%s)\t%s\t%s\t%d\t%s\n", v.Projection, row.Serving, building, v.Version, v.Role, v.Group, lag, v.Pending, v.State)
+	}
+	if len(rep.Rebuilds) > 0 {
+		fmt.Fprintln(tw)
+		fmt.Fprintln(tw, "LAST REBUILD\tFROM\tTO\tSTATE\tSTARTED\tSWITCHED\tFINISHED")
+		for _, r := range rep.Rebuilds {
+			fmt.Fprintf(tw, "%s\tv%d\tv%d\t%s\t%s\t%s\t%s\n", r.Projection, r.From, r.To, r.State,
+				r.StartedAt.Format(time.RFC3339), fmtTime(r.SwitchedAt), fmtTime(r.FinishedAt))
+		}
+	}
+	return tw.Flush()
+}
+
+func fmtTime(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.Format(time.RFC3339)
+}

@@ -1,0 +1,382 @@
+package ports_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/app"
+	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/app/ops"
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/app/query"
+	"github.com/checkins/checkins/domain"
+	"github.com/checkins/checkins/ports"
+)
+
+// poisonOps are the replay and purge commands the ops routes drive.
+type poisonOps struct {
+	*command.ReplayPoisoned
+	*command.PurgePoisoned
+}
+
+// opsApp is the application's operational use cases on Redis (client, keys) for projs.
+func opsApp(t *testing.T, client redis.UniversalClient, keys adapters.KeySpace, projs []projection.Projection, cfg app.OpsConfig) app.Application {
+	t.Helper()
+	applier, err := adapters.NewProjectionApplier(client, keys, 0)
+	require.NoError(t, err)
+	cfg.Backend, cfg.Applier, cfg.Projections = adapters.NewOpsBackend(client, keys), applier, projs
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	var a app.Application
+	require.NoError(t, a.AddOps(cfg))
+	return a
+}
+
+// opsAPI serves the ops routes over a real listener, on the harness's Redis and keys.
+func opsAPI(t *testing.T, h *harness) (*httptest.Server, poisonOps) {
+	t.Helper()
+	log := slog.New(slog.DiscardHandler)
+	a := opsApp(t, h.client, h.keys, []projection.Projection{h.proj}, app.OpsConfig{})
+	srv := ports.NewHTTPServer(app.Application{}, nil, ports.HTTPConfig{RequestTimeout: 5 * time.Second}, log)
+	require.NoError(t, ports.RegisterOpsRoutes(srv.Echo(), a))
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	return ts, poisonOps{a.Commands.ReplayPoisoned, a.Commands.PurgePoisoned}
+}
+
+// call does one request and decodes the JSON answer into out (when not nil).
+func call(t *testing.T, method, url string, out any) int {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	if out != nil && len(body) > 0 {
+		require.NoError(t, json.Unmarshal(body, out), "body: %s", body)
+	}
+	return resp.StatusCode
+}
+
+type apiErr struct {
+	Error struct {
+		Code, Message, Field string
+	} `json:"error"`
+	Result command.ReplayResult `json:"result"`
+}
+
+func TestOpsPoisonListShowReplayPurgeOverHTTP(t *testing.T) {
+	t.Parallel()
+	broken := func(_ context.Context, id string, _ int) error {
+		if id == "bad-1" || id == "bad-2" {
+			return errors.New("bug in the projection")
+		}
+		return nil
+	}
+	p := newFaulty("faulty", broken)
+	h := startHarness(t, p, harnessOptions{})
+	ts, _ := opsAPI(t, h)
+
+	h.add("good", 1)
+	h.add("bad-1", 4)
+	h.add("bad-2", 5)
+	garbageID := h.xadd(map[string]any{"hello": "world"})
+	h.settled(1)
+	require.Eventually(t, func() bool { return len(h.poison()) == 3 }, 10*time.Second, 20*time.Millisecond)
+
+	// List, paged.
+	var page query.PoisonPage
+	require.Equal(t, http.StatusOK, call(t, "GET", ts.URL+"/ops/poison", &page))
+	require.Len(t, page.Entries, 3)
+	assert.Empty(t, page.Next)
+	// bad-1 and bad-2 are the projection's; the garbage entry, not an event at all, is parked
+	// once for the group, under no projection.
+	require.Equal(t, http.StatusOK, call(t, "GET", ts.URL+"/ops/poison?projection=faulty&limit=1", &page))
+	require.Len(t, page.Entries, 1)
+	require.NotEmpty(t, page.Next)
+	var rest query.PoisonPage
+	require.Equal(t, http.StatusOK, call(t, "GET", ts.URL+"/ops/poison?projection=faulty&limit=2&cursor="+page.Next, &rest))
+	require.Len(t, rest.Entries, 1)
+	var none query.PoisonPage
+	require.Equal(t, http.StatusOK, call(t, "GET", ts.URL+"/ops/poison?projection=other", &none))
+	assert.Empty(t, none.Entries)
+	var all query.PoisonPage
+	require.Equal(t, http.StatusOK, call(t, "GET", ts.URL+"/ops/poison", &all))
+	byCheckin := map[string]ops.PoisonEntry{}
+	for _, e := range all.Entries {
+		byCheckin[e.Fields[domain.FieldCheckinID]] = e
+	}
+	bad1, bad2 := byCheckin["bad-1"], byCheckin["bad-2"]
+	garbage := byCheckin[""]
+	assert.Equal(t, garbageID, garbage.EntryID)
+
+	// Bad input and missing entries, in the API's error format.
+	var e apiErr
+	assert.Equal(t, http.StatusBadRequest, call(t, "GET", ts.URL+"/ops/poison?limit=0", &e))
+	assert.Equal(t, "limit", e.Error.Field)
+	assert.Equal(t, http.StatusBadRequest, call(t, "GET", ts.URL+"/ops/poison?cursor=yesterday", &e))
+	assert.Equal(t, "cursor", e.Error.Field)
+	assert.Equal(t, http.StatusBadRequest, call(t, "GET", ts.URL+"/ops/poison/not-an-id", &e))
+	assert.Equal(t, "id", e.Error.Field)
+	assert.Equal(t, http.StatusNotFound, call(t, "GET", ts.URL+"/ops/poison/1-1", &e))
+	assert.Equal(t, domain.CodeNotFound, e.Error.Code)
+
+	// Show.
+	var shown ops.PoisonEntry
+	require.Equal(t, http.StatusOK, call(t, "GET", ts.URL+"/ops/poison/"+bad1.ID, &shown))
+	assert.Equal(t, bad1, shown)
+
+	// Replay while the handler is still broken: kept, with the new error, under a new ID.
+	require.Equal(t, http.StatusUnprocessableEntity, call(t, "POST", ts.URL+"/ops/poison/"+bad1.ID+"/replay", &e))
+	assert.Equal(t, "replay_failed", e.Error.Code)
+	require.NotEmpty(t, e.Result.NewID)
+	assert.Equal(t, http.StatusNotFound, call(t, "GET", ts.URL+"/ops/poison/"+bad1.ID, nil))
+	var kept ops.PoisonEntry
+	require.Equal(t, http.StatusOK, call(t, "GET", ts.URL+"/ops/poison/"+e.Result.NewID, &kept))
+	assert.Contains(t, kept.Error, "replay: bug in the projection")
+	assert.Equal(t, bad1.Attempts+1, kept.Attempts)
+	assert.Equal(t, bad1.EntryID, kept.EntryID)
+	assert.Equal(t, bad1.Fields, kept.Fields, "the event itself is unchanged")
+	assert.Equal(t, int64(1), h.count())
+
+	// Replay of a malformed entry fails clearly and keeps it as it is.
+	require.Equal(t, http.StatusUnprocessableEntity, call(t, "POST", ts.URL+"/ops/poison/"+garbage.ID+"/replay", &e))
+	assert.Equal(t, "not_replayable", e.Error.Code)
+	assert.Contains(t, e.Error.Message, "missing event type")
+	assert.Equal(t, http.StatusOK, call(t, "GET", ts.URL+"/ops/poison/"+garbage.ID, nil))
+
+	// Fix the handler; replay counts the event once and removes the entry.
+	p.setBehaviour(nil)
+	var rr command.ReplayResult
+	require.Equal(t, http.StatusOK, call(t, "POST", ts.URL+"/ops/poison/"+kept.ID+"/replay", &rr))
+	assert.Equal(t, command.ReplayReplayed, rr.Status)
+	assert.True(t, rr.Applied)
+	assert.Equal(t, int64(2), h.count())
+	assert.Equal(t, http.StatusNotFound, call(t, "POST", ts.URL+"/ops/poison/"+kept.ID+"/replay", &e), "replayed entries are gone")
+
+	// Replay all: bad-2 is replayed, the garbage stays.
+	var bulk command.BulkResult
+	require.Equal(t, http.StatusOK, call(t, "POST", ts.URL+"/ops/poison/replay", &bulk))
+	assert.Equal(t, 1, bulk.Replayed)
+	assert.Equal(t, 1, bulk.NotReplayable)
+	assert.Empty(t, bulk.Next)
+	assert.Equal(t, int64(3), h.count())
+	assert.Equal(t, int64(1+4+5), h.stars())
+	_ = bad2
+
+	// Status.
+	var st query.StatusReport
+	require.Equal(t, http.StatusOK, call(t, "GET", ts.URL+"/ops/status", &st))
+	assert.Equal(t, h.keys.Stream(), st.Stream)
+	assert.Equal(t, int64(4), st.StreamLength)
+	assert.Equal(t, int64(1), st.Poisoned)
+	require.Len(t, st.Projections, 1)
+	ps := st.Projections[0]
+	assert.Equal(t, testGroup, ps.Group)
+	assert.Equal(t, "live", ps.Kind)
+	assert.Equal(t, []string{"faulty.v1"}, ps.Members)
+	assert.True(t, ps.GroupExists)
+	assert.Zero(t, ps.Pending)
+	require.NotNil(t, ps.Lag)
+	assert.Zero(t, *ps.Lag)
+	assert.Nil(t, ps.OldestPending)
+	assert.Equal(t, int64(1), ps.Poisoned)
+	require.Len(t, ps.Consumers, 1)
+	assert.Equal(t, "c1", ps.Consumers[0].Name)
+
+	// Purge.
+	assert.Equal(t, http.StatusNoContent, call(t, "DELETE", ts.URL+"/ops/poison/"+garbage.ID, nil))
+	assert.Equal(t, http.StatusNotFound, call(t, "DELETE", ts.URL+"/ops/poison/"+garbage.ID, &e))
+	assert.Empty(t, h.poison())
+}
+
+func (h *harness) stars() int64 {
+	v, err := h.client.HGet(context.Background(), h.keys.ProjectionKey(h.proj.name, 1, "all", "stats"), "stars").Int64()
+	require.NoError(h.t, err)
+	return v
+}
+
+// park puts a valid event in the poison queue as if projection faulty had given up on it.
+func (h *harness) park(id string, stars int) string {
+	h.t.Helper()
+	e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: id, UserID: 1, LocationID: 2, StarRating: stars, Timestamp: 1_700_000_000_000}, RecordedAt: 1_700_000_000_000}
+	pid, err := adapters.NewPoisonQueue(h.client, h.keys).Park(context.Background(), ops.PoisonEntry{
+		Stream: h.keys.Stream(), EntryID: "1-1", Projection: "faulty", Group: testGroup, Error: "test", Attempts: 5,
+		FailedAt: time.Now(), Fields: e.Fields()})
+	require.NoError(h.t, err)
+	return pid
+}
+
+func TestOpsReplayNeverDoubleCounts(t *testing.T) {
+	t.Parallel()
+	p := newFaulty("faulty", nil)
+	h := startHarness(t, p, harnessOptions{})
+	_, ops := opsAPI(t, h)
+	ctx := context.Background()
+
+	h.add("counted", 3)
+	h.settled(1)
+	// The same event parked twice (its batch was nacked after parking, say) and replayed twice:
+	// the second replay finds the first one's markers and changes nothing.
+	first, second := h.park("parked", 2), h.park("parked", 2)
+	res, err := ops.Replay(ctx, first)
+	require.NoError(t, err)
+	assert.True(t, res.Applied)
+	res, err = ops.Replay(ctx, second)
+	require.NoError(t, err)
+	assert.False(t, res.Applied, "already counted by the first replay")
+	assert.Equal(t, int64(2), h.count())
+	assert.Equal(t, int64(3+2), h.stars())
+	assert.Empty(t, h.poison())
+	// A replay cut off after applying and before deleting the entry is run again: a no-op.
+	third := h.park("parked", 2)
+	res, err = ops.Replay(ctx, third)
+	require.NoError(t, err)
+	assert.False(t, res.Applied)
+	assert.Equal(t, int64(2), h.count())
+}
+
+func TestOpsReplayAllGoesInChunksAndResumes(t *testing.T) {
+	t.Parallel()
+	p := newFaulty("faulty", nil)
+	h := startHarness(t, p, harnessOptions{})
+	ts, ops := opsAPI(t, h)
+	const n = 250
+	for i := range n {
+		h.park("chunk-"+strconv.Itoa(i), 1)
+	}
+	// Over HTTP, a bounded call answers where to continue.
+	var bulk command.BulkResult
+	require.Equal(t, http.StatusOK, call(t, "POST", ts.URL+"/ops/poison/replay?limit=120", &bulk))
+	assert.Equal(t, 120, bulk.Replayed)
+	require.NotEmpty(t, bulk.Next)
+	require.NotEmpty(t, bulk.Until)
+	// Entries parked after the run began are not part of it.
+	late := h.park("late", 1)
+	var more command.BulkResult
+	require.Equal(t, http.StatusOK, call(t, "POST", ts.URL+"/ops/poison/replay?after="+bulk.Next+"&until="+bulk.Until, &more))
+	assert.Equal(t, n-120, more.Replayed)
+	assert.Empty(t, more.Next)
+	assert.Equal(t, int64(n), h.count())
+	es := h.poison()
+	require.Len(t, es, 1)
+	assert.Equal(t, late, es[0].ID)
+
+	// The CLI's form: everything in one call, chunk by chunk.
+	for i := range n {
+		h.park("again-"+strconv.Itoa(i), 1)
+	}
+	res, err := ops.ReplayAll(context.Background(), command.BulkRequest{})
+	require.NoError(t, err)
+	assert.Equal(t, n+1, res.Replayed)
+	assert.Equal(t, int64(2*n+1), h.count())
+	assert.Empty(t, h.poison())
+
+	// Purge all, by projection.
+	for i := range 150 {
+		h.park("purge-"+strconv.Itoa(i), 1)
+	}
+	pr, err := ops.PurgeAll(context.Background(), command.BulkRequest{Projection: "other"})
+	require.NoError(t, err)
+	assert.Zero(t, pr.Purged)
+	pr, err = ops.PurgeAll(context.Background(), command.BulkRequest{Projection: "faulty"})
+	require.NoError(t, err)
+	assert.Equal(t, int64(150), pr.Purged)
+	assert.Empty(t, h.poison())
+}
+
+// TestOpsConcurrentBulkRunsReportWhatEachDid: three replay-all runs at once over the same parked
+// entries each report only what they replayed themselves (the others' entries are "gone" for
+// them), so the totals add up to what was parked and every event counts once; the same for
+// purge-all.
+func TestOpsConcurrentBulkRunsReportWhatEachDid(t *testing.T) {
+	t.Parallel()
+	p := newFaulty("faulty", nil)
+	h := startHarness(t, p, harnessOptions{})
+	_, ops := opsAPI(t, h)
+	const n = 600
+	for i := range n {
+		h.park("c-"+strconv.Itoa(i), 1)
+	}
+	run := func(f func(context.Context, command.BulkRequest) (command.BulkResult, error)) []command.BulkResult {
+		out := make([]command.BulkResult, 3)
+		var wg sync.WaitGroup
+		for i := range out {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res, err := f(context.Background(), command.BulkRequest{})
+				assert.NoError(t, err)
+				out[i] = res
+			}()
+		}
+		wg.Wait()
+		return out
+	}
+	replayed, gone := 0, 0
+	for _, r := range run(ops.ReplayAll) {
+		replayed += r.Replayed
+		gone += r.Gone
+		assert.Zero(t, r.Failed)
+	}
+	assert.Equal(t, n, replayed, "each entry reported replayed by exactly one run (gone for the others: %d)", gone)
+	assert.Equal(t, int64(n), h.count(), "every event applied once")
+	assert.Empty(t, h.poison())
+
+	for i := range n {
+		h.park("p-"+strconv.Itoa(i), 1)
+	}
+	var purged int64
+	for _, r := range run(ops.PurgeAll) {
+		purged += r.Purged
+	}
+	assert.Equal(t, int64(n), purged, "each entry reported purged by exactly one run")
+	assert.Empty(t, h.poison())
+}
+
+func TestOpsStatusShowsPendingAndLag(t *testing.T) {
+	t.Parallel()
+	p := newFaulty("faulty", nil)
+	h := startHarness(t, p, harnessOptions{})
+	ctx := context.Background()
+	// A second group that a crashed consumer left with pending entries and undelivered lag.
+	for i := range 5 {
+		h.add("e-"+strconv.Itoa(i), 1)
+	}
+	h.settled(5)
+	require.NoError(t, h.client.XGroupCreate(ctx, h.keys.Stream(), "faulty.v2", "0").Err())
+	_, err := h.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "faulty.v2", Consumer: "crashed", Streams: []string{h.keys.Stream(), ">"}, Count: 2}).Result()
+	require.NoError(t, err)
+	status := opsApp(t, h.client, h.keys, []projection.Projection{p}, app.OpsConfig{}).Queries.Status
+	st, err := status.Status(ctx)
+	require.NoError(t, err)
+	require.Len(t, st.Projections, 2)
+	v2 := st.Projections[1]
+	assert.Equal(t, "faulty.v2", v2.Group)
+	assert.False(t, v2.Serving)
+	assert.Equal(t, int64(2), v2.Pending)
+	require.NotNil(t, v2.Lag)
+	assert.Equal(t, int64(3), *v2.Lag)
+	require.NotNil(t, v2.OldestPending)
+	assert.Equal(t, "crashed", v2.OldestPending.Consumer)
+	assert.Equal(t, int64(1), v2.OldestPending.Deliveries)
+	require.Len(t, v2.Consumers, 1)
+	assert.Equal(t, int64(2), v2.Consumers[0].Pending)
+}

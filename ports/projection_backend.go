@@ -1,0 +1,65 @@
+package ports
+
+import (
+	"context"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/checkins/checkins/app/ops"
+	"github.com/checkins/checkins/app/projection"
+)
+
+// What the projection router needs from outside, handed in by cmd (adapters implement it with
+// Redis): the subscribers that read the stream (ProjectionRouterConfig.NewSubscriber), the
+// applier of the projections' updates, and the backend that keeps the router's own state.
+
+// ProjectionApplier applies the projections' updates exactly once per check-in
+// (adapters.ProjectionApplier). The router calls Apply once per batch.
+type ProjectionApplier interface {
+	// Apply applies works (one event's updates of one projection version each) and tells what
+	// happened to each; prune lets it drop markers a group will not need again.
+	Apply(ctx context.Context, works []projection.Work, prune projection.Prune) ([]projection.Outcome, error)
+	// Decide is the dedupe decision for events about to be parked (true: this copy counts).
+	Decide(ctx context.Context, events []projection.EventRef) ([]bool, error)
+	// Sweep lets go of group's markers below before (a quiet group).
+	Sweep(ctx context.Context, group, before string) (int, error)
+	// SetRegistryFloor says every group has acknowledged everything up to id.
+	SetRegistryFloor(id string) error
+	// Window is the dedupe window.
+	Window() time.Duration
+}
+
+// ProjectorBackend keeps what the router shares with other projectors and the ops use cases
+// (adapters.ProjectorBackend).
+type ProjectorBackend interface {
+	// Stream is the event stream the router consumes (its topic).
+	Stream() string
+
+	// Live groups: which projection versions each feeds, from which position.
+	Read(ctx context.Context, group string) (ops.Membership, error)
+	ReadAll(ctx context.Context) (map[string]ops.Membership, map[string]string, error)
+	Join(ctx context.Context, group, member string) (ops.Membership, error)
+	FinishBackfill(ctx context.Context, group, member string, at time.Time) (bool, error)
+	// CurrentMembership is Read made cheap enough for every batch.
+	CurrentMembership(ctx context.Context, group string) (ops.Membership, error)
+
+	// Consumer groups: where each acknowledged through (checkpoints), where each is now.
+	Checkpoint(ctx context.Context, group, acked string) error
+	Acked(ctx context.Context, group string) (string, error)
+	Positions(ctx context.Context) (map[string]ops.GroupPosition, error)
+	CreateGroup(ctx context.Context, group, start string) error
+	// DedupeFloor is the position below which no group will decide an event again.
+	DedupeFloor(ctx context.Context, lives map[string]ops.Membership, progress map[string]ops.GroupPosition,
+		idleLimit time.Duration, now time.Time) (string, bool, error)
+
+	// The poison queue: the entry a message came from, parked with the reason.
+	PoisonEntryOf(ctx context.Context, msg *message.Message) (entry ops.PoisonEntry, correlationID string)
+	Park(ctx context.Context, e ops.PoisonEntry) (string, error)
+
+	// DecodeEntries decodes a batch of the subscribers' messages (once per batch).
+	DecodeEntries(msgs []*message.Message, out []projection.Entry)
+
+	// TransientReason classifies the backend's failures (ops.Failures).
+	TransientReason(err error) (reason string, ok bool)
+}

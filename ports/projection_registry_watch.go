@@ -1,0 +1,62 @@
+package ports
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/app/query"
+)
+
+// RegistryWatch keeps a projector in step with the projections registry: every interval it
+// makes the router feed the versions the registry asks for (a new building version, not a
+// retired one), removes finished backfills and drives the rebuilds in progress.
+type RegistryWatch struct {
+	Router   *ProjectionRouter
+	Versions *query.ProjectionVersions
+	Rebuild  *command.RebuildProjection
+	// Projections are those this process runs.
+	Projections []projection.Projection
+	Interval    time.Duration
+	Logger      *slog.Logger
+}
+
+// Run watches until ctx ends.
+func (w RegistryWatch) Run(ctx context.Context) error {
+	t := time.NewTicker(w.Interval)
+	defer t.Stop()
+	failing := &throttledLog{interval: time.Minute}
+	for {
+		err := w.reconcile(ctx)
+		if err != nil && ctx.Err() == nil && !errors.Is(err, ErrRouterNotRunning) {
+			if ok, n := failing.allow(); ok {
+				w.Logger.Warn("cannot set up the projections from the registry, will retry", "error", err, "suppressed", n)
+			}
+		}
+		if ctx.Err() == nil && !errors.Is(err, ErrRouterNotRunning) {
+			w.Router.ReportSetup(err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (w RegistryWatch) reconcile(ctx context.Context) error {
+	targets, err := w.Versions.Targets(ctx, w.Projections)
+	if err != nil {
+		return err
+	}
+	if _, _, err := w.Router.SetTargets(ctx, targets); err != nil {
+		return err
+	}
+	if err := w.Rebuild.RemoveFinishedBackfills(ctx); err != nil {
+		return err
+	}
+	return w.Rebuild.StepAll(ctx, w.Projections)
+}

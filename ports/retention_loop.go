@@ -1,0 +1,37 @@
+package ports
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/checkins/checkins/app/command"
+)
+
+// RunRetention trims the event stream every interval until ctx ends (RETENTION): the projector
+// drives command.TrimStream, which never removes what a consumer group still needs.
+func RunRetention(ctx context.Context, t *command.TrimStream, interval time.Duration, log *slog.Logger) error {
+	if !t.Policy().Enabled() {
+		return nil
+	}
+	log.Info("stream retention on", "stream", t.Stream(), "retention", t.Policy().String(), "interval", interval.String())
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	failing := &throttledLog{interval: 10 * time.Minute}
+	for {
+		res, err := t.TrimOnce(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			if ok, n := failing.allow(); ok {
+				log.Warn("stream trim failed, will retry", "error", err, "suppressed", n)
+			}
+		case res.Trimmed > 0:
+			log.Info("stream trimmed", "stream", t.Stream(), "removed", res.Trimmed, "min_id", res.MinID, "floor", res.Floor)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
