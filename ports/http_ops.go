@@ -31,14 +31,7 @@ func RegisterOpsRoutes(e *echo.Echo, poison *PoisonOps, status *StatusOps) error
 		return errors.New("ports: RegisterOpsRoutes needs PoisonOps and StatusOps")
 	}
 	h := opsHandlers{poison: poison, status: status}
-	g := e.Group("/ops")
-	g.GET("/status", h.getStatus)
-	g.GET("/poison", h.listPoison)
-	g.POST("/poison/replay", h.replayAll)
-	g.DELETE("/poison", h.purgeAll)
-	g.GET("/poison/:id", h.showPoison)
-	g.POST("/poison/:id/replay", h.replayOne)
-	g.DELETE("/poison/:id", h.purgeOne)
+	registerAPI(e, &apiServer{ops: &h}, partOps)
 	return nil
 }
 

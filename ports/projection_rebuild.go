@@ -770,24 +770,29 @@ func fmtTime(t *time.Time) string {
 //	GET  /ops/projections                versions, groups, lag, pending and rebuild progress
 //	POST /ops/projections/{name}/rebuild start a rebuild (202); projectors carry it out
 func RegisterProjectionOpsRoutes(e *echo.Echo, o *ProjectionOps) {
-	e.GET("/ops/projections", func(c echo.Context) error {
-		rep, err := o.List(c.Request().Context())
-		if err != nil {
-			return err
-		}
-		return c.JSON(http.StatusOK, rep)
-	})
-	e.POST("/ops/projections/:name/rebuild", func(c echo.Context) error {
-		rp, err := o.Rebuild(c.Request().Context(), c.Param("name"))
-		switch {
-		case errors.Is(err, domain.ErrNotFound):
-			return apiError(http.StatusNotFound, domain.CodeNotFound, "name", err.Error())
-		case errors.Is(err, errRebuildBusy):
-			return apiError(http.StatusConflict, domain.CodeConflict, "name", err.Error())
-		case err != nil:
-			return err
-		}
-		c.Response().Header().Set(echo.HeaderLocation, "/ops/projections")
-		return c.JSON(http.StatusAccepted, rp)
-	})
+	registerAPI(e, &apiServer{proj: &projectionOpsHandlers{o: o}}, partProjectionOps)
+}
+
+type projectionOpsHandlers struct{ o *ProjectionOps }
+
+func (h *projectionOpsHandlers) list(c echo.Context) error {
+	rep, err := h.o.List(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, rep)
+}
+
+func (h *projectionOpsHandlers) rebuild(c echo.Context) error {
+	rp, err := h.o.Rebuild(c.Request().Context(), c.Param("name"))
+	switch {
+	case errors.Is(err, domain.ErrNotFound):
+		return apiError(http.StatusNotFound, domain.CodeNotFound, "name", err.Error())
+	case errors.Is(err, errRebuildBusy):
+		return apiError(http.StatusConflict, domain.CodeConflict, "name", err.Error())
+	case err != nil:
+		return err
+	}
+	c.Response().Header().Set(echo.HeaderLocation, "/ops/projections")
+	return c.JSON(http.StatusAccepted, rp)
 }

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -254,6 +253,6 @@ func (s *Service) wireProjections() error {
 	s.http.RegisterProjectionRoutes()
 	ops := s.http.OpsEcho()
 	ports.RegisterProjectionOpsRoutes(ops, s.proj.ops)
-	ops.GET("/metrics", echo.WrapHandler(ports.MetricsHandler(s.proj.registry)))
+	ports.RegisterMetricsRoute(ops, ports.MetricsHandler(s.proj.registry))
 	return nil
 }
