@@ -36,6 +36,9 @@ func docsAsset(name string) (file, mediaType string, ok bool) {
 	return "", "", false
 }
 
+// DocsFile is one embedded file of the docs page, e.g. docs/vendor/swagger-ui-dist/LICENSE.
+func DocsFile(name string) ([]byte, error) { return docsFS.ReadFile(name) }
+
 // isDocsPath: the document and its page need no token, like the health checks.
 func isDocsPath(route string) bool {
 	switch route {

@@ -16,7 +16,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -24,6 +23,7 @@ import (
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/batchsub"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app"
 	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/domain"
 	"github.com/checkins/checkins/ports"
@@ -110,11 +110,12 @@ func TestRebuildDrivenByTheProjectorLoop(t *testing.T) {
 			require.Eventually(t, func() bool { return count() == 100 }, 10*time.Second, 20*time.Millisecond)
 
 			// Over HTTP, as an operator would: 202, then progress in GET /ops/projections.
-			e := echo.New()
-			ports.RegisterProjectionOpsRoutes(e, ops)
-			hs := httptest.NewServer(e)
+			// On the service's ops listener, with its middleware (the correlation ID the spec promises).
+			srv := ports.NewHTTPServer(app.Application{}, nil, ports.HTTPConfig{}, slog.New(slog.DiscardHandler))
+			ports.RegisterProjectionOpsRoutes(srv.OpsEcho(), ops)
+			hs := httptest.NewServer(srv.OpsHandler())
 			t.Cleanup(hs.Close)
-			resp, err := http.Post(hs.URL+"/ops/projections/users/rebuild", "", nil)
+			resp, err := contractClient.Post(hs.URL+"/ops/projections/users/rebuild", "", nil)
 			require.NoError(t, err)
 			_ = resp.Body.Close()
 			require.Equal(t, http.StatusAccepted, resp.StatusCode)
