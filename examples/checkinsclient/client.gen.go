@@ -274,7 +274,7 @@ type LocationLeaderboardBy string
 
 // LocationStats defines model for LocationStats.
 type LocationStats struct {
-	// AverageStars numStars / numCheckins, rounded down
+	// AverageStars numStars / numCheckins, rounded half up
 	AverageStars int64 `json:"averageStars"`
 	LocationId   int64 `json:"locationId"`
 	NumCheckins  int64 `json:"numCheckins"`
