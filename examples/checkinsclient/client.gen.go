@@ -538,6 +538,9 @@ type Internal = ErrorBody
 // NotFound defines model for NotFound.
 type NotFound = ErrorBody
 
+// OpsNotHere defines model for OpsNotHere.
+type OpsNotHere = ErrorBody
+
 // PayloadTooLarge defines model for PayloadTooLarge.
 type PayloadTooLarge = ErrorBody
 
@@ -4417,6 +4420,13 @@ type GetMetricsResponse403Headers struct {
 	XCorrelationID  string
 }
 
+// GetMetricsResponse404Headers the declared response headers of an HTTP 404 response for GetMetrics
+type GetMetricsResponse404Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // GetMetricsResponse429Headers the declared response headers of an HTTP 429 response for GetMetrics
 type GetMetricsResponse429Headers struct {
 	RateLimit       *string
@@ -4432,6 +4442,8 @@ type GetMetricsResponse struct {
 	JSON401 *Unauthorized
 	// JSON403 the response for an HTTP 403 `application/json` response
 	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *OpsNotHere
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// Headers200 the parsed response headers for an HTTP 200 response
@@ -4440,6 +4452,8 @@ type GetMetricsResponse struct {
 	Headers401 *GetMetricsResponse401Headers
 	// Headers403 the parsed response headers for an HTTP 403 response
 	Headers403 *GetMetricsResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetMetricsResponse404Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetMetricsResponse429Headers
 }
@@ -4452,6 +4466,11 @@ func (r GetMetricsResponse) GetJSON401() *Unauthorized {
 // GetJSON403 returns the response for an HTTP 403 `application/json` response
 func (r GetMetricsResponse) GetJSON403() *Forbidden {
 	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetMetricsResponse) GetJSON404() *OpsNotHere {
+	return r.JSON404
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4652,6 +4671,13 @@ type PurgeOpsPoisonResponse403Headers struct {
 	XCorrelationID  string
 }
 
+// PurgeOpsPoisonResponse404Headers the declared response headers of an HTTP 404 response for PurgeOpsPoison
+type PurgeOpsPoisonResponse404Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // PurgeOpsPoisonResponse429Headers the declared response headers of an HTTP 429 response for PurgeOpsPoison
 type PurgeOpsPoisonResponse429Headers struct {
 	RateLimit       *string
@@ -4685,6 +4711,8 @@ type PurgeOpsPoisonResponse struct {
 	JSON401 *Unauthorized
 	// JSON403 the response for an HTTP 403 `application/json` response
 	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *OpsNotHere
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4699,6 +4727,8 @@ type PurgeOpsPoisonResponse struct {
 	Headers401 *PurgeOpsPoisonResponse401Headers
 	// Headers403 the parsed response headers for an HTTP 403 response
 	Headers403 *PurgeOpsPoisonResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *PurgeOpsPoisonResponse404Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *PurgeOpsPoisonResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -4725,6 +4755,11 @@ func (r PurgeOpsPoisonResponse) GetJSON401() *Unauthorized {
 // GetJSON403 returns the response for an HTTP 403 `application/json` response
 func (r PurgeOpsPoisonResponse) GetJSON403() *Forbidden {
 	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PurgeOpsPoisonResponse) GetJSON404() *OpsNotHere {
+	return r.JSON404
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4801,6 +4836,13 @@ type ListOpsPoisonResponse403Headers struct {
 	XCorrelationID  string
 }
 
+// ListOpsPoisonResponse404Headers the declared response headers of an HTTP 404 response for ListOpsPoison
+type ListOpsPoisonResponse404Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // ListOpsPoisonResponse429Headers the declared response headers of an HTTP 429 response for ListOpsPoison
 type ListOpsPoisonResponse429Headers struct {
 	RateLimit       *string
@@ -4834,6 +4876,8 @@ type ListOpsPoisonResponse struct {
 	JSON401 *Unauthorized
 	// JSON403 the response for an HTTP 403 `application/json` response
 	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *OpsNotHere
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4848,6 +4892,8 @@ type ListOpsPoisonResponse struct {
 	Headers401 *ListOpsPoisonResponse401Headers
 	// Headers403 the parsed response headers for an HTTP 403 response
 	Headers403 *ListOpsPoisonResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *ListOpsPoisonResponse404Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *ListOpsPoisonResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -4874,6 +4920,11 @@ func (r ListOpsPoisonResponse) GetJSON401() *Unauthorized {
 // GetJSON403 returns the response for an HTTP 403 `application/json` response
 func (r ListOpsPoisonResponse) GetJSON403() *Forbidden {
 	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r ListOpsPoisonResponse) GetJSON404() *OpsNotHere {
+	return r.JSON404
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4950,6 +5001,13 @@ type ReplayOpsPoisonResponse403Headers struct {
 	XCorrelationID  string
 }
 
+// ReplayOpsPoisonResponse404Headers the declared response headers of an HTTP 404 response for ReplayOpsPoison
+type ReplayOpsPoisonResponse404Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // ReplayOpsPoisonResponse429Headers the declared response headers of an HTTP 429 response for ReplayOpsPoison
 type ReplayOpsPoisonResponse429Headers struct {
 	RateLimit       *string
@@ -4983,6 +5041,8 @@ type ReplayOpsPoisonResponse struct {
 	JSON401 *Unauthorized
 	// JSON403 the response for an HTTP 403 `application/json` response
 	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *OpsNotHere
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4997,6 +5057,8 @@ type ReplayOpsPoisonResponse struct {
 	Headers401 *ReplayOpsPoisonResponse401Headers
 	// Headers403 the parsed response headers for an HTTP 403 response
 	Headers403 *ReplayOpsPoisonResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *ReplayOpsPoisonResponse404Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *ReplayOpsPoisonResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -5023,6 +5085,11 @@ func (r ReplayOpsPoisonResponse) GetJSON401() *Unauthorized {
 // GetJSON403 returns the response for an HTTP 403 `application/json` response
 func (r ReplayOpsPoisonResponse) GetJSON403() *Forbidden {
 	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r ReplayOpsPoisonResponse) GetJSON404() *OpsNotHere {
+	return r.JSON404
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -5596,6 +5663,13 @@ type ListOpsProjectionsResponse403Headers struct {
 	XCorrelationID  string
 }
 
+// ListOpsProjectionsResponse404Headers the declared response headers of an HTTP 404 response for ListOpsProjections
+type ListOpsProjectionsResponse404Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // ListOpsProjectionsResponse429Headers the declared response headers of an HTTP 429 response for ListOpsProjections
 type ListOpsProjectionsResponse429Headers struct {
 	RateLimit       *string
@@ -5627,6 +5701,8 @@ type ListOpsProjectionsResponse struct {
 	JSON401 *Unauthorized
 	// JSON403 the response for an HTTP 403 `application/json` response
 	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *OpsNotHere
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -5639,6 +5715,8 @@ type ListOpsProjectionsResponse struct {
 	Headers401 *ListOpsProjectionsResponse401Headers
 	// Headers403 the parsed response headers for an HTTP 403 response
 	Headers403 *ListOpsProjectionsResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *ListOpsProjectionsResponse404Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *ListOpsProjectionsResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -5660,6 +5738,11 @@ func (r ListOpsProjectionsResponse) GetJSON401() *Unauthorized {
 // GetJSON403 returns the response for an HTTP 403 `application/json` response
 func (r ListOpsProjectionsResponse) GetJSON403() *Forbidden {
 	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r ListOpsProjectionsResponse) GetJSON404() *OpsNotHere {
+	return r.JSON404
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -5895,6 +5978,13 @@ type GetOpsStatusResponse403Headers struct {
 	XCorrelationID  string
 }
 
+// GetOpsStatusResponse404Headers the declared response headers of an HTTP 404 response for GetOpsStatus
+type GetOpsStatusResponse404Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // GetOpsStatusResponse429Headers the declared response headers of an HTTP 429 response for GetOpsStatus
 type GetOpsStatusResponse429Headers struct {
 	RateLimit       *string
@@ -5926,6 +6016,8 @@ type GetOpsStatusResponse struct {
 	JSON401 *Unauthorized
 	// JSON403 the response for an HTTP 403 `application/json` response
 	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *OpsNotHere
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -5938,6 +6030,8 @@ type GetOpsStatusResponse struct {
 	Headers401 *GetOpsStatusResponse401Headers
 	// Headers403 the parsed response headers for an HTTP 403 response
 	Headers403 *GetOpsStatusResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetOpsStatusResponse404Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetOpsStatusResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -5959,6 +6053,11 @@ func (r GetOpsStatusResponse) GetJSON401() *Unauthorized {
 // GetJSON403 returns the response for an HTTP 403 `application/json` response
 func (r GetOpsStatusResponse) GetJSON403() *Forbidden {
 	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetOpsStatusResponse) GetJSON404() *OpsNotHere {
+	return r.JSON404
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -8830,6 +8929,13 @@ func ParseGetMetricsResponse(rsp *http.Response) (*GetMetricsResponse, error) {
 		}
 		response.JSON403 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest OpsNotHere
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -8926,6 +9032,30 @@ func ParseGetMetricsResponse(rsp *http.Response) (*GetMetricsResponse, error) {
 			headers.XCorrelationID = value
 		}
 		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetMetricsResponse404Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers404 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetMetricsResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -9186,6 +9316,13 @@ func ParsePurgeOpsPoisonResponse(rsp *http.Response) (*PurgeOpsPoisonResponse, e
 		}
 		response.JSON403 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest OpsNotHere
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -9320,6 +9457,30 @@ func ParsePurgeOpsPoisonResponse(rsp *http.Response) (*PurgeOpsPoisonResponse, e
 			headers.XCorrelationID = value
 		}
 		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers PurgeOpsPoisonResponse404Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers404 = &headers
 	case rsp.StatusCode == 429:
 		var headers PurgeOpsPoisonResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -9445,6 +9606,13 @@ func ParseListOpsPoisonResponse(rsp *http.Response) (*ListOpsPoisonResponse, err
 			return nil, err
 		}
 		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest OpsNotHere
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -9580,6 +9748,30 @@ func ParseListOpsPoisonResponse(rsp *http.Response) (*ListOpsPoisonResponse, err
 			headers.XCorrelationID = value
 		}
 		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers ListOpsPoisonResponse404Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers404 = &headers
 	case rsp.StatusCode == 429:
 		var headers ListOpsPoisonResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -9705,6 +9897,13 @@ func ParseReplayOpsPoisonResponse(rsp *http.Response) (*ReplayOpsPoisonResponse,
 			return nil, err
 		}
 		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest OpsNotHere
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -9840,6 +10039,30 @@ func ParseReplayOpsPoisonResponse(rsp *http.Response) (*ReplayOpsPoisonResponse,
 			headers.XCorrelationID = value
 		}
 		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers ReplayOpsPoisonResponse404Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers404 = &headers
 	case rsp.StatusCode == 429:
 		var headers ReplayOpsPoisonResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -10859,6 +11082,13 @@ func ParseListOpsProjectionsResponse(rsp *http.Response) (*ListOpsProjectionsRes
 		}
 		response.JSON403 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest OpsNotHere
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -10969,6 +11199,30 @@ func ParseListOpsProjectionsResponse(rsp *http.Response) (*ListOpsProjectionsRes
 			headers.XCorrelationID = value
 		}
 		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers ListOpsProjectionsResponse404Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers404 = &headers
 	case rsp.StatusCode == 429:
 		var headers ListOpsProjectionsResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -11386,6 +11640,13 @@ func ParseGetOpsStatusResponse(rsp *http.Response) (*GetOpsStatusResponse, error
 		}
 		response.JSON403 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest OpsNotHere
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -11496,6 +11757,30 @@ func ParseGetOpsStatusResponse(rsp *http.Response) (*GetOpsStatusResponse, error
 			headers.XCorrelationID = value
 		}
 		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetOpsStatusResponse404Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers404 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetOpsStatusResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {

@@ -492,6 +492,9 @@ type Internal = ErrorBody
 // NotFound defines model for NotFound.
 type NotFound = ErrorBody
 
+// OpsNotHere defines model for OpsNotHere.
+type OpsNotHere = ErrorBody
+
 // PayloadTooLarge defines model for PayloadTooLarge.
 type PayloadTooLarge = ErrorBody
 
