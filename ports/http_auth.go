@@ -139,7 +139,7 @@ func (s *HTTPServer) requireToken(c echo.Context) error {
 func (s *HTTPServer) publicAuth(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		switch {
-		case c.Path() == "/healthz" || c.Path() == "/readyz":
+		case c.Path() == "/healthz" || c.Path() == "/readyz" || isDocsPath(c.Path()):
 			return next(c)
 		case (c.Request().Method == http.MethodGet || c.Request().Method == http.MethodHead) && s.cfg.Auth.PublicReads:
 			if _, err := s.authenticate(c); err != nil {

@@ -115,7 +115,7 @@ func newAPIEnvWith(t *testing.T, o apiOptions) *apiEnv {
 	return &apiEnv{
 		redis: srv, rdb: redistest.Client(t, srv.URL()), keys: keys, url: url, idem: idem,
 		// Generous, so a hang fails the test instead of stalling it; not a timing assertion.
-		client: &http.Client{Timeout: 4 * o.requestTimeout},
+		client: &http.Client{Timeout: 4 * o.requestTimeout, Transport: contract.Transport(nil)},
 	}
 }
 

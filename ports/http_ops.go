@@ -37,16 +37,7 @@ func RegisterOpsRoutes(e *echo.Echo, a app.Application) error {
 		h.c.ReplayPoisoned == nil || h.c.PurgePoisoned == nil || h.c.RebuildProjection == nil {
 		return errors.New("ports: RegisterOpsRoutes needs the status, poison and projection use cases")
 	}
-	g := e.Group("/ops")
-	g.GET("/status", h.getStatus)
-	g.GET("/poison", h.listPoison)
-	g.POST("/poison/replay", h.replayAll)
-	g.DELETE("/poison", h.purgeAll)
-	g.GET("/poison/:id", h.showPoison)
-	g.POST("/poison/:id/replay", h.replayOne)
-	g.DELETE("/poison/:id", h.purgeOne)
-	g.GET("/projections", h.listProjections)
-	g.POST("/projections/:name/rebuild", h.rebuild)
+	registerAPI(e, &apiServer{ops: &h}, partOps, partProjectionOps)
 	return nil
 }
 

@@ -15,11 +15,7 @@ import (
 // RegisterProjectionRoutes adds the read routes of the leaderboards, recent_checkins and
 // daily_checkins projections.
 func (s *HTTPServer) RegisterProjectionRoutes() {
-	e := s.echo
-	e.GET("/leaderboards/locations", s.getLocationLeaderboard)
-	e.GET("/leaderboards/users", s.getUserLeaderboard)
-	e.GET("/users/:id/checkins", s.getUserRecentCheckins)
-	e.GET("/locations/:id/daily", s.getLocationDaily)
+	registerAPI(s.echo, &apiServer{s: s}, partProjections)
 }
 
 type locationBoardResponse struct {

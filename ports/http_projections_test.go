@@ -68,7 +68,7 @@ func (a *projAPI) apply(t *testing.T, events []domain.CheckinRecorded, minChecki
 
 func (a *projAPI) get(t *testing.T, path string, out any) int {
 	t.Helper()
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(a.url + path)
+	resp, err := contractClient.Get(a.url + path)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)

@@ -30,7 +30,8 @@ func securityHeaders(next echo.HandlerFunc) echo.HandlerFunc {
 		// No Server header: nothing tells a scanner which stack and version answer.
 		h.Del("Server")
 		res.Before(func() {
-			if strings.HasPrefix(h.Get(echo.HeaderContentType), "text/html") {
+			// A page that set a policy of its own (the docs page, DocsCSP) keeps it.
+			if strings.HasPrefix(h.Get(echo.HeaderContentType), "text/html") && h.Get("Content-Security-Policy") == cspAPI {
 				h.Set("Content-Security-Policy", cspHTML)
 			}
 			h.Del("Server")

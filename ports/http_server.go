@@ -90,21 +90,19 @@ func NewHTTPServer(a app.Application, ready Readiness, cfg HTTPConfig, log *slog
 				e.Use(s.limitIP(l))
 			}
 		}
-		e.GET("/healthz", s.healthz)
-		e.GET("/readyz", s.readyz)
 	}
 	if cfg.Auth != nil {
 		s.echo.Use(s.publicAuth)
 		s.ops.Use(s.opsAuth)
 	}
-	e := s.echo
+	// The routes of openapi.yml, through the generated glue (http_openapi.go).
+	api := &apiServer{s: s, docs: newDocsHandlers()}
+	public := []apiPart{partHealth, partPublic}
 	if a.Commands.RecordCheckin != nil { // a projector-only process serves reads and health only
-		e.POST("/checkins", s.postCheckin)
+		public = append(public, partPostCheckin)
 	}
-	e.GET("/checkins/latest", s.getLatestCheckin)
-	e.GET("/checkins", s.listCheckins)
-	e.GET("/users/:id", s.getUser)
-	e.GET("/locations/:id", s.getLocation)
+	registerAPI(s.echo, api, public...)
+	registerAPI(s.ops, api, partHealth)
 	return s
 }
 

@@ -108,7 +108,7 @@ func TestMetricsAndReadinessFollowProgress(t *testing.T) {
 	hs := httptest.NewServer(server.Handler())
 	t.Cleanup(hs.Close)
 	get := func(path string) (int, string) {
-		resp, err := http.Get(hs.URL + path)
+		resp, err := contractClient.Get(hs.URL + path)
 		require.NoError(t, err)
 		defer resp.Body.Close()
 		b, err := io.ReadAll(resp.Body)

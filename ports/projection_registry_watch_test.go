@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/labstack/echo/v4"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -83,11 +82,12 @@ func TestRebuildDrivenByTheProjectorLoop(t *testing.T) {
 			require.Eventually(t, func() bool { return count() == 100 }, 10*time.Second, 20*time.Millisecond)
 
 			// Over HTTP, as an operator would: 202, then progress in GET /ops/projections.
-			e := echo.New()
-			require.NoError(t, ports.RegisterOpsRoutes(e, a))
-			hs := httptest.NewServer(e)
+			// On the service's ops listener, with its middleware (the correlation ID the spec promises).
+			srv := ports.NewHTTPServer(app.Application{}, nil, ports.HTTPConfig{}, slog.New(slog.DiscardHandler))
+			require.NoError(t, ports.RegisterOpsRoutes(srv.OpsEcho(), a))
+			hs := httptest.NewServer(srv.OpsHandler())
 			t.Cleanup(hs.Close)
-			resp, err := http.Post(hs.URL+"/ops/projections/users/rebuild", "", nil)
+			resp, err := contractClient.Post(hs.URL+"/ops/projections/users/rebuild", "", nil)
 			require.NoError(t, err)
 			_ = resp.Body.Close()
 			require.Equal(t, http.StatusAccepted, resp.StatusCode)

@@ -22,7 +22,7 @@ import (
 )
 
 // plainClient sends exactly what the test gives it: no token is added.
-var plainClient = &http.Client{Timeout: 10 * time.Second}
+var plainClient = &http.Client{Timeout: 10 * time.Second, Transport: contract.Transport(nil)}
 
 func plainDo(t *testing.T, method, url, token, body string) (int, http.Header, string) {
 	t.Helper()

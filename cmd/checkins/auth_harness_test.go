@@ -100,5 +100,5 @@ func (a authTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // authedClient is an HTTP client whose requests carry a test token unless they set their own.
 func authedClient(timeout time.Duration) *http.Client {
-	return &http.Client{Timeout: timeout, Transport: authTransport{next: http.DefaultTransport}}
+	return &http.Client{Timeout: timeout, Transport: contract.Transport(authTransport{next: http.DefaultTransport})}
 }

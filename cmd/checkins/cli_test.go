@@ -44,6 +44,10 @@ func TestMain(m *testing.M) {
 		builtBinary = bin
 	}
 	code := m.Run()
+	if err := contract.Err(); err != nil { // also the mismatches a test's retry loop swallowed
+		fmt.Fprintln(os.Stderr, "FAIL: responses that openapi.yml does not describe:", err)
+		code = 1
+	}
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -116,6 +115,6 @@ func (s *Service) wireProjections() error {
 	if err := ports.RegisterOpsRoutes(ops, s.app); err != nil {
 		return err
 	}
-	ops.GET("/metrics", echo.WrapHandler(ports.MetricsHandler(s.proj.registry)))
+	ports.RegisterMetricsRoute(ops, ports.MetricsHandler(s.proj.registry))
 	return nil
 }
