@@ -139,8 +139,9 @@ func (s *HTTPServer) requireToken(c echo.Context) error {
 func (s *HTTPServer) publicAuth(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		switch {
-		case c.Path() == "/healthz" || c.Path() == "/readyz":
-			return next(c)
+		case c.Path() == "/healthz" || c.Path() == "/readyz" || c.Request().URL.Path == "/":
+			return next(c) // "/" only redirects a browser to the dashboard or the docs
+
 		case (c.Request().Method == http.MethodGet || c.Request().Method == http.MethodHead) && s.cfg.Auth.PublicReads:
 			if _, err := s.authenticate(c); err != nil {
 				return err
@@ -163,6 +164,8 @@ func (s *HTTPServer) opsAuth(next echo.HandlerFunc) echo.HandlerFunc {
 		switch {
 		case path == "/healthz" || path == "/readyz":
 			return next(c)
+		case isUIPath(path): // the dashboard also takes its login cookie (http_ui_auth.go)
+			return s.uiAuth(c, next)
 		case path == "/metrics" && !s.cfg.Auth.OpsShared:
 			return next(c)
 		}
