@@ -109,6 +109,8 @@ func (u *UI) login(c echo.Context) error {
 	if !p.HasScope(ScopeOps) && !p.HasScope(ScopeOpsRead) {
 		return fail("this token has neither scope " + ScopeOps + " nor " + ScopeOpsRead + ": it cannot see the dashboard")
 	}
+	// #nosec G124 -- HttpOnly and SameSite=Strict always; Secure whenever the listener speaks TLS
+	// (a Secure cookie over plain HTTP on loopback would never be sent back).
 	ck := &http.Cookie{Name: UICookie, Value: raw, Path: "/ui", HttpOnly: true, SameSite: http.SameSiteStrictMode,
 		Secure: c.Request().TLS != nil}
 	if exp, ok := tokenExpiry(raw); ok {
@@ -124,6 +126,7 @@ func (u *UI) logout(c echo.Context) error {
 }
 
 func clearUICookie(c echo.Context) {
+	// #nosec G124 -- the login cookie's attributes (see login), emptied and expired
 	c.SetCookie(&http.Cookie{Name: UICookie, Value: "", Path: "/ui", HttpOnly: true, SameSite: http.SameSiteStrictMode,
 		Secure: c.Request().TLS != nil, MaxAge: -1, Expires: time.Unix(0, 0)})
 }
