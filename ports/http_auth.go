@@ -141,6 +141,8 @@ func (s *HTTPServer) publicAuth(next echo.HandlerFunc) echo.HandlerFunc {
 		switch {
 		case c.Path() == "/healthz" || c.Path() == "/readyz" || isDocsPath(c.Path()):
 			return next(c)
+		case c.Request().URL.Path == "/":
+			return next(c) // "/" only redirects a browser to the dashboard or the docs
 		case (c.Request().Method == http.MethodGet || c.Request().Method == http.MethodHead) && s.cfg.Auth.PublicReads:
 			if _, err := s.authenticate(c); err != nil {
 				return err
@@ -163,6 +165,8 @@ func (s *HTTPServer) opsAuth(next echo.HandlerFunc) echo.HandlerFunc {
 		switch {
 		case path == "/healthz" || path == "/readyz":
 			return next(c)
+		case isUIPath(path): // the dashboard also takes its login cookie (http_ui_auth.go)
+			return s.uiAuth(c, next)
 		case path == "/metrics" && !s.cfg.Auth.OpsShared:
 			return next(c)
 		}

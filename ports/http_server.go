@@ -124,12 +124,12 @@ func (s *HTTPServer) Handler() http.Handler { return s.echo }
 // OpsHandler is the http.Handler of the ops listener.
 func (s *HTTPServer) OpsHandler() http.Handler { return s.ops }
 
-// SharedHandler serves both on one listener (OPS_ADDR = HTTP_ADDR): /ops and /metrics go to the
-// ops router, with its scopes; everything else to the public one.
+// SharedHandler serves both on one listener (OPS_ADDR = HTTP_ADDR): /ops, /ui and /metrics go
+// to the ops router, with its scopes; everything else to the public one.
 func (s *HTTPServer) SharedHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p := r.URL.Path
-		if p == "/metrics" || p == "/ops" || strings.HasPrefix(p, "/ops/") {
+		if p == "/metrics" || p == "/ops" || strings.HasPrefix(p, "/ops/") || isUIPath(p) {
 			s.ops.ServeHTTP(w, r)
 			return
 		}
@@ -159,6 +159,9 @@ func (s *HTTPServer) correlation(next echo.HandlerFunc) echo.HandlerFunc {
 
 func (s *HTTPServer) timeout(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
+		if c.Request().URL.Path == uiPathEvents {
+			return next(c) // the dashboard's event stream lasts as long as the page is open
+		}
 		ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.RequestTimeout)
 		defer cancel()
 		c.SetRequest(c.Request().WithContext(ctx))

@@ -58,6 +58,7 @@ type Config struct {
 	// Authentication, the ops listener, rate limits (config_access.go).
 	AccessConfig
 	HTTP httpConfig // timeouts, connection cap, CORS, TLS (config_http.go)
+	UI   uiConfig   // the dashboard's event streams (config_ui.go)
 }
 
 // setting is one configuration value: an environment variable and a flag of the same meaning.
@@ -200,7 +201,7 @@ func settings() []setting {
 			return nil
 		}},
 		{"RETENTION_INTERVAL", "retention-interval", "1m", "how often the projector trims the stream when RETENTION is set", dur(func(c *Config) *time.Duration { return &c.RetentionInterval }, 10*time.Millisecond)},
-	}, append(accessSettings(), httpSettings(dur)...)...)
+	}, append(append(accessSettings(), httpSettings(dur)...), uiSettings(dur, integer)...)...)
 }
 
 // parseConfig fills Config from defaults, then the environment, then flags; the first invalid

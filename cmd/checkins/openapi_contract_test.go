@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"github.com/labstack/echo/v4"
 	"net/http"
 	"sort"
 	"strings"
@@ -70,11 +71,20 @@ func registered(s *Service) (public, ops []string) {
 		}
 		return strings.Join(parts, "/")
 	}
+	// The dashboard (/ui/, and GET / that sends a browser to it or to /docs) is HTML for people,
+	// not part of the API: its contract is the browser tests (ui_browser_test.go, ui_test.go).
+	dashboard := func(r *echo.Route) bool {
+		return r.Path == "/" || r.Path == "/ui" || strings.HasPrefix(r.Path, "/ui/")
+	}
 	for _, r := range s.http.Echo().Routes() {
-		public = append(public, r.Method+" "+conv(r.Path))
+		if !dashboard(r) {
+			public = append(public, r.Method+" "+conv(r.Path))
+		}
 	}
 	for _, r := range s.http.OpsEcho().Routes() {
-		ops = append(ops, r.Method+" "+conv(r.Path))
+		if !dashboard(r) {
+			ops = append(ops, r.Method+" "+conv(r.Path))
+		}
 	}
 	return echoRoutes(public), echoRoutes(ops)
 }

@@ -36,6 +36,7 @@ type Service struct {
 	httpLims ports.ServerLimits  // its limits
 	proj     *projectionWiring   // metrics, stall checks (wire_projections.go)
 	app      app.Application
+	ui       *ports.UI // the dashboard (wire_ui.go)
 
 	// Access (wire_access.go): the ops listener (nil: it shares the public one), the API's
 	// auto-pipeline (the per-user rate limit goes through it), dev mode's token issuer.
@@ -210,6 +211,9 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 	if err := s.wireProjections(); err != nil {
 		return nil, err
 	}
+	if err := s.wireUI(); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -261,6 +265,9 @@ func (s *Service) Run(ctx context.Context) error {
 	if s.router != nil {
 		g.Go(func() error { return s.router.Run(gctx) })
 	}
+	// Samples for the dashboard; when gctx ends it closes the open event streams, which would
+	// otherwise hold the listeners' graceful shutdown for DRAIN_TIMEOUT.
+	g.Go(func() error { return s.ui.Run(gctx) })
 	background, berr := s.projectionBackground()
 	if berr != nil {
 		g.Go(func() error { return berr })

@@ -1,0 +1,344 @@
+package main
+
+// HTTP-level tests of the dashboard (/ui/ on the ops listener): login and its cookie, scopes,
+// cross-origin protection, GET / for browsers, and the event stream's lifetime. The browser tests
+// are in ui_browser_test.go.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/ports"
+)
+
+// uiClient follows no redirects and keeps no cookies: each test says what it sends.
+var uiClient = &http.Client{Timeout: 10 * time.Second,
+	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+type uiReq struct {
+	method, url string
+	form        url.Values
+	cookie      string // the login cookie's value
+	header      map[string]string
+}
+
+func uiDo(t *testing.T, r uiReq) (*http.Response, string) {
+	t.Helper()
+	var body io.Reader
+	if r.form != nil {
+		body = strings.NewReader(r.form.Encode())
+	}
+	req, err := http.NewRequest(r.method, r.url, body)
+	require.NoError(t, err)
+	if r.form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	if r.cookie != "" {
+		req.AddCookie(&http.Cookie{Name: ports.UICookie, Value: r.cookie})
+	}
+	for k, v := range r.header {
+		req.Header.Set(k, v)
+	}
+	resp, err := uiClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, string(b)
+}
+
+// uiLogin posts token to the login form and returns the cookie the service set.
+func uiLogin(t *testing.T, ops, token string) *http.Cookie {
+	t.Helper()
+	resp, body := uiDo(t, uiReq{method: http.MethodPost, url: ops + "/ui/login", form: url.Values{"token": {token}, "next": {"/ui/poison"}}})
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode, body)
+	require.Equal(t, "/ui/poison", resp.Header.Get("Location"))
+	for _, c := range resp.Cookies() {
+		if c.Name == ports.UICookie {
+			return c
+		}
+	}
+	t.Fatalf("login set no %s cookie: %v", ports.UICookie, resp.Header.Values("Set-Cookie"))
+	return nil
+}
+
+// parkGarbage XADDs an entry that is no event to the stream and waits until it is parked.
+func parkGarbage(t *testing.T, rdb redistest.Env) string {
+	t.Helper()
+	c := redistest.Client(t, rdb.URL)
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	before, err := c.XLen(context.Background(), keys.PoisonStream()).Result()
+	require.NoError(t, err)
+	require.NoError(t, c.XAdd(context.Background(), &redis.XAddArgs{Stream: keys.Stream(), Values: []any{"garbage", "not an event"}}).Err())
+	var id string
+	require.Eventually(t, func() bool {
+		n, err := c.XLen(context.Background(), keys.PoisonStream()).Result()
+		if err != nil || n <= before {
+			return false
+		}
+		xs, err := c.XRevRangeN(context.Background(), keys.PoisonStream(), "+", "-", 1).Result()
+		if err != nil || len(xs) == 0 {
+			return false
+		}
+		id = xs[0].ID
+		return true
+	}, 30*time.Second, 50*time.Millisecond, "the garbage entry is parked")
+	return id
+}
+
+func TestUILoginCookieScopesAndCrossOrigin(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "OPS_ADDR": "localhost:0"}, Mode{API: true, Projections: true})
+	require.NotEqual(t, svc.base, svc.ops)
+	id := parkGarbage(t, rdb)
+
+	// A browser without the cookie is sent to the login page; a script gets 401.
+	resp, _ := uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + "/ui/poison?projection=users"})
+	assert.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	assert.Equal(t, "/ui/login?next="+url.QueryEscape("/ui/poison?projection=users"), resp.Header.Get("Location"))
+	resp, _ = uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + "/ui/events"})
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	resp, body := uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + "/ui/login"})
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Contains(t, body, `name="token"`)
+	assert.Contains(t, resp.Header.Get("Content-Security-Policy"), "script-src 'self'")
+
+	// Bad tokens are refused with the reason, and set no cookie.
+	for token, want := range map[string]string{
+		"":                                   "paste a token",
+		"not-a-token":                        "token refused",
+		testToken(3):                         "neither scope",
+		strings.Repeat("a", 9<<10):           "too large",
+		testToken(3, ports.ScopeOpsRead)[1:]: "token refused",
+	} {
+		resp, body := uiDo(t, uiReq{method: http.MethodPost, url: svc.ops + "/ui/login", form: url.Values{"token": {token}}})
+		assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, "token %.20q", token)
+		assert.Contains(t, body, want, "token %.20q", token)
+		assert.Empty(t, resp.Cookies(), "token %.20q", token)
+	}
+	// A post-login redirect stays on the dashboard.
+	resp, _ = uiDo(t, uiReq{method: http.MethodPost, url: svc.ops + "/ui/login", form: url.Values{"token": {testToken(3, ports.ScopeOpsRead)}, "next": {"//evil.example/ui/"}}})
+	assert.Equal(t, "/ui/", resp.Header.Get("Location"))
+
+	read := uiLogin(t, svc.ops, testToken(3, ports.ScopeOpsRead))
+	assert.True(t, read.HttpOnly)
+	assert.Equal(t, http.SameSiteStrictMode, read.SameSite)
+	assert.Equal(t, "/ui", read.Path)
+	assert.False(t, read.Secure, "plain HTTP: a Secure cookie would never come back")
+	assert.WithinDuration(t, time.Now().Add(6*time.Hour), read.Expires, 2*time.Minute, "the cookie expires with the token")
+	ops := uiLogin(t, svc.ops, testToken(4, ports.ScopeOps))
+
+	// Read-only: the pages show no action, and the server refuses the actions anyway.
+	for _, page := range []string{"/ui/", "/ui/poison", "/ui/poison/entry/" + id, "/ui/projections", "/ui/explore?user=1&location=2"} {
+		resp, body := uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + page, cookie: read.Value})
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", page, body)
+		assert.True(t, strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html"), page)
+		assert.Contains(t, resp.Header.Get("Content-Security-Policy"), "script-src 'self'", page)
+		assert.NotContains(t, body, `method="post" action="/ui/poison`, "%s shows a read-only viewer an action", page)
+		assert.NotContains(t, body, `/rebuild"`, "%s shows a read-only viewer an action", page)
+		assert.Contains(t, body, "read-only", page)
+	}
+	_, body = uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + "/ui/poison", cookie: read.Value})
+	assert.Contains(t, body, id, "the parked entry is listed")
+	for _, action := range []string{"/ui/poison/entry/" + id + "/purge", "/ui/poison/entry/" + id + "/replay", "/ui/poison/purge-all", "/ui/poison/replay-all", "/ui/projections/users/rebuild"} {
+		resp, body := uiDo(t, uiReq{method: http.MethodPost, url: svc.ops + action, cookie: read.Value, form: url.Values{"confirm": {"all"}}})
+		assert.Equal(t, http.StatusForbidden, resp.StatusCode, "%s with a read-only cookie: %s", action, body)
+		assert.Contains(t, body, ports.CodeInsufficientScope, action)
+	}
+	for _, page := range []string{"/ui/poison", "/ui/projections"} {
+		_, body := uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + page, cookie: ops.Value})
+		assert.Contains(t, body, "operator", page)
+		assert.Contains(t, body, `method="post"`, "%s shows an operator the actions", page)
+	}
+
+	// The cookie is the dashboard's only: /ops takes a bearer token.
+	resp, _ = uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + "/ops/status", cookie: ops.Value})
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+
+	// Cross-site POSTs are refused before they act, whatever the cookie.
+	for name, h := range map[string]map[string]string{
+		"Sec-Fetch-Site cross-site": {"Sec-Fetch-Site": "cross-site"},
+		"Sec-Fetch-Site same-site":  {"Sec-Fetch-Site": "same-site"},
+		"foreign Origin":            {"Origin": "http://evil.example"},
+	} {
+		for _, action := range []string{"/ui/poison/entry/" + id + "/purge", "/ui/login"} {
+			form := url.Values{"token": {testToken(4, ports.ScopeOps)}}
+			resp, body := uiDo(t, uiReq{method: http.MethodPost, url: svc.ops + action, cookie: ops.Value, header: h, form: form})
+			assert.Equal(t, http.StatusForbidden, resp.StatusCode, "%s %s: %s", name, action, body)
+			assert.Contains(t, body, "cross_origin", name)
+			assert.Empty(t, resp.Cookies(), name)
+		}
+	}
+	_, body = uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + "/ui/poison/entry/" + id, cookie: ops.Value})
+	assert.Contains(t, body, adapters.PoisonFieldError, "the entry is still there")
+	assert.Contains(t, body, "garbage", "the original fields are shown")
+
+	// From the dashboard itself (same origin), the operator's purge works.
+	resp, _ = uiDo(t, uiReq{method: http.MethodPost, url: svc.ops + "/ui/poison/entry/" + id + "/purge", cookie: ops.Value,
+		header: map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": svc.ops}})
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	assert.Contains(t, resp.Header.Get("Location"), "msg=purged")
+	resp, body = uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + "/ui/poison/entry/" + id, cookie: ops.Value})
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, body)
+
+	// Logging out clears the cookie.
+	resp, _ = uiDo(t, uiReq{method: http.MethodPost, url: svc.ops + "/ui/logout", cookie: ops.Value})
+	require.Len(t, resp.Cookies(), 1)
+	assert.Equal(t, -1, resp.Cookies()[0].MaxAge)
+
+	// The public listener has no dashboard; GET / sends a browser to the API's docs page there,
+	// and is the API's 404 for anything else.
+	for _, p := range []string{"/ui/", "/ui/login"} {
+		resp, _ := uiDo(t, uiReq{method: http.MethodGet, url: svc.base + p})
+		assert.Equal(t, http.StatusNotFound, resp.StatusCode, p)
+	}
+	resp, _ = uiDo(t, uiReq{method: http.MethodGet, url: svc.base + "/", header: map[string]string{"Accept": "text/html"}})
+	assert.Equal(t, http.StatusFound, resp.StatusCode)
+	assert.Equal(t, "/docs", resp.Header.Get("Location"))
+	resp, body = uiDo(t, uiReq{method: http.MethodGet, url: svc.base + "/", header: map[string]string{"Accept": "application/json"}})
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+	assert.Contains(t, body, `"code":"not_found"`)
+}
+
+func TestUIRootRedirectsABrowserOnASharedPort(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix}, Mode{API: true, Projections: true})
+	require.Equal(t, svc.base, svc.ops)
+	resp, _ := uiDo(t, uiReq{method: http.MethodGet, url: svc.base + "/", header: map[string]string{"Accept": "text/html,application/xhtml+xml"}})
+	assert.Equal(t, http.StatusFound, resp.StatusCode)
+	assert.Equal(t, "/ui/", resp.Header.Get("Location"))
+	resp, body := uiDo(t, uiReq{method: http.MethodGet, url: svc.base + "/", header: map[string]string{"Accept": "application/json"}})
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "a client that is no browser gets the API's answer")
+	assert.Contains(t, body, `"code":"not_found"`)
+	resp, _ = uiDo(t, uiReq{method: http.MethodGet, url: svc.base + "/ui/"})
+	assert.Equal(t, http.StatusSeeOther, resp.StatusCode, "the dashboard is served on the shared port")
+	resp, _ = uiDo(t, uiReq{method: http.MethodGet, url: svc.base + "/ui/vendor/htmx/htmx.min.js"})
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "the vendored files need no login")
+	assert.Equal(t, "text/javascript; charset=utf-8", resp.Header.Get("Content-Type"))
+	resp, _ = uiDo(t, uiReq{method: http.MethodGet, url: svc.base + "/ui/vendor/../templates/layout.html"})
+	assert.NotEqual(t, http.StatusOK, resp.StatusCode)
+}
+
+// sseEvent is one event of /ui/events, or a comment (Event "", Comment set).
+type sseEvent struct {
+	Event, Data, Comment string
+}
+
+func readSSE(r io.Reader, out chan<- sseEvent) {
+	defer close(out)
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	var ev sseEvent
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case line == "":
+			if ev != (sseEvent{}) {
+				out <- ev
+			}
+			ev = sseEvent{}
+		case strings.HasPrefix(line, ":"):
+			out <- sseEvent{Comment: strings.TrimSpace(line[1:])}
+		case strings.HasPrefix(line, "event: "):
+			ev.Event = line[len("event: "):]
+		case strings.HasPrefix(line, "data: "):
+			if ev.Data != "" {
+				ev.Data += "\n"
+			}
+			ev.Data += line[len("data: "):]
+		}
+	}
+}
+
+func openSSE(t *testing.T, url, token string) (*http.Response, chan sseEvent) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := (&http.Client{}).Do(req) // no client timeout: the stream is long
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = resp.Body.Close() })
+	ch := make(chan sseEvent, 1024)
+	if resp.StatusCode == http.StatusOK {
+		go readSSE(resp.Body, ch)
+	}
+	return resp, ch
+}
+
+// TestUIEventStreamOutlivesTimeoutsAndEndsOnShutdown: the stream lasts past REQUEST_TIMEOUT and
+// the listener's read and write timeouts, sends samples and heartbeats, is capped, and ends when
+// the service stops, without holding up the graceful shutdown.
+func TestUIEventStreamOutlivesTimeoutsAndEndsOnShutdown(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "OPS_ADDR": "localhost:0",
+		"REQUEST_TIMEOUT": "300ms", "HTTP_READ_HEADER_TIMEOUT": "500ms", "HTTP_READ_TIMEOUT": "500ms", "HTTP_WRITE_TIMEOUT": "500ms",
+		"UI_HEARTBEAT": "200ms", "UI_MAX_STREAMS": "2", "DRAIN_TIMEOUT": "5s"}, Mode{API: true, Projections: true})
+	token := testToken(5, ports.ScopeOpsRead)
+	resp, events := openSSE(t, svc.ops+"/ui/events", token)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	resp2, _ := openSSE(t, svc.ops+"/ui/events", token)
+	require.Equal(t, http.StatusOK, resp2.StatusCode)
+	resp3, _ := openSSE(t, svc.ops+"/ui/events", token)
+	assert.Equal(t, http.StatusServiceUnavailable, resp3.StatusCode, "UI_MAX_STREAMS=2")
+	b, _ := io.ReadAll(resp3.Body)
+	assert.Contains(t, string(b), "too_many_streams")
+
+	start := time.Now()
+	counts := map[string]int{}
+	var chart string
+	for time.Since(start) < 3*time.Second { // six times every timeout above
+		select {
+		case ev, ok := <-events:
+			require.True(t, ok, "the stream ended after %s", time.Since(start))
+			if ev.Comment != "" {
+				counts[":"+ev.Comment]++
+			}
+			counts[ev.Event]++
+			if ev.Event == "chart" {
+				chart = ev.Data
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("no event for 5s")
+		}
+	}
+	assert.GreaterOrEqual(t, counts["tick"], 2, "one sample a second: %v", counts)
+	assert.GreaterOrEqual(t, counts["overview"], 2, "%v", counts)
+	assert.GreaterOrEqual(t, counts[":heartbeat"], 3, "UI_HEARTBEAT=200ms: %v", counts)
+	var cd struct {
+		T      []int64             `json:"t"`
+		Rate   []float64           `json:"rate"`
+		Lag    map[string][]*int64 `json:"lag"`
+		Groups []string            `json:"groups"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(chart), &cd), chart)
+	assert.Len(t, cd.Rate, len(cd.T))
+	assert.Contains(t, cd.Groups, "live")
+
+	// Shutdown ends the stream with a last event, and the listeners stop without waiting for
+	// DRAIN_TIMEOUT (Run would return the shutdown's deadline error).
+	require.NoError(t, svc.stop(t))
+	var last string
+	for ev := range events {
+		if ev.Event != "" {
+			last = ev.Event
+		}
+	}
+	assert.Equal(t, "bye", last)
+}

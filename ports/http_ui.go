@@ -1,0 +1,551 @@
+package ports
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"mime"
+	"net/http"
+	"net/url"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/checkins/checkins/app"
+	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/app/ops"
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/app/query"
+	"github.com/checkins/checkins/domain"
+)
+
+// uiFiles are the dashboard's templates, its own script and style, and the vendored libraries
+// (htmx, its SSE extension, uPlot: copied from their npm packages with their licences; the
+// sha256 of each is in ui/vendor/SHA256SUMS and checked by a test). No CDN, no build step.
+//
+//go:embed ui/templates/*.html ui/static ui/vendor
+var uiFiles embed.FS
+
+// UIConfig wires the dashboard to the same operations as /ops and the CLI.
+type UIConfig struct {
+	// App holds the operations' use cases (status, the poison queue, projection versions and
+	// rebuilds) and the read queries (Explore), the same as /ops and the CLI verbs use.
+	App app.Application
+	// Projection names this build knows (the poison filter, purge-all's confirmation).
+	Names []string
+	// MaxClients caps the open event streams (0: DefaultUIMaxClients); Heartbeat is the idle
+	// stream's comment interval (0: DefaultUIHeartbeat).
+	MaxClients int
+	Heartbeat  time.Duration
+	// SharedPort: the ops routes share the public listener (OPS_ADDR = HTTP_ADDR), so GET /
+	// sends a browser to the dashboard.
+	SharedPort bool
+	Logger     *slog.Logger
+}
+
+// UI is the operations dashboard under /ui/ on the ops listener.
+type UI struct {
+	srv  *HTTPServer
+	cfg  UIConfig
+	log  *slog.Logger
+	tmpl *template.Template
+	hub  *uiHub
+}
+
+// UIAssets are the dashboard's embedded files (templates, static, vendor), for the test that
+// checks the vendored files against their recorded sha256.
+func UIAssets() fs.FS { return uiFiles }
+
+// RegisterUI adds the dashboard to the ops router, and GET / on the public one. Run samples
+// the status for it until the service stops.
+func RegisterUI(s *HTTPServer, cfg UIConfig) (*UI, error) {
+	q, c := cfg.App.Queries, cfg.App.Commands
+	if q.Status == nil || q.ListPoisoned == nil || q.ProjectionVersions == nil || c.ReplayPoisoned == nil ||
+		c.PurgePoisoned == nil || c.RebuildProjection == nil || cfg.Logger == nil {
+		return nil, errors.New("ports: the dashboard needs the status, poison and projection use cases and a Logger")
+	}
+	tmpl, err := template.New("ui").Funcs(template.FuncMap{
+		"ts": func(t time.Time) string {
+			if t.IsZero() {
+				return "-"
+			}
+			return t.UTC().Format("2006-01-02 15:04:05Z")
+		},
+		"tsp": func(t *time.Time) string {
+			if t == nil {
+				return "-"
+			}
+			return t.UTC().Format("2006-01-02 15:04:05Z")
+		},
+		"lag": func(l *int64) string {
+			if l == nil {
+				return "?"
+			}
+			return strconv.FormatInt(*l, 10)
+		},
+		"lagn": func(l int64) string {
+			if l < 0 {
+				return "?"
+			}
+			return strconv.FormatInt(l, 10)
+		},
+		"rate": func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
+		"q":    url.QueryEscape,
+		"sub":  func(a, b int64) int64 { return a - b },
+	}).ParseFS(uiFiles, "ui/templates/*.html")
+	if err != nil {
+		return nil, fmt.Errorf("ports: dashboard templates: %w", err)
+	}
+	u := &UI{srv: s, cfg: cfg, log: cfg.Logger, tmpl: tmpl,
+		hub: newUIHub(q.Status.Status, cfg.MaxClients, cfg.Heartbeat, cfg.Logger)}
+	static, err := fs.Sub(uiFiles, "ui")
+	if err != nil {
+		return nil, err
+	}
+	e := s.ops
+	// Go's cross-origin protection refuses a state-changing request that a browser marks as
+	// sent by another site (Sec-Fetch-Site, or Origin against Host); GETs pass.
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(echo.HeaderContentType, echo.MIMEApplicationJSONCharsetUTF8)
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write([]byte(`{"error":{"code":"cross_origin","message":"cross-origin request refused: the dashboard's actions are taken from its own pages only"}}` + "\n"))
+	}))
+	g := e.Group("/ui", echo.WrapMiddleware(cop.Handler))
+	e.GET("/ui", func(c echo.Context) error { return c.Redirect(http.StatusMovedPermanently, "/ui/") })
+	for _, dir := range []string{"static", "vendor"} {
+		g.GET("/"+dir+"/*", func(c echo.Context) error {
+			name := dir + "/" + strings.TrimPrefix(c.Param("*"), "/")
+			b, err := fs.ReadFile(static, name)
+			if err != nil || !fs.ValidPath(name) {
+				return echo.ErrNotFound
+			}
+			ct := mime.TypeByExtension(path.Ext(name))
+			if ct == "" {
+				ct = "text/plain; charset=utf-8" // LICENSE, SHA256SUMS
+			}
+			c.Response().Header().Set(echo.HeaderCacheControl, "public, max-age=3600")
+			return c.Blob(http.StatusOK, ct, b)
+		})
+	}
+	g.GET("/login", u.loginPage)
+	g.POST("/login", u.login)
+	g.POST("/logout", u.logout)
+	g.GET("/", u.overview)
+	g.GET("/events", u.serveEvents)
+	g.GET("/poison", u.poisonPage)
+	g.GET("/poison/table", u.poisonTable)
+	g.GET("/poison/entry/:id", u.poisonEntry)
+	g.POST("/poison/entry/:id/replay", u.replayOne)
+	g.POST("/poison/entry/:id/purge", u.purgeOne)
+	g.POST("/poison/replay-all", u.replayAll)
+	g.POST("/poison/purge-all", u.purgeAll)
+	g.GET("/projections", u.projectionsPage)
+	g.GET("/projections/table", u.projectionsTable)
+	g.POST("/projections/:name/rebuild", u.rebuild)
+	g.GET("/explore", u.explore)
+	s.echo.GET("/", u.root)
+	return u, nil
+}
+
+// Run samples the status every second until ctx ends, then ends every open event stream.
+func (u *UI) Run(ctx context.Context) error { return u.hub.run(ctx) }
+
+// root is GET / on the public listener: a browser goes to the dashboard when it shares this
+// port, else to the API reference (/docs) when this build has one; everything else gets the
+// API's answer to an unknown route.
+func (u *UI) root(c echo.Context) error {
+	if strings.Contains(c.Request().Header.Get(echo.HeaderAccept), "text/html") {
+		if u.cfg.SharedPort {
+			return c.Redirect(http.StatusFound, "/ui/")
+		}
+		for _, r := range u.srv.echo.Routes() {
+			if r.Path == "/docs" && r.Method == http.MethodGet {
+				return c.Redirect(http.StatusFound, "/docs")
+			}
+		}
+	}
+	return echo.ErrNotFound
+}
+
+func (u *UI) render(c echo.Context, status int, name string, data any) error {
+	var buf bytes.Buffer
+	if err := u.tmpl.ExecuteTemplate(&buf, name, data); err != nil {
+		return err
+	}
+	c.Response().Header().Set(echo.HeaderCacheControl, "no-store")
+	return c.HTMLBlob(status, buf.Bytes())
+}
+
+// page is what every full page's layout needs.
+type page struct {
+	Title  string
+	Nav    string
+	CanAct bool
+	Auth   bool
+	Flash  string
+	Error  string
+}
+
+func (u *UI) page(c echo.Context, title, nav string) page {
+	return page{Title: title, Nav: nav, CanAct: u.canAct(c), Auth: u.srv.cfg.Auth != nil,
+		Flash: c.QueryParam("msg"), Error: c.QueryParam("err")}
+}
+
+type overviewView struct {
+	Page   page
+	Sample uiSample
+	CanAct bool
+}
+
+func (u *UI) overview(c echo.Context) error {
+	s, ok := u.hub.latest()
+	if !ok {
+		st, err := u.cfg.App.Queries.Status.Status(c.Request().Context())
+		if err != nil {
+			s.Err = err.Error()
+		} else {
+			s = deriveSample(time.Now(), st, nil)
+		}
+	}
+	p := u.page(c, "Overview", "overview")
+	return u.render(c, http.StatusOK, "overview", overviewView{Page: p, Sample: s, CanAct: p.CanAct})
+}
+
+type poisonView struct {
+	Page       page
+	Names      []string
+	Projection string
+	Cursor     string
+	Limit      int
+	List       query.PoisonPage
+	Query      string
+}
+
+const uiPoisonPageSize = 20
+
+func (u *UI) poisonData(c echo.Context) (poisonView, error) {
+	v := poisonView{Names: u.cfg.Names, Projection: c.QueryParam("projection"), Cursor: c.QueryParam("cursor"), Limit: uiPoisonPageSize}
+	if v.Projection != "" && !slices.Contains(u.cfg.Names, v.Projection) {
+		return v, &domain.ValidationError{Code: domain.CodeInvalid, Field: "projection",
+			Message: fmt.Sprintf("unknown projection %q; this build has %s", v.Projection, strings.Join(u.cfg.Names, ", "))}
+	}
+	if l := c.QueryParam("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > query.MaxPoisonListLimit {
+			return v, &domain.ValidationError{Code: domain.CodeInvalid, Field: "limit",
+				Message: fmt.Sprintf("must be from 1 to %d, got %q", query.MaxPoisonListLimit, l)}
+		}
+		v.Limit = n
+	}
+	list, err := u.cfg.App.Queries.ListPoisoned.List(c.Request().Context(), query.PoisonFilter{Projection: v.Projection, Cursor: v.Cursor, Limit: v.Limit})
+	if err != nil {
+		return v, err
+	}
+	v.List = list
+	q := url.Values{}
+	if v.Projection != "" {
+		q.Set("projection", v.Projection)
+	}
+	if v.Cursor != "" {
+		q.Set("cursor", v.Cursor)
+	}
+	if v.Limit != uiPoisonPageSize {
+		q.Set("limit", strconv.Itoa(v.Limit))
+	}
+	v.Query = q.Encode()
+	return v, nil
+}
+
+func (u *UI) poisonPage(c echo.Context) error {
+	v, err := u.poisonData(c)
+	v.Page = u.page(c, "Poison queue", "poison")
+	if err != nil {
+		var ve *domain.ValidationError
+		if !errors.As(err, &ve) {
+			return err
+		}
+		v.Page.Error = ve.Error()
+		return u.render(c, http.StatusBadRequest, "poison", v)
+	}
+	return u.render(c, http.StatusOK, "poison", v)
+}
+
+// poisonTable is the live part of the poison page (refreshed on every tick).
+func (u *UI) poisonTable(c echo.Context) error {
+	v, err := u.poisonData(c)
+	if err != nil {
+		return err
+	}
+	v.Page = u.page(c, "", "poison")
+	return u.render(c, http.StatusOK, "poison_table", v)
+}
+
+type poisonEntryView struct {
+	Page   page
+	Entry  ops.PoisonEntry
+	Meta   [][2]string
+	Fields [][2]string
+}
+
+func (u *UI) poisonEntry(c echo.Context) error {
+	e, err := u.cfg.App.Queries.ListPoisoned.Show(c.Request().Context(), c.Param("id"))
+	p := u.page(c, "Poison entry "+c.Param("id"), "poison")
+	if err != nil {
+		if errors.Is(err, domain.ErrNotFound) || ops.IsClientError(err) {
+			p.Error = err.Error()
+			return u.render(c, http.StatusNotFound, "poison_entry", poisonEntryView{Page: p})
+		}
+		return err
+	}
+	v := poisonEntryView{Page: p, Entry: e}
+	v.Meta = [][2]string{
+		{"poison:stream", e.Stream}, {"poison:entry_id", e.EntryID},
+		{"poison:projection", e.Projection}, {"poison:group", e.Group},
+		{"poison:version", strconv.Itoa(e.Version)}, {"poison:error", e.Error},
+		{"poison:attempts", strconv.Itoa(e.Attempts)}, {"poison:failed_at", e.FailedAt.UTC().Format(time.RFC3339Nano)},
+		{"poison:decision", e.Decision},
+	}
+	keys := make([]string, 0, len(e.Fields))
+	for k := range e.Fields {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		v.Fields = append(v.Fields, [2]string{k, e.Fields[k]})
+	}
+	return u.render(c, http.StatusOK, "poison_entry", v)
+}
+
+// back redirects to the page the action came from, with a message.
+func back(c echo.Context, to, msgKey, msg string) error {
+	sep := "?"
+	if strings.Contains(to, "?") {
+		sep = "&"
+	}
+	return c.Redirect(http.StatusSeeOther, to+sep+msgKey+"="+url.QueryEscape(msg))
+}
+
+func poisonBack(c echo.Context) string {
+	q := url.Values{}
+	if p := c.FormValue("projection"); p != "" {
+		q.Set("projection", p)
+	}
+	if len(q) == 0 {
+		return "/ui/poison"
+	}
+	return "/ui/poison?" + q.Encode()
+}
+
+func (u *UI) replayOne(c echo.Context) error {
+	id := c.Param("id")
+	res, err := u.cfg.App.Commands.ReplayPoisoned.Replay(c.Request().Context(), id)
+	switch {
+	case err == nil:
+		return back(c, poisonBack(c), "msg", fmt.Sprintf("replayed %s into %s (applied: %t), entry deleted", id, res.Projection, res.Applied))
+	case errors.Is(err, command.ErrReplayFailed), errors.Is(err, command.ErrNotReplayable), errors.Is(err, domain.ErrNotFound), ops.IsClientError(err):
+		return back(c, poisonBack(c), "err", fmt.Sprintf("replay of %s: %v", id, err))
+	}
+	return err
+}
+
+func (u *UI) purgeOne(c echo.Context) error {
+	id := c.Param("id")
+	if err := u.cfg.App.Commands.PurgePoisoned.Purge(c.Request().Context(), id); err != nil {
+		if errors.Is(err, domain.ErrNotFound) || ops.IsClientError(err) {
+			return back(c, poisonBack(c), "err", fmt.Sprintf("purge of %s: %v", id, err))
+		}
+		return err
+	}
+	return back(c, poisonBack(c), "msg", "purged "+id)
+}
+
+func (u *UI) bulkProjection(c echo.Context) (string, error) {
+	p := c.FormValue("projection")
+	if p != "" && !slices.Contains(u.cfg.Names, p) {
+		return "", fmt.Errorf("unknown projection %q", p)
+	}
+	return p, nil
+}
+
+func (u *UI) replayAll(c echo.Context) error {
+	p, err := u.bulkProjection(c)
+	if err != nil {
+		return back(c, "/ui/poison", "err", err.Error())
+	}
+	res, err := u.cfg.App.Commands.ReplayPoisoned.ReplayAll(c.Request().Context(), command.BulkRequest{Projection: p, Max: DefaultHTTPBulkLimit})
+	if err != nil && !ops.IsClientError(err) {
+		return err
+	}
+	msg := fmt.Sprintf("replayed %d, failed %d, not replayable %d", res.Replayed, res.Failed, res.NotReplayable)
+	if res.Next != "" {
+		msg += "; stopped after " + strconv.Itoa(DefaultHTTPBulkLimit) + " entries, replay all again for the rest"
+	}
+	if err != nil || res.Failed+res.NotReplayable > 0 {
+		if err != nil {
+			msg += ": " + err.Error()
+		}
+		return back(c, poisonBack(c), "err", msg)
+	}
+	return back(c, poisonBack(c), "msg", msg)
+}
+
+// purgeAll deletes every entry of one projection (or of all with "all"), once the operator
+// typed that name into the confirmation field.
+func (u *UI) purgeAll(c echo.Context) error {
+	p, err := u.bulkProjection(c)
+	if err != nil {
+		return back(c, "/ui/poison", "err", err.Error())
+	}
+	want := p
+	if want == "" {
+		want = "all"
+	}
+	if got := strings.TrimSpace(c.FormValue("confirm")); got != want {
+		return back(c, poisonBack(c), "err", fmt.Sprintf("nothing purged: type %q to confirm purging every entry (got %q)", want, got))
+	}
+	res, err := u.cfg.App.Commands.PurgePoisoned.PurgeAll(c.Request().Context(), command.BulkRequest{Projection: p, Max: DefaultHTTPBulkLimit})
+	if err != nil && !ops.IsClientError(err) {
+		return err
+	}
+	msg := fmt.Sprintf("purged %d entries", res.Purged)
+	if res.Next != "" {
+		msg += "; stopped after " + strconv.Itoa(DefaultHTTPBulkLimit) + ", purge again for the rest"
+	}
+	if err != nil {
+		return back(c, poisonBack(c), "err", msg+": "+err.Error())
+	}
+	return back(c, poisonBack(c), "msg", msg)
+}
+
+type projectionsView struct {
+	Page   page
+	Report query.ProjectionsReport
+}
+
+func (u *UI) projectionsData(c echo.Context, title string) (projectionsView, error) {
+	rep, err := u.cfg.App.Queries.ProjectionVersions.List(c.Request().Context())
+	return projectionsView{Page: u.page(c, title, "projections"), Report: rep}, err
+}
+
+func (u *UI) projectionsPage(c echo.Context) error {
+	v, err := u.projectionsData(c, "Projections")
+	if err != nil {
+		return err
+	}
+	return u.render(c, http.StatusOK, "projections", v)
+}
+
+func (u *UI) projectionsTable(c echo.Context) error {
+	v, err := u.projectionsData(c, "")
+	if err != nil {
+		return err
+	}
+	return u.render(c, http.StatusOK, "projections_table", v)
+}
+
+func (u *UI) rebuild(c echo.Context) error {
+	name := c.Param("name")
+	rp, err := u.cfg.App.Commands.RebuildProjection.Start(c.Request().Context(), name)
+	switch {
+	case errors.Is(err, domain.ErrNotFound), errors.Is(err, command.ErrRebuildBusy):
+		return back(c, "/ui/projections", "err", err.Error())
+	case err != nil:
+		return err
+	}
+	return back(c, "/ui/projections", "msg", fmt.Sprintf("rebuild of %s started: v%d to v%d; projectors build it while v%d serves", name, rp.From, rp.To, rp.From))
+}
+
+type exploreView struct {
+	Page      page
+	UserID    string
+	User      any
+	UserErr   string
+	Recent    any
+	Location  string
+	Loc       any
+	LocErr    string
+	ByCount   any
+	ByRating  any
+	Users     any
+	BoardsErr string
+	Latest    []query.RecordedCheckin
+	LatestErr string
+}
+
+// explore looks up a user or a location and shows the leaderboards, through app.Queries like
+// the public API.
+func (u *UI) explore(c echo.Context) error {
+	ctx := c.Request().Context()
+	q := u.cfg.App.Queries
+	v := exploreView{Page: u.page(c, "Explore", "explore"), UserID: c.QueryParam("user"), Location: c.QueryParam("location")}
+	id := func(s, what string) (int64, string) {
+		n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+		if err != nil || n < 1 {
+			return 0, fmt.Sprintf("%s must be a positive integer, got %q", what, s)
+		}
+		return n, ""
+	}
+	describe := func(err error) string {
+		if errors.Is(err, domain.ErrNotFound) {
+			return "no check-ins recorded yet"
+		}
+		return err.Error()
+	}
+	if v.UserID != "" {
+		if n, msg := id(v.UserID, "user"); msg != "" {
+			v.UserErr = msg
+		} else {
+			if st, err := q.Users.Stats(ctx, n); err != nil {
+				v.UserErr = describe(err)
+			} else {
+				v.User = st
+			}
+			if q.Recent.Reader != nil {
+				if r, err := q.Recent.OfUser(ctx, n); err == nil {
+					v.Recent = r
+				}
+			}
+		}
+	}
+	if v.Location != "" {
+		if n, msg := id(v.Location, "location"); msg != "" {
+			v.LocErr = msg
+		} else if st, err := q.Locations.Stats(ctx, n); err != nil {
+			v.LocErr = describe(err)
+		} else {
+			v.Loc = st
+		}
+	}
+	if q.Leaderboards.Reader != nil {
+		var err error
+		if v.ByCount, err = q.Leaderboards.Locations(ctx, projection.ByCheckins, 10); err != nil {
+			v.BoardsErr = err.Error()
+		}
+		if v.ByRating, err = q.Leaderboards.Locations(ctx, projection.ByRating, 10); err != nil {
+			v.BoardsErr = err.Error()
+		}
+		if v.Users, err = q.Leaderboards.Users(ctx, 10); err != nil {
+			v.BoardsErr = err.Error()
+		}
+	}
+	// The newest check-ins of the last minute, newest first.
+	now := time.Now().UnixMilli()
+	if pg, err := q.Checkins.Range(ctx, query.RangeQuery{From: now - 60*1000, To: now, Limit: domain.MaxPageLimit}); err != nil {
+		v.LatestErr = err.Error()
+	} else {
+		cs := pg.Checkins
+		slices.Reverse(cs)
+		v.Latest = cs[:min(len(cs), 20)]
+	}
+	return u.render(c, http.StatusOK, "explore", v)
+}
