@@ -88,12 +88,22 @@ type svcProc struct {
 // startSvc runs `checkins <mode>` with env and waits until it listens.
 func startSvc(t *testing.T, mode string, env map[string]string) *svcProc {
 	t.Helper()
+	return startSvcLimited(t, 0, mode, env)
+}
+
+// startSvcLimited is startSvc under a descriptor limit of nofile (0: none), soft and hard (the Go
+// runtime raises the soft limit to the hard one at start).
+func startSvcLimited(t *testing.T, nofile int, mode string, env map[string]string) *svcProc {
+	t.Helper()
 	full := map[string]string{"HTTP_ADDR": "127.0.0.1:0", "LOG_LEVEL": "info"}
 	for k, v := range env {
 		full[k] = v
 	}
 	withTestAuth(full)
 	cmd := exec.Command(checkinsBinary(t), mode)
+	if nofile > 0 {
+		cmd = exec.Command("sh", "-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, nofile), checkinsBinary(t), mode)
+	}
 	cmd.Env = cliEnv(full)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)

@@ -36,37 +36,6 @@ import (
 	"github.com/checkins/checkins/adapters/redistest"
 )
 
-// startLimitedSvc is startSvc under a descriptor limit (soft and hard: the Go runtime raises the
-// soft limit to the hard one at start).
-func startLimitedSvc(t *testing.T, nofile int, mode string, env map[string]string) *svcProc {
-	t.Helper()
-	full := map[string]string{"HTTP_ADDR": "127.0.0.1:0", "LOG_LEVEL": "info"}
-	for k, v := range env {
-		full[k] = v
-	}
-	cmd := exec.Command("sh", "-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, nofile), checkinsBinary(t), mode)
-	cmd.Env = cliEnv(withTestAuth(full))
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	p := &svcProc{cmd: cmd, logs: &faultLogs{}, done: make(chan struct{})}
-	go func() {
-		p.logs.scan(stderr)
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-p.done
-	})
-	require.Eventually(t, func() bool {
-		addr, ok := p.logs.field("http listening", "addr")
-		p.base = "http://" + addr
-		return ok
-	}, 30*time.Second, 20*time.Millisecond, "%s did not start; stderr:\n%s", mode, p.logs)
-	return p
-}
-
 func (p *svcProc) addr() string {
 	return strings.TrimPrefix(strings.TrimPrefix(p.base, "http://"), "https://")
 }
@@ -198,7 +167,7 @@ func TestHardeningIdleKeepAliveConnectionsAreClosed(t *testing.T) {
 func TestHardeningMoreConnectionsThanDescriptors(t *testing.T) {
 	t.Parallel()
 	redis := redistest.Start(t, redistest.Options{})
-	p := startLimitedSvc(t, 512, "api", map[string]string{"REDIS_URL": redis.URL(), "HTTP_MAX_CONNS": "100", "OPS_ADDR": "localhost:0", // another address than HTTP_ADDR: a listener of its own
+	p := startSvcLimited(t, 512, "api", map[string]string{"REDIS_URL": redis.URL(), "HTTP_MAX_CONNS": "100", "OPS_ADDR": "localhost:0", // another address than HTTP_ADDR: a listener of its own
 
 		// Held connections send nothing: they must stay held for the length of the test.
 		"HTTP_READ_HEADER_TIMEOUT": "2m", "HTTP_READ_TIMEOUT": "2m", "HTTP_WRITE_TIMEOUT": "3m", "HTTP_IDLE_TIMEOUT": "2m"})
