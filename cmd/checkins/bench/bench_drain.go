@@ -150,16 +150,8 @@ func (b *bencher) PhaseDrain(ctx context.Context, data *drainData, k int, baseli
 	r := PhaseResult{Phase: phase, Consumers: k, Count: int64(data.entries), Seconds: elapsed.Seconds(), Unit: "events/s",
 		Throughput: float64(data.entries) / elapsed.Seconds()}
 	use.fill(&r)
-	ok, detail, err := b.verifyReadModels(ctx, keys, data.want)
-	if err != nil {
-		return PhaseResult{}, fmt.Errorf("verify read models: %w", err)
-	}
-	if stopErr != nil {
-		ok, detail = false, strings.TrimPrefix(detail+"; ", "; ")+"stopping the consumers failed: "+stopErr.Error()
-	}
-	r.Check, r.CheckDetail = CheckOK, detail
-	if !ok {
-		r.Check = CheckMismatch
+	if err := b.checkReadModels(ctx, &r, keys, data.want, "the consumers", stopErr); err != nil {
+		return PhaseResult{}, err
 	}
 	return r, nil
 }
@@ -348,4 +340,21 @@ func (c baselineConsumer) run(ctx context.Context, keys adapters.KeySpace) error
 			}
 		}
 	}
+}
+
+// checkReadModels sets r's check from the read models under keys against want, and from how
+// stopping who (the consumers, the projector) went.
+func (b *bencher) checkReadModels(ctx context.Context, r *PhaseResult, keys adapters.KeySpace, want *expectedModel, who string, stopErr error) error {
+	ok, detail, err := b.verifyReadModels(ctx, keys, want)
+	if err != nil {
+		return fmt.Errorf("verify read models: %w", err)
+	}
+	if stopErr != nil {
+		ok, detail = false, strings.TrimPrefix(detail+"; ", "; ")+"stopping "+who+" failed: "+stopErr.Error()
+	}
+	r.Check, r.CheckDetail = CheckOK, detail
+	if !ok {
+		r.Check = CheckMismatch
+	}
+	return nil
 }

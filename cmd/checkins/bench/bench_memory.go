@@ -167,16 +167,8 @@ func (b *bencher) PhaseMemory(ctx context.Context, n int, prior []PhaseResult) (
 		}
 	}
 
-	ok, detail, err := b.verifyReadModels(ctx, keys, data.want)
-	if err != nil {
-		return PhaseResult{}, fmt.Errorf("verify read models: %w", err)
-	}
-	if stopErr != nil {
-		ok, detail = false, strings.TrimPrefix(detail+"; ", "; ")+"stopping the projector failed: "+stopErr.Error()
-	}
-	r.Check, r.CheckDetail = CheckOK, detail
-	if !ok {
-		r.Check = CheckMismatch
+	if err := b.checkReadModels(ctx, &r, keys, data.want, "the projector", stopErr); err != nil {
+		return PhaseResult{}, err
 	}
 	return r, nil
 }
