@@ -95,7 +95,7 @@ func NewJWKSVerifier(ctx context.Context, cfg JWKSConfig) (*Verifier, error) {
 			}
 			return inner(t)
 		}
-	})
+	}, nil)
 }
 
 // cappedTransport fails a response whose body is larger than max instead of reading it all.

@@ -213,3 +213,33 @@ func TestAuthReads(t *testing.T) {
 		assert.Equal(t, http.StatusOK, private.get(t, path).status, path)
 	}
 }
+
+// TestVerifiedTokensEndAtTheirExpiry: a verified token is remembered (verified once), but never
+// past its exp plus the leeway, however recently it was checked.
+func TestVerifiedTokensEndAtTheirExpiry(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	clock := func() time.Time { return now }
+	v, err := ports.NewHS256Verifier([]byte(testSecret),
+		ports.VerifierConfig{Issuer: "checkins", Audience: "checkins", Leeway: 2 * time.Second, Now: clock})
+	require.NoError(t, err)
+	tok := signHS(t, validClaims("7").with("exp", now.Add(10*time.Second).Unix()), []byte(testSecret))
+	ctx := t.Context()
+
+	p, err := v.Verify(ctx, tok)
+	require.NoError(t, err)
+	assert.Equal(t, int64(7), p.UserID)
+	now = now.Add(11 * time.Second) // past exp, within the leeway
+	p, err = v.Verify(ctx, tok)
+	require.NoError(t, err)
+	assert.Equal(t, int64(7), p.UserID)
+	now = now.Add(2 * time.Second) // past exp + leeway: refused although verified 13 s ago
+	_, err = v.Verify(ctx, tok)
+	assert.ErrorIs(t, err, ports.ErrTokenExpired)
+
+	// A refused token is not remembered as good, and a good one with another signature is not
+	// taken for it.
+	bad := tok[:len(tok)-2] + "AA"
+	_, err = v.Verify(ctx, bad)
+	assert.ErrorIs(t, err, ports.ErrTokenBadSignature)
+}
