@@ -38,21 +38,25 @@ var _ redisstream.MarshallerUnmarshaller = FlatMarshaller{}
 
 // Marshal implements redisstream.Marshaller.
 func (FlatMarshaller) Marshal(_ string, msg *message.Message) (map[string]any, error) {
-	fields, ok := parseFlatObject(msg.Payload)
+	values := make(map[string]any, 10+len(msg.Metadata))
+	ok := eachFlatField(msg.Payload, func(k, v string) { values[k] = v })
 	if !ok {
+		var fields map[string]string
 		if err := json.Unmarshal(msg.Payload, &fields); err != nil {
 			return nil, fmt.Errorf("flat marshaller: payload of message %s must be a JSON object of strings: %w", msg.UUID, err)
 		}
+		if fields == nil { // JSON null decodes without error
+			return nil, fmt.Errorf("flat marshaller: payload of message %s must be a JSON object of strings, got null", msg.UUID)
+		}
+		clear(values)
+		for k, v := range fields {
+			values[k] = v
+		}
 	}
-	if fields == nil { // JSON null decodes without error
-		return nil, fmt.Errorf("flat marshaller: payload of message %s must be a JSON object of strings, got null", msg.UUID)
-	}
-	values := make(map[string]any, len(fields)+len(msg.Metadata)+1)
-	for k, v := range fields {
+	for k := range values {
 		if k == redisstream.UUIDHeaderKey || strings.HasPrefix(k, MetaFieldPrefix) {
 			return nil, fmt.Errorf("flat marshaller: payload field %q of message %s is reserved", k, msg.UUID)
 		}
-		values[k] = v
 	}
 	for k, v := range msg.Metadata {
 		values[MetaFieldPrefix+k] = v
@@ -144,10 +148,20 @@ func DecodeFields(msg *message.Message) (map[string]string, error) {
 // plain strings without escapes. Reflection-based decoding was the largest cost per event in the
 // projectors' profile; anything unusual falls back to encoding/json (ok == false).
 func parseFlatObject(b []byte) (map[string]string, bool) {
-	if len(b) < 2 || b[0] != '{' || b[len(b)-1] != '}' {
+	out := make(map[string]string, 10)
+	if !eachFlatField(b, func(k, v string) { out[k] = v }) {
 		return nil, false
 	}
-	out := make(map[string]string, 10)
+	return out, true
+}
+
+// eachFlatField calls set for each key and value of b, a JSON object of plain strings without
+// escapes, and reports whether b was one (set may have been called before a false). A key that
+// comes twice is set twice, the last value winning, as encoding/json decides.
+func eachFlatField(b []byte, set func(k, v string)) bool {
+	if len(b) < 2 || b[0] != '{' || b[len(b)-1] != '}' {
+		return false
+	}
 	i, n := 1, len(b)-1
 	str := func() (string, bool) {
 		if i >= n || b[i] != '"' {
@@ -166,24 +180,24 @@ func parseFlatObject(b []byte) (map[string]string, bool) {
 		return "", false
 	}
 	if i == n {
-		return out, true
+		return true
 	}
 	for {
 		k, ok := str()
 		if !ok || i >= n || b[i] != ':' {
-			return nil, false
+			return false
 		}
 		i++
 		v, ok := str()
 		if !ok {
-			return nil, false
+			return false
 		}
-		out[k] = v
+		set(k, v)
 		if i == n {
-			return out, true
+			return true
 		}
 		if b[i] != ',' {
-			return nil, false
+			return false
 		}
 		i++
 	}

@@ -3,6 +3,7 @@ package adapters_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
@@ -147,4 +148,36 @@ func TestFlatMarshallerUnmarshalIsDeterministic(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, string(first.Payload), string(m.Payload))
 	}
+}
+
+// TestCheckinRecordedMessage: the publisher's direct encoding is byte for byte what encoding/json
+// writes for the event's Fields, with or without a fingerprint, escapes included.
+func TestCheckinRecordedMessage(t *testing.T) {
+	for _, e := range []domain.CheckinRecorded{
+		{Checkin: domain.Checkin{ID: "c-1", UserID: 1, LocationID: 2, StarRating: 0, Timestamp: 3}, RecordedAt: 4},
+		{Checkin: domain.Checkin{ID: "0b7c6a53-2f3e", UserID: 9223372036854775807, LocationID: 77, StarRating: 5,
+			Timestamp: -1}, RecordedAt: 1700000000123, Fingerprint: "f3a9c2"},
+		{Checkin: domain.Checkin{ID: `q"uo\te` + "\u00e9\n", UserID: 5, LocationID: 6, StarRating: 3, Timestamp: 7},
+			RecordedAt: 8, Fingerprint: "x<y>&"},
+	} {
+		want, err := json.Marshal(e.Fields())
+		require.NoError(t, err)
+		msg := adapters.NewCheckinRecordedMessage(e, "corr-9")
+		assert.JSONEq(t, string(want), string(msg.Payload))
+		assert.Equal(t, string(stripHTMLEscapes(want)), string(msg.Payload), "keys in encoding/json's order")
+		assert.Equal(t, "corr-9", msg.Metadata.Get(adapters.MetaCorrelationID))
+		generic, err := adapters.NewEventMessage(e.Fields(), "corr-9")
+		require.NoError(t, err)
+		assert.Equal(t, string(generic.Payload), string(msg.Payload))
+		values, err := adapters.FlatMarshaller{}.Marshal("events", msg)
+		require.NoError(t, err)
+		for k, v := range e.Fields() {
+			assert.Equal(t, v, values[k], k)
+		}
+	}
+}
+
+// stripHTMLEscapes undoes encoding/json's \u003c, \u003e and \u0026 (valid JSON either way).
+func stripHTMLEscapes(b []byte) []byte {
+	return []byte(strings.NewReplacer(`\u003c`, "<", `\u003e`, ">", `\u0026`, "&").Replace(string(b)))
 }

@@ -2,9 +2,11 @@ package adapters
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
@@ -43,15 +45,12 @@ func NewEventPublisher(client redis.UniversalClient, keys KeySpace, logger water
 // sent, even an error reply proves nothing, since go-redis may have retried after a first
 // attempt whose reply was lost.
 func (p *EventPublisher) PublishCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, correlationID string) error {
-	msg, err := NewEventMessage(e.Fields(), correlationID)
-	if err != nil {
-		return fmt.Errorf("%w: %w", command.ErrNotPublished, err)
-	}
+	msg := NewCheckinRecordedMessage(e, correlationID)
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%w: %w", command.ErrNotPublished, err)
 	}
 	msg.SetContext(ctx)
-	err = p.pub.Publish(p.stream, msg)
+	err := p.pub.Publish(p.stream, msg)
 	if errors.Is(err, ErrPipelineClosed) {
 		return fmt.Errorf("%w: %w", command.ErrNotPublished, err)
 	}
@@ -61,15 +60,63 @@ func (p *EventPublisher) PublishCheckinRecorded(ctx context.Context, e domain.Ch
 // Close closes the publisher and its client.
 func (p *EventPublisher) Close() error { return p.pub.Close() }
 
-// NewEventMessage wraps flat event fields in a Watermill message.
+// NewEventMessage wraps flat event fields in a Watermill message; the payload is the JSON
+// object of the fields, keys sorted (as encoding/json writes a map).
 func NewEventMessage(fields map[string]string, correlationID string) (*message.Message, error) {
-	payload, err := json.Marshal(fields)
-	if err != nil {
-		return nil, fmt.Errorf("encode event: %w", err)
+	keys := slices.Sorted(maps.Keys(fields))
+	payload := make([]byte, 0, 256)
+	payload = append(payload, '{')
+	for i, k := range keys {
+		if i > 0 {
+			payload = append(payload, ',')
+		}
+		payload = appendJSONString(payload, k)
+		payload = append(payload, ':')
+		payload = appendJSONString(payload, fields[k])
 	}
+	return newMessage(append(payload, '}'), correlationID), nil
+}
+
+// NewCheckinRecordedMessage is NewEventMessage(e.Fields(), correlationID), written straight from
+// the event: it runs once per check-in on the API's hot path, where the map and its encoding
+// were a fifth of the publish's allocations.
+func NewCheckinRecordedMessage(e domain.CheckinRecorded, correlationID string) *message.Message {
+	b := make([]byte, 0, 256)
+	str := func(key, v string, comma bool) {
+		if comma {
+			b = append(b, ',')
+		}
+		b = append(b, '"')
+		b = append(b, key...)
+		b = append(b, `":`...)
+		b = appendJSONString(b, v)
+	}
+	num := func(key string, v int64) {
+		b = append(b, `,"`...)
+		b = append(b, key...)
+		b = append(b, `":"`...)
+		b = strconv.AppendInt(b, v, 10)
+		b = append(b, '"')
+	}
+	// Keys in sorted order, as NewEventMessage writes them (TestCheckinRecordedMessage).
+	b = append(b, '{')
+	str(domain.FieldCheckinID, e.ID, false)
+	if e.Fingerprint != "" {
+		str(domain.FieldFingerprint, e.Fingerprint, true)
+	}
+	num(domain.FieldLocationID, e.LocationID)
+	num(domain.FieldRecordedAt, e.RecordedAt)
+	num(domain.FieldStarRating, int64(e.StarRating))
+	num(domain.FieldTimestamp, e.Timestamp)
+	str(domain.FieldType, domain.EventCheckinRecorded, true)
+	num(domain.FieldUserID, e.UserID)
+	return newMessage(append(b, '}'), correlationID)
+}
+
+func newMessage(payload []byte, correlationID string) *message.Message {
 	msg := message.NewMessage(watermill.NewUUID(), payload)
 	if correlationID != "" {
 		msg.Metadata.Set(MetaCorrelationID, correlationID)
 	}
-	return msg, nil
+	return msg
 }

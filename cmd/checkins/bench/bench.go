@@ -129,6 +129,7 @@ func Run(ctx context.Context, h Host, args []string, getenv func(string) string,
 	fs.IntVar(&f.memoryEvents, "memory-events", 100000, "events of the first memory run; the second writes twice as many")
 	asJSON := fs.Bool("json", false, "print the result as JSON on stdout instead of the table")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (service, load and baselines) to this file, for go tool pprof")
+	memProfile := fs.String("memprofile", "", "write an allocation profile of the whole run to this file at the end, for go tool pprof -sample_index=alloc_space")
 	fs.Usage = func() {
 		// PROJECTIONS is a service setting; in the bench it selects what is measured and checked.
 		if pf := fs.Lookup("projections"); pf != nil {
@@ -168,6 +169,11 @@ func Run(ctx context.Context, h Host, args []string, getenv func(string) string,
 	}
 	res, runErr := b.run(ctx)
 	b.close()
+	if *memProfile != "" {
+		if err := writeAllocProfile(*memProfile); err != nil {
+			return err
+		}
+	}
 	if len(res.Phases) > 0 || runErr == nil {
 		if opts.JSON {
 			enc := json.NewEncoder(stdout)
@@ -310,4 +316,17 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// writeAllocProfile writes every allocation sampled since the process started.
+func writeAllocProfile(path string) error {
+	f, err := os.Create(path) // #nosec G304 -- a path the operator passed on the command line
+	if err != nil {
+		return fmt.Errorf("invalid --memprofile: %w", err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		return fmt.Errorf("allocation profile: %w", err)
+	}
+	return f.Close()
 }
