@@ -1,8 +1,10 @@
 package adapters
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"regexp"
 	"strconv"
 	"strings"
@@ -13,48 +15,109 @@ import (
 	"github.com/checkins/checkins/domain"
 )
 
-// EventLog reads check-ins from the event stream with XRANGE/XREVRANGE.
+// EventLog reads check-ins from the event stream with XRANGE/XREVRANGE: from one stream, or
+// merged across the P partitions of a partitioned one.
+//
+// Across partitions, check-ins are ordered by entry ID and then by partition: two partitions can
+// hold the same ID (each stream numbers its own entries; a migration keeps IDs, so copies from one
+// stream never collide). A page's cursor is its last entry's ID, and with P > 1 also its partition,
+// "<ms>-<seq>.<partition>": the next page starts right after that entry in this order. A cursor
+// without a partition (issued by a service with one stream) means after that ID in every
+// partition, which is exactly where it pointed before the stream was split.
 type EventLog struct {
-	client redis.UniversalClient
-	stream string
+	client  redis.UniversalClient
+	streams []string
 }
 
 // NewEventLog reads keys.Stream().
 func NewEventLog(client redis.UniversalClient, keys KeySpace) *EventLog {
-	return &EventLog{client: client, stream: keys.Stream()}
+	return &EventLog{client: client, streams: []string{keys.Stream()}}
 }
 
-var entryIDPattern = regexp.MustCompile(`^[0-9]+-[0-9]+$`)
+// NewPartitionedEventLog reads and merges every partition of parts.
+func NewPartitionedEventLog(client redis.UniversalClient, parts Partitions) *EventLog {
+	return &EventLog{client: client, streams: parts.Streams()}
+}
+
+var (
+	entryIDPattern = regexp.MustCompile(`^[0-9]+-[0-9]+$`)
+	cursorPattern  = regexp.MustCompile(`^([0-9]+-[0-9]+)(?:\.([0-9]{1,4}))?$`)
+)
 
 // parseEntryID accepts only IDs Redis accepts too (both parts fit uint64), so a bad cursor is a
-// 400, not a Redis error; it returns the time part.
-func parseEntryID(id string) (uint64, bool) {
+// 400, not a Redis error.
+func parseEntryID(id string) (entryPos, bool) {
 	if !entryIDPattern.MatchString(id) {
-		return 0, false
+		return entryPos{}, false
 	}
 	msPart, seqPart, _ := strings.Cut(id, "-")
 	ms, err := strconv.ParseUint(msPart, 10, 64)
 	if err != nil {
-		return 0, false
+		return entryPos{}, false
 	}
-	if _, err := strconv.ParseUint(seqPart, 10, 64); err != nil {
-		return 0, false
+	seq, err := strconv.ParseUint(seqPart, 10, 64)
+	if err != nil {
+		return entryPos{}, false
 	}
-	return ms, true
+	return entryPos{ms: ms, seq: seq}, true
+}
+
+// entryPos is an entry's place in the merged order: its ID, then its partition.
+type entryPos struct {
+	ms, seq   uint64
+	partition int
+}
+
+func (a entryPos) compare(b entryPos) int {
+	if c := cmp.Compare(a.ms, b.ms); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.seq, b.seq); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.partition, b.partition)
+}
+
+func (a entryPos) id() string {
+	return strconv.FormatUint(a.ms, 10) + "-" + strconv.FormatUint(a.seq, 10)
 }
 
 // Latest implements query.EventLog. Entries that are not valid check-ins (anyone can XADD) are
-// skipped, looking back a bounded number of entries.
+// skipped, looking back a bounded number of entries in each partition.
 func (l *EventLog) Latest(ctx context.Context) (query.RecordedCheckin, error) {
-	end := "+"
-	for range 10 {
-		xs, err := l.client.XRevRangeN(ctx, l.stream, end, "-", 100).Result()
+	var best query.RecordedCheckin
+	var bestPos entryPos
+	found := false
+	for p, stream := range l.streams {
+		c, ok, err := latestIn(ctx, l.client, stream)
 		if err != nil {
 			return query.RecordedCheckin{}, fmt.Errorf("%w: %w", domain.ErrUnavailable, err)
 		}
+		if !ok {
+			continue
+		}
+		pos, _ := parseEntryID(c.EntryID)
+		pos.partition = p
+		if !found || pos.compare(bestPos) > 0 {
+			best, bestPos, found = c, pos, true
+		}
+	}
+	if !found {
+		return query.RecordedCheckin{}, fmt.Errorf("latest check-in: %w", domain.ErrNotFound)
+	}
+	return best, nil
+}
+
+func latestIn(ctx context.Context, client redis.UniversalClient, stream string) (query.RecordedCheckin, bool, error) {
+	end := "+"
+	for range 10 {
+		xs, err := client.XRevRangeN(ctx, stream, end, "-", 100).Result()
+		if err != nil {
+			return query.RecordedCheckin{}, false, err
+		}
 		for _, x := range xs {
 			if c, ok := toCheckin(x); ok {
-				return c, nil
+				return c, true, nil
 			}
 		}
 		if len(xs) < 100 {
@@ -62,43 +125,125 @@ func (l *EventLog) Latest(ctx context.Context) (query.RecordedCheckin, error) {
 		}
 		end = "(" + xs[len(xs)-1].ID
 	}
-	return query.RecordedCheckin{}, fmt.Errorf("latest check-in: %w", domain.ErrNotFound)
+	return query.RecordedCheckin{}, false, nil
 }
 
 // Range implements query.EventLog.
 func (l *EventLog) Range(ctx context.Context, fromMs, toMs int64, cursor string, limit int) (query.CheckinPage, error) {
-	start := strconv.FormatInt(fromMs, 10)
+	// after: the page starts after this position (nil: at fromMs); a cursor from another query
+	// must not widen this one below from.
+	var after *entryPos
 	if cursor != "" {
-		ms, ok := parseEntryID(cursor)
-		if !ok {
-			return query.CheckinPage{}, &domain.ValidationError{Code: domain.CodeInvalid, Field: "cursor", Message: fmt.Sprintf("is not a cursor returned by this API: %q", cursor)}
+		pos, err := l.parseCursor(cursor)
+		if err != nil {
+			return query.CheckinPage{}, err
 		}
-		// A cursor from another query must not widen this one below from.
-		if ms >= uint64(fromMs) { // #nosec G115 -- fromMs >= 0: query.Checkins.Range refuses a negative from
-			start = "(" + cursor
+		if pos.ms >= uint64(fromMs) { // #nosec G115 -- fromMs >= 0: query.Checkins.Range refuses a negative from
+			after = &pos
 		}
 	}
 	end := strconv.FormatInt(toMs, 10)
 	page := query.CheckinPage{Checkins: []query.RecordedCheckin{}}
 	for len(page.Checkins) < limit {
-		want := int64(limit - len(page.Checkins))
-		xs, err := l.client.XRangeN(ctx, l.stream, start, end, want).Result()
+		want := limit - len(page.Checkins)
+		batch, more, err := l.rangeMerged(ctx, fromMs, after, end, want)
 		if err != nil {
 			return query.CheckinPage{}, fmt.Errorf("%w: %w", domain.ErrUnavailable, err)
 		}
-		for _, x := range xs {
-			if c, ok := toCheckin(x); ok {
+		for _, e := range batch {
+			if c, ok := toCheckin(e.msg); ok {
 				page.Checkins = append(page.Checkins, c)
 			}
-			page.Next = x.ID
+			page.Next = l.cursorOf(e.pos)
 		}
-		if int64(len(xs)) < want {
+		if !more {
 			page.Next = ""
 			break
 		}
-		start = "(" + xs[len(xs)-1].ID
+		after = &batch[len(batch)-1].pos
 	}
 	return page, nil
+}
+
+// parseCursor reads a cursor of this log; a partition beyond the log's is refused, a cursor
+// without one means after its ID in every partition.
+func (l *EventLog) parseCursor(cursor string) (entryPos, error) {
+	bad := &domain.ValidationError{Code: domain.CodeInvalid, Field: "cursor",
+		Message: fmt.Sprintf("is not a cursor returned by this API: %q", cursor)}
+	m := cursorPattern.FindStringSubmatch(cursor)
+	if m == nil {
+		return entryPos{}, bad
+	}
+	pos, ok := parseEntryID(m[1])
+	if !ok {
+		return entryPos{}, bad
+	}
+	pos.partition = len(l.streams) - 1
+	if m[2] != "" {
+		p, err := strconv.Atoi(m[2])
+		if err != nil || p >= len(l.streams) {
+			return entryPos{}, bad
+		}
+		pos.partition = p
+	}
+	return pos, nil
+}
+
+// cursorOf is the cursor continuing after pos: its ID alone with one stream (as before
+// partitions), with the partition otherwise.
+func (l *EventLog) cursorOf(pos entryPos) string {
+	if len(l.streams) == 1 {
+		return pos.id()
+	}
+	return pos.id() + "." + strconv.Itoa(pos.partition)
+}
+
+type mergedEntry struct {
+	pos entryPos
+	msg redis.XMessage
+}
+
+// rangeMerged returns the first want entries of every partition in [after or fromMs, end], in
+// merged order, and whether more may follow them.
+func (l *EventLog) rangeMerged(ctx context.Context, fromMs int64, after *entryPos, end string, want int) ([]mergedEntry, bool, error) {
+	cmds := make([]*redis.XMessageSliceCmd, len(l.streams))
+	pipe := l.client.Pipeline()
+	for p, stream := range l.streams {
+		start := strconv.FormatInt(fromMs, 10)
+		if after != nil {
+			// Entries of a later partition with after's very ID come after it; of this or an
+			// earlier partition, they do not.
+			start = after.id()
+			if p <= after.partition {
+				start = "(" + start
+			}
+		}
+		cmds[p] = pipe.XRangeN(ctx, stream, start, end, int64(want))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, false, err
+	}
+	var all []mergedEntry
+	full := false
+	for p, cmd := range cmds {
+		xs := cmd.Val()
+		if len(xs) == want {
+			full = true // this partition may hold more
+		}
+		for _, x := range xs {
+			pos, ok := parseEntryID(x.ID)
+			if !ok {
+				return nil, false, fmt.Errorf("stream %s returned entry ID %q", l.streams[p], x.ID)
+			}
+			pos.partition = p
+			all = append(all, mergedEntry{pos: pos, msg: x})
+		}
+	}
+	slices.SortFunc(all, func(a, b mergedEntry) int { return a.pos.compare(b.pos) })
+	if len(all) > want {
+		return all[:want], true, nil
+	}
+	return all, full, nil
 }
 
 func toCheckin(x redis.XMessage) (query.RecordedCheckin, bool) {

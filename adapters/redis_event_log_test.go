@@ -183,3 +183,100 @@ func TestEventLogUnavailable(t *testing.T) {
 	_, err = log.Range(context.Background(), 0, 10, "", 10)
 	assert.ErrorIs(t, err, domain.ErrUnavailable)
 }
+
+// TestPartitionedEventLogMergesExactly: check-ins spread over P partitions, with entry IDs that
+// repeat across partitions and garbage in between, read back page by page for every limit, are
+// exactly the merged order (entry ID, then partition), on a single server and on a cluster. A
+// cursor issued with one stream (an ID without a partition) still continues after its ID.
+func TestPartitionedEventLogMergesExactly(t *testing.T) {
+	eachEnv(t, func(t *testing.T, env projEnv) {
+		ctx := context.Background()
+		parts, err := adapters.NewPartitions(env.keys, 4)
+		require.NoError(t, err)
+		type at struct {
+			id string
+			p  int
+		}
+		var want []at // in merged order
+		n := 0
+		for ms := int64(1000); ms <= 6000; ms += 1000 {
+			for seq := range 3 {
+				id := fmt.Sprintf("%d-%d", ms, seq)
+				for p := range parts.Count() {
+					if (int(ms/1000)+seq+p)%3 == 0 { // some IDs in several partitions, some in none
+						continue
+					}
+					if (seq+p)%4 == 1 {
+						xadd(t, env.client, parts.Stream(p), id, garbage[n%len(garbage)])
+						n++
+						continue
+					}
+					n++
+					xadd(t, env.client, parts.Stream(p), id, recorded(fmt.Sprintf("ck-%d", n), int64(p+1), 1, 1, 5).Fields())
+					want = append(want, at{id, p})
+				}
+			}
+		}
+		log := adapters.NewPartitionedEventLog(env.client, parts)
+		// Each partition's check-ins carry userId p+1, so an answer says its partition.
+		read := func(from, to int64, cursor string, limit int) ([]at, []string) {
+			var got []at
+			var cursors []string
+			for range 1000 {
+				page, err := log.Range(ctx, from, to, cursor, limit)
+				require.NoError(t, err)
+				require.LessOrEqual(t, len(page.Checkins), limit)
+				for _, c := range page.Checkins {
+					got = append(got, at{c.EntryID, int(c.UserID - 1)})
+				}
+				if page.Next == "" {
+					return got, cursors
+				}
+				cursors = append(cursors, page.Next)
+				cursor = page.Next
+			}
+			t.Fatal("paging did not end")
+			return nil, nil
+		}
+		for limit := 1; limit <= len(want)+1; limit++ {
+			got, cursors := read(0, 1<<40, "", limit)
+			require.Equal(t, want, got, "limit %d", limit)
+			for _, c := range cursors {
+				assert.Regexp(t, `^[0-9]+-[0-9]+\.[0-3]$`, c)
+			}
+		}
+		inRange := func(from, to int64) []at {
+			var out []at
+			for _, a := range want {
+				if pos, _ := adapters.ScoreOfEntry(a.id); pos/1024 >= from && pos/1024 <= to {
+					out = append(out, a)
+				}
+			}
+			return out
+		}
+		got, _ := read(2000, 4000, "", 3)
+		assert.Equal(t, inRange(2000, 4000), got)
+
+		// A cursor of one stream ("3000-1"): everything after that ID, whatever the partition.
+		got, _ = read(0, 1<<40, "3000-1", 5)
+		var after []at
+		for _, a := range want {
+			if pos, _ := adapters.ScoreOfEntry(a.id); pos > 3000*1024+1 {
+				after = append(after, a)
+			}
+		}
+		assert.Equal(t, after, got)
+
+		latest, err := log.Latest(ctx)
+		require.NoError(t, err)
+		last := want[len(want)-1]
+		assert.Equal(t, last, at{latest.EntryID, int(latest.UserID - 1)})
+
+		for _, bad := range []string{"1000-0.4", "1000-0.", "1000-0.-1", "1000-0.00000", "1000-0:1", "x.1"} {
+			_, err := log.Range(ctx, 0, 1<<40, bad, 10)
+			var ve *domain.ValidationError
+			require.ErrorAs(t, err, &ve, "cursor %q", bad)
+			assert.Equal(t, "cursor", ve.Field)
+		}
+	})
+}
