@@ -22,8 +22,8 @@ const MetaCorrelationID = "correlation_id"
 
 // EventPublisher records events on the event stream through Watermill's Redis Streams publisher.
 type EventPublisher struct {
-	pub    *redisstream.Publisher
-	stream string
+	pub   *redisstream.Publisher
+	parts Partitions
 }
 
 // NewEventPublisher owns client: Watermill's Publisher.Close closes it, so give it its own.
@@ -37,7 +37,15 @@ func NewEventPublisher(client redis.UniversalClient, keys KeySpace, logger water
 	if err != nil {
 		return nil, fmt.Errorf("watermill publisher: %w", err)
 	}
-	return &EventPublisher{pub: pub, stream: keys.Stream()}, nil
+	// One stream, whatever the prefix (NewPartitions would refuse braces, which only a cluster minds).
+	return &EventPublisher{pub: pub, parts: Partitions{streams: []string{keys.Stream()}}}, nil
+}
+
+// WithPartitions publishes each check-in to its user's partition of parts (Partitions.StreamOf),
+// so one user's check-ins keep their order in one stream.
+func (p *EventPublisher) WithPartitions(parts Partitions) *EventPublisher {
+	p.parts = parts
+	return p
 }
 
 // PublishCheckinRecorded implements command.EventPublisher; it returns after XADD succeeded.
@@ -50,7 +58,7 @@ func (p *EventPublisher) PublishCheckinRecorded(ctx context.Context, e domain.Ch
 		return fmt.Errorf("%w: %w", command.ErrNotPublished, err)
 	}
 	msg.SetContext(ctx)
-	err := p.pub.Publish(p.stream, msg)
+	err := p.pub.Publish(p.parts.StreamOf(e.UserID), msg)
 	if errors.Is(err, ErrPipelineClosed) {
 		return fmt.Errorf("%w: %w", command.ErrNotPublished, err)
 	}

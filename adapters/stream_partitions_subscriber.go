@@ -1,0 +1,97 @@
+package adapters
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/checkins/checkins/adapters/batchsub"
+)
+
+// PartitionedSubscriber makes one Watermill subscription of the P partitions of a partitioned
+// event stream: a projection stays one router handler, fed by one channel. Subscribe(topic)
+// subscribes the inner subscriber (the same consumer group on every partition) to each
+// partition's stream and merges what they deliver. Each message keeps its partition's stream in
+// MetaStream and is acked through its own partition's subscription.
+//
+// A run of messages that the inner subscriber delivered as ready together (MetaQueued: how many
+// more follow right behind) is passed on without another partition's messages in between, so the
+// batching in front of the router still sees the runs it can batch, and MetaQueued stays true.
+type PartitionedSubscriber struct {
+	inner message.Subscriber
+	parts Partitions
+	base  string // the topic that stands for every partition (KeySpace.Stream())
+}
+
+// NewPartitionedSubscriber subscribes inner to every stream of parts when asked for base, the
+// event log's topic (KeySpace.Stream()).
+func NewPartitionedSubscriber(inner message.Subscriber, parts Partitions, base string) *PartitionedSubscriber {
+	return &PartitionedSubscriber{inner: inner, parts: parts, base: base}
+}
+
+// Subscribe implements message.Subscriber. Another topic than the event log's (the poison queue,
+// say) passes through to the inner subscriber.
+func (s *PartitionedSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if topic != s.base || s.parts.Count() == 1 {
+		return s.inner.Subscribe(ctx, s.topicOf(topic))
+	}
+	ins := make([]<-chan *message.Message, s.parts.Count())
+	for i, stream := range s.parts.Streams() {
+		in, err := s.inner.Subscribe(ctx, stream)
+		if err != nil {
+			// The partitions subscribed so far end with ctx or the inner subscriber's Close,
+			// which the caller owes either way.
+			return nil, fmt.Errorf("subscribe partition %d (%s): %w", i, stream, err)
+		}
+		ins[i] = in
+	}
+	out := make(chan *message.Message)
+	var turn sync.Mutex // held for one run
+	var wg sync.WaitGroup
+	for _, in := range ins {
+		wg.Go(func() {
+			for first := range in {
+				turn.Lock()
+				out <- first
+				// The rest of the run is ready in this partition's channel: no wait under the lock.
+				for more := queuedAfter(first); more > 0; {
+					m, ok := <-in
+					if !ok {
+						break
+					}
+					out <- m
+					more = queuedAfter(m)
+				}
+				turn.Unlock()
+			}
+		})
+	}
+	go func() {
+		wg.Wait()
+		close(out)
+	}()
+	return out, nil
+}
+
+// topicOf maps the event log's topic to its stream when P = 1 (the same name).
+func (s *PartitionedSubscriber) topicOf(topic string) string {
+	if topic == s.base && s.parts.Count() == 1 {
+		return s.parts.Stream(0)
+	}
+	return topic
+}
+
+// Close implements message.Subscriber: the inner subscriber drains and closes every partition's
+// subscription, which ends the merged channel.
+func (s *PartitionedSubscriber) Close() error { return s.inner.Close() }
+
+func queuedAfter(m *message.Message) int {
+	n, err := strconv.Atoi(m.Metadata.Get(batchsub.MetaQueued))
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
+}

@@ -1,0 +1,114 @@
+package adapters_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/batchsub"
+	"github.com/checkins/checkins/domain"
+)
+
+// TestPartitionedPublishAndSubscribe: check-ins published with P = 4 land in their user's
+// partition, in order; one merged subscription of the 4 partitions delivers each exactly once,
+// with its partition's stream in the metadata, each user's in order, runs of one partition
+// unbroken; acks leave nothing pending on any partition. On a single server and on a cluster.
+func TestPartitionedPublishAndSubscribe(t *testing.T) {
+	eachEnv(t, func(t *testing.T, env projEnv) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		parts, err := adapters.NewPartitions(env.keys, 4)
+		require.NoError(t, err)
+		pub, err := adapters.NewEventPublisher(env.newClient(t), env.keys, watermill.NopLogger{})
+		require.NoError(t, err)
+		pub.WithPartitions(parts)
+		t.Cleanup(func() { _ = pub.Close() })
+
+		const users, each = 40, 15
+		var mu sync.Mutex
+		order := map[int64][]string{} // user -> checkinIds in publish order
+		var wg sync.WaitGroup
+		for u := int64(1); u <= users; u++ {
+			wg.Go(func() {
+				for i := range each {
+					e := recorded(uuid.NewString(), u, 1+int64(i)%5, i%6, 1_700_000_000_000+int64(i))
+					require.NoError(t, pub.PublishCheckinRecorded(ctx, e, ""))
+					mu.Lock()
+					order[u] = append(order[u], e.ID)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		perPartition := make([]int64, parts.Count())
+		for p, stream := range parts.Streams() {
+			xs, err := env.client.XRange(ctx, stream, "-", "+").Result()
+			require.NoError(t, err)
+			perPartition[p] = int64(len(xs))
+			for _, x := range xs {
+				u := x.Values[domain.FieldUserID].(string)
+				id, err := parseInt(u)
+				require.NoError(t, err)
+				assert.Equal(t, stream, parts.StreamOf(id), "user %s", u)
+			}
+		}
+		for p, n := range perPartition {
+			assert.Positive(t, n, "partition %d took none of %d users", p, users)
+		}
+
+		inner, err := batchsub.NewSubscriber(batchsub.Config{Client: env.newClient(t), ConsumerGroup: "g", Consumer: "c1",
+			Unmarshaller: adapters.FlatMarshaller{}, BatchSize: 7})
+		require.NoError(t, err)
+		sub := adapters.NewPartitionedSubscriber(inner, parts, env.keys.Stream())
+		t.Cleanup(func() { _ = sub.Close() })
+		msgs, err := sub.Subscribe(ctx, env.keys.Stream())
+		require.NoError(t, err)
+
+		got := map[int64][]string{}
+		seen := map[string]bool{}
+		lastStream, runLeft := "", 0
+		for n := 0; n < users*each; n++ {
+			var m *message.Message
+			select {
+			case m = <-msgs:
+			case <-ctx.Done():
+				t.Fatalf("only %d of %d check-ins delivered", n, users*each)
+			}
+			require.NotNil(t, m)
+			stream := m.Metadata.Get(adapters.MetaStream)
+			if runLeft > 0 {
+				assert.Equal(t, lastStream, stream, "a run of one partition was interleaved")
+			}
+			runLeft, _ = strconv.Atoi(m.Metadata.Get(batchsub.MetaQueued))
+			lastStream = stream
+			fields, err := adapters.DecodeFields(m)
+			require.NoError(t, err)
+			u, err := parseInt(fields[domain.FieldUserID])
+			require.NoError(t, err)
+			assert.Equal(t, parts.StreamOf(u), stream)
+			id := fields[domain.FieldCheckinID]
+			assert.False(t, seen[id], "delivered twice: %s", id)
+			seen[id] = true
+			got[u] = append(got[u], id)
+			m.Ack()
+		}
+		assert.Equal(t, order, got, "every user's check-ins, in order")
+		require.NoError(t, sub.Close())
+		for _, stream := range parts.Streams() {
+			pending, err := env.client.XPending(ctx, stream, "g").Result()
+			require.NoError(t, err)
+			assert.Zero(t, pending.Count, stream)
+		}
+	})
+}
+
+func parseInt(s string) (int64, error) { return strconv.ParseInt(s, 10, 64) }
