@@ -4,8 +4,8 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"slices"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
