@@ -43,6 +43,23 @@ type Reader interface {
 	HMGet(ctx context.Context, slot, key string, fields ...string) ([]string, error) // "" for missing
 	// ZRevRange returns members from the highest score down, ranks start..stop inclusive.
 	ZRevRange(ctx context.Context, slot, key string, start, stop int64) ([]Scored, error)
+	// ZRevRanges is ZRevRange of several sorted sets, of any slots, in one round trip (on a
+	// cluster, one per master, in parallel): how a sharded read model is read at once.
+	ZRevRanges(ctx context.Context, reads []RangeRead) ([][]Scored, error)
+	// HMGets is HMGet of several hashes, of any slots, in one round trip.
+	HMGets(ctx context.Context, reads []FieldsRead) ([][]string, error)
+}
+
+// RangeRead is one sorted set's ranks start..stop, read from the highest score down.
+type RangeRead struct {
+	Slot, Key   string
+	Start, Stop int64
+}
+
+// FieldsRead is some fields of one hash.
+type FieldsRead struct {
+	Slot, Key string
+	Fields    []string
 }
 
 // Scored is one sorted-set member.
