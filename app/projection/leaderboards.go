@@ -191,7 +191,7 @@ func (l Leaderboards) TopLocations(ctx context.Context, r Reader, by string, lim
 	if err != nil {
 		return nil, err
 	}
-	zs, err := l.top(ctx, r, key, limit)
+	zs, l, err := l.top(ctx, r, key, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -249,7 +249,7 @@ func (l Leaderboards) TopUsers(ctx context.Context, r Reader, limit int) ([]Lead
 	if err != nil {
 		return nil, err
 	}
-	zs, err := l.top(ctx, r, lbUserCheckins, limit)
+	zs, _, err := l.top(ctx, r, lbUserCheckins, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -265,18 +265,30 @@ func (l Leaderboards) TopUsers(ctx context.Context, r Reader, limit int) ([]Lead
 }
 
 // top is the board key's `limit` best members over every shard: each shard's top `limit` in one
-// round trip, merged.
-func (l Leaderboards) top(ctx context.Context, r Reader, key string, limit int) ([]Scored, error) {
+// round trip, merged. The sharded layout also reads the key of the single-slot layout in the
+// same round trip: the version serving reads during an upgrade's rebuild is still written in
+// that layout, which is the only one holding anything then. It returns l at the layout read.
+func (l Leaderboards) top(ctx context.Context, r Reader, key string, limit int) ([]Scored, Leaderboards, error) {
 	slots := l.slots()
-	reads := make([]RangeRead, len(slots))
+	reads := make([]RangeRead, len(slots), len(slots)+1)
 	for i, slot := range slots {
 		reads[i] = RangeRead{Slot: slot, Key: key, Start: 0, Stop: int64(limit - 1)}
 	}
+	if l.layout() != LeaderboardsSingleSlot {
+		reads = append(reads, RangeRead{Slot: leaderboardSlot, Key: key, Start: 0, Stop: int64(limit - 1)})
+	}
 	tops, err := r.ZRevRanges(ctx, reads)
 	if err != nil {
-		return nil, err
+		return nil, l, err
 	}
-	return mergeTop(tops, limit), nil
+	if len(tops) > len(slots) {
+		if single := tops[len(slots)]; len(single) > 0 {
+			l.Layout = LeaderboardsSingleSlot
+			return single, l, nil
+		}
+		tops = tops[:len(slots)]
+	}
+	return mergeTop(tops, limit), l, nil
 }
 
 // mergeTop merges the shards' tops into the first `limit` of the whole board, in the order one
