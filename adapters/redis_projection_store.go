@@ -100,7 +100,11 @@ func (r *ProjectionReader) ZRevRanges(ctx context.Context, reads []projection.Ra
 		zs := c.Val()
 		out[i] = make([]projection.Scored, len(zs))
 		for j, z := range zs {
-			out[i][j] = projection.Scored{Member: fmt.Sprint(z.Member), Score: z.Score}
+			m, ok := z.Member.(string) // what go-redis parses a member into
+			if !ok {
+				m = fmt.Sprint(z.Member)
+			}
+			out[i][j] = projection.Scored{Member: m, Score: z.Score}
 		}
 	}
 	return out, nil

@@ -1,12 +1,9 @@
 package projection
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/checkins/checkins/domain"
 )
@@ -294,20 +291,34 @@ func (l Leaderboards) top(ctx context.Context, r Reader, key string, limit int) 
 // mergeTop merges the shards' tops into the first `limit` of the whole board, in the order one
 // sorted set of every member would give with ZREVRANGE: higher score first, and equal scores by
 // member, the greater byte string first. Every member of the whole top `limit` is within its own
-// shard's top `limit` (a shard orders its members the same way), so the merge is exact.
+// shard's top `limit` (a shard orders its members the same way), so the merge is exact. Each
+// shard's top is in that order already: the merge takes the best head, `limit` times.
 func mergeTop(tops [][]Scored, limit int) []Scored {
 	if len(tops) == 1 {
 		return tops[0][:min(limit, len(tops[0]))]
 	}
-	var all []Scored
-	for _, t := range tops {
-		all = append(all, t...)
-	}
-	slices.SortFunc(all, func(a, b Scored) int {
-		if c := cmp.Compare(b.Score, a.Score); c != 0 {
-			return c
+	out := make([]Scored, 0, limit)
+	next := make([]int, len(tops))
+	for len(out) < limit {
+		best := -1
+		for i, t := range tops {
+			if next[i] < len(t) && (best < 0 || ahead(t[next[i]], tops[best][next[best]])) {
+				best = i
+			}
 		}
-		return strings.Compare(b.Member, a.Member)
-	})
-	return all[:min(limit, len(all))]
+		if best < 0 {
+			break
+		}
+		out = append(out, tops[best][next[best]])
+		next[best]++
+	}
+	return out
+}
+
+// ahead reports whether a comes before b in ZREVRANGE order.
+func ahead(a, b Scored) bool {
+	if a.Score != b.Score {
+		return a.Score > b.Score
+	}
+	return a.Member > b.Member
 }

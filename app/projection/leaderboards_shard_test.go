@@ -13,6 +13,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/redistest"
 	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/domain"
 )
@@ -209,5 +211,59 @@ func TestLeaderboardsSpreadOverTheMasters(t *testing.T) {
 	assert.Len(t, writesIn, projection.LeaderboardShards, "every shard has its own slot")
 	for slot, w := range writesIn {
 		assert.Less(t, w/total, 3/s, "slot %d takes %.1f%% of the writes", slot, 100*w/total)
+	}
+}
+
+// BenchmarkLeaderboardRead is one board read on a single server, in the single-slot layout of
+// earlier releases and in the sharded one (S ZREVRANGEs of `limit` in one round trip, merged;
+// then the counts), with 5,000 locations and 10,000 users.
+func BenchmarkLeaderboardRead(b *testing.B) {
+	env := redistest.Open(b)
+	client := redistest.Client(b, env.URL)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(9, 9))
+	events := make([]domain.CheckinRecorded, 40_000)
+	for i := range events {
+		events[i] = domain.CheckinRecorded{Checkin: domain.Checkin{ID: "b-" + strconv.Itoa(i), UserID: 1 + rng.Int64N(10_000),
+			LocationID: 1 + rng.Int64N(5_000), StarRating: rng.IntN(6), Timestamp: 1_700_000_000_000 + int64(i)}, RecordedAt: 1_700_000_000_000}
+	}
+	for _, layout := range []int{projection.LeaderboardsSingleSlot, projection.LeaderboardsSharded} {
+		keys := adapters.KeySpace{Prefix: env.Prefix + "-" + strconv.Itoa(layout)}
+		at, err := projection.Leaderboards{MinCheckins: 5}.AtLayout(layout)
+		require.NoError(b, err)
+		lb := at.(projection.Leaderboards)
+		applier, err := adapters.NewProjectionApplier(client, keys, 0)
+		require.NoError(b, err)
+		for start := 0; start < len(events); start += 500 {
+			var works []projection.Work
+			for i, e := range events[start:min(start+500, len(events))] {
+				us, err := projection.Updates(ctx, lb, e)
+				require.NoError(b, err)
+				works = append(works, projection.Work{Group: "bench", Projection: lb.Name(), Version: 1,
+					Event: projection.RefOf(e, fmt.Sprintf("%d-0", 1_700_000_000_000+start+i)), Updates: us})
+			}
+			_, err := applier.Apply(ctx, works, nil)
+			require.NoError(b, err)
+		}
+		r := adapters.NewProjectionReader(client, keys, lb.Name())
+		name := map[int]string{projection.LeaderboardsSingleSlot: "single-slot", projection.LeaderboardsSharded: "sharded"}[layout]
+		for _, limit := range []int{10, 100} {
+			b.Run(fmt.Sprintf("%s/locations/limit=%d", name, limit), func(b *testing.B) {
+				for b.Loop() {
+					rows, err := lb.TopLocations(ctx, r, projection.ByCheckins, limit)
+					if err != nil || len(rows) != limit {
+						b.Fatal(err, len(rows))
+					}
+				}
+			})
+			b.Run(fmt.Sprintf("%s/users/limit=%d", name, limit), func(b *testing.B) {
+				for b.Loop() {
+					rows, err := lb.TopUsers(ctx, r, limit)
+					if err != nil || len(rows) != limit {
+						b.Fatal(err, len(rows))
+					}
+				}
+			})
+		}
 	}
 }
