@@ -3,6 +3,7 @@ package projection_test
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -266,4 +267,25 @@ func BenchmarkLeaderboardRead(b *testing.B) {
 			})
 		}
 	}
+}
+
+// TestLeaderboardShardsAreFixed: where a member's entries live is part of the sharded layout's
+// definition. A process that put a member in another shard than the one before it would split
+// its count in two, so the hash (FNV-1a 64 of the decimal ID, checked against hash/fnv) and the
+// shards' tags must never change within the layout: changing them is a new layout (a rebuild).
+func TestLeaderboardShardsAreFixed(t *testing.T) {
+	t.Parallel()
+	for id := int64(1); id <= 5000; id += 7 {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(strconv.FormatInt(id, 10)))
+		require.Equal(t, int(h.Sum64()%projection.LeaderboardShards), projection.ShardOf(id, projection.LeaderboardShards), "id %d", id)
+	}
+	assert.Equal(t, []string{"3o7", "dlj", "9q5", "bij", "5j7", "hwh", "f0m", "130", "ljg", "760", "qsu", "hfj",
+		"1mq", "ng4", "3zk", "hb4", "7hq", "72n", "91c", "31v", "3ki", "54v", "7ys", "7gd"},
+		projection.LeaderboardShardSlots(projection.LeaderboardsSharded))
+	for i, tag := range projection.LeaderboardShardSlots(projection.LeaderboardsSharded) {
+		target := projection.SpreadTarget(i, projection.LeaderboardShards)
+		assert.InDelta(t, target, projection.KeySlot("x:{"+tag+"}:y"), 8, "shard %d on an evenly spaced slot", i)
+	}
+	assert.Equal(t, []string{"all"}, projection.LeaderboardShardSlots(projection.LeaderboardsSingleSlot))
 }
