@@ -107,11 +107,10 @@ func (h *RebuildProjection) UpgradeLayouts(ctx context.Context, projs []projecti
 	var info *ops.StreamInfo
 	var groups map[string]ops.Membership
 	for _, p := range projs {
-		current := projection.CurrentLayout(p)
 		if _, ok := p.(projection.Layouts); !ok {
 			continue
 		}
-		name := p.Name()
+		name, current := p.Name(), projection.CurrentLayout(p)
 		st, err := h.b.Registry.State(ctx, name)
 		if err != nil {
 			return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 
 	"github.com/checkins/checkins/domain"
 )
@@ -53,8 +54,9 @@ const (
 	lbUserCheckins     = "users_by_checkins"     // zset userId -> check-ins
 )
 
-// leaderboardShardSlots are the sharded layout's slots, on evenly spaced hash slots.
-var leaderboardShardSlots = SpreadTags(LeaderboardShards)
+// leaderboardShardSlots are the sharded layout's slots, on evenly spaced hash slots (computed
+// once, on first use: the tag table takes a few milliseconds).
+var leaderboardShardSlots = sync.OnceValue(func() []string { return SpreadTags(LeaderboardShards) })
 
 // Leaderboards ranks locations by check-ins and by average rating, and users by check-ins.
 // MinCheckins is how many check-ins a location needs before it enters the rating board, so one
@@ -90,7 +92,7 @@ func LeaderboardShardSlots(layout int) []string {
 	if layout == LeaderboardsSingleSlot {
 		return []string{leaderboardSlot}
 	}
-	return append([]string(nil), leaderboardShardSlots...)
+	return append([]string(nil), leaderboardShardSlots()...)
 }
 
 func (l Leaderboards) layout() int {
@@ -104,7 +106,7 @@ func (l Leaderboards) slots() []string {
 	if l.layout() == LeaderboardsSingleSlot {
 		return []string{leaderboardSlot}
 	}
-	return leaderboardShardSlots
+	return leaderboardShardSlots()
 }
 
 func (l Leaderboards) slotOf(id int64) string {
