@@ -17,6 +17,7 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/domain"
 )
@@ -202,6 +203,8 @@ func TestReusedCheckinIDIsDecidedAlikeEverywhere(t *testing.T) {
 // switch to v2 and v1's keys go. Every board stays equal to an independent count.
 func TestUpgradeRebuildsTheLeaderboardsInShards(t *testing.T) {
 	t.Parallel()
+	cfg, _, err := parseConfig(flag.NewFlagSet("test", flag.ContinueOnError), nil, envWith(nil))
+	require.NoError(t, err)
 	srv := redistest.Start(t, redistest.Options{})
 	c := redistest.Client(t, srv.URL())
 	ctx := context.Background()
@@ -247,6 +250,32 @@ func TestUpgradeRebuildsTheLeaderboardsInShards(t *testing.T) {
 	require.NoError(t, c.HDel(ctx, keys.Projections(), "leaderboards.layout").Err())
 	l.verifyAll(t, srv.URL(), keys) // the reads find the earlier layout
 
+	// And the earlier release parked one check-in of the leaderboards (the other projections
+	// counted it): taken out of the {all} boards and parked. Its replay, run before any projector
+	// of this release, writes v1 in v1's layout.
+	xs, err := c.XRange(ctx, keys.Stream(), "-", "+").Result()
+	require.NoError(t, err)
+	parked := xs[len(xs)/2]
+	ev, err := domain.ParseEvent(entryFields(parked.Values))
+	require.NoError(t, err)
+	pe := ev.(domain.CheckinRecorded)
+	loc, user := strconv.FormatInt(pe.LocationID, 10), strconv.FormatInt(pe.UserID, 10)
+	require.NoError(t, c.ZIncrBy(ctx, v1+"{all}:locations_by_checkins", -1, loc).Err())
+	require.NoError(t, c.ZIncrBy(ctx, v1+"{all}:users_by_checkins", -1, user).Err())
+	n, err := c.HIncrBy(ctx, v1+"{all}:location_counts", loc+":n", -1).Result()
+	require.NoError(t, err)
+	stars, err := c.HIncrBy(ctx, v1+"{all}:location_counts", loc+":stars", -int64(pe.StarRating)).Result()
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, n, cfg.LeaderboardMinCheckins, "the location stays on the rating board")
+	require.NoError(t, c.ZAdd(ctx, v1+"{all}:locations_by_rating", redis.Z{Score: float64(stars) / float64(n), Member: loc}).Err())
+	pid, err := adapters.NewPoisonQueue(c, keys).Park(ctx, ops.PoisonEntry{Stream: keys.Stream(), EntryID: parked.ID, Projection: "leaderboards",
+		Group: "live", Version: 1, Error: "handler bug", Attempts: 5, FailedAt: time.Now(), Fields: entryFields(parked.Values), Decision: ops.DecisionCounted})
+	require.NoError(t, err)
+	code, out, stderr := runOps(t, map[string]string{"REDIS_URL": srv.URL()}, "poison", "replay", pid)
+	require.Equal(t, 0, code, "stdout %s stderr %s", out, stderr)
+	assert.Contains(t, out, "applied: true")
+	l.verifyAll(t, srv.URL(), keys) // counted once more, in {all}
+
 	p = startSvc(t, "serve", env)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -285,4 +314,13 @@ func TestUpgradeRebuildsTheLeaderboardsInShards(t *testing.T) {
 	code, body := faultGet(t, p.base+"/readyz")
 	assert.Equal(t, http.StatusOK, code, body)
 	assert.Zero(t, poisonLen(t, c, keys))
+}
+
+// entryFields are a stream entry's values as strings.
+func entryFields(values map[string]any) map[string]string {
+	out := make(map[string]string, len(values))
+	for k, v := range values {
+		out[k], _ = v.(string)
+	}
+	return out
 }
