@@ -36,6 +36,7 @@ import (
 const (
 	DefaultClusterPartitions = 24
 	MaxPartitions            = 1024
+	slotCount                = projection.SlotCount
 )
 
 // Partitions names the P streams of the event log.
