@@ -6,9 +6,10 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/app/projection"
 )
 
 // How the event stream is split into partitions:
@@ -35,7 +36,7 @@ import (
 const (
 	DefaultClusterPartitions = 24
 	MaxPartitions            = 1024
-	slotCount                = 16384
+	slotCount                = projection.SlotCount
 )
 
 // Partitions names the P streams of the event log.
@@ -92,53 +93,11 @@ func PartitionOf(userID int64, p int) int {
 }
 
 // PartitionTarget is the slot partition i of p aims at: the middle of the i-th P-th of the slots.
-func PartitionTarget(i, p int) int { return (2*i + 1) * slotCount / (2 * p) }
+func PartitionTarget(i, p int) int { return projection.SpreadTarget(i, p) }
 
-// PartitionTags are the hash tags of p partitions (see the rule above); p = 1 needs none but has
-// one, for completeness.
-func PartitionTags(p int) []string {
-	tagOf := slotTags()
-	used := map[string]bool{}
-	out := make([]string, p)
-	for i := range p {
-		t := PartitionTarget(i, p)
-		for d := 0; ; d++ {
-			if s := t - d; s >= 0 && tagOf[s] != "" && !used[tagOf[s]] {
-				out[i] = tagOf[s]
-				break
-			}
-			if s := t + d; d > 0 && s < slotCount && tagOf[s] != "" && !used[tagOf[s]] {
-				out[i] = tagOf[s]
-				break
-			}
-		}
-		used[out[i]] = true
-	}
-	return out
-}
-
-// slotTags is each slot's first tag in shortlex order over [0-9a-z], up to three characters
-// ("" for the 85 slots none of them reaches).
-var slotTags = sync.OnceValue(func() []string {
-	const alphabet = "0123456789abcdefghijklmnopqrstuvwxyz"
-	tags := make([]string, slotCount)
-	var walk func(prefix []byte, n int)
-	walk = func(prefix []byte, n int) {
-		if len(prefix) == n {
-			if s := crc16(string(prefix)) % slotCount; tags[s] == "" {
-				tags[s] = string(prefix)
-			}
-			return
-		}
-		for i := range len(alphabet) {
-			walk(append(prefix, alphabet[i]), n)
-		}
-	}
-	for n := 1; n <= 3; n++ {
-		walk(make([]byte, 0, 3), n)
-	}
-	return tags
-})
+// PartitionTags are the hash tags of p partitions (see the rule above, projection.SpreadTags);
+// p = 1 needs none but has one, for completeness.
+func PartitionTags(p int) []string { return projection.SpreadTags(p) }
 
 // Meta is the small hash of facts about the event stream fixed when it was created (P).
 func (k KeySpace) Meta() string { return k.Prefix + ":meta" }

@@ -20,18 +20,23 @@ var _ ops.Registry = (*ProjectionVersions)(nil)
 // Registry fields of projection <name> besides <name>.version (the version serving reads):
 // <name>.building is the version being rebuilt, <name>.retiring the version replaced by the last
 // switch whose keys and group are still to be removed (with <name>.switched_at, ms), and
-// <name>.rebuild the last rebuild's progress as JSON, for status output.
+// <name>.rebuild the last rebuild's progress as JSON, for status output; <name>.layout and
+// <name>.building_layout the layouts (projection.Layouts) the serving and the building version
+// are written in (none: layout 1, what releases before layouts wrote; only layouts above 1 are
+// recorded by a rebuild, so the registry of a projection without layouts does not change).
 const (
-	registryBuilding   = ".building"
-	registryRetiring   = ".retiring"
-	registrySwitchedAt = ".switched_at"
-	registryRebuild    = ".rebuild"
+	registryBuilding       = ".building"
+	registryRetiring       = ".retiring"
+	registrySwitchedAt     = ".switched_at"
+	registryRebuild        = ".rebuild"
+	registryLayout         = ".layout"
+	registryBuildingLayout = ".building_layout"
 )
 
 // State reads one projection's registry entry.
 func (v *ProjectionVersions) State(ctx context.Context, name string) (ops.VersionState, error) {
 	vals, err := v.client.HMGet(ctx, v.keys.Projections(), name+".version", name+registryBuilding,
-		name+registryRetiring, name+registrySwitchedAt, name+registryRebuild).Result()
+		name+registryRetiring, name+registrySwitchedAt, name+registryRebuild, name+registryLayout, name+registryBuildingLayout).Result()
 	if err != nil {
 		return ops.VersionState{}, err
 	}
@@ -40,7 +45,7 @@ func (v *ProjectionVersions) State(ctx context.Context, name string) (ops.Versio
 	for _, f := range []struct {
 		i   int
 		dst *int
-	}{{0, &st.Serving}, {1, &st.Building}, {2, &st.Retiring}} {
+	}{{0, &st.Serving}, {1, &st.Building}, {2, &st.Retiring}, {5, &st.ServingLayout}, {6, &st.BuildingLayout}} {
 		if s := str(f.i); s != "" {
 			n, err := strconv.Atoi(s)
 			if err != nil || n < 1 {
@@ -59,13 +64,18 @@ local b = redis.call('HGET', KEYS[1], ARGV[1] .. '.building')
 if b then return {cur, tonumber(b), 0} end
 if redis.call('HEXISTS', KEYS[1], ARGV[1] .. '.retiring') == 1 then return {cur, 0, 2} end
 redis.call('HSET', KEYS[1], ARGV[1] .. '.building', cur + 1)
+if ARGV[2] ~= '1' then redis.call('HSET', KEYS[1], ARGV[1] .. '.building_layout', ARGV[2]) end
 return {cur, cur + 1, 1}
 `)
 
-// BeginBuild atomically marks version serving+1 as building, unless a build is already in
-// progress (then it returns that one with started false, so a rebuild can be resumed).
-func (v *ProjectionVersions) BeginBuild(ctx context.Context, name string) (serving, building int, started bool, err error) {
-	res, err := beginBuildLua.Run(ctx, v.client, []string{v.keys.Projections()}, name).Int64Slice()
+// BeginBuild atomically marks version serving+1 as building in layout, unless a build is
+// already in progress (then it returns that one with started false, so a rebuild can be
+// resumed).
+func (v *ProjectionVersions) BeginBuild(ctx context.Context, name string, layout int) (serving, building int, started bool, err error) {
+	if layout < 1 {
+		return 0, 0, false, fmt.Errorf("projection %s: begin rebuild: layout %d is not a positive integer", name, layout)
+	}
+	res, err := beginBuildLua.Run(ctx, v.client, []string{v.keys.Projections()}, name, layout).Int64Slice()
 	if err != nil {
 		return 0, 0, false, fmt.Errorf("projection %s: begin rebuild: %w", name, err)
 	}
@@ -78,8 +88,10 @@ func (v *ProjectionVersions) BeginBuild(ctx context.Context, name string) (servi
 var promoteLua = redis.NewScript(`
 if (redis.call('HGET', KEYS[1], ARGV[1] .. '.version') or '1') ~= ARGV[2] then return 0 end
 if redis.call('HGET', KEYS[1], ARGV[1] .. '.building') ~= ARGV[3] then return 0 end
+local layout = redis.call('HGET', KEYS[1], ARGV[1] .. '.building_layout')
 redis.call('HSET', KEYS[1], ARGV[1] .. '.version', ARGV[3], ARGV[1] .. '.retiring', ARGV[2], ARGV[1] .. '.switched_at', ARGV[4])
-redis.call('HDEL', KEYS[1], ARGV[1] .. '.building')
+if layout then redis.call('HSET', KEYS[1], ARGV[1] .. '.layout', layout) else redis.call('HDEL', KEYS[1], ARGV[1] .. '.layout') end
+redis.call('HDEL', KEYS[1], ARGV[1] .. '.building', ARGV[1] .. '.building_layout')
 return 1
 `)
 
@@ -103,6 +115,27 @@ return 1
 // Retired records that version's keys and group are gone.
 func (v *ProjectionVersions) Retired(ctx context.Context, name string, version int) error {
 	return retiredLua.Run(ctx, v.client, []string{v.keys.Projections()}, name, strconv.Itoa(version)).Err()
+}
+
+// DecideLayout records layout as the serving version's (HSETNX: the first to decide wins) and
+// returns the layout recorded.
+func (v *ProjectionVersions) DecideLayout(ctx context.Context, name string, layout int) (int, error) {
+	if layout < 1 {
+		return 0, fmt.Errorf("projection %s: layout %d is not a positive integer", name, layout)
+	}
+	k := v.keys.Projections()
+	if err := v.client.HSetNX(ctx, k, name+registryLayout, layout).Err(); err != nil {
+		return 0, fmt.Errorf("projection %s: record layout: %w", name, err)
+	}
+	s, err := v.client.HGet(ctx, k, name+registryLayout).Result()
+	if err != nil {
+		return 0, fmt.Errorf("projection %s: read layout: %w", name, err)
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("projection %s: registry field %s%s holds %q, not a positive integer", name, name, registryLayout, s)
+	}
+	return n, nil
 }
 
 // SetRebuildStatus stores the last rebuild's progress (JSON) for status output.

@@ -77,6 +77,69 @@ func (r *ProjectionReader) ZRevRange(ctx context.Context, slot, key string, star
 	return out, nil
 }
 
+// ZRevRanges implements projection.Reader: one pipeline, against the version serving when it
+// starts. A cluster client splits it by master and sends those in parallel.
+func (r *ProjectionReader) ZRevRanges(ctx context.Context, reads []projection.RangeRead) ([][]projection.Scored, error) {
+	if len(reads) == 0 {
+		return nil, nil
+	}
+	v, err := r.versions.Current(ctx, r.name)
+	if err != nil {
+		return nil, err
+	}
+	pipe := r.client.Pipeline()
+	cmds := make([]*redis.ZSliceCmd, len(reads))
+	for i, rd := range reads {
+		cmds[i] = pipe.ZRevRangeWithScores(ctx, r.keys.ProjectionKey(r.name, v, rd.Slot, rd.Key), rd.Start, rd.Stop)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	out := make([][]projection.Scored, len(reads))
+	for i, c := range cmds {
+		zs := c.Val()
+		out[i] = make([]projection.Scored, len(zs))
+		for j, z := range zs {
+			m, ok := z.Member.(string) // what go-redis parses a member into
+			if !ok {
+				m = fmt.Sprint(z.Member)
+			}
+			out[i][j] = projection.Scored{Member: m, Score: z.Score}
+		}
+	}
+	return out, nil
+}
+
+// HMGets implements projection.Reader: one pipeline, against the version serving when it starts.
+func (r *ProjectionReader) HMGets(ctx context.Context, reads []projection.FieldsRead) ([][]string, error) {
+	if len(reads) == 0 {
+		return nil, nil
+	}
+	v, err := r.versions.Current(ctx, r.name)
+	if err != nil {
+		return nil, err
+	}
+	pipe := r.client.Pipeline()
+	cmds := make([]*redis.SliceCmd, len(reads))
+	for i, rd := range reads {
+		cmds[i] = pipe.HMGet(ctx, r.keys.ProjectionKey(r.name, v, rd.Slot, rd.Key), rd.Fields...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	out := make([][]string, len(reads))
+	for i, c := range cmds {
+		vals := c.Val()
+		out[i] = make([]string, len(vals))
+		for j, v := range vals {
+			if s, ok := v.(string); ok {
+				out[i][j] = s
+			}
+		}
+	}
+	return out, nil
+}
+
 // ProjectionVersions tracks which version of each projection serves reads.
 type ProjectionVersions struct {
 	client redis.UniversalClient

@@ -13,7 +13,8 @@ import (
 
 // RegistryWatch keeps a projector in step with the projections registry: every interval it
 // makes the router feed the versions the registry asks for (a new building version, not a
-// retired one), removes finished backfills and drives the rebuilds in progress.
+// retired one), removes finished backfills and drives the rebuilds in progress, including those
+// that bring a projection to its current layout.
 type RegistryWatch struct {
 	Router   *ProjectionRouter
 	Versions *query.ProjectionVersions
@@ -48,6 +49,10 @@ func (w RegistryWatch) Run(ctx context.Context) error {
 }
 
 func (w RegistryWatch) reconcile(ctx context.Context) error {
+	// First, so a version's layout is decided before anything feeds it.
+	if err := w.Rebuild.UpgradeLayouts(ctx, w.Projections); err != nil {
+		return err
+	}
 	targets, err := w.Versions.Targets(ctx, w.Projections)
 	if err != nil {
 		return err

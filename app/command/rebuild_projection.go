@@ -84,6 +84,71 @@ func KnownProjection(projs []projection.Projection, name string) error {
 	return fmt.Errorf("projection %q (known: %s): %w", name, strings.Join(names, ", "), domain.ErrNotFound)
 }
 
+// projection is the known projection called name (nil if none).
+func (h *RebuildProjection) projection(name string) projection.Projection {
+	for _, p := range h.projs {
+		if p.Name() == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// UpgradeLayouts brings every projection of projs that has layouts (projection.Layouts) to its
+// current layout; projectors run it at start, before they feed anything, and at each registry
+// poll.
+//   - A serving version with no layout recorded was written by a release before layouts, or
+//     never written: if a live group feeds it or it has a group of its own, it is layout 1;
+//     else nothing has written it yet and it is the current layout (a new deployment builds the
+//     current layout at once).
+//   - A serving version of an older layout is rebuilt (Start), once no rebuild is in progress:
+//     it keeps serving reads, written in its own layout, until the new version has caught up.
+func (h *RebuildProjection) UpgradeLayouts(ctx context.Context, projs []projection.Projection) error {
+	var info *ops.StreamInfo
+	var groups map[string]ops.Membership
+	for _, p := range projs {
+		if _, ok := p.(projection.Layouts); !ok {
+			continue
+		}
+		name, current := p.Name(), projection.CurrentLayout(p)
+		st, err := h.b.Registry.State(ctx, name)
+		if err != nil {
+			return err
+		}
+		layout := st.ServingLayout
+		if layout == 0 {
+			if info == nil {
+				i, err := h.b.Stream.Info(ctx)
+				if err != nil {
+					return err
+				}
+				if groups, _, err = h.b.Live.ReadAll(ctx); err != nil {
+					return err
+				}
+				info = &i
+			}
+			member := ops.MemberName(name, st.Serving)
+			decide := current
+			if _, _, fed := ops.MemberOf(groups, member); fed || info.Group(member) != nil {
+				decide = 1
+			}
+			if layout, err = h.b.Registry.DecideLayout(ctx, name, decide); err != nil {
+				return err
+			}
+			h.log.Info("projection layout recorded", "projection", name, "version", st.Serving, "layout", layout)
+		}
+		if layout >= current || st.Building > 0 || st.Retiring > 0 {
+			continue
+		}
+		h.log.Info("projection version of an earlier layout: rebuilding it in the current one", "projection", name,
+			"version", st.Serving, "layout", layout, "current_layout", current)
+		if _, err := h.Start(ctx, name); err != nil && !errors.Is(err, ErrRebuildBusy) {
+			return err
+		}
+	}
+	return nil
+}
+
 // Start starts a rebuild of name, or returns the one in progress (so it can be resumed).
 func (h *RebuildProjection) Start(ctx context.Context, name string) (ops.RebuildProgress, error) {
 	if err := KnownProjection(h.projs, name); err != nil {
@@ -107,7 +172,7 @@ func (h *RebuildProjection) Start(ctx context.Context, name string) (ops.Rebuild
 			}
 		}
 	}
-	from, to, started, err := h.b.Registry.BeginBuild(ctx, name)
+	from, to, started, err := h.b.Registry.BeginBuild(ctx, name, projection.CurrentLayout(h.projection(name)))
 	if errors.Is(err, ops.ErrRetiring) {
 		return ops.RebuildProgress{}, fmt.Errorf("%w: %w", ErrRebuildBusy, err)
 	}

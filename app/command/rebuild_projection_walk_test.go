@@ -73,7 +73,15 @@ func (m *memBackend) Current(ctx context.Context, name string) (int, error) {
 	st, err := m.State(ctx, name)
 	return st.Serving, err
 }
-func (m *memBackend) BeginBuild(ctx context.Context, name string) (int, int, bool, error) {
+func (m *memBackend) DecideLayout(ctx context.Context, name string, layout int) (int, error) {
+	st, _ := m.State(ctx, name)
+	if st.ServingLayout == 0 {
+		st.ServingLayout = layout
+		m.state[name] = st
+	}
+	return st.ServingLayout, nil
+}
+func (m *memBackend) BeginBuild(ctx context.Context, name string, layout int) (int, int, bool, error) {
 	st, _ := m.State(ctx, name)
 	switch {
 	case st.Building > 0:
@@ -82,6 +90,9 @@ func (m *memBackend) BeginBuild(ctx context.Context, name string) (int, int, boo
 		return st.Serving, 0, false, ops.ErrRetiring
 	}
 	st.Building = st.Serving + 1
+	if layout > 1 { // as the registry records it
+		st.BuildingLayout = layout
+	}
 	m.state[name] = st
 	return st.Serving, st.Building, true, nil
 }
@@ -91,6 +102,7 @@ func (m *memBackend) Promote(ctx context.Context, name string, from, to int, at 
 		return false, nil
 	}
 	st.Serving, st.Retiring, st.Building, st.SwitchedAt = to, from, 0, at.UnixMilli()
+	st.ServingLayout, st.BuildingLayout = st.BuildingLayout, 0
 	m.state[name] = st
 	return true, nil
 }

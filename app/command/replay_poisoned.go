@@ -126,6 +126,20 @@ func (h *ReplayPoisoned) replay(ctx context.Context, e ops.PoisonEntry) (ReplayR
 		return res, ops.Unavailable(err)
 	}
 	q := h.cfg.Backend.Poison
+	// Written in the version's own layout (a parked event of a version an upgrade still serves
+	// in its earlier layout goes there).
+	st, err := h.cfg.Backend.Registry.State(ctx, e.Projection)
+	if err != nil {
+		return res, ops.Unavailable(err)
+	}
+	layout := st.LayoutOf(version)
+	if layout == 0 {
+		layout = projection.CurrentLayout(p)
+	}
+	if p, err = projection.AtLayout(p, layout); err != nil {
+		res.Status, res.Error = ReplayNotReplayable, err.Error()
+		return res, fmt.Errorf("%w: poison entry %s: %s", ErrNotReplayable, e.ID, res.Error)
+	}
 	outcome, err := h.cfg.Applier.ApplyDecided(ctx, ReplayGroup(p.Name(), version), p, version, ev, e.EntryID, e.DecisionRef())
 	switch {
 	case err == nil:

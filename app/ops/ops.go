@@ -51,11 +51,15 @@ type Registry interface {
 	State(ctx context.Context, name string) (VersionState, error)
 	// Current is the version serving reads.
 	Current(ctx context.Context, name string) (int, error)
-	// BeginBuild marks serving+1 as building unless a build is in progress (started false, the
-	// build in progress returned) or the previous one still retires (ErrRetiring).
-	BeginBuild(ctx context.Context, name string) (serving, building int, started bool, err error)
-	// Promote switches reads from version from to to, if from still serves and to builds.
+	// BeginBuild marks serving+1 as building, in layout, unless a build is in progress (started
+	// false, the build in progress returned) or the previous one still retires (ErrRetiring).
+	BeginBuild(ctx context.Context, name string, layout int) (serving, building int, started bool, err error)
+	// Promote switches reads from version from to to, if from still serves and to builds; the
+	// building version's layout becomes the serving one's.
 	Promote(ctx context.Context, name string, from, to int, at time.Time) (bool, error)
+	// DecideLayout records layout as the serving version's unless one is recorded already, and
+	// returns the one recorded.
+	DecideLayout(ctx context.Context, name string, layout int) (int, error)
 	// Retired records that version's keys and group are gone.
 	Retired(ctx context.Context, name string, version int) error
 	// SetRebuildStatus stores the last rebuild's progress (JSON).

@@ -15,6 +15,22 @@ type VersionState struct {
 	Retiring   int   // 0: nothing left to clean up
 	SwitchedAt int64 // ms since epoch of the last switch
 	Rebuild    string
+	// The layouts (projection.Layouts) the serving and the building version are written in; 0:
+	// none recorded, i.e. layout 1 (a release before layouts) or, for a serving version, not yet
+	// decided for a projection that never ran (RebuildProjection.UpgradeLayouts decides).
+	ServingLayout, BuildingLayout int
+}
+
+// LayoutOf is the layout version is written in: the recorded one (1 when none is) for the
+// serving or the building version; 0 for another version.
+func (st VersionState) LayoutOf(version int) int {
+	switch version {
+	case st.Serving:
+		return max(st.ServingLayout, 1)
+	case st.Building:
+		return max(st.BuildingLayout, 1)
+	}
+	return 0
 }
 
 // ErrRetiring is returned by Registry.BeginBuild while the previous version is still being

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 
 	"github.com/checkins/checkins/domain"
 )
@@ -20,11 +21,32 @@ const (
 	ByRating   = "rating"
 )
 
-// leaderboardSlot holds every leaderboard key: the rating board needs each location's counts at
-// the moment it updates the score, and one slot keeps that read and the write in one script.
+// Leaderboard key layouts. A layout is fixed for a projection version: a deployment's version of
+// an earlier layout keeps being written and read in it until a rebuild (started by itself, see
+// Layouts) replaces it with a version of the current one.
+const (
+	// LeaderboardsSingleSlot is the layout of earlier releases: every key in the one slot {all},
+	// one master's hot spot on a cluster.
+	LeaderboardsSingleSlot = 1
+	// LeaderboardsSharded shards every board over LeaderboardShards slots: the location boards
+	// and counts by locationId, the user board by userId.
+	LeaderboardsSharded = 2
+	// LeaderboardsLayout is the layout new versions are built in.
+	LeaderboardsLayout = LeaderboardsSharded
+)
+
+// LeaderboardShards is S, the shards of each board in the sharded layout. A read asks every
+// shard for its top `limit` (S ZREVRANGEs of at most 100 in one round trip, then one HMGET per
+// shard the merged top came from, in a second), so S is a trade: enough shards to spread over
+// the masters, few enough to keep a read small. 24 divides by 1, 2, 3, 4, 6, 8, 12 and 24
+// masters (the stream's partition count, for the same reason); with another M every master
+// still holds within one shard of S/M. Changing it is a new layout, i.e. a rebuild.
+const LeaderboardShards = 24
+
+// leaderboardSlot holds every key of the single-slot layout.
 const leaderboardSlot = "all"
 
-// Keys of the leaderboards slot.
+// Keys of a leaderboards slot (in the sharded layout each shard has its own of each).
 const (
 	lbLocationCheckins = "locations_by_checkins" // zset locationId -> check-ins
 	lbLocationRating   = "locations_by_rating"   // zset locationId -> exact average stars, once qualified
@@ -32,12 +54,76 @@ const (
 	lbUserCheckins     = "users_by_checkins"     // zset userId -> check-ins
 )
 
+// leaderboardShardSlots are the sharded layout's slots, on evenly spaced hash slots (computed
+// once, on first use: the tag table takes a few milliseconds).
+var leaderboardShardSlots = sync.OnceValue(func() []string { return SpreadTags(LeaderboardShards) })
+
 // Leaderboards ranks locations by check-ins and by average rating, and users by check-ins.
 // MinCheckins is how many check-ins a location needs before it enters the rating board, so one
 // five-star visit does not top it. It is applied when events are handled: changing it takes a
 // rebuild (`checkins projections rebuild leaderboards`).
+//
+// In the sharded layout a location's entries and counts live in shard ShardOf(locationId) (the
+// rating is set from the counts by the same script, so they share its slot), a user's in shard
+// ShardOf(userId); a read merges the shards' tops exactly (see mergeTop).
 type Leaderboards struct {
 	MinCheckins int64
+	// Layout is the key layout written and read; 0 is LeaderboardsLayout.
+	Layout int
+}
+
+// ShardOf is the shard of a board member among s: FNV-1a 64 of its decimal ID, mod s (stable
+// across processes, versions and languages).
+func ShardOf(id int64, s int) int {
+	if s <= 1 {
+		return 0
+	}
+	var buf [20]byte
+	h := uint64(14695981039346656037)
+	for _, c := range strconv.AppendInt(buf[:0], id, 10) {
+		h ^= uint64(c)
+		h *= 1099511628211
+	}
+	return int(h % uint64(s)) // #nosec G115 -- below s, an int
+}
+
+// LeaderboardShardSlots are the slots of layout's shards, in shard order.
+func LeaderboardShardSlots(layout int) []string {
+	if layout == LeaderboardsSingleSlot {
+		return []string{leaderboardSlot}
+	}
+	return append([]string(nil), leaderboardShardSlots()...)
+}
+
+func (l Leaderboards) layout() int {
+	if l.Layout == 0 {
+		return LeaderboardsLayout
+	}
+	return l.Layout
+}
+
+func (l Leaderboards) slots() []string {
+	if l.layout() == LeaderboardsSingleSlot {
+		return []string{leaderboardSlot}
+	}
+	return leaderboardShardSlots()
+}
+
+func (l Leaderboards) slotOf(id int64) string {
+	s := l.slots()
+	return s[ShardOf(id, len(s))]
+}
+
+// CurrentLayout implements Layouts.
+func (Leaderboards) CurrentLayout() int { return LeaderboardsLayout }
+
+// AtLayout implements Layouts.
+func (l Leaderboards) AtLayout(layout int) (Projection, error) {
+	if layout != LeaderboardsSingleSlot && layout != LeaderboardsSharded {
+		return nil, fmt.Errorf("leaderboards: unknown layout %d (this build knows %d and %d)", layout, LeaderboardsSingleSlot, LeaderboardsSharded)
+	}
+	l.Layout = layout
+	return l, nil
 }
 
 // LeaderboardLocation is one row of a location board.
@@ -61,13 +147,19 @@ func (Leaderboards) Name() string { return "leaderboards" }
 // OnCheckinRecorded counts the check-in for its location and user and, once the location has
 // MinCheckins, sets its rating score from the counts the same script just updated.
 func (l Leaderboards) OnCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, s Store) error {
-	loc := strconv.FormatInt(e.LocationID, 10)
-	return s.Apply(ctx, NewUpdate(leaderboardSlot).
+	loc, user := strconv.FormatInt(e.LocationID, 10), strconv.FormatInt(e.UserID, 10)
+	locUpdate := NewUpdate(l.slotOf(e.LocationID)).
 		ZIncrBy(lbLocationCheckins, 1, loc).
 		HIncrBy(lbLocationCounts, loc+":n", 1).
 		HIncrBy(lbLocationCounts, loc+":stars", int64(e.StarRating)).
-		ZRatioAtMin(lbLocationRating, loc, lbLocationCounts, loc+":stars", loc+":n", max(l.MinCheckins, 1)).
-		ZIncrBy(lbUserCheckins, 1, strconv.FormatInt(e.UserID, 10)))
+		ZRatioAtMin(lbLocationRating, loc, lbLocationCounts, loc+":stars", loc+":n", max(l.MinCheckins, 1))
+	if l.layout() == LeaderboardsSingleSlot {
+		return s.Apply(ctx, locUpdate.ZIncrBy(lbUserCheckins, 1, user))
+	}
+	if err := s.Apply(ctx, locUpdate); err != nil {
+		return err
+	}
+	return s.Apply(ctx, NewUpdate(l.slotOf(e.UserID)).ZIncrBy(lbUserCheckins, 1, user))
 }
 
 // ValidateLeaderboardLimit turns 0 into the default and rejects anything outside 1..Max.
@@ -83,7 +175,7 @@ func ValidateLeaderboardLimit(limit int) (int, error) {
 }
 
 // TopLocations is the location board ordered by ByCheckins or ByRating, best first.
-func (Leaderboards) TopLocations(ctx context.Context, r Reader, by string, limit int) ([]LeaderboardLocation, error) {
+func (l Leaderboards) TopLocations(ctx context.Context, r Reader, by string, limit int) ([]LeaderboardLocation, error) {
 	var key string
 	switch by {
 	case ByCheckins, "":
@@ -98,7 +190,7 @@ func (Leaderboards) TopLocations(ctx context.Context, r Reader, by string, limit
 	if err != nil {
 		return nil, err
 	}
-	zs, err := r.ZRevRange(ctx, leaderboardSlot, key, 0, int64(limit-1))
+	zs, l, err := l.top(ctx, r, key, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -106,24 +198,38 @@ func (Leaderboards) TopLocations(ctx context.Context, r Reader, by string, limit
 	if len(zs) == 0 {
 		return out, nil
 	}
-	fields := make([]string, 0, 2*len(zs))
-	for _, z := range zs {
-		fields = append(fields, z.Member+":n", z.Member+":stars")
-	}
-	counts, err := r.HMGet(ctx, leaderboardSlot, lbLocationCounts, fields...)
-	if err != nil {
-		return nil, err
-	}
+	// The counts of the merged top, one HMGET per shard it came from, in one round trip.
+	ids := make([]int64, len(zs))
+	var reads []FieldsRead
+	readOf := map[string]int{}    // slot -> its read
+	at := make([][2]int, len(zs)) // row -> its read and the index of its first field there
 	for i, z := range zs {
 		id, err := strconv.ParseInt(z.Member, 10, 64)
 		if err != nil {
 			return nil, fmt.Errorf("leaderboard member %q is not a location ID: %w", z.Member, err)
 		}
-		n, err := ParseInt(counts[2*i])
+		ids[i] = id
+		slot := l.slotOf(id)
+		n, ok := readOf[slot]
+		if !ok {
+			n = len(reads)
+			readOf[slot] = n
+			reads = append(reads, FieldsRead{Slot: slot, Key: lbLocationCounts})
+		}
+		at[i] = [2]int{n, len(reads[n].Fields)}
+		reads[n].Fields = append(reads[n].Fields, z.Member+":n", z.Member+":stars")
+	}
+	counts, err := r.HMGets(ctx, reads)
+	if err != nil {
+		return nil, err
+	}
+	for i, id := range ids {
+		f := counts[at[i][0]][at[i][1]:]
+		n, err := ParseInt(f[0])
 		if err != nil {
 			return nil, fmt.Errorf("location %d count: %w", id, err)
 		}
-		stars, err := ParseInt(counts[2*i+1])
+		stars, err := ParseInt(f[1])
 		if err != nil {
 			return nil, fmt.Errorf("location %d stars: %w", id, err)
 		}
@@ -137,12 +243,12 @@ func (Leaderboards) TopLocations(ctx context.Context, r Reader, by string, limit
 }
 
 // TopUsers is the user board by check-ins, most first.
-func (Leaderboards) TopUsers(ctx context.Context, r Reader, limit int) ([]LeaderboardUser, error) {
+func (l Leaderboards) TopUsers(ctx context.Context, r Reader, limit int) ([]LeaderboardUser, error) {
 	limit, err := ValidateLeaderboardLimit(limit)
 	if err != nil {
 		return nil, err
 	}
-	zs, err := r.ZRevRange(ctx, leaderboardSlot, lbUserCheckins, 0, int64(limit-1))
+	zs, _, err := l.top(ctx, r, lbUserCheckins, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -155,4 +261,66 @@ func (Leaderboards) TopUsers(ctx context.Context, r Reader, limit int) ([]Leader
 		out = append(out, LeaderboardUser{Rank: i + 1, UserID: id, NumCheckins: int64(z.Score)})
 	}
 	return out, nil
+}
+
+// top is the board key's `limit` best members over every shard: each shard's top `limit` in one
+// round trip, merged. The sharded layout also reads the key of the single-slot layout in the
+// same round trip: the version serving reads during an upgrade's rebuild is still written in
+// that layout, which is the only one holding anything then. It returns l at the layout read.
+func (l Leaderboards) top(ctx context.Context, r Reader, key string, limit int) ([]Scored, Leaderboards, error) {
+	slots := l.slots()
+	reads := make([]RangeRead, len(slots), len(slots)+1)
+	for i, slot := range slots {
+		reads[i] = RangeRead{Slot: slot, Key: key, Start: 0, Stop: int64(limit - 1)}
+	}
+	if l.layout() != LeaderboardsSingleSlot {
+		reads = append(reads, RangeRead{Slot: leaderboardSlot, Key: key, Start: 0, Stop: int64(limit - 1)})
+	}
+	tops, err := r.ZRevRanges(ctx, reads)
+	if err != nil {
+		return nil, l, err
+	}
+	if len(tops) > len(slots) {
+		if single := tops[len(slots)]; len(single) > 0 {
+			l.Layout = LeaderboardsSingleSlot
+			return single, l, nil
+		}
+		tops = tops[:len(slots)]
+	}
+	return mergeTop(tops, limit), l, nil
+}
+
+// mergeTop merges the shards' tops into the first `limit` of the whole board, in the order one
+// sorted set of every member would give with ZREVRANGE: higher score first, and equal scores by
+// member, the greater byte string first. Every member of the whole top `limit` is within its own
+// shard's top `limit` (a shard orders its members the same way), so the merge is exact. Each
+// shard's top is in that order already: the merge takes the best head, `limit` times.
+func mergeTop(tops [][]Scored, limit int) []Scored {
+	if len(tops) == 1 {
+		return tops[0][:min(limit, len(tops[0]))]
+	}
+	out := make([]Scored, 0, limit)
+	next := make([]int, len(tops))
+	for len(out) < limit {
+		best := -1
+		for i, t := range tops {
+			if next[i] < len(t) && (best < 0 || ahead(t[next[i]], tops[best][next[best]])) {
+				best = i
+			}
+		}
+		if best < 0 {
+			break
+		}
+		out = append(out, tops[best][next[best]])
+		next[best]++
+	}
+	return out
+}
+
+// ahead reports whether a comes before b in ZREVRANGE order.
+func ahead(a, b Scored) bool {
+	if a.Score != b.Score {
+		return a.Score > b.Score
+	}
+	return a.Member > b.Member
 }

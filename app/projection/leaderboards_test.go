@@ -21,7 +21,7 @@ import (
 
 // projTest is one test's projection store and reader on a real Redis under its own prefix.
 type projTest struct {
-	client *redis.Client
+	client redis.UniversalClient
 	keys   adapters.KeySpace
 }
 
@@ -29,6 +29,13 @@ func newProjTest(t *testing.T) projTest {
 	t.Helper()
 	env := redistest.Open(t)
 	return projTest{client: redistest.Client(t, env.URL), keys: adapters.KeySpace{Prefix: env.Prefix}}
+}
+
+// newClusterProjTest is projTest on the shared 3-master test cluster.
+func newClusterProjTest(t *testing.T) projTest {
+	t.Helper()
+	env := redistest.OpenCluster(t)
+	return projTest{client: redistest.ClusterClient(t, env.URL), keys: adapters.KeySpace{Prefix: env.Prefix}}
 }
 
 func (p projTest) reader(name string) projection.Reader {

@@ -24,6 +24,38 @@ type Projection interface {
 	Name() string
 }
 
+// Layouts is implemented by a projection whose keys changed their layout in some release. A
+// projection version is written and read in one layout for its whole life: the registry records
+// the layout each version is built in, a version of a release before layouts has layout 1, and
+// a serving version of an older layout than CurrentLayout is replaced by a rebuild that starts
+// by itself (command.RebuildProjection.UpgradeLayouts).
+type Layouts interface {
+	Projection
+	// CurrentLayout is the layout new versions are built in.
+	CurrentLayout() int
+	// AtLayout is the projection as it writes (and reads) layout; an error for a layout this
+	// build does not know.
+	AtLayout(layout int) (Projection, error)
+}
+
+// CurrentLayout is p's current layout: 1 for a projection without Layouts.
+func CurrentLayout(p Projection) int {
+	if l, ok := p.(Layouts); ok {
+		return l.CurrentLayout()
+	}
+	return 1
+}
+
+// AtLayout is p as it writes layout (0 or 1 for a version recorded before layouts: 1); p itself
+// for a projection without Layouts.
+func AtLayout(p Projection, layout int) (Projection, error) {
+	l, ok := p.(Layouts)
+	if !ok {
+		return p, nil
+	}
+	return l.AtLayout(max(layout, 1))
+}
+
 // CheckinRecordedHandler is implemented by projections that want CheckinRecorded events.
 type CheckinRecordedHandler interface {
 	OnCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, s Store) error
@@ -43,6 +75,23 @@ type Reader interface {
 	HMGet(ctx context.Context, slot, key string, fields ...string) ([]string, error) // "" for missing
 	// ZRevRange returns members from the highest score down, ranks start..stop inclusive.
 	ZRevRange(ctx context.Context, slot, key string, start, stop int64) ([]Scored, error)
+	// ZRevRanges is ZRevRange of several sorted sets, of any slots, in one round trip (on a
+	// cluster, one per master, in parallel): how a sharded read model is read at once.
+	ZRevRanges(ctx context.Context, reads []RangeRead) ([][]Scored, error)
+	// HMGets is HMGet of several hashes, of any slots, in one round trip.
+	HMGets(ctx context.Context, reads []FieldsRead) ([][]string, error)
+}
+
+// RangeRead is one sorted set's ranks start..stop, read from the highest score down.
+type RangeRead struct {
+	Slot, Key   string
+	Start, Stop int64
+}
+
+// FieldsRead is some fields of one hash.
+type FieldsRead struct {
+	Slot, Key string
+	Fields    []string
 }
 
 // Scored is one sorted-set member.

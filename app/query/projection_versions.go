@@ -70,7 +70,7 @@ type ProjectionRow struct {
 }
 
 // Targets are the versions projectors must feed for projs: the serving one and, during a
-// rebuild, the building one.
+// rebuild, the building one, each as it writes the version's layout.
 func (q *ProjectionVersions) Targets(ctx context.Context, projs []projection.Projection) ([]ops.ProjectionTarget, error) {
 	var out []ops.ProjectionTarget
 	for _, p := range projs {
@@ -78,9 +78,15 @@ func (q *ProjectionVersions) Targets(ctx context.Context, projs []projection.Pro
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, ops.ProjectionTarget{Projection: p, Version: st.Serving})
-		if st.Building > 0 {
-			out = append(out, ops.ProjectionTarget{Projection: p, Version: st.Building})
+		for _, v := range []int{st.Serving, st.Building} {
+			if v == 0 {
+				continue
+			}
+			at, err := projection.AtLayout(p, st.LayoutOf(v))
+			if err != nil {
+				return nil, fmt.Errorf("projection %s v%d: %w", p.Name(), v, err)
+			}
+			out = append(out, ops.ProjectionTarget{Projection: at, Version: v})
 		}
 	}
 	return out, nil

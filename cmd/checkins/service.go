@@ -148,7 +148,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		application.Commands.RecordCheckin = rec
 	}
 	if mode.Projections {
-		targets, err := s.initialTargets(pingCtx, application.Queries.ProjectionVersions)
+		targets, err := s.initialTargets(pingCtx, application.Queries.ProjectionVersions, application.Commands.RebuildProjection)
 		if err != nil {
 			return nil, err
 		}

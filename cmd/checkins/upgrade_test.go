@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/domain"
 )
@@ -61,6 +63,8 @@ func TestUpgradeFromTheEarlierLayoutKeepsEveryCount(t *testing.T) {
 	for i := range applied {
 		var works []projection.Work
 		for _, p := range projs {
+			p, err := projection.AtLayout(p, 1) // the earlier release's keys (projection.Layouts)
+			require.NoError(t, err)
 			us, err := projection.Updates(ctx, p, evs[i])
 			require.NoError(t, err)
 			works = append(works, projection.Work{Group: "emulation", Projection: p.Name(), Version: 1, Event: projection.RefOf(evs[i], ids[i]), Updates: us})
@@ -190,4 +194,133 @@ func TestReusedCheckinIDIsDecidedAlikeEverywhere(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	assert.Contains(t, body, `"numCheckins":2`, "the first body sent again is the same check-in (the second body is the other one)")
 	assert.Zero(t, poisonLen(t, c, keys))
+}
+
+// TestUpgradeRebuildsTheLeaderboardsInShards: a deployment of the release before sharded
+// leaderboards (leaderboards v1 in the one slot {all}, no layout in the registry) gets this
+// binary. It finds v1 of the earlier layout and rebuilds the leaderboards by itself: v1 keeps
+// serving exact boards, written in its own layout, until v2, sharded, has caught up; then reads
+// switch to v2 and v1's keys go. Every board stays equal to an independent count.
+func TestUpgradeRebuildsTheLeaderboardsInShards(t *testing.T) {
+	t.Parallel()
+	cfg, _, err := parseConfig(flag.NewFlagSet("test", flag.ContinueOnError), nil, envWith(nil))
+	require.NoError(t, err)
+	srv := redistest.Start(t, redistest.Options{})
+	c := redistest.Client(t, srv.URL())
+	ctx := context.Background()
+	keys := adapters.KeySpace{Prefix: "checkins"}
+	env := map[string]string{"REDIS_URL": srv.URL(), "PROJECTION_POLL_INTERVAL": "200ms", "PROJECTION_RETIRE_GRACE": "1s"}
+	l := newLedger()
+	client := authedClient(5 * time.Second)
+	p := startSvc(t, "serve", env)
+	for i := range 200 {
+		l.post(client, p.base, fmt.Sprintf("before-%d", i), sent{user: 1 + int64(i%17), location: 1 + int64(i%11), stars: int64(i % 6)})
+	}
+	l.resolve(t, p.base)
+	l.verifyAll(t, srv.URL(), keys)
+	require.Zero(t, p.exit(t, syscall.SIGTERM))
+	reg, err := c.HGetAll(ctx, keys.Projections()).Result()
+	require.NoError(t, err)
+	require.Equal(t, strconv.Itoa(projection.LeaderboardsLayout), reg["leaderboards.layout"], "a new deployment starts in the current layout")
+	require.Empty(t, reg["leaderboards.building"], "and needs no rebuild")
+
+	// What the earlier release left: the same boards in {all}, and no layout recorded.
+	v1 := keys.Prefix + ":p:leaderboards:v1:"
+	sharded, err := c.Keys(ctx, v1+"*").Result()
+	require.NoError(t, err)
+	require.Greater(t, len(sharded), 4)
+	for _, k := range sharded {
+		name := k[strings.LastIndexByte(k, ':')+1:]
+		all := v1 + "{all}:" + name
+		require.NotEqual(t, all, k)
+		switch name {
+		case "location_counts":
+			h, err := c.HGetAll(ctx, k).Result()
+			require.NoError(t, err)
+			require.NoError(t, c.HSet(ctx, all, h).Err())
+		case "locations_by_checkins", "locations_by_rating", "users_by_checkins":
+			zs, err := c.ZRangeWithScores(ctx, k, 0, -1).Result()
+			require.NoError(t, err)
+			require.NoError(t, c.ZAdd(ctx, all, zs...).Err())
+		default:
+			continue // bookkeeping
+		}
+		require.NoError(t, c.Del(ctx, k).Err())
+	}
+	require.NoError(t, c.HDel(ctx, keys.Projections(), "leaderboards.layout").Err())
+	l.verifyAll(t, srv.URL(), keys) // the reads find the earlier layout
+
+	// And the earlier release parked one check-in of the leaderboards (the other projections
+	// counted it): taken out of the {all} boards and parked. Its replay, run before any projector
+	// of this release, writes v1 in v1's layout.
+	xs, err := c.XRange(ctx, keys.Stream(), "-", "+").Result()
+	require.NoError(t, err)
+	parked := xs[len(xs)/2]
+	ev, err := domain.ParseEvent(entryFields(parked.Values))
+	require.NoError(t, err)
+	pe := ev.(domain.CheckinRecorded)
+	loc, user := strconv.FormatInt(pe.LocationID, 10), strconv.FormatInt(pe.UserID, 10)
+	require.NoError(t, c.ZIncrBy(ctx, v1+"{all}:locations_by_checkins", -1, loc).Err())
+	require.NoError(t, c.ZIncrBy(ctx, v1+"{all}:users_by_checkins", -1, user).Err())
+	n, err := c.HIncrBy(ctx, v1+"{all}:location_counts", loc+":n", -1).Result()
+	require.NoError(t, err)
+	stars, err := c.HIncrBy(ctx, v1+"{all}:location_counts", loc+":stars", -int64(pe.StarRating)).Result()
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, n, cfg.LeaderboardMinCheckins, "the location stays on the rating board")
+	require.NoError(t, c.ZAdd(ctx, v1+"{all}:locations_by_rating", redis.Z{Score: float64(stars) / float64(n), Member: loc}).Err())
+	pid, err := adapters.NewPoisonQueue(c, keys).Park(ctx, ops.PoisonEntry{Stream: keys.Stream(), EntryID: parked.ID, Projection: "leaderboards",
+		Group: "live", Version: 1, Error: "handler bug", Attempts: 5, FailedAt: time.Now(), Fields: entryFields(parked.Values), Decision: ops.DecisionCounted})
+	require.NoError(t, err)
+	code, out, stderr := runOps(t, map[string]string{"REDIS_URL": srv.URL()}, "poison", "replay", pid)
+	require.Equal(t, 0, code, "stdout %s stderr %s", out, stderr)
+	assert.Contains(t, out, "applied: true")
+	l.verifyAll(t, srv.URL(), keys) // counted once more, in {all}
+
+	p = startSvc(t, "serve", env)
+	t.Cleanup(func() {
+		if t.Failed() {
+			reg, _ := c.HGetAll(ctx, keys.Projections()).Result()
+			t.Logf("registry: %v\nlogs:\n%s", reg, p.logs)
+		}
+	})
+	for i := range 100 {
+		l.post(client, p.base, fmt.Sprintf("after-%d", i), sent{user: 1 + int64(i%23), location: 1 + int64(i%13), stars: int64(i % 5)})
+	}
+	l.resolve(t, p.base)
+	l.verifyAll(t, srv.URL(), keys)
+	require.Eventually(t, func() bool {
+		reg, err := c.HGetAll(ctx, keys.Projections()).Result()
+		require.NoError(t, err)
+		left, err := c.Keys(ctx, v1+"*").Result()
+		require.NoError(t, err)
+		return reg["leaderboards.version"] == "2" && reg["leaderboards.layout"] == strconv.Itoa(projection.LeaderboardsLayout) &&
+			reg["leaderboards.retiring"] == "" && len(left) == 0
+	}, 30*time.Second, 100*time.Millisecond, "v2 is built in shards, serves reads, and v1 is removed")
+	assert.Contains(t, p.logs.String(), "rebuilding it in the current one")
+	v2, err := c.Keys(ctx, keys.Prefix+":p:leaderboards:v2:*_by_checkins").Result()
+	require.NoError(t, err)
+	slots := map[int]bool{}
+	for _, k := range v2 {
+		assert.NotContains(t, k, "{all}")
+		slots[projection.KeySlot(k)] = true
+	}
+	assert.Greater(t, len(slots), 4, "the boards are spread over the shards' slots: %v", slots)
+	l.verifyAll(t, srv.URL(), keys)
+	for i := range 50 {
+		l.post(client, p.base, fmt.Sprintf("later-%d", i), sent{user: 1 + int64(i%7), location: 1 + int64(i%5), stars: 5})
+	}
+	l.resolve(t, p.base)
+	l.verifyAll(t, srv.URL(), keys)
+	code, body := faultGet(t, p.base+"/readyz")
+	assert.Equal(t, http.StatusOK, code, body)
+	assert.Zero(t, poisonLen(t, c, keys))
+}
+
+// entryFields are a stream entry's values as strings.
+func entryFields(values map[string]any) map[string]string {
+	out := make(map[string]string, len(values))
+	for k, v := range values {
+		out[k], _ = v.(string)
+	}
+	return out
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app"
+	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/app/query"
@@ -68,8 +69,14 @@ func (s *Service) projectionQueries(q *app.Queries) {
 // initialTargets are the versions the router starts with. When Redis cannot tell yet, it starts
 // with none rather than guess a version (a wrong guess would rebuild a retired one); the
 // registry watcher adds them as soon as Redis answers.
-func (s *Service) initialTargets(ctx context.Context, versions *query.ProjectionVersions) ([]ops.ProjectionTarget, error) {
-	targets, err := versions.Targets(ctx, s.proj.projs)
+func (s *Service) initialTargets(ctx context.Context, versions *query.ProjectionVersions, rebuild *command.RebuildProjection) ([]ops.ProjectionTarget, error) {
+	// Layouts first: a new deployment's versions are decided to be of the current layout before
+	// the router feeds them (projection.Layouts).
+	err := rebuild.UpgradeLayouts(ctx, s.proj.projs)
+	var targets []ops.ProjectionTarget
+	if err == nil {
+		targets, err = versions.Targets(ctx, s.proj.projs)
+	}
 	if err != nil {
 		if ports.IsTransient(adapters.RedisErrors{}, err) || errors.Is(err, context.DeadlineExceeded) {
 			s.log.Warn("projections registry unreachable: projections start when Redis answers", "error", err)

@@ -156,6 +156,20 @@ func (r *slotRecorder) ZRevRange(ctx context.Context, slot, key string, start, s
 	return r.Reader.ZRevRange(ctx, slot, key, start, stop)
 }
 
+func (r *slotRecorder) ZRevRanges(ctx context.Context, reads []projection.RangeRead) ([][]projection.Scored, error) {
+	for _, rd := range reads {
+		r.note(rd.Slot)
+	}
+	return r.Reader.ZRevRanges(ctx, reads)
+}
+
+func (r *slotRecorder) HMGets(ctx context.Context, reads []projection.FieldsRead) ([][]string, error) {
+	for _, rd := range reads {
+		r.note(rd.Slot)
+	}
+	return r.Reader.HMGets(ctx, reads)
+}
+
 // verifyWorkers is how many reads the checks keep in flight; b.reads pipelines them.
 const verifyWorkers = 64
 
