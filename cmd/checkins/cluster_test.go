@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -18,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,6 +29,7 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/domain"
 )
 
 // clusterInput is one POST /checkins of the cluster tests.
@@ -526,4 +529,138 @@ func TestClusterOperations(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, out, "users")
 	require.Zero(t, strings.Count(svc.logs.String(), "CROSSSLOT"), "no CROSSSLOT in the logs:\n%s", svc.logs)
+}
+
+// TestClusterMasterCrash: `serve` on 3 masters + 3 replicas (cluster-node-timeout 1000 ms) takes
+// a steady load; the master of the event stream's slot (every XADD, the consumer groups and the
+// registry) is killed with SIGKILL. Its replica is promoted within seconds, the API answers 503
+// (never a hang, nor another error) only for a few seconds, /readyz comes back by itself, and
+// once clients retried what got no 2xx, every read model equals the check-ins that got a 2xx,
+// each counted once, and each of them is in the stream.
+func TestClusterMasterCrash(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, redistest.ClusterOptions{Replicas: 1})
+	keys, err := adapters.NewKeySpace("crash", true)
+	require.NoError(t, err)
+	svc := startSvc(t, "serve", map[string]string{"REDIS_URL": cl.URL(), "KEY_PREFIX": keys.Prefix, "CLAIM_IDLE": "2s", "CLAIM_INTERVAL": "500ms"})
+	cc := redistest.ClusterClient(t, cl.URL())
+
+	l := newLedger()
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	wait := l.load(ctx, 4, "crash", func() string { return svc.base }, 10*time.Second)
+	l.waitFor(t, 500)
+	victim := cl.MasterOf(t, adapters.KeySlot(keys.Stream()))
+	before, _, _, _ := l.stats()
+	killed := time.Now()
+	cl.KillNode(victim)
+	t.Logf("killed node %d, the master of the stream's slot, after %d check-ins", victim, before)
+	require.Eventually(t, func() bool { return cl.MasterOf(t, adapters.KeySlot(keys.Stream())) != victim },
+		30*time.Second, 50*time.Millisecond, "the replica is promoted")
+	promoted := time.Since(killed)
+	// Ingest goes on by itself: another 500 check-ins get a 2xx.
+	l.waitFor(t, before+500)
+	stop()
+	wait()
+	require.Eventually(t, func() bool {
+		code, _ := faultGet(t, svc.base+"/readyz")
+		return code == http.StatusOK
+	}, 30*time.Second, 100*time.Millisecond, "/readyz comes back by itself")
+
+	ok, codes, errs, timeouts := l.stats()
+	l.mu.Lock()
+	window := l.lastBad.Sub(l.firstBad)
+	firstBadAfterKill := l.firstBad.Sub(killed)
+	last503 := string(l.last503)
+	l.mu.Unlock()
+	t.Logf("replica promoted %.1fs after the kill; %d check-ins got a 2xx; answers %v, %d without an answer; "+
+		"errors from %.1fs after the kill for %.1fs", promoted.Seconds(), ok, codes, errs, firstBadAfterKill.Seconds(), window.Seconds())
+	assert.Zero(t, timeouts, "no request hangs")
+	assert.Zero(t, errs, "every request gets an HTTP answer")
+	for code := range codes {
+		if code < 200 || code >= 300 {
+			assert.Equal(t, http.StatusServiceUnavailable, code, "the only error is 503")
+		}
+	}
+	if codes[http.StatusServiceUnavailable] > 0 {
+		assert.Contains(t, last503, `"code":"unavailable"`, "a 503 names the problem")
+		assert.GreaterOrEqual(t, firstBadAfterKill, time.Duration(0), "no error before the kill")
+		assert.Less(t, window, 20*time.Second, "errors for a few seconds, not until the next minute's slot-map reload")
+	}
+
+	l.resolve(t, svc.base)
+	l.verify(t, svc.base)
+	l.inStream(t, cc, keys)
+	requireNothingPending(t, cc, keys)
+}
+
+// TestClusterIngestMinReplicas: the master of the stream's slot is killed while its replica lags
+// (SIGSTOP and its replication link dropped, then SIGCONT once the master is dead, so the replica
+// is promoted without what it missed). With INGEST_MIN_REPLICAS=1 no check-in that got a 2xx is missing from the promoted
+// replica's stream, and the lagging replica shows as 503 not_replicated; without the setting,
+// check-ins that got a 2xx are lost.
+func TestClusterIngestMinReplicas(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		replicas string
+		wantLoss bool
+	}{{"INGEST_MIN_REPLICAS=1", "1", false}, {"INGEST_MIN_REPLICAS=0", "0", true}} {
+		t.Run(tc.name, func(t *testing.T) { // one cluster at a time: six nodes each
+			cl := redistest.StartCluster(t, redistest.ClusterOptions{Replicas: 1})
+			keys, err := adapters.NewKeySpace("durable", true)
+			require.NoError(t, err)
+			svc := startSvc(t, "api", map[string]string{"REDIS_URL": cl.URL(), "KEY_PREFIX": keys.Prefix,
+				"INGEST_MIN_REPLICAS": tc.replicas, "INGEST_REPLICA_TIMEOUT": "200ms", "RATE_LIMIT_USER": "off"})
+			cc := redistest.ClusterClient(t, cl.URL())
+			slot := adapters.KeySlot(keys.Stream())
+			master := cl.MasterOf(t, slot)
+			replica := cl.ReplicaOf(t, master)
+			require.NotEqual(t, -1, replica, "the stream's master has a replica")
+
+			l := newLedger()
+			ctx, stop := context.WithCancel(context.Background())
+			defer stop()
+			wait := l.load(ctx, 4, "dur", func() string { return svc.base }, 10*time.Second)
+			l.waitFor(t, 200)
+			require.NoError(t, cl.SignalNode(replica, syscall.SIGSTOP))
+			// On loopback the paused replica's socket buffers would still take in everything the
+			// master sends, and hand it over after SIGCONT: drop the link too, so that what the
+			// master takes from now on reaches no replica, as with a replica that fell behind.
+			require.NoError(t, cl.NodeClient(t, master).Do(context.Background(), "CLIENT", "KILL", "TYPE", "replica").Err())
+			answered := func() int {
+				ok, codes, errs, _ := l.stats()
+				n := errs
+				for c, k := range codes {
+					if c < 200 || c >= 300 {
+						n += k
+					}
+				}
+				return ok + n
+			}
+			lagFrom := answered()
+			require.Eventually(t, func() bool { return answered() > lagFrom+40 }, 30*time.Second, 10*time.Millisecond)
+			okBeforeKill, _, _, _ := l.stats()
+			cl.KillNode(master)
+			require.NoError(t, cl.SignalNode(replica, syscall.SIGCONT))
+			require.Eventually(t, func() bool { return cl.MasterOf(t, slot) == replica }, 30*time.Second, 50*time.Millisecond,
+				"the replica is promoted")
+			stop()
+			wait()
+			missing, total := l.missingFromStream(t, cc, keys)
+			_, codes, _, _ := l.stats()
+			l.mu.Lock()
+			by503 := maps.Clone(l.codes503)
+			l.mu.Unlock()
+			t.Logf("%d check-ins got a 2xx (%d before the kill), %d of them missing after the promotion; answers %v, 503s by code %v",
+				total, okBeforeKill, missing, codes, by503)
+			if tc.wantLoss {
+				assert.Positive(t, missing, "without WAIT, check-ins acknowledged while the replica lagged are lost with the master")
+				return
+			}
+			assert.Zero(t, missing, "with WAIT, no acknowledged check-in is lost")
+			assert.Positive(t, by503[domain.CodeNotReplicated], "the lagging replica shows as 503 not_replicated")
+			assert.GreaterOrEqual(t, total, 200)
+		})
+	}
 }

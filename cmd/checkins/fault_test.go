@@ -161,10 +161,14 @@ type ledger struct {
 	errs     int // no HTTP answer (connection refused while the process is down, ...)
 	timeouts int // no answer within the client timeout: a hang
 	last503  []byte
+	// When the first and the last answer other than 2xx (or none) came.
+	firstBad, lastBad time.Time
+	codes503          map[string]int // 503s by their error code
 }
 
 func newLedger() *ledger {
-	return &ledger{ok: map[string]sent{}, accepted: map[string]domain.Checkin{}, unknown: map[string]sent{}, codes: map[int]int{}}
+	return &ledger{ok: map[string]sent{}, accepted: map[string]domain.Checkin{}, unknown: map[string]sent{}, codes: map[int]int{},
+		codes503: map[string]int{}}
 }
 
 func (l *ledger) stats() (ok int, codes map[int]int, errs, timeouts int) {
@@ -190,6 +194,12 @@ func (l *ledger) post(client *http.Client, base, id string, s sent) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if err != nil || resp.StatusCode < 200 || resp.StatusCode >= 300 {
+		if l.firstBad.IsZero() {
+			l.firstBad = time.Now()
+		}
+		l.lastBad = time.Now()
+	}
 	switch {
 	case err != nil:
 		var ne interface{ Timeout() bool }
@@ -216,6 +226,13 @@ func (l *ledger) post(client *http.Client, base, id string, s sent) {
 		l.codes[resp.StatusCode]++
 		if resp.StatusCode == http.StatusServiceUnavailable {
 			l.last503 = raw
+			var e struct {
+				Error struct {
+					Code string `json:"code"`
+				} `json:"error"`
+			}
+			_ = json.Unmarshal(raw, &e)
+			l.codes503[e.Error.Code]++
 		}
 		l.unknown[id] = s
 	}
@@ -313,6 +330,13 @@ func (l *ledger) verify(t *testing.T, base string) {
 // inStream asserts every check-in that got a 2xx is in the event stream.
 func (l *ledger) inStream(t *testing.T, rdb redis.UniversalClient, keys adapters.KeySpace) {
 	t.Helper()
+	missing, total := l.missingFromStream(t, rdb, keys)
+	assert.Zero(t, missing, "check-ins that got a 2xx but are not in the stream (of %d)", total)
+}
+
+// missingFromStream counts the check-ins that got a 2xx and are not in the event stream.
+func (l *ledger) missingFromStream(t *testing.T, rdb redis.UniversalClient, keys adapters.KeySpace) (missing, total int) {
+	t.Helper()
 	seen := map[string]bool{}
 	start := "-"
 	for {
@@ -330,13 +354,12 @@ func (l *ledger) inStream(t *testing.T, rdb redis.UniversalClient, keys adapters
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	missing := 0
 	for id := range l.ok {
 		if !seen[id] {
 			missing++
 		}
 	}
-	assert.Zero(t, missing, "check-ins that got a 2xx but are not in the stream (of %d)", len(l.ok))
+	return missing, len(l.ok)
 }
 
 // groupsPending is the pending count of every consumer group on the stream.

@@ -93,10 +93,11 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 	if s.keys, err = adapters.NewKeySpace(cfg.KeyPrefix, redisMode == adapters.RedisModeCluster); err != nil {
 		return nil, fmt.Errorf("invalid KEY_PREFIX: %w", err)
 	}
-	newClient := func(pool int) (redis.UniversalClient, error) {
+	newClientRead := func(pool int, read time.Duration) (redis.UniversalClient, error) {
 		return adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: cfg.RedisURL, Mode: redisMode, DialTimeout: 2 * time.Second,
-			ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second, PoolSize: pool})
+			ReadTimeout: read, WriteTimeout: 3 * time.Second, PoolSize: pool})
 	}
+	newClient := func(pool int) (redis.UniversalClient, error) { return newClientRead(pool, 3*time.Second) }
 	if s.client, err = newClient(0); err != nil {
 		return nil, err
 	}
@@ -143,9 +144,15 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		// The commands of concurrent requests (reserve the checkinId, XADD, mark it published)
 		// share round trips through one auto-pipeline on a client of its own; every request
 		// still answers only after its own XADD is confirmed.
-		pipeClient, err := newClient(0)
+		// A WAIT holds its pipeline's reply for up to INGEST_REPLICA_TIMEOUT.
+		pipeClient, err := newClientRead(0, 3*time.Second+cfg.IngestReplicaTimeout)
 		if err != nil {
 			return nil, err
+		}
+		if cfg.IngestMinReplicas > 0 {
+			if err := adapters.RequireReplicas(pipeClient, cfg.IngestMinReplicas, cfg.IngestReplicaTimeout); err != nil {
+				return nil, err
+			}
 		}
 		apiPipeline := adapters.NewAutoPipeline(pipeClient, 256, 2)
 		s.closers = append(s.closers, pipeClient.Close, apiPipeline.Close)
