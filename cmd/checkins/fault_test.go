@@ -164,6 +164,7 @@ type ledger struct {
 	// When the first and the last answer other than 2xx (or none) came.
 	firstBad, lastBad time.Time
 	codes503          map[string]int // 503s by their error code
+	slowest           time.Duration  // the longest a request took to get its answer (or none)
 }
 
 func newLedger() *ledger {
@@ -186,7 +187,9 @@ func (l *ledger) post(client *http.Client, base, id string, s sent) {
 	body := fmt.Sprintf(`{"checkinId":%q,"userId":%d,"locationId":%d,"starRating":%d}`, id, s.user, s.location, s.stars)
 	req, _ := http.NewRequest(http.MethodPost, base+"/checkins", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
+	start := time.Now()
 	resp, err := client.Do(req)
+	took := time.Since(start)
 	var raw []byte
 	if err == nil {
 		raw, _ = io.ReadAll(resp.Body)
@@ -194,6 +197,7 @@ func (l *ledger) post(client *http.Client, base, id string, s sent) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.slowest = max(l.slowest, took)
 	if err != nil || resp.StatusCode < 200 || resp.StatusCode >= 300 {
 		if l.firstBad.IsZero() {
 			l.firstBad = time.Now()
