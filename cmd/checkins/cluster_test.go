@@ -690,3 +690,20 @@ func TestClusterIngestMinReplicas(t *testing.T) {
 		})
 	}
 }
+
+// TestClusterNodeSilentAtStart: in auto mode a single address that does not answer at start is
+// taken for one server (the service starts, as before clusters were supported, and warns); when
+// it then answers as a cluster node, /readyz says so instead of the service quietly
+// misrouting commands.
+func TestClusterNodeSilentAtStart(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{Args: []string{"--cluster-enabled", "yes"}})
+	srv.Kill()
+	svc := startSvc(t, "api", map[string]string{"REDIS_URL": srv.URL(), "KEY_PREFIX": "silent"})
+	assert.Contains(t, svc.logs.String(), "set REDIS_MODE=cluster")
+	srv.Restart()
+	require.Eventually(t, func() bool {
+		code, body := faultGet(t, svc.base+"/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "names a Redis Cluster node")
+	}, 30*time.Second, 100*time.Millisecond, "readyz names the mistake")
+}
