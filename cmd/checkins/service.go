@@ -280,6 +280,8 @@ func (s *Service) Ready(ctx context.Context) error {
 			return errors.New("REDIS_URL names a Redis Cluster node, but the service started in standalone mode because Redis did not answer at start: restart it, or set REDIS_MODE=cluster")
 		case err == nil:
 			s.modeGuessed.Store(false) // one server indeed
+		case !adapters.IsTransient(err):
+			s.modeGuessed.Store(false) // INFO refused (a managed Redis): it cannot tell, and will not
 		}
 	}
 	if s.guard != nil {
