@@ -339,8 +339,8 @@ func checkAgainstComputation(c assert.TestingT, answers map[string]any, accepted
 	assert.Len(c, gotAvg, len(wantAvg), "rating leaderboard")
 }
 
-// TestClusterServeEqualsStandalone runs `serve` and a second projector (`project`) on a local
-// cluster of 3 masters and `serve` on a single server, posts the same few thousand check-ins
+// TestClusterServeEqualsStandalone runs `serve` and a second projector (`project`, with the
+// stock Watermill subscriber) on a local cluster of 3 masters and `serve` on a single server, posts the same few thousand check-ins
 // (with client retries, some concurrent with their originals, and conflicting reuses of IDs) to
 // both, and requires every read model and query answer of the cluster run to equal an
 // independent computation over the check-ins the API accepted and the single server's answers.
@@ -355,7 +355,8 @@ func TestClusterServeEqualsStandalone(t *testing.T) {
 	)
 	clusterEnv := map[string]string{"REDIS_URL": cl.URL, "KEY_PREFIX": cl.Prefix, "LEADERBOARD_MIN_CHECKINS": "3"}
 	onCluster := startSvc(t, "serve", clusterEnv)
-	second := map[string]string{"CONSUMER_NAME": "second-projector"}
+	// The second projector with the stock Watermill subscriber: both subscribers on the cluster.
+	second := map[string]string{"CONSUMER_NAME": "second-projector", "SUBSCRIBER": "watermill"}
 	for k, v := range clusterEnv {
 		second[k] = v
 	}
@@ -460,6 +461,8 @@ func TestClusterServeEqualsStandalone(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(1), n, "%s exists", k)
 	}
+	_, present := consumerPending(t, cc, keys, "second-projector")
+	assert.True(t, present, "the second projector consumes from the cluster too")
 	p, err := cc.HGet(ctx, keys.Meta(), "partitions").Result()
 	require.NoError(t, err)
 	assert.Equal(t, "1", p, "P = 1 is recorded")
