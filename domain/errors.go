@@ -9,13 +9,14 @@ import (
 
 // Error codes are short, stable and machine-readable; ports map them to HTTP statuses.
 const (
-	CodeRequired     = "required"
-	CodeOutOfRange   = "out_of_range"
-	CodeInvalid      = "invalid"
-	CodeConflict     = "conflict"
-	CodeNotFound     = "not_found"
-	CodeUnavailable  = "unavailable"
-	CodeInvalidEvent = "invalid_event"
+	CodeRequired      = "required"
+	CodeOutOfRange    = "out_of_range"
+	CodeInvalid       = "invalid"
+	CodeConflict      = "conflict"
+	CodeNotFound      = "not_found"
+	CodeUnavailable   = "unavailable"
+	CodeNotReplicated = "not_replicated"
+	CodeInvalidEvent  = "invalid_event"
 )
 
 // Sentinel errors: test with errors.Is.
@@ -25,6 +26,9 @@ var (
 	ErrConflict = errors.New("checkinId already used with a different check-in")
 	// ErrUnavailable means the event store or a read model could not be reached.
 	ErrUnavailable = errors.New("storage unavailable")
+	// ErrNotReplicated means the event was written, but fewer replicas than required confirmed
+	// it in time: it may be lost in a failover, so it is not acknowledged.
+	ErrNotReplicated = errors.New("event not confirmed by enough replicas")
 )
 
 // ValidationError names the field and the problem; it carries a machine-readable code.

@@ -237,6 +237,9 @@ func (s *HTTPServer) toAPIError(c echo.Context, err error) *APIError {
 		return apiError(http.StatusConflict, domain.CodeConflict, "checkinId", err.Error())
 	case errors.Is(err, domain.ErrNotFound):
 		return apiError(http.StatusNotFound, domain.CodeNotFound, "", err.Error())
+	case errors.Is(err, domain.ErrNotReplicated):
+		return apiError(http.StatusServiceUnavailable, domain.CodeNotReplicated, "",
+			"the check-in reached fewer Redis replicas than required (INGEST_MIN_REPLICAS) in time; retry with the same checkinId")
 	case errors.Is(err, domain.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
 		return apiError(http.StatusServiceUnavailable, domain.CodeUnavailable, "", "storage is unavailable, retry later")
 	case errors.As(err, &he):

@@ -488,3 +488,35 @@ func freePortErr() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// SignalNode sends sig to node i: SIGSTOP and SIGCONT make a node hang and go on (a replica
+// that lags, without the cluster's links breaking for good).
+func (c *Cluster) SignalNode(i int, sig syscall.Signal) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.nodes[i]
+	if !n.running() {
+		return fmt.Errorf("redistest: node %d is not running", i)
+	}
+	return n.cmd.Process.Signal(sig)
+}
+
+// ReplicaOf is the index of a running replica of node m, as ROLE says (-1 when it has none).
+func (c *Cluster) ReplicaOf(t testing.TB, m int) int {
+	t.Helper()
+	for i, n := range c.nodes {
+		if i == m || !n.running() {
+			continue
+		}
+		rc := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1})
+		role, err := rc.Do(context.Background(), "ROLE").Slice()
+		_ = rc.Close()
+		if err != nil {
+			t.Fatalf("redistest: ROLE of node %d: %v", i, err)
+		}
+		if len(role) >= 3 && role[0] == "slave" && fmt.Sprint(role[2]) == strconv.Itoa(c.nodes[m].port) {
+			return i
+		}
+	}
+	return -1
+}

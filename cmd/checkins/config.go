@@ -11,12 +11,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app/command"
 )
 
 // Config is read and validated once, here; nothing else reads the environment.
 type Config struct {
 	RedisURL        string
+	RedisMode       adapters.RedisMode // auto | standalone | cluster
 	HTTPAddr        string
 	LogLevel        slog.Level
 	KeyPrefix       string
@@ -37,7 +39,11 @@ type Config struct {
 	RetryMax        time.Duration
 	RetryAttempts   int
 	IdempotencyTTL  time.Duration
-	DedupeWindow    time.Duration
+	// IngestMinReplicas > 0: a check-in is acknowledged only once that many replicas have its
+	// XADD (WAIT), within IngestReplicaTimeout.
+	IngestMinReplicas    int
+	IngestReplicaTimeout time.Duration
+	DedupeWindow         time.Duration
 
 	// AllowEvictingRedis runs on a Redis whose maxmemory-policy evicts keys (warned about).
 	AllowEvictingRedis bool
@@ -95,7 +101,7 @@ func settings() []setting {
 		}
 	}
 	return append([]setting{
-		{"REDIS_URL", "redis-url", "", "Redis URL, redis://[:password@]host:port/db or rediss:// for TLS; empty with serve: embedded in-memory Redis", func(c *Config, v string) error {
+		{"REDIS_URL", "redis-url", "", "Redis URL, redis://[:password@]host:port/db or rediss:// for TLS; a cluster: redis://[:password@]host:port?addr=host2:port2&addr=host3:port3 (one seed is enough); empty with serve: embedded in-memory Redis", func(c *Config, v string) error {
 			if v == "" {
 				c.RedisURL = ""
 				return nil
@@ -110,6 +116,14 @@ func settings() []setting {
 				}
 			}
 			c.RedisURL = v
+			return nil
+		}},
+		{"REDIS_MODE", "redis-mode", "auto", "auto (a REDIS_URL with addr= seeds is a cluster; one address is asked INFO cluster at start), standalone or cluster", func(c *Config, v string) error {
+			m, err := adapters.ParseRedisMode(v)
+			if err != nil {
+				return err
+			}
+			c.RedisMode = m
 			return nil
 		}},
 		{"HTTP_ADDR", "http-addr", ":8080", "listen address of the public API (check-ins, reads, health)", func(c *Config, v string) error {
@@ -179,6 +193,8 @@ func settings() []setting {
 		}},
 		{"RETRY_MAX_INTERVAL", "retry-max-interval", "5s", "longest wait between attempts", dur(func(c *Config) *time.Duration { return &c.RetryMax }, time.Millisecond)},
 		{"RETRY_MAX_ATTEMPTS", "retry-max-attempts", "5", "attempts before an event is parked in the poison queue", integer(func(c *Config) *int { return &c.RetryAttempts }, 1)},
+		{"INGEST_MIN_REPLICAS", "ingest-min-replicas", "0", "a check-in is acknowledged only once this many Redis replicas have it (WAIT after the XADD, same round trip); fewer within INGEST_REPLICA_TIMEOUT: 503 not_replicated. 0: as soon as the master has it", integer(func(c *Config) *int { return &c.IngestMinReplicas }, 0)},
+		{"INGEST_REPLICA_TIMEOUT", "ingest-replica-timeout", "500ms", "with INGEST_MIN_REPLICAS: how long a check-in waits for its replicas (below REQUEST_TIMEOUT)", dur(func(c *Config) *time.Duration { return &c.IngestReplicaTimeout }, time.Millisecond)},
 		{"IDEMPOTENCY_TTL", "idempotency-ttl", "24h", "how long a checkinId is remembered for safe retries and 409 on reuse", dur(func(c *Config) *time.Duration { return &c.IdempotencyTTL }, time.Second)},
 		{"DEDUPE_WINDOW", "dedupe-window", "48h", "projections count another copy of a check-in (same checkinId and content) recorded this close to the counted one as a duplicate; at least IDEMPOTENCY_TTL", dur(func(c *Config) *time.Duration { return &c.DedupeWindow }, time.Second)},
 		{"LEADERBOARD_MIN_CHECKINS", "leaderboard-min-checkins", "5", "check-ins a location needs to enter the rating leaderboard (changing it takes a rebuild of leaderboards)", func(c *Config, v string) error {
@@ -242,6 +258,9 @@ func parseConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (C
 	}
 	if c.DedupeWindow < c.IdempotencyTTL {
 		return Config{}, nil, fmt.Errorf("invalid DEDUPE_WINDOW: %s is below IDEMPOTENCY_TTL %s: a client retry the API no longer recognises must still be recognised by the projections", c.DedupeWindow, c.IdempotencyTTL)
+	}
+	if c.IngestMinReplicas > 0 && c.IngestReplicaTimeout >= c.RequestTimeout {
+		return Config{}, nil, fmt.Errorf("invalid INGEST_REPLICA_TIMEOUT: %s must be below REQUEST_TIMEOUT %s, or a request could end before its replicas answer", c.IngestReplicaTimeout, c.RequestTimeout)
 	}
 	if c.RetryMax < c.RetryInitial {
 		return Config{}, nil, fmt.Errorf("invalid RETRY_MAX_INTERVAL: %s is below RETRY_INITIAL_INTERVAL %s", c.RetryMax, c.RetryInitial)

@@ -161,10 +161,15 @@ type ledger struct {
 	errs     int // no HTTP answer (connection refused while the process is down, ...)
 	timeouts int // no answer within the client timeout: a hang
 	last503  []byte
+	// When the first and the last answer other than 2xx (or none) came.
+	firstBad, lastBad time.Time
+	codes503          map[string]int // 503s by their error code
+	slowest           time.Duration  // the longest a request took to get its answer (or none)
 }
 
 func newLedger() *ledger {
-	return &ledger{ok: map[string]sent{}, accepted: map[string]domain.Checkin{}, unknown: map[string]sent{}, codes: map[int]int{}}
+	return &ledger{ok: map[string]sent{}, accepted: map[string]domain.Checkin{}, unknown: map[string]sent{}, codes: map[int]int{},
+		codes503: map[string]int{}}
 }
 
 func (l *ledger) stats() (ok int, codes map[int]int, errs, timeouts int) {
@@ -182,7 +187,9 @@ func (l *ledger) post(client *http.Client, base, id string, s sent) {
 	body := fmt.Sprintf(`{"checkinId":%q,"userId":%d,"locationId":%d,"starRating":%d}`, id, s.user, s.location, s.stars)
 	req, _ := http.NewRequest(http.MethodPost, base+"/checkins", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
+	start := time.Now()
 	resp, err := client.Do(req)
+	took := time.Since(start)
 	var raw []byte
 	if err == nil {
 		raw, _ = io.ReadAll(resp.Body)
@@ -190,6 +197,13 @@ func (l *ledger) post(client *http.Client, base, id string, s sent) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.slowest = max(l.slowest, took)
+	if err != nil || resp.StatusCode < 200 || resp.StatusCode >= 300 {
+		if l.firstBad.IsZero() {
+			l.firstBad = time.Now()
+		}
+		l.lastBad = time.Now()
+	}
 	switch {
 	case err != nil:
 		var ne interface{ Timeout() bool }
@@ -216,6 +230,13 @@ func (l *ledger) post(client *http.Client, base, id string, s sent) {
 		l.codes[resp.StatusCode]++
 		if resp.StatusCode == http.StatusServiceUnavailable {
 			l.last503 = raw
+			var e struct {
+				Error struct {
+					Code string `json:"code"`
+				} `json:"error"`
+			}
+			_ = json.Unmarshal(raw, &e)
+			l.codes503[e.Error.Code]++
 		}
 		l.unknown[id] = s
 	}
@@ -311,7 +332,14 @@ func (l *ledger) verify(t *testing.T, base string) {
 }
 
 // inStream asserts every check-in that got a 2xx is in the event stream.
-func (l *ledger) inStream(t *testing.T, rdb *redis.Client, keys adapters.KeySpace) {
+func (l *ledger) inStream(t *testing.T, rdb redis.UniversalClient, keys adapters.KeySpace) {
+	t.Helper()
+	missing, total := l.missingFromStream(t, rdb, keys)
+	assert.Zero(t, missing, "check-ins that got a 2xx but are not in the stream (of %d)", total)
+}
+
+// missingFromStream counts the check-ins that got a 2xx and are not in the event stream.
+func (l *ledger) missingFromStream(t *testing.T, rdb redis.UniversalClient, keys adapters.KeySpace) (missing, total int) {
 	t.Helper()
 	seen := map[string]bool{}
 	start := "-"
@@ -330,17 +358,16 @@ func (l *ledger) inStream(t *testing.T, rdb *redis.Client, keys adapters.KeySpac
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	missing := 0
 	for id := range l.ok {
 		if !seen[id] {
 			missing++
 		}
 	}
-	assert.Zero(t, missing, "check-ins that got a 2xx but are not in the stream (of %d)", len(l.ok))
+	return missing, len(l.ok)
 }
 
 // groupsPending is the pending count of every consumer group on the stream.
-func groupsPending(t *testing.T, rdb *redis.Client, keys adapters.KeySpace) map[string]int64 {
+func groupsPending(t *testing.T, rdb redis.UniversalClient, keys adapters.KeySpace) map[string]int64 {
 	t.Helper()
 	gs, err := rdb.XInfoGroups(context.Background(), keys.Stream()).Result()
 	require.NoError(t, err)
@@ -351,7 +378,7 @@ func groupsPending(t *testing.T, rdb *redis.Client, keys adapters.KeySpace) map[
 	return out
 }
 
-func requireNothingPending(t *testing.T, rdb *redis.Client, keys adapters.KeySpace) {
+func requireNothingPending(t *testing.T, rdb redis.UniversalClient, keys adapters.KeySpace) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		for _, n := range groupsPending(t, rdb, keys) {
@@ -370,7 +397,7 @@ func (l *ledger) waitFor(t *testing.T, n int) {
 }
 
 // consumerPending is the pending count of consumer name in every group.
-func consumerPending(t *testing.T, rdb *redis.Client, keys adapters.KeySpace, name string) (total int64, present bool) {
+func consumerPending(t *testing.T, rdb redis.UniversalClient, keys adapters.KeySpace, name string) (total int64, present bool) {
 	t.Helper()
 	ctx := context.Background()
 	for g := range groupsPending(t, rdb, keys) {
@@ -453,7 +480,7 @@ func TestFaultProjectorKilledMidStreamIsTakenOver(t *testing.T) {
 	_ = heir
 }
 
-func poisonLen(t *testing.T, rdb *redis.Client, keys adapters.KeySpace) int64 {
+func poisonLen(t *testing.T, rdb redis.UniversalClient, keys adapters.KeySpace) int64 {
 	t.Helper()
 	n, err := rdb.XLen(context.Background(), keys.PoisonStream()).Result()
 	require.NoError(t, err)

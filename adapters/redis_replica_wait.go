@@ -1,0 +1,91 @@
+package adapters
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/domain"
+)
+
+// RequireReplicas makes every XADD sent through client count only once n replicas have it: a
+// pipeline holding an XADD gets `WAIT n <timeout>` appended, on the same connection in the same
+// round trip, and when fewer than n replicas confirm within timeout, every XADD of the pipeline
+// fails with an error wrapping domain.ErrNotReplicated (the entry is on the master, but may be
+// lost with it in a failover). A lone XADD is sent as such a pipeline.
+//
+// On a cluster the hook sits on every node client (call this before the client's first
+// command): go-redis splits a pipeline by node, and WAIT, which names no key, must reach the node
+// that took the XADD, on the connection that carried it.
+func RequireReplicas(client redis.UniversalClient, n int, timeout time.Duration) error {
+	if n < 1 || timeout <= 0 {
+		return fmt.Errorf("adapters: RequireReplicas needs n >= 1 and a positive timeout, got %d and %s", n, timeout)
+	}
+	switch c := client.(type) {
+	case *redis.Client:
+		c.AddHook(&replicaWait{node: c, n: int64(n), timeout: timeout})
+	case *redis.ClusterClient:
+		c.OnNewNode(func(node *redis.Client) { node.AddHook(&replicaWait{node: node, n: int64(n), timeout: timeout}) })
+	default:
+		return fmt.Errorf("adapters: RequireReplicas: unsupported client %T", client)
+	}
+	return nil
+}
+
+type replicaWait struct {
+	node    *redis.Client
+	n       int64
+	timeout time.Duration
+}
+
+func isXAdd(c redis.Cmder) bool { return strings.EqualFold(c.Name(), "xadd") }
+
+func (h *replicaWait) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *replicaWait) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !isXAdd(cmd) {
+			return next(ctx, cmd)
+		}
+		pipe := h.node.Pipeline()
+		_ = pipe.Process(ctx, cmd)
+		_, _ = pipe.Exec(ctx) // through ProcessPipelineHook, which adds the WAIT
+		return cmd.Err()
+	}
+}
+
+func (h *replicaWait) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		adds := 0
+		for _, c := range cmds {
+			if isXAdd(c) {
+				adds++
+			}
+		}
+		if adds == 0 {
+			return next(ctx, cmds)
+		}
+		wait := redis.NewIntCmd(ctx, "wait", h.n, h.timeout.Milliseconds())
+		err := next(ctx, append(cmds[:len(cmds):len(cmds)], wait))
+		got, werr := wait.Result()
+		if werr == nil && got >= h.n {
+			return err
+		}
+		reason := fmt.Errorf("%w: %d of %d replicas confirmed within %s", domain.ErrNotReplicated, got, h.n, h.timeout)
+		if werr != nil {
+			reason = fmt.Errorf("%w: WAIT %d %d: %w", domain.ErrNotReplicated, h.n, h.timeout.Milliseconds(), werr)
+		}
+		for _, c := range cmds {
+			if isXAdd(c) && c.Err() == nil {
+				c.SetErr(reason)
+			}
+		}
+		if err == nil {
+			err = reason
+		}
+		return err
+	}
+}

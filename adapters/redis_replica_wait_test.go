@@ -1,0 +1,112 @@
+package adapters_test
+
+import (
+	"context"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/domain"
+)
+
+// lagReplica pauses a replica and drops its link on the master (on loopback the paused replica's
+// socket buffers would otherwise take in what the master sends); resume undoes the pause.
+func lagReplica(t *testing.T, master *redis.Client, signal func(syscall.Signal) error) (resume func()) {
+	t.Helper()
+	require.NoError(t, signal(syscall.SIGSTOP))
+	require.NoError(t, master.Do(context.Background(), "CLIENT", "KILL", "TYPE", "replica").Err())
+	return func() { require.NoError(t, signal(syscall.SIGCONT)) }
+}
+
+// TestRequireReplicasOnOneServer: an XADD (alone or in a pipeline) succeeds while the replica
+// keeps up, and fails with domain.ErrNotReplicated while it lags, leaving the pipeline's other
+// commands alone; it succeeds again once the replica is back.
+func TestRequireReplicasOnOneServer(t *testing.T) {
+	t.Parallel()
+	master := redistest.Start(t, redistest.Options{})
+	replica := redistest.Start(t, redistest.Options{Args: []string{"--replicaof", "127.0.0.1", strings.TrimPrefix(master.Addr(), "127.0.0.1:")}})
+	mc := redistest.Client(t, master.URL())
+	require.Eventually(t, func() bool {
+		info, _ := mc.Info(context.Background(), "replication").Result()
+		return strings.Contains(info, "connected_slaves:1") && strings.Contains(info, "state=online")
+	}, 10*time.Second, 20*time.Millisecond)
+	c, err := adapters.NewRedisClient(adapters.ClientOptions{URL: master.URL()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	require.NoError(t, adapters.RequireReplicas(c, 1, 200*time.Millisecond))
+	ctx := context.Background()
+	xadd := &redis.XAddArgs{Stream: "s", Values: []any{"k", "v"}}
+
+	require.NoError(t, c.XAdd(ctx, xadd).Err())
+	_, err = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.XAdd(ctx, xadd)
+		p.XAdd(ctx, xadd)
+		return nil
+	})
+	require.NoError(t, err)
+
+	resume := lagReplica(t, mc, replica.Signal)
+	err = c.XAdd(ctx, xadd).Err()
+	require.ErrorIs(t, err, domain.ErrNotReplicated)
+	assert.ErrorContains(t, err, "0 of 1 replicas confirmed within 200ms")
+	var add *redis.StringCmd
+	var get *redis.StringCmd
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		add = p.XAdd(ctx, xadd)
+		get = p.Get(ctx, "nothing")
+		return nil
+	})
+	assert.ErrorIs(t, add.Err(), domain.ErrNotReplicated)
+	assert.ErrorIs(t, get.Err(), redis.Nil, "other commands keep their own answers")
+	n, err := c.Get(ctx, "nothing").Result()
+	assert.ErrorIs(t, err, redis.Nil, "a command without XADD sends no WAIT: %q", n)
+	resume()
+	require.Eventually(t, func() bool { return c.XAdd(ctx, xadd).Err() == nil }, 20*time.Second, 100*time.Millisecond,
+		"the replica is back: XADDs are confirmed again")
+	assert.Error(t, adapters.RequireReplicas(c, 0, time.Second))
+}
+
+// TestRequireReplicasOnACluster: WAIT goes to the node that took the XADD. With one master's
+// replica lagging, a pipeline's XADD to that master fails and its XADD to another master is
+// confirmed.
+func TestRequireReplicasOnACluster(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, redistest.ClusterOptions{Replicas: 1})
+	ctx := context.Background()
+	client, err := adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: cl.URL()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = client.Close() })
+	require.NoError(t, adapters.RequireReplicas(client, 1, 200*time.Millisecond))
+
+	lagging, other := "{a}s", ""
+	laggingMaster := cl.MasterOf(t, adapters.KeySlot(lagging))
+	for _, k := range []string{"{b}s", "{c}s", "{d}s", "{e}s", "{f}s", "{g}s"} {
+		if cl.MasterOf(t, adapters.KeySlot(k)) != laggingMaster {
+			other = k
+			break
+		}
+	}
+	require.NotEmpty(t, other)
+	replica := cl.ReplicaOf(t, laggingMaster)
+	require.NotEqual(t, -1, replica)
+
+	resume := lagReplica(t, cl.NodeClient(t, laggingMaster), func(s syscall.Signal) error { return cl.SignalNode(replica, s) })
+	defer resume()
+	var onLagging, onOther *redis.StringCmd
+	_, _ = client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		onLagging = p.XAdd(ctx, &redis.XAddArgs{Stream: lagging, Values: []any{"k", "v"}})
+		onOther = p.XAdd(ctx, &redis.XAddArgs{Stream: other, Values: []any{"k", "v"}})
+		return nil
+	})
+	assert.ErrorIs(t, onLagging.Err(), domain.ErrNotReplicated, "the lagging master's XADD")
+	assert.NoError(t, onOther.Err(), "another master's XADD, confirmed by its own replica")
+	assert.ErrorIs(t, client.XAdd(ctx, &redis.XAddArgs{Stream: lagging, Values: []any{"k", "v"}}).Err(), domain.ErrNotReplicated)
+	assert.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: other, Values: []any{"k", "v"}}).Err())
+}
