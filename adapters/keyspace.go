@@ -5,11 +5,40 @@ package adapters
 import (
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // KeySpace names every Redis key the service uses, under one prefix (default "checkins").
+//
+// On a Redis Cluster (Cluster true) a script or multi-key command may only touch keys of one
+// hash slot. Every key that a script uses together with the event stream carries the stream's
+// name as its hash tag, so that it lands in the stream's slot: "<prefix>:projections{<prefix>:events}"
+// hashes like the untagged "<prefix>:events". With stream partitions (P > 1, not built yet), such
+// state is per partition and takes its partition's tag. On a single server (Cluster false) every
+// key keeps the name it always had.
 type KeySpace struct {
-	Prefix string
+	Prefix  string
+	Cluster bool
+}
+
+// NewKeySpace checks prefix for the deployment: a brace in it would become every key's hash tag
+// on a cluster (all keys in one slot, and the service's own tags ignored).
+func NewKeySpace(prefix string, cluster bool) (KeySpace, error) {
+	if prefix == "" {
+		return KeySpace{}, fmt.Errorf("key prefix must not be empty")
+	}
+	if cluster && strings.ContainsAny(prefix, "{}") {
+		return KeySpace{}, fmt.Errorf("key prefix %q contains a brace: on a Redis Cluster the braces would become every key's hash tag, putting every key in one slot; choose a prefix without { or }", prefix)
+	}
+	return KeySpace{Prefix: prefix, Cluster: cluster}, nil
+}
+
+// withStreamTag gives key the event stream's slot on a cluster (unchanged on a single server).
+func (k KeySpace) withStreamTag(key string) string {
+	if !k.Cluster {
+		return key
+	}
+	return key + "{" + k.Stream() + "}"
 }
 
 // Stream is the event stream: the system of record.
@@ -43,8 +72,11 @@ func (k KeySpace) RateLimitUser(userID int64) string {
 	return k.Prefix + ":ratelimit:{user:" + strconv.FormatInt(userID, 10) + "}"
 }
 
-// Projections is the hash of projection name -> version serving reads (and rebuild state).
-func (k KeySpace) Projections() string { return k.Prefix + ":projections" }
+// Projections is the hash of projection name -> version serving reads (and rebuild state), live
+// groups' membership and acknowledged positions. Joining a live group reads and creates the
+// stream's consumer groups in the same script (LiveGroups.Join), so on a cluster the hash is in
+// the stream's slot.
+func (k KeySpace) Projections() string { return k.withStreamTag(k.Prefix + ":projections") }
 
 // ProjectionPrefix is the common prefix of every key of one projection version.
 func (k KeySpace) ProjectionPrefix(name string, version int) string {

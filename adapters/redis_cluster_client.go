@@ -2,6 +2,7 @@ package adapters
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -46,38 +47,59 @@ const ClusterStateReloadInterval = time.Second
 // every seed may be left out but one. Auto mode with one address asks that server, so it needs
 // Redis to answer within ctx.
 func NewUniversalRedisClient(ctx context.Context, o ClientOptions) (redis.UniversalClient, error) {
+	mode, err := DetectRedisMode(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	if mode == RedisModeStandalone {
+		return NewRedisClient(o)
+	}
+	u, err := url.Parse(o.URL)
+	if err != nil {
+		return nil, fmt.Errorf("REDIS_URL: %w", err)
+	}
+	return newClusterClient(o, u)
+}
+
+// ErrRedisModeUndetected: auto mode asked the one address of REDIS_URL whether it is a cluster
+// node, and it did not answer.
+var ErrRedisModeUndetected = errors.New("redis mode not detected")
+
+// DetectRedisMode resolves o.Mode to standalone or cluster (see NewUniversalRedisClient). Only
+// auto mode with a single address talks to Redis; when that server does not answer within ctx
+// the error wraps ErrRedisModeUndetected.
+func DetectRedisMode(ctx context.Context, o ClientOptions) (RedisMode, error) {
 	mode := o.Mode
 	if mode == "" {
 		mode = RedisModeAuto
 	}
 	u, err := url.Parse(o.URL)
 	if err != nil {
-		return nil, fmt.Errorf("REDIS_URL: %w", err)
+		return "", fmt.Errorf("REDIS_URL: %w", err)
 	}
 	seeds := len(u.Query()["addr"])
 	switch {
 	case mode == RedisModeStandalone && seeds > 0:
-		return nil, fmt.Errorf("REDIS_URL lists %d more addresses (addr=), which only a cluster takes, but the redis mode is standalone", seeds)
+		return "", fmt.Errorf("REDIS_URL lists %d more addresses (addr=), which only a cluster takes, but the redis mode is standalone", seeds)
 	case mode == RedisModeStandalone:
-		return NewRedisClient(o)
+		return RedisModeStandalone, nil
 	case mode == RedisModeCluster || seeds > 0:
-		return newClusterClient(o, u)
+		return RedisModeCluster, nil
 	}
 	// Auto with one address: ask it.
 	single, err := NewRedisClient(o)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
+	defer func() { _ = single.Close() }()
 	info, err := single.Info(ctx, "cluster").Result()
 	if err != nil {
-		_ = single.Close()
-		return nil, fmt.Errorf("REDIS_URL: ask %s whether it is a cluster node (or set the redis mode to standalone or cluster): %w", u.Host, err)
+		return "", fmt.Errorf("REDIS_URL: ask %s whether it is a cluster node (or set the redis mode to standalone or cluster): %w: %w", u.Host, ErrRedisModeUndetected, err)
 	}
-	if !strings.Contains(info, "cluster_enabled:1") {
-		return single, nil
+	if strings.Contains(info, "cluster_enabled:1") {
+		return RedisModeCluster, nil
 	}
-	_ = single.Close()
-	return newClusterClient(o, u)
+	return RedisModeStandalone, nil
 }
 
 func newClusterClient(o ClientOptions, u *url.URL) (*redis.ClusterClient, error) {

@@ -23,8 +23,9 @@ func NewProgressObservations(client redis.UniversalClient, keys KeySpace) *Progr
 	return &ProgressObservations{client: client, key: keys.Progress()}
 }
 
-// Progress is the hash of the stall check's observations, by consumer group.
-func (k KeySpace) Progress() string { return k.Projections() + ":progress" }
+// Progress is the hash of the stall check's observations, by consumer group. Only ever used
+// alone, so it keeps its name on a cluster too.
+func (k KeySpace) Progress() string { return k.Prefix + ":projections:progress" }
 
 // Observed is HMGET of groups ("" for a group never observed).
 func (o *ProgressObservations) Observed(ctx context.Context, groups []string) ([]string, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 
@@ -42,7 +43,11 @@ func (p *ProjectionKeys) RemoveLegacyDedupe(ctx context.Context, name string, ve
 
 // unlinkMatching unlinks, in batches, every key matching pattern; it returns how many went.
 func (p *ProjectionKeys) unlinkMatching(ctx context.Context, pattern string) (int64, error) {
-	var removed int64
+	var (
+		removed int64
+		mu      sync.Mutex
+	)
+	_, cluster := p.client.(*redis.ClusterClient)
 	scan := func(ctx context.Context, c redis.UniversalClient) error {
 		iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
 		batch := make([]string, 0, 500)
@@ -50,8 +55,10 @@ func (p *ProjectionKeys) unlinkMatching(ctx context.Context, pattern string) (in
 			if len(batch) == 0 {
 				return nil
 			}
-			n, err := c.Unlink(ctx, batch...).Result()
+			n, err := unlinkBatch(ctx, c, batch, cluster)
+			mu.Lock()
 			removed += n
+			mu.Unlock()
 			batch = batch[:0]
 			return err
 		}
@@ -78,6 +85,31 @@ func (p *ProjectionKeys) unlinkMatching(ctx context.Context, pattern string) (in
 		return removed, fmt.Errorf("remove keys %s: %w", pattern, err)
 	}
 	return removed, nil
+}
+
+// unlinkBatch unlinks keys found on one node. A node of a cluster holds many slots, and one
+// UNLINK of keys in several slots is refused (CROSSSLOT) even there: on a cluster the keys go
+// one UNLINK per slot, in one pipeline. Atomicity across the keys is not needed: each key is
+// garbage of a retired version or group, removed once and never written again.
+func unlinkBatch(ctx context.Context, c redis.UniversalClient, keys []string, cluster bool) (int64, error) {
+	if !cluster {
+		return c.Unlink(ctx, keys...).Result()
+	}
+	bySlot := map[int][]string{}
+	for _, k := range keys {
+		bySlot[KeySlot(k)] = append(bySlot[KeySlot(k)], k)
+	}
+	pipe := c.Pipeline()
+	cmds := make([]*redis.IntCmd, 0, len(bySlot))
+	for _, ks := range bySlot {
+		cmds = append(cmds, pipe.Unlink(ctx, ks...))
+	}
+	_, err := pipe.Exec(ctx)
+	var n int64
+	for _, cmd := range cmds {
+		n += cmd.Val()
+	}
+	return n, err
 }
 
 func escapeGlob(s string) string {

@@ -22,6 +22,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters/redistest"
 )
 
 // builtBinary is the path of the checkins binary TestMain built ("" if the build failed).
@@ -44,6 +46,7 @@ func TestMain(m *testing.M) {
 		builtBinary = bin
 	}
 	code := m.Run()
+	redistest.CloseClusters()
 	if err := contract.Err(); err != nil { // also the mismatches a test's retry loop swallowed
 		fmt.Fprintln(os.Stderr, "FAIL: responses that openapi.yml does not describe:", err)
 		code = 1
@@ -145,6 +148,9 @@ func TestCLIInvalidConfigFailsAtStart(t *testing.T) {
 		{"REDIS_URL bad db", []string{"api"}, map[string]string{"REDIS_URL": "redis://localhost:6379/zero"}, []string{"REDIS_URL", "database"}},
 		{"LOG_LEVEL", []string{"serve"}, map[string]string{"LOG_LEVEL": "loud"}, []string{"LOG_LEVEL", "loud"}},
 		{"HTTP_ADDR", []string{"api"}, map[string]string{"HTTP_ADDR": "nope", "REDIS_URL": unreachable}, []string{"HTTP_ADDR", "nope"}},
+		{"REDIS_MODE", []string{"serve"}, map[string]string{"REDIS_MODE": "sentinel", "REDIS_URL": unreachable}, []string{"REDIS_MODE", "auto, standalone or cluster", "sentinel"}},
+		{"REDIS_MODE standalone with seeds", []string{"api"}, map[string]string{"REDIS_MODE": "standalone", "REDIS_URL": "redis://127.0.0.1:1?addr=127.0.0.1:2"}, []string{"REDIS_URL", "only a cluster takes"}},
+		{"REDIS_URL cluster with a database", []string{"status"}, map[string]string{"REDIS_URL": "redis://127.0.0.1:1/3?addr=127.0.0.1:2"}, []string{"REDIS_URL", "database 0 only"}},
 		{"PROJECTIONS", []string{"project"}, map[string]string{"PROJECTIONS": "nope", "REDIS_URL": unreachable}, []string{"PROJECTIONS", "nope"}},
 		{"RETRY_MAX_ATTEMPTS", []string{"project"}, map[string]string{"RETRY_MAX_ATTEMPTS": "0", "REDIS_URL": unreachable}, []string{"RETRY_MAX_ATTEMPTS", "at least 1"}},
 		{"BATCH_SIZE", []string{"project"}, map[string]string{"BATCH_SIZE": "lots", "REDIS_URL": unreachable}, []string{"BATCH_SIZE", "lots"}},

@@ -11,12 +11,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app/command"
 )
 
 // Config is read and validated once, here; nothing else reads the environment.
 type Config struct {
 	RedisURL        string
+	RedisMode       adapters.RedisMode // auto | standalone | cluster
 	HTTPAddr        string
 	LogLevel        slog.Level
 	KeyPrefix       string
@@ -95,7 +97,7 @@ func settings() []setting {
 		}
 	}
 	return append([]setting{
-		{"REDIS_URL", "redis-url", "", "Redis URL, redis://[:password@]host:port/db or rediss:// for TLS; empty with serve: embedded in-memory Redis", func(c *Config, v string) error {
+		{"REDIS_URL", "redis-url", "", "Redis URL, redis://[:password@]host:port/db or rediss:// for TLS; a cluster: redis://[:password@]host:port?addr=host2:port2&addr=host3:port3 (one seed is enough); empty with serve: embedded in-memory Redis", func(c *Config, v string) error {
 			if v == "" {
 				c.RedisURL = ""
 				return nil
@@ -110,6 +112,14 @@ func settings() []setting {
 				}
 			}
 			c.RedisURL = v
+			return nil
+		}},
+		{"REDIS_MODE", "redis-mode", "auto", "auto (a REDIS_URL with addr= seeds is a cluster; one address is asked INFO cluster at start), standalone or cluster", func(c *Config, v string) error {
+			m, err := adapters.ParseRedisMode(v)
+			if err != nil {
+				return err
+			}
+			c.RedisMode = m
 			return nil
 		}},
 		{"HTTP_ADDR", "http-addr", ":8080", "listen address of the public API (check-ins, reads, health)", func(c *Config, v string) error {

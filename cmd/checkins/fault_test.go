@@ -311,7 +311,7 @@ func (l *ledger) verify(t *testing.T, base string) {
 }
 
 // inStream asserts every check-in that got a 2xx is in the event stream.
-func (l *ledger) inStream(t *testing.T, rdb *redis.Client, keys adapters.KeySpace) {
+func (l *ledger) inStream(t *testing.T, rdb redis.UniversalClient, keys adapters.KeySpace) {
 	t.Helper()
 	seen := map[string]bool{}
 	start := "-"
@@ -340,7 +340,7 @@ func (l *ledger) inStream(t *testing.T, rdb *redis.Client, keys adapters.KeySpac
 }
 
 // groupsPending is the pending count of every consumer group on the stream.
-func groupsPending(t *testing.T, rdb *redis.Client, keys adapters.KeySpace) map[string]int64 {
+func groupsPending(t *testing.T, rdb redis.UniversalClient, keys adapters.KeySpace) map[string]int64 {
 	t.Helper()
 	gs, err := rdb.XInfoGroups(context.Background(), keys.Stream()).Result()
 	require.NoError(t, err)
@@ -351,7 +351,7 @@ func groupsPending(t *testing.T, rdb *redis.Client, keys adapters.KeySpace) map[
 	return out
 }
 
-func requireNothingPending(t *testing.T, rdb *redis.Client, keys adapters.KeySpace) {
+func requireNothingPending(t *testing.T, rdb redis.UniversalClient, keys adapters.KeySpace) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		for _, n := range groupsPending(t, rdb, keys) {
@@ -370,7 +370,7 @@ func (l *ledger) waitFor(t *testing.T, n int) {
 }
 
 // consumerPending is the pending count of consumer name in every group.
-func consumerPending(t *testing.T, rdb *redis.Client, keys adapters.KeySpace, name string) (total int64, present bool) {
+func consumerPending(t *testing.T, rdb redis.UniversalClient, keys adapters.KeySpace, name string) (total int64, present bool) {
 	t.Helper()
 	ctx := context.Background()
 	for g := range groupsPending(t, rdb, keys) {
@@ -453,7 +453,7 @@ func TestFaultProjectorKilledMidStreamIsTakenOver(t *testing.T) {
 	_ = heir
 }
 
-func poisonLen(t *testing.T, rdb *redis.Client, keys adapters.KeySpace) int64 {
+func poisonLen(t *testing.T, rdb redis.UniversalClient, keys adapters.KeySpace) int64 {
 	t.Helper()
 	n, err := rdb.XLen(context.Background(), keys.PoisonStream()).Result()
 	require.NoError(t, err)

@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -27,7 +29,7 @@ type Service struct {
 	cfg      Config
 	log      *slog.Logger
 	keys     adapters.KeySpace
-	client   *redis.Client // API, queries, stores, poison queue
+	client   redis.UniversalClient // API, queries, stores, poison queue
 	closers  []func() error
 	guard    *evictionGuard // nil on the embedded Redis
 	http     *ports.HTTPServer
@@ -45,6 +47,10 @@ type Service struct {
 	apiPipeline *adapters.AutoPipeline
 	devIssuer   *ports.TokenIssuer
 	banner      io.Writer // dev mode's tokens are printed here for a person (nil: logged only)
+
+	// modeGuessed: REDIS_MODE auto, and Redis did not answer at start whether it is a cluster
+	// node; standalone was assumed until Ready learns otherwise.
+	modeGuessed atomic.Bool
 }
 
 // Mode selects what the process runs.
@@ -69,7 +75,7 @@ func startEmbeddedRedis(log *slog.Logger) (string, func(), error) {
 
 // NewService builds clients and wires adapters into the app and ports.
 func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*Service, error) {
-	s := &Service{cfg: cfg, log: log, keys: adapters.KeySpace{Prefix: cfg.KeyPrefix}, mode: mode}
+	s := &Service{cfg: cfg, log: log, mode: mode}
 	if cfg.RedisURL == "" {
 		return nil, errors.New("REDIS_URL is required (only `serve` may run on the embedded Redis)")
 	}
@@ -77,19 +83,34 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 	if s.httpLims, err = s.publicLimits(); err != nil {
 		return nil, err
 	}
-	newClient := func(pool int) (*redis.Client, error) {
-		return adapters.NewRedisClient(adapters.ClientOptions{URL: cfg.RedisURL, DialTimeout: 2 * time.Second,
+	pingCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	redisMode, guessed, err := resolveRedisMode(pingCtx, cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	s.modeGuessed.Store(guessed)
+	if s.keys, err = adapters.NewKeySpace(cfg.KeyPrefix, redisMode == adapters.RedisModeCluster); err != nil {
+		return nil, fmt.Errorf("invalid KEY_PREFIX: %w", err)
+	}
+	newClient := func(pool int) (redis.UniversalClient, error) {
+		return adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: cfg.RedisURL, Mode: redisMode, DialTimeout: 2 * time.Second,
 			ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second, PoolSize: pool})
 	}
 	if s.client, err = newClient(0); err != nil {
 		return nil, err
 	}
 	s.closers = append(s.closers, s.client.Close)
-	pingCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
 	if err := s.client.Ping(pingCtx).Err(); err != nil {
 		// Not fatal: the service starts, answers 503 and /readyz says why, and recovers by itself.
 		log.Warn("redis is not reachable yet", "redis_url", redact(cfg.RedisURL), "error", err)
+	} else if redisMode == adapters.RedisModeCluster {
+		// One stream key (P = 1) for now: recorded, so that a later version configured with more
+		// partitions refuses to start on this stream instead of reading half of it.
+		if err := adapters.EnsurePartitions(pingCtx, s.client, s.keys, 1); err != nil {
+			s.close()
+			return nil, err
+		}
 	}
 	if !cfg.embeddedRedis {
 		s.guard = newEvictionGuard(s.client, cfg.AllowEvictingRedis, log)
@@ -217,12 +238,42 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 	return s, nil
 }
 
+// resolveRedisMode decides once whether REDIS_URL is one server or a cluster, so that every
+// client of the process is of the same kind. Auto mode with one address asks it; when it does not
+// answer yet the service starts as on one server (as before clusters were supported), says so,
+// and /readyz reports the mistake if the server turns out to be a cluster node.
+func resolveRedisMode(ctx context.Context, cfg Config, log *slog.Logger) (mode adapters.RedisMode, guessed bool, err error) {
+	if cfg.embeddedRedis {
+		return adapters.RedisModeStandalone, false, nil
+	}
+	m, err := adapters.DetectRedisMode(ctx, adapters.ClientOptions{URL: cfg.RedisURL, Mode: cfg.RedisMode, DialTimeout: 2 * time.Second,
+		ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second})
+	if errors.Is(err, adapters.ErrRedisModeUndetected) {
+		log.Warn("redis did not answer whether it is a cluster node: starting in standalone mode; set REDIS_MODE=cluster (or standalone) to decide without asking",
+			"redis_url", redact(cfg.RedisURL), "error", err)
+		return adapters.RedisModeStandalone, true, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("invalid REDIS_URL/REDIS_MODE: %w", err)
+	}
+	return m, false, nil
+}
+
 // Ready implements ports.Readiness: Redis answers and, in a projector, the router consumes.
 func (s *Service) Ready(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	if err := s.client.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis unreachable: %w", err)
+	}
+	if s.modeGuessed.Load() {
+		info, err := s.client.Info(ctx, "cluster").Result()
+		switch {
+		case err == nil && strings.Contains(info, "cluster_enabled:1"):
+			return errors.New("REDIS_URL names a Redis Cluster node, but the service started in standalone mode because Redis did not answer at start: restart it, or set REDIS_MODE=cluster")
+		case err == nil:
+			s.modeGuessed.Store(false) // one server indeed
+		}
 	}
 	if s.guard != nil {
 		if p := s.guard.Problem(); p != "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -52,8 +53,20 @@ func connectOps(getenv func(string) string, stderr io.Writer) ports.Connect {
 		if cfg.RedisURL == "" {
 			return nil, errors.New("REDIS_URL (or --redis-url) is required")
 		}
-		client, err := adapters.NewRedisClient(adapters.ClientOptions{URL: cfg.RedisURL, DialTimeout: 2 * time.Second,
-			ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second})
+		opts := adapters.ClientOptions{URL: cfg.RedisURL, Mode: cfg.RedisMode, DialTimeout: 2 * time.Second,
+			ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
+		detectCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		redisMode, err := adapters.DetectRedisMode(detectCtx, opts)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		opts.Mode = redisMode
+		keys, err := adapters.NewKeySpace(cfg.KeyPrefix, redisMode == adapters.RedisModeCluster)
+		if err != nil {
+			return nil, fmt.Errorf("invalid KEY_PREFIX: %w", err)
+		}
+		client, err := adapters.NewUniversalRedisClient(context.Background(), opts)
 		if err != nil {
 			return nil, err
 		}
@@ -63,7 +76,7 @@ func connectOps(getenv func(string) string, stderr io.Writer) ports.Connect {
 			level = max(level, slog.LevelWarn)
 		}
 		var a app.Application
-		if err := addOps(&a, client, adapters.KeySpace{Prefix: cfg.KeyPrefix}, cfg, allProjections(cfg), newLogger(stderr, level)); err != nil {
+		if err := addOps(&a, client, keys, cfg, allProjections(cfg), newLogger(stderr, level)); err != nil {
 			_ = client.Close()
 			return nil, err
 		}
