@@ -17,32 +17,32 @@ import (
 
 // Config is read and validated once, here; nothing else reads the environment.
 type Config struct {
-	RedisURL        string
-	RedisMode       adapters.RedisMode // auto | standalone | cluster
+	RedisURL  string
+	RedisMode adapters.RedisMode // auto | standalone | cluster
 	// StreamPartitions is P, the event stream's partitions; 0 (auto): 1 on a single server,
 	// adapters.DefaultClusterPartitions on a cluster.
 	StreamPartitions int
-	HTTPAddr        string
-	LogLevel        slog.Level
-	KeyPrefix       string
-	RequestTimeout  time.Duration
-	DrainTimeout    time.Duration
-	Projections     []string // empty: all
-	Subscriber      string   // batched | watermill
-	ConsumerName    string
-	ClaimIdle       time.Duration
-	ClaimInterval   time.Duration
-	NackDelay       time.Duration
-	BatchSize       int
-	ReadLinger      time.Duration
-	MaxInFlight     int
-	HandlerTimeout  time.Duration
-	RetryInitial    time.Duration
-	RetryMultiplier float64
-	RetryMax        time.Duration
-	RetryAttempts   int
-	IdempotencyTTL  time.Duration
-	DedupeWindow    time.Duration
+	HTTPAddr         string
+	LogLevel         slog.Level
+	KeyPrefix        string
+	RequestTimeout   time.Duration
+	DrainTimeout     time.Duration
+	Projections      []string // empty: all
+	Subscriber       string   // batched | watermill
+	ConsumerName     string
+	ClaimIdle        time.Duration
+	ClaimInterval    time.Duration
+	NackDelay        time.Duration
+	BatchSize        int
+	ReadLinger       time.Duration
+	MaxInFlight      int
+	HandlerTimeout   time.Duration
+	RetryInitial     time.Duration
+	RetryMultiplier  float64
+	RetryMax         time.Duration
+	RetryAttempts    int
+	IdempotencyTTL   time.Duration
+	DedupeWindow     time.Duration
 
 	// AllowEvictingRedis runs on a Redis whose maxmemory-policy evicts keys (warned about).
 	AllowEvictingRedis bool
