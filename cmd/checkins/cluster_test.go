@@ -520,7 +520,7 @@ func serveEqualsStandalone(t *testing.T, env map[string]string) *svcProc {
 	return onCluster
 }
 
-// TestClusterOperations: `serve` given one seed of the cluster (auto mode asks it) with
+// TestClusterOperations: `serve` given one seed of the cluster (auto mode asks it; 24 partitions) with
 // retention on, and the operational verbs given the full seed list: malformed entries are parked
 // and `poison list`, `status` and `poison purge` see and clear them; `projections rebuild`
 // builds a version on the cluster and removes the old one's keys from every master; the read
@@ -536,6 +536,8 @@ func TestClusterOperations(t *testing.T) {
 	cc := redistest.ClusterClient(t, cl.URL)
 	keys, err := adapters.NewKeySpace(cl.Prefix, true)
 	require.NoError(t, err)
+	keys, err = keys.WithPartitions(adapters.DefaultClusterPartitions)
+	require.NoError(t, err)
 	ctx := context.Background()
 
 	l := newLedger()
@@ -543,11 +545,12 @@ func TestClusterOperations(t *testing.T) {
 	for i := range 200 {
 		l.post(httpc, svc.base, fmt.Sprintf("op-%d", i), sent{user: 1 + int64(i)%faultUsers, location: 1 + int64(i)%faultLocations, stars: int64(i % 6)})
 	}
-	_, err = cc.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: map[string]any{"hello": "world"}}).Result()
+	_, err = cc.XAdd(ctx, &redis.XAddArgs{Stream: keys.Partitions().Stream(5), Values: map[string]any{"hello": "world"}}).Result()
 	require.NoError(t, err)
 	l.verify(t, svc.base)
 	requireNothingPending(t, cc, keys)
 	groups := len(groupsPending(t, cc, keys))
+	require.Positive(t, groups)
 
 	var page poisonListJSON
 	require.Eventually(t, func() bool {

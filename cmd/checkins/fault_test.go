@@ -342,11 +342,13 @@ func (l *ledger) inStream(t *testing.T, rdb redis.UniversalClient, keys adapters
 // groupsPending is the pending count of every consumer group on the stream.
 func groupsPending(t *testing.T, rdb redis.UniversalClient, keys adapters.KeySpace) map[string]int64 {
 	t.Helper()
-	gs, err := rdb.XInfoGroups(context.Background(), keys.Stream()).Result()
-	require.NoError(t, err)
 	out := map[string]int64{}
-	for _, g := range gs {
-		out[g.Name] = g.Pending
+	for _, stream := range keys.Partitions().Streams() { // summed over partitions
+		gs, err := rdb.XInfoGroups(context.Background(), stream).Result()
+		require.NoError(t, err)
+		for _, g := range gs {
+			out[g.Name] += g.Pending
+		}
 	}
 	return out
 }
