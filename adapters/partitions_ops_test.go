@@ -52,6 +52,9 @@ func TestPartitionStallIsPerPartition(t *testing.T) {
 	require.NotNil(t, g)
 	assert.Equal(t, int64(1), g.Pending)
 	assert.Len(t, g.Parts, 2)
+	first, err := c.XRangeN(ctx, parts.Stream(0), "-", "+", 1).Result()
+	require.NoError(t, err)
+	assert.Equal(t, first[0].ID, g.OldestPendingID, "the oldest pending entry of all partitions")
 
 	b := adapters.NewOpsBackend(c, keys)
 	mon := query.NewProgressMonitor(b, 300*time.Millisecond, query.FixedGroups([]string{"g"}))

@@ -136,8 +136,8 @@ func SameMessage(msg *message.Message, values map[string]any, u redisstream.Unma
 // counts, consumer groups created and destroyed, XTRIM MINID.
 //
 // With stream partitions (KeySpace.WithPartitions) it stands for all of them, summed up: the
-// length is the sum, a group's lag and pending the sums, its oldest pending entry the one idle
-// longest on any partition (GroupInfo.Parts has each partition's); groups are created and
+// length is the sum, a group's lag and pending the sums, its oldest pending entry the oldest
+// (lowest ID) of any partition (GroupInfo.Parts has each partition's); groups are created and
 // destroyed on every partition; Parts gives each partition's own StreamAdmin (retention trims
 // each partition by itself).
 type StreamAdmin struct {
@@ -234,7 +234,7 @@ func (s *StreamAdmin) Info(ctx context.Context) (ops.StreamInfo, error) {
 			if lag > 0 && (behind == "" || ops.CompareEntryIDs(pg.LastDeliveredID, behind) < 0) {
 				behind = pg.LastDeliveredID
 			}
-			if pg.OldestPendingID != "" && (g.OldestPendingID == "" || pg.OldestPendingIdle > g.OldestPendingIdle) {
+			if pg.OldestPendingID != "" && (g.OldestPendingID == "" || ops.CompareEntryIDs(pg.OldestPendingID, g.OldestPendingID) < 0) {
 				g.OldestPendingID, g.OldestPendingIdle = pg.OldestPendingID, pg.OldestPendingIdle
 				g.OldestPendingDeliveries, g.OldestPendingConsumer = pg.OldestPendingDeliveries, pg.OldestPendingConsumer
 			}
