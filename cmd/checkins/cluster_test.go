@@ -376,12 +376,21 @@ func TestClusterServeEqualsStandalone(t *testing.T) {
 }
 
 // TestPartitionedServeEqualsStandalone: `serve` and a second projector on a single server with
-// STREAM_PARTITIONS=4 answer exactly as `serve` with one stream, on the same input; the check-ins
-// are in the 4 partition streams, by user.
+// STREAM_PARTITIONS=4 answer exactly as `serve` with one stream, on the same input, with either
+// subscriber; the check-ins are in the 4 partition streams, by user.
 func TestPartitionedServeEqualsStandalone(t *testing.T) {
 	t.Parallel()
+	for _, sub := range []string{adapters.SubscriberBatched, adapters.SubscriberWatermill} {
+		t.Run(sub, func(t *testing.T) {
+			t.Parallel()
+			partitionedServeEqualsStandalone(t, sub)
+		})
+	}
+}
+
+func partitionedServeEqualsStandalone(t *testing.T, sub string) {
 	env := redistest.Open(t)
-	serveEqualsStandalone(t, map[string]string{"REDIS_URL": env.URL, "KEY_PREFIX": env.Prefix, "STREAM_PARTITIONS": "4"})
+	serveEqualsStandalone(t, map[string]string{"REDIS_URL": env.URL, "KEY_PREFIX": env.Prefix, "STREAM_PARTITIONS": "4", "SUBSCRIBER": sub})
 	keys := adapters.KeySpace{Prefix: env.Prefix}
 	parts, err := adapters.NewPartitions(keys, 4)
 	require.NoError(t, err)
