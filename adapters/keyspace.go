@@ -13,12 +13,39 @@ import (
 // On a Redis Cluster (Cluster true) a script or multi-key command may only touch keys of one
 // hash slot. Every key that a script uses together with the event stream carries the stream's
 // name as its hash tag, so that it lands in the stream's slot: "<prefix>:projections{<prefix>:events}"
-// hashes like the untagged "<prefix>:events". With stream partitions (P > 1, not built yet), such
-// state is per partition and takes its partition's tag. On a single server (Cluster false) every
+// hashes like the untagged "<prefix>:events". With stream partitions (P > 1), such state is per
+// partition and takes its partition's tag (Partitions.Registry). On a single server (Cluster false) every
 // key keeps the name it always had.
 type KeySpace struct {
 	Prefix  string
 	Cluster bool
+	// parts is the event stream's partitions (WithPartitions); nil: one stream.
+	parts *Partitions
+}
+
+// WithPartitions is k with the event stream split into p partitions (adapters/partitions.go):
+// the event log, the publisher, the live groups, the stream admin and the projector backend
+// made from it work on every partition. p = 1 is k as it was.
+func (k KeySpace) WithPartitions(p int) (KeySpace, error) {
+	k.parts = nil
+	if p == 1 {
+		return k, nil
+	}
+	parts, err := NewPartitions(k, p)
+	if err != nil {
+		return KeySpace{}, err
+	}
+	k.parts = &parts
+	return k, nil
+}
+
+// Partitions is the event stream's partitions: one, the stream itself, unless WithPartitions
+// said more.
+func (k KeySpace) Partitions() Partitions {
+	if k.parts != nil {
+		return *k.parts
+	}
+	return Partitions{streams: []string{k.Stream()}, registries: []string{k.Projections()}}
 }
 
 // NewKeySpace checks prefix for the deployment: a brace in it would become every key's hash tag

@@ -42,6 +42,10 @@ const (
 // Partitions names the P streams of the event log.
 type Partitions struct {
 	streams []string
+	// registries hold each partition's live groups and acknowledged positions, in the
+	// partition's slot: <prefix>:projections with one stream (the projections registry itself),
+	// <prefix>:projections:<i>:{<tag i>} with more.
+	registries []string
 }
 
 // NewPartitions lays out p partitions under keys' prefix.
@@ -53,14 +57,39 @@ func NewPartitions(keys KeySpace, p int) (Partitions, error) {
 		return Partitions{}, fmt.Errorf("key prefix %q must be non-empty and without braces: a brace would make it the hash tag of every key", keys.Prefix)
 	}
 	if p == 1 {
-		return Partitions{streams: []string{keys.Stream()}}, nil
+		return Partitions{streams: []string{keys.Stream()}, registries: []string{keys.Projections()}}, nil
 	}
 	tags := PartitionTags(p)
-	streams := make([]string, p)
+	streams, registries := make([]string, p), make([]string, p)
 	for i, tag := range tags {
 		streams[i] = keys.Stream() + ":" + strconv.Itoa(i) + ":{" + tag + "}"
+		registries[i] = keys.Prefix + ":projections:" + strconv.Itoa(i) + ":{" + tag + "}"
 	}
-	return Partitions{streams: streams}, nil
+	return Partitions{streams: streams, registries: registries}, nil
+}
+
+// Registry is the hash of partition i's live groups and acknowledged positions, in the slot of
+// partition i's stream (so that joining reads the registry and creates the partition's groups
+// in one script).
+func (p Partitions) Registry(i int) string { return p.registries[i] }
+
+// Index is the partition of stream (-1 when it is none of them).
+func (p Partitions) Index(stream string) int {
+	for i, s := range p.streams {
+		if s == stream {
+			return i
+		}
+	}
+	return -1
+}
+
+// base is the event stream's key that the partitions are named after (the router's topic).
+func (p Partitions) base() string {
+	if len(p.streams) == 1 {
+		return p.streams[0]
+	}
+	s, _, _ := strings.Cut(p.streams[0], ":0:{")
+	return s
 }
 
 // Count is P.
@@ -153,6 +182,27 @@ func EnsurePartitions(ctx context.Context, client redis.UniversalClient, keys Ke
 	recorded, err := strconv.Atoi(cur)
 	if err != nil || recorded < 1 {
 		return fmt.Errorf("%s field %s is %q, not a partition count", meta, metaPartitions, cur)
+	}
+	if recorded != p {
+		return &PartitionMismatchError{Prefix: keys.Prefix, Recorded: recorded, Configured: p}
+	}
+	return nil
+}
+
+// CheckPartitions is EnsurePartitions without recording anything: it fails only when another
+// partition count than p is recorded. A single server with one stream uses it, so that its keys
+// stay exactly those of a service without partitions.
+func CheckPartitions(ctx context.Context, client redis.UniversalClient, keys KeySpace, p int) error {
+	cur, err := client.HGet(ctx, keys.Meta(), metaPartitions).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read the event stream's partitions: %w", err)
+	}
+	recorded, err := strconv.Atoi(cur)
+	if err != nil || recorded < 1 {
+		return fmt.Errorf("%s field %s is %q, not a partition count", keys.Meta(), metaPartitions, cur)
 	}
 	if recorded != p {
 		return &PartitionMismatchError{Prefix: keys.Prefix, Recorded: recorded, Configured: p}

@@ -29,9 +29,10 @@ type EventLog struct {
 	streams []string
 }
 
-// NewEventLog reads keys.Stream().
+// NewEventLog reads and merges every partition of keys (keys.Stream() unless
+// keys.WithPartitions).
 func NewEventLog(client redis.UniversalClient, keys KeySpace) *EventLog {
-	return &EventLog{client: client, streams: []string{keys.Stream()}}
+	return NewPartitionedEventLog(client, keys.Partitions())
 }
 
 // NewPartitionedEventLog reads and merges every partition of parts.

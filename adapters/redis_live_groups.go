@@ -30,26 +30,100 @@ const (
 )
 
 // LiveGroups reads and changes live-group membership and acknowledged positions (ops.LiveGroups).
+//
+// With stream partitions (KeySpace.WithPartitions) every partition has its own live groups,
+// consumer groups and registry (Partitions.Registry, in the partition's slot): a version joins
+// each partition at a position of that partition, and backfills each partition up to it. The
+// methods without a stream sum the partitions up (ops.SumMembers, the least acknowledged
+// position); those named ...On work on one partition.
 type LiveGroups struct {
 	client redis.UniversalClient
 	keys   KeySpace
+	parts  Partitions
 }
 
-// NewLiveGroups works on the registry of keys.
+// NewLiveGroups works on the registries of keys' partitions.
 func NewLiveGroups(client redis.UniversalClient, keys KeySpace) *LiveGroups {
-	return &LiveGroups{client: client, keys: keys}
+	return &LiveGroups{client: client, keys: keys, parts: keys.Partitions()}
+}
+
+// registryOf is the registry of partition stream.
+func (l *LiveGroups) registryOf(stream string) (string, error) {
+	i := l.parts.Index(stream)
+	if i < 0 {
+		return "", fmt.Errorf("%q is not a partition of the event stream %s", stream, l.keys.Stream())
+	}
+	return l.parts.Registry(i), nil
 }
 
 // Read is one live group's membership (empty when nobody joined yet).
 func (l *LiveGroups) Read(ctx context.Context, group string) (ops.Membership, error) {
-	raw, err := l.client.HGet(ctx, l.keys.Projections(), liveField+group).Result()
-	if errors.Is(err, redis.Nil) {
-		return ops.Membership{Members: map[string]ops.LiveMember{}}, nil
-	}
+	raws, err := l.hgetEach(ctx, liveField+group)
 	if err != nil {
 		return ops.Membership{}, err
 	}
-	return ParseMembership(group, raw)
+	return l.sumMemberships(group, raws)
+}
+
+// hgetEach reads field from every partition's registry ("" where it is missing).
+func (l *LiveGroups) hgetEach(ctx context.Context, field string) ([]string, error) {
+	if l.parts.Count() == 1 {
+		raw, err := l.client.HGet(ctx, l.parts.Registry(0), field).Result()
+		if errors.Is(err, redis.Nil) {
+			return []string{""}, nil
+		}
+		return []string{raw}, err
+	}
+	cmds := make([]*redis.StringCmd, l.parts.Count())
+	_, err := l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range cmds {
+			cmds[i] = p.HGet(ctx, l.parts.Registry(i), field)
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	out := make([]string, len(cmds))
+	for i, c := range cmds {
+		v, err := c.Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, err
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+// sumMemberships parses each partition's membership value ("": none) and sums them up.
+func (l *LiveGroups) sumMemberships(group string, raws []string) (ops.Membership, error) {
+	if len(raws) == 1 {
+		if raws[0] == "" {
+			return ops.Membership{Members: map[string]ops.LiveMember{}}, nil
+		}
+		return ParseMembership(group, raws[0])
+	}
+	parts := map[string]map[string]ops.LiveMember{} // member -> stream -> membership
+	for i, raw := range raws {
+		if raw == "" {
+			continue
+		}
+		m, err := ParseMembership(group, raw)
+		if err != nil {
+			return ops.Membership{}, fmt.Errorf("partition %d: %w", i, err)
+		}
+		for name, lm := range m.Members {
+			if parts[name] == nil {
+				parts[name] = map[string]ops.LiveMember{}
+			}
+			parts[name][l.parts.Stream(i)] = lm
+		}
+	}
+	out := ops.Membership{Raw: strings.Join(raws, "\n"), Members: map[string]ops.LiveMember{}}
+	for name, ps := range parts {
+		out.Members[name] = ops.SumMembers(ps)
+	}
+	return out, nil
 }
 
 // ParseMembership decodes a registry value.
@@ -62,22 +136,57 @@ func ParseMembership(group, raw string) (ops.Membership, error) {
 }
 
 // ReadAll is every live group's membership and every group's acknowledged position.
+//
+// With partitions, a group's acknowledged position is the least of its partitions' (everything
+// up to it is acknowledged on every partition), and only a group recorded on every partition
+// has one.
 func (l *LiveGroups) ReadAll(ctx context.Context) (map[string]ops.Membership, map[string]string, error) {
-	h, err := l.client.HGetAll(ctx, l.keys.Projections()).Result()
-	if err != nil {
+	n := l.parts.Count()
+	cmds := make([]*redis.MapStringStringCmd, n)
+	if _, err := l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range cmds {
+			cmds[i] = p.HGetAll(ctx, l.parts.Registry(i))
+		}
+		return nil
+	}); err != nil {
 		return nil, nil, err
 	}
-	groups, acked := map[string]ops.Membership{}, map[string]string{}
-	for f, v := range h {
-		if g, ok := strings.CutPrefix(f, liveField); ok {
-			m, err := ParseMembership(g, v)
-			if err != nil {
-				return nil, nil, err
+	raws := map[string][]string{}
+	ackedBy := map[string][]string{}
+	for i, c := range cmds {
+		for f, v := range c.Val() {
+			if g, ok := strings.CutPrefix(f, liveField); ok {
+				if raws[g] == nil {
+					raws[g] = make([]string, n)
+				}
+				raws[g][i] = v
+			} else if g, ok := strings.CutPrefix(f, ackedField); ok {
+				ackedBy[g] = append(ackedBy[g], v)
 			}
-			groups[g] = m
-		} else if g, ok := strings.CutPrefix(f, ackedField); ok {
-			acked[g] = v
 		}
+	}
+	groups, acked := map[string]ops.Membership{}, map[string]string{}
+	for g, rs := range raws {
+		m, err := l.sumMemberships(g, rs)
+		if err != nil {
+			return nil, nil, err
+		}
+		if n == 1 {
+			m.Raw = rs[0]
+		}
+		groups[g] = m
+	}
+	for g, as := range ackedBy {
+		if len(as) < n {
+			continue
+		}
+		least := as[0]
+		for _, a := range as[1:] {
+			if ops.CompareEntryIDs(a, least) < 0 {
+				least = a
+			}
+		}
+		acked[g] = least
 	}
 	return groups, acked, nil
 }
@@ -131,13 +240,23 @@ return enc
 `)
 
 // Join makes member (MemberName) part of live group, once: later calls return the membership.
+// With partitions it joins on each partition in turn, at that partition's position: until it
+// has joined a partition, the live group's entries there are not for it (they are at or below
+// the position it joins at, so its backfill delivers them).
 func (l *LiveGroups) Join(ctx context.Context, group, member string) (ops.Membership, error) {
-	raw, err := joinLua.Run(ctx, l.client, []string{l.keys.Projections(), l.keys.Stream()}, group, member,
-		strconv.FormatInt(time.Now().UnixMilli(), 10)).Text()
-	if err != nil {
-		return ops.Membership{}, fmt.Errorf("join %s to live group %s: %w", member, group, err)
+	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
+	raws := make([]string, l.parts.Count())
+	for i := range raws {
+		raw, err := joinLua.Run(ctx, l.client, []string{l.parts.Registry(i), l.parts.Stream(i)}, group, member, now).Text()
+		if err != nil {
+			if l.parts.Count() > 1 {
+				return ops.Membership{}, fmt.Errorf("join %s to live group %s on partition %d: %w", member, group, i, err)
+			}
+			return ops.Membership{}, fmt.Errorf("join %s to live group %s: %w", member, group, err)
+		}
+		raws[i] = raw
 	}
-	return ParseMembership(group, raw)
+	return l.sumMemberships(group, raws)
 }
 
 var updateMemberLua = redis.NewScript(`
@@ -159,15 +278,38 @@ return 1
 
 // FinishBackfill records that member's own group has delivered and acknowledged everything up
 // to its join position. It reports whether this call changed it.
+// With partitions: on every partition (the caller found each one's backfill finished).
 func (l *LiveGroups) FinishBackfill(ctx context.Context, group, member string, at time.Time) (bool, error) {
-	n, err := updateMemberLua.Run(ctx, l.client, []string{l.keys.Projections()}, group, member, "done",
+	changed := false
+	for _, stream := range l.parts.Streams() {
+		c, err := l.FinishBackfillOn(ctx, stream, group, member, at)
+		if err != nil {
+			return changed, err
+		}
+		changed = changed || c
+	}
+	return changed, nil
+}
+
+// FinishBackfillOn is FinishBackfill on one partition.
+func (l *LiveGroups) FinishBackfillOn(ctx context.Context, stream, group, member string, at time.Time) (bool, error) {
+	reg, err := l.registryOf(stream)
+	if err != nil {
+		return false, err
+	}
+	n, err := updateMemberLua.Run(ctx, l.client, []string{reg}, group, member, "done",
 		strconv.FormatInt(at.UnixMilli(), 10)).Int()
 	return n == 1, err
 }
 
-// Leave removes member from group (a retired version).
+// Leave removes member from group (a retired version), on every partition.
 func (l *LiveGroups) Leave(ctx context.Context, group, member string) error {
-	return updateMemberLua.Run(ctx, l.client, []string{l.keys.Projections()}, group, member, "leave", "").Err()
+	for i := range l.parts.Count() {
+		if err := updateMemberLua.Run(ctx, l.client, []string{l.parts.Registry(i)}, group, member, "leave", "").Err(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 var checkpointLua = redis.NewScript(`
@@ -188,25 +330,66 @@ return 1
 // Checkpoint records that group has acknowledged every entry up to acked (never moving back):
 // markers of the group below it are no longer needed, and a group lost with its data is
 // recreated there.
-func (l *LiveGroups) Checkpoint(ctx context.Context, group, acked string) error {
+// stream is the partition (keys.Stream() with one).
+func (l *LiveGroups) Checkpoint(ctx context.Context, stream, group, acked string) error {
 	if _, ok := ScoreOfEntry(acked); !ok || !strings.Contains(acked, "-") {
 		return fmt.Errorf("checkpoint of %s: %q is not a stream entry ID", group, acked)
 	}
-	return checkpointLua.Run(ctx, l.client, []string{l.keys.Projections()}, ackedField+group, acked).Err()
+	reg, err := l.registryOf(stream)
+	if err != nil {
+		return err
+	}
+	return checkpointLua.Run(ctx, l.client, []string{reg}, ackedField+group, acked).Err()
 }
 
-// Acked is the position group has acknowledged through ("" when never recorded).
-func (l *LiveGroups) Acked(ctx context.Context, group string) (string, error) {
-	s, err := l.client.HGet(ctx, l.keys.Projections(), ackedField+group).Result()
+// Acked is the position group has acknowledged through on partition stream ("" when never
+// recorded).
+func (l *LiveGroups) Acked(ctx context.Context, stream, group string) (string, error) {
+	reg, err := l.registryOf(stream)
+	if err != nil {
+		return "", err
+	}
+	s, err := l.client.HGet(ctx, reg, ackedField+group).Result()
 	if errors.Is(err, redis.Nil) {
 		return "", nil
 	}
 	return s, err
 }
 
-// ForgetAcked drops a removed group's acknowledged position.
+// ForgetAcked drops a removed group's acknowledged position, on every partition.
 func (l *LiveGroups) ForgetAcked(ctx context.Context, group string) error {
-	return l.client.HDel(ctx, l.keys.Projections(), ackedField+group).Err()
+	for i := range l.parts.Count() {
+		if err := l.client.HDel(ctx, l.parts.Registry(i), ackedField+group).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ReadPartitionsProgress reads every consumer group of every partition of parts, summed up
+// (ops.SumPositions) with more than one.
+func ReadPartitionsProgress(ctx context.Context, client redis.UniversalClient, parts Partitions) (map[string]ops.GroupPosition, error) {
+	if parts.Count() == 1 {
+		return ReadGroupsProgress(ctx, client, parts.Stream(0))
+	}
+	by := map[string]map[string]ops.GroupPosition{}
+	for _, stream := range parts.Streams() {
+		ps, err := ReadGroupsProgress(ctx, client, stream)
+		if err != nil {
+			return nil, err
+		}
+		for g, p := range ps {
+			if by[g] == nil {
+				by[g] = map[string]ops.GroupPosition{}
+			}
+			by[g][stream] = p
+		}
+	}
+	out := make(map[string]ops.GroupPosition, len(by))
+	for g, ps := range by {
+		out[g] = ops.SumPositions(ps)
+	}
+	return out, nil
 }
 
 // ReadGroupsProgress reads every consumer group of stream (none when the stream is missing).
@@ -263,20 +446,42 @@ func ReadGroupsProgress(ctx context.Context, client redis.UniversalClient, strea
 // every process of it down that long) does not hold the floor back, so a forgotten group cannot
 // make the registry grow forever. Such a group, if it comes back, may count a copy that falls in
 // the window of one it decided before it stopped.
-func DedupeFloor(ctx context.Context, client redis.UniversalClient, stream string, lives map[string]ops.Membership,
+//
+// With partitions (lives and progress summed up, their Parts set) it is the least of the
+// partitions' floors, each from that partition's groups.
+func DedupeFloor(ctx context.Context, client redis.UniversalClient, streams []string, lives map[string]ops.Membership,
+	progress map[string]ops.GroupPosition, idleLimit time.Duration, now time.Time) (string, bool, error) {
+	floor := ""
+	for _, stream := range streams {
+		f, ok, err := dedupeFloorOn(ctx, client, stream, lives, progress, idleLimit, now)
+		if err != nil || !ok {
+			return "", false, err
+		}
+		if floor == "" || ops.CompareEntryIDs(f, floor) < 0 {
+			floor = f
+		}
+	}
+	return floor, floor != "", nil
+}
+
+func dedupeFloorOn(ctx context.Context, client redis.UniversalClient, stream string, lives map[string]ops.Membership,
 	progress map[string]ops.GroupPosition, idleLimit time.Duration, now time.Time) (string, bool, error) {
 	var groups []string
 	for live, ms := range lives {
 		groups = append(groups, live)
 		for name, m := range ms.Members {
-			if m.Own == ops.BackfillRunning {
+			if pm, ok := m.On(stream); ok && pm.Own == ops.BackfillRunning {
 				groups = append(groups, name)
 			}
 		}
 	}
 	floor, stale := "", now.Add(-idleLimit).UnixMilli()
 	for _, g := range groups {
-		p, ok := progress[g]
+		sum, ok := progress[g]
+		if !ok {
+			return "", false, nil
+		}
+		p, ok := sum.On(stream)
 		if !ok {
 			return "", false, nil
 		}

@@ -2,8 +2,8 @@ package adapters
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,47 +34,54 @@ func NewProjectorBackend(client redis.UniversalClient, keys KeySpace) *Projector
 		queue: NewPoisonQueue(client, keys), msCache: map[string]ops.Membership{}}
 }
 
-// Stream is the event stream's key (the router's topic).
+// Stream is the event stream's key (the router's topic; with partitions, the subscriber
+// subscribes every partition for it: PartitionedSubscriber).
 func (p *ProjectorBackend) Stream() string { return p.keys.Stream() }
 
-// CurrentMembership is group's membership as the registry says now (one HGET), parsed again
-// only when it changed: the router reads it once per batch, so that a version joining is seen
-// by every batch delivered after its join position.
+// Streams are the event stream's partitions (Stream() alone with one).
+func (p *ProjectorBackend) Streams() []string { return p.keys.Partitions().Streams() }
+
+// CurrentMembership is group's membership as the registry says now (one HGET per partition),
+// parsed again only when it changed: the router reads it once per batch, so that a version
+// joining is seen by every batch delivered after its join position.
 func (p *ProjectorBackend) CurrentMembership(ctx context.Context, group string) (ops.Membership, error) {
-	raw, err := p.client.HGet(ctx, p.keys.Projections(), liveField+group).Result()
-	if errors.Is(err, redis.Nil) {
-		raw, err = "{}", nil
-	}
+	raws, err := p.hgetEach(ctx, liveField+group)
 	if err != nil {
 		return ops.Membership{}, fmt.Errorf("read the live group's membership: %w", err)
 	}
+	if len(raws) == 1 && raws[0] == "" {
+		raws[0] = "{}"
+	}
+	key := strings.Join(raws, "\n")
 	p.msMu.Lock()
 	defer p.msMu.Unlock()
-	if ms, ok := p.msCache[group]; ok && ms.Raw == raw {
+	if ms, ok := p.msCache[group]; ok && ms.Raw == key {
 		return ms, nil
 	}
-	ms, err := ParseMembership(group, raw)
+	ms, err := p.sumMemberships(group, raws)
 	if err != nil {
 		return ops.Membership{}, err
 	}
+	ms.Raw = key
 	p.msCache[group] = ms
 	return ms, nil
 }
 
-// Positions reads how far every consumer group of the stream got.
+// Positions reads how far every consumer group of the stream got (summed over partitions,
+// each partition's in Parts).
 func (p *ProjectorBackend) Positions(ctx context.Context) (map[string]ops.GroupPosition, error) {
-	return ReadGroupsProgress(ctx, p.client, p.keys.Stream())
+	return ReadPartitionsProgress(ctx, p.client, p.keys.Partitions())
 }
 
-// CreateGroup creates group at start unless it exists (a group Redis lost).
-func (p *ProjectorBackend) CreateGroup(ctx context.Context, group, start string) error {
-	return NewStreamAdmin(p.client, p.keys).CreateGroup(ctx, group, start)
+// CreateGroup creates group at start on partition stream unless it exists (a group Redis lost).
+func (p *ProjectorBackend) CreateGroup(ctx context.Context, stream, group, start string) error {
+	return (&StreamAdmin{client: p.client, stream: stream}).CreateGroup(ctx, group, start)
 }
 
 // DedupeFloor: see the function of that name.
 func (p *ProjectorBackend) DedupeFloor(ctx context.Context, lives map[string]ops.Membership, progress map[string]ops.GroupPosition,
 	idleLimit time.Duration, now time.Time) (string, bool, error) {
-	return DedupeFloor(ctx, p.client, p.keys.Stream(), lives, progress, idleLimit, now)
+	return DedupeFloor(ctx, p.client, p.Streams(), lives, progress, idleLimit, now)
 }
 
 // PoisonEntryOf is the poison entry of the message msg, as far as the message tells: the stream

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
@@ -133,28 +134,146 @@ func SameMessage(msg *message.Message, values map[string]any, u redisstream.Unma
 
 // StreamAdmin is the event stream as the ops use cases see it (ops.Stream): XINFO, XRANGE
 // counts, consumer groups created and destroyed, XTRIM MINID.
+//
+// With stream partitions (KeySpace.WithPartitions) it stands for all of them, summed up: the
+// length is the sum, a group's lag and pending the sums, its oldest pending entry the oldest
+// (lowest ID) of any partition (GroupInfo.Parts has each partition's); groups are created and
+// destroyed on every partition; Parts gives each partition's own StreamAdmin (retention trims
+// each partition by itself).
 type StreamAdmin struct {
 	client redis.UniversalClient
 	stream string
+	parts  []*StreamAdmin // with more than one partition
 }
 
 var _ ops.Stream = (*StreamAdmin)(nil)
 
-// NewStreamAdmin works on keys.Stream().
+// NewStreamAdmin works on keys' partitions (keys.Stream() unless keys.WithPartitions).
 func NewStreamAdmin(client redis.UniversalClient, keys KeySpace) *StreamAdmin {
-	return &StreamAdmin{client: client, stream: keys.Stream()}
+	s := &StreamAdmin{client: client, stream: keys.Stream()}
+	if ps := keys.Partitions(); ps.Count() > 1 {
+		for _, p := range ps.Streams() {
+			s.parts = append(s.parts, &StreamAdmin{client: client, stream: p})
+		}
+	}
+	return s
 }
 
-// Name is the stream's key.
-func (s *StreamAdmin) Name() string { return s.stream }
+// Name is the stream's key (with partitions, the key they are named after, and their count).
+func (s *StreamAdmin) Name() string {
+	if len(s.parts) > 0 {
+		return fmt.Sprintf("%s (%d partitions)", s.stream, len(s.parts))
+	}
+	return s.stream
+}
+
+// Parts are the partitions' own admins (s itself with one stream).
+func (s *StreamAdmin) Parts() []ops.Stream {
+	if len(s.parts) == 0 {
+		return []ops.Stream{s}
+	}
+	out := make([]ops.Stream, len(s.parts))
+	for i, p := range s.parts {
+		out[i] = p
+	}
+	return out
+}
 
 // Info implements ops.Stream.
 func (s *StreamAdmin) Info(ctx context.Context) (ops.StreamInfo, error) {
-	return ReadStreamInfo(ctx, s.client, s.stream)
+	if len(s.parts) == 0 {
+		return ReadStreamInfo(ctx, s.client, s.stream)
+	}
+	sum := ops.StreamInfo{Stream: s.Name()}
+	type part struct {
+		admin *StreamAdmin
+		info  ops.StreamInfo
+	}
+	parts := make([]part, len(s.parts))
+	names := []string{}
+	seen := map[string]bool{}
+	for i, p := range s.parts {
+		info, err := ReadStreamInfo(ctx, p.client, p.stream)
+		if err != nil {
+			return sum, err
+		}
+		parts[i] = part{p, info}
+		if !info.Exists {
+			continue
+		}
+		sum.Exists = true
+		sum.Length += info.Length
+		if sum.LastEntryID == "" || ops.CompareEntryIDs(info.LastEntryID, sum.LastEntryID) > 0 {
+			sum.LastEntryID = info.LastEntryID
+		}
+		for _, g := range info.Groups {
+			if !seen[g.Name] {
+				seen[g.Name] = true
+				names = append(names, g.Name)
+			}
+		}
+	}
+	for _, name := range names {
+		g := ops.GroupInfo{Name: name, Parts: map[string]ops.GroupInfo{}}
+		consumers := map[string]int{}
+		behind := ""
+		for _, p := range parts {
+			pg := p.info.Group(name)
+			if pg == nil {
+				continue
+			}
+			lag, err := ops.GroupLag(ctx, p.admin, p.info, pg)
+			if err != nil {
+				return sum, err
+			}
+			pg.Lag = lag
+			g.Parts[p.info.Stream] = *pg
+			g.Lag += lag
+			g.Pending += pg.Pending
+			g.EntriesRead += pg.EntriesRead
+			if lag > 0 && (behind == "" || ops.CompareEntryIDs(pg.LastDeliveredID, behind) < 0) {
+				behind = pg.LastDeliveredID
+			}
+			if pg.OldestPendingID != "" && (g.OldestPendingID == "" || ops.CompareEntryIDs(pg.OldestPendingID, g.OldestPendingID) < 0) {
+				g.OldestPendingID, g.OldestPendingIdle = pg.OldestPendingID, pg.OldestPendingIdle
+				g.OldestPendingDeliveries, g.OldestPendingConsumer = pg.OldestPendingDeliveries, pg.OldestPendingConsumer
+			}
+			for _, c := range pg.Consumers {
+				if j, ok := consumers[c.Name]; ok {
+					g.Consumers[j].Pending += c.Pending
+					g.Consumers[j].Idle = min(g.Consumers[j].Idle, c.Idle)
+					continue
+				}
+				consumers[c.Name] = len(g.Consumers)
+				g.Consumers = append(g.Consumers, c)
+			}
+		}
+		// Delivered up to the newest entry of the stream when no partition lags; otherwise where
+		// the partition furthest behind is.
+		g.LastDeliveredID = sum.LastEntryID
+		if behind != "" {
+			g.LastDeliveredID = behind
+		}
+		sum.Groups = append(sum.Groups, g)
+	}
+	return sum, nil
 }
 
-// CountAfter counts the entries after id (XRANGE), up to max.
+// CountAfter counts the entries after id (XRANGE), up to max (on every partition, summed).
 func (s *StreamAdmin) CountAfter(ctx context.Context, id string, max int64) (int64, error) {
+	if len(s.parts) > 0 {
+		var n int64
+		for _, p := range s.parts {
+			c, err := p.CountAfter(ctx, id, max-n)
+			if err != nil {
+				return n, err
+			}
+			if n += c; n >= max {
+				break
+			}
+		}
+		return n, nil
+	}
 	xs, err := s.client.XRangeN(ctx, s.stream, "("+id, "+", max).Result()
 	if err != nil {
 		return 0, err
@@ -162,8 +281,17 @@ func (s *StreamAdmin) CountAfter(ctx context.Context, id string, max int64) (int
 	return int64(len(xs)), nil
 }
 
-// CreateGroup creates group at start (and the stream if missing) unless the group exists.
+// CreateGroup creates group at start (and the stream if missing) unless the group exists; on
+// every partition.
 func (s *StreamAdmin) CreateGroup(ctx context.Context, group, start string) error {
+	for _, p := range s.parts {
+		if err := p.CreateGroup(ctx, group, start); err != nil {
+			return err
+		}
+	}
+	if len(s.parts) > 0 {
+		return nil
+	}
 	err := s.client.XGroupCreateMkStream(ctx, s.stream, group, start).Err()
 	if err != nil && !strings.Contains(err.Error(), "BUSYGROUP") {
 		return fmt.Errorf("create group %s: %w", group, err)
@@ -175,6 +303,14 @@ func (s *StreamAdmin) CreateGroup(ctx context.Context, group, start string) erro
 // answers 0 for it). Redis 7 says "requires the key to exist" for a missing stream, miniredis
 // "no such key".
 func (s *StreamAdmin) DestroyGroup(ctx context.Context, group string) error {
+	for _, p := range s.parts {
+		if err := p.DestroyGroup(ctx, group); err != nil {
+			return err
+		}
+	}
+	if len(s.parts) > 0 {
+		return nil
+	}
 	err := s.client.XGroupDestroy(ctx, s.stream, group).Err()
 	if err != nil && !strings.Contains(err.Error(), "no such key") && !strings.Contains(err.Error(), "requires the key to exist") {
 		return fmt.Errorf("destroy group %s: %w", group, err)
@@ -182,8 +318,20 @@ func (s *StreamAdmin) DestroyGroup(ctx context.Context, group string) error {
 	return nil
 }
 
-// OldestIDs returns the IDs of up to n oldest entries.
+// OldestIDs returns the IDs of up to n oldest entries (of all partitions, merged by ID).
 func (s *StreamAdmin) OldestIDs(ctx context.Context, n int64) ([]string, error) {
+	if len(s.parts) > 0 {
+		var all []string
+		for _, p := range s.parts {
+			ids, err := p.OldestIDs(ctx, n)
+			if err != nil {
+				return nil, err
+			}
+			all = append(all, ids...)
+		}
+		slices.SortFunc(all, ops.CompareEntryIDs)
+		return all[:min(int64(len(all)), n)], nil
+	}
 	xs, err := s.client.XRangeN(ctx, s.stream, "-", "+", n).Result()
 	if err != nil {
 		return nil, err
@@ -197,6 +345,17 @@ func (s *StreamAdmin) OldestIDs(ctx context.Context, n int64) ([]string, error) 
 
 // TrimBelow is XTRIM MINID: every entry below minID goes.
 func (s *StreamAdmin) TrimBelow(ctx context.Context, minID string) (int64, error) {
+	if len(s.parts) > 0 {
+		var n int64
+		for _, p := range s.parts {
+			c, err := p.TrimBelow(ctx, minID)
+			n += c
+			if err != nil {
+				return n, err
+			}
+		}
+		return n, nil
+	}
 	n, err := s.client.XTrimMinID(ctx, s.stream, minID).Result()
 	if err != nil {
 		return 0, fmt.Errorf("XTRIM %s MINID %s: %w", s.stream, minID, err)

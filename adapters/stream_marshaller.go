@@ -216,7 +216,7 @@ const (
 func (FlatMarshaller) DecodeEntries(msgs []*message.Message, out []projection.Entry) {
 	for i, m := range msgs {
 		d := &out[i]
-		d.ID = m.Metadata.Get(MetaEntryID)
+		d.ID, d.Stream = m.Metadata.Get(MetaEntryID), m.Metadata.Get(MetaStream)
 		fields, err := DecodeFields(m)
 		if err != nil {
 			d.Err = err

@@ -29,6 +29,9 @@ type Subscribers struct {
 	Client    redis.UniversalClient
 	NewClient func() (redis.UniversalClient, error)
 	Consumer  string
+	// Parts are the event stream's partitions: with more than one, a subscription of the event
+	// stream (KeySpace.Stream()) subscribes each and merges them (PartitionedSubscriber).
+	Parts Partitions
 
 	BatchSize   int64
 	ReadLinger  time.Duration
@@ -50,7 +53,15 @@ type Subscribers struct {
 
 // New returns a fresh subscriber for group; start says where the group stands when it has to be
 // created (the batched subscriber asks it; the stock one starts at "0").
-func (s Subscribers) New(group string, start func(context.Context) (string, error)) (message.Subscriber, error) {
+func (s Subscribers) New(group string, start func(ctx context.Context, stream string) (string, error)) (message.Subscriber, error) {
+	sub, err := s.newOne(group, start)
+	if err != nil || s.Parts.Count() < 2 {
+		return sub, err
+	}
+	return NewPartitionedSubscriber(sub, s.Parts, s.Parts.base()), nil
+}
+
+func (s Subscribers) newOne(group string, start func(ctx context.Context, stream string) (string, error)) (message.Subscriber, error) {
 	client := func() (redis.UniversalClient, error) {
 		if s.Client != nil {
 			return s.Client, nil

@@ -37,8 +37,8 @@ func NewEventPublisher(client redis.UniversalClient, keys KeySpace, logger water
 	if err != nil {
 		return nil, fmt.Errorf("watermill publisher: %w", err)
 	}
-	// One stream, whatever the prefix (NewPartitions would refuse braces, which only a cluster minds).
-	return &EventPublisher{pub: pub, parts: Partitions{streams: []string{keys.Stream()}}}, nil
+	// Each check-in to its user's partition of keys (one stream unless keys.WithPartitions).
+	return &EventPublisher{pub: pub, parts: keys.Partitions()}, nil
 }
 
 // WithPartitions publishes each check-in to its user's partition of parts (Partitions.StreamOf),

@@ -35,20 +35,26 @@ type ProjectionApplier interface {
 type ProjectorBackend interface {
 	// Stream is the event stream the router consumes (its topic).
 	Stream() string
+	// Streams are its partitions (Stream() alone when it has one): each has its own consumer
+	// groups, join positions and checkpoints, and messages name theirs (EntryStream).
+	Streams() []string
 
 	// Live groups: which projection versions each feeds, from which position.
 	Read(ctx context.Context, group string) (ops.Membership, error)
 	ReadAll(ctx context.Context) (map[string]ops.Membership, map[string]string, error)
 	Join(ctx context.Context, group, member string) (ops.Membership, error)
 	FinishBackfill(ctx context.Context, group, member string, at time.Time) (bool, error)
+	// FinishBackfillOn is FinishBackfill on one partition.
+	FinishBackfillOn(ctx context.Context, stream, group, member string, at time.Time) (bool, error)
 	// CurrentMembership is Read made cheap enough for every batch.
 	CurrentMembership(ctx context.Context, group string) (ops.Membership, error)
 
 	// Consumer groups: where each acknowledged through (checkpoints), where each is now.
-	Checkpoint(ctx context.Context, group, acked string) error
-	Acked(ctx context.Context, group string) (string, error)
+	Checkpoint(ctx context.Context, stream, group, acked string) error
+	Acked(ctx context.Context, stream, group string) (string, error)
+	// Positions are summed over partitions, each partition's in GroupPosition.Parts.
 	Positions(ctx context.Context) (map[string]ops.GroupPosition, error)
-	CreateGroup(ctx context.Context, group, start string) error
+	CreateGroup(ctx context.Context, stream, group, start string) error
 	// DedupeFloor is the position below which no group will decide an event again.
 	DedupeFloor(ctx context.Context, lives map[string]ops.Membership, progress map[string]ops.GroupPosition,
 		idleLimit time.Duration, now time.Time) (string, bool, error)

@@ -33,8 +33,18 @@ type feed struct {
 type memberRef struct {
 	proj    projection.Projection
 	version int
-	join    string
-	legacy  string
+	m       ops.LiveMember
+}
+
+// on is the member's join position and legacy bound on the entry's partition; ok is false
+// when it has not joined that partition yet (the entry is then not for it: it is at or below
+// the position it will join at there, which its own group backfills).
+func (m memberRef) on(stream string) (join, legacy string, ok bool) {
+	if m.m.Parts == nil {
+		return m.m.Join, m.m.Legacy, true
+	}
+	p, ok := m.m.Parts[stream]
+	return p.Join, p.Legacy, ok
 }
 
 // units lists every unit of b: each entry for each member it is for.
@@ -52,13 +62,17 @@ func (f *feed) units(b *batch, ms ops.Membership) ([]unit, map[string]memberRef,
 		if !ok {
 			return nil, nil, fmt.Errorf("%w: %s (in %s)", ErrForeignMember, name, f.group)
 		}
-		refs[name] = memberRef{proj: p, version: version, join: m.Join, legacy: m.Legacy}
+		refs[name] = memberRef{proj: p, version: version, m: m}
 	}
 	var out []unit
 	for i, d := range b.events {
 		n := len(out)
 		for name, ref := range refs {
-			after := ops.CompareEntryIDs(d.ID, ref.join) > 0
+			join, _, ok := ref.on(d.Stream)
+			if !ok {
+				continue
+			}
+			after := ops.CompareEntryIDs(d.ID, join) > 0
 			if after == (f.member == "") {
 				out = append(out, unit{entry: i, member: name})
 			}
@@ -151,7 +165,7 @@ func (f *feed) handle(msg *message.Message) ([]*message.Message, error) {
 				continue
 			}
 			evRef := projection.RefOf(ev, d.ID)
-			if ref.legacy != "" && d.ID != "" && ops.CompareEntryIDs(d.ID, ref.legacy) <= 0 {
+			if _, legacy, _ := ref.on(d.Stream); legacy != "" && d.ID != "" && ops.CompareEntryIDs(d.ID, legacy) <= 0 {
 				evRef.LegacyID = ev.ID
 			}
 			works = append(works, projection.Work{Group: f.group, Projection: ref.proj.Name(), Version: ref.version, Event: evRef, Updates: results[i].updates})

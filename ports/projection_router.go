@@ -84,9 +84,10 @@ type ProjectionRouterConfig struct {
 	Backend ProjectorBackend
 	// Applier applies the projections' updates.
 	Applier ProjectionApplier
-	// NewSubscriber returns a fresh subscriber for a consumer group; start says where the group
-	// stands when it has to be created (or recreated after Redis lost it).
-	NewSubscriber func(group string, start func(context.Context) (string, error)) (message.Subscriber, error)
+	// NewSubscriber returns a fresh subscriber for a consumer group (on every partition of the
+	// stream); start says where the group stands on a partition's stream when it has to be
+	// created there (or recreated after Redis lost it).
+	NewSubscriber func(group string, start func(ctx context.Context, stream string) (string, error)) (message.Subscriber, error)
 	// BatchSize bounds the entries of one batch handed to the projections.
 	BatchSize      int
 	Retry          RetryPolicy
@@ -201,7 +202,9 @@ func (r *ProjectionRouter) LiveGroup() string { return r.cfg.LiveGroup }
 
 // addHandler adds (not starts) the handler of one consumer group; callers hold r.mu.
 func (r *ProjectionRouter) addHandler(group, member string) error {
-	sub, err := r.cfg.NewSubscriber(group, func(ctx context.Context) (string, error) { return r.groupStart(ctx, group, member) })
+	sub, err := r.cfg.NewSubscriber(group, func(ctx context.Context, stream string) (string, error) {
+		return r.groupStart(ctx, stream, group, member)
+	})
 	if err != nil {
 		return fmt.Errorf("subscriber for %s: %w", group, err)
 	}
@@ -226,13 +229,23 @@ func (r *ProjectionRouter) addHandler(group, member string) error {
 
 // groupStart is where a group must be (re)created: where it had acknowledged through, so
 // nothing is skipped and what is delivered again is caught by the markers; without a record,
-// the live group at its first member's join position and an own group at the start.
-func (r *ProjectionRouter) groupStart(ctx context.Context, group, member string) (string, error) {
-	acked, err := r.backend.Acked(ctx, group)
+// the live group at its first member's join position and an own group at the start. All of it
+// on partition stream: positions of one partition say nothing about another's.
+func (r *ProjectionRouter) groupStart(ctx context.Context, stream, group, member string) (string, error) {
+	acked, err := r.backend.Acked(ctx, stream, group)
 	if err != nil || acked != "" {
 		return acked, err
 	}
 	if member != "" {
+		ms, err := r.backend.Read(ctx, r.cfg.LiveGroup)
+		if err != nil {
+			return "", err
+		}
+		if m, ok := ms.Members[member].On(stream); ok && ms.Members[member].Parts != nil && m.Own == ops.BackfillDone {
+			// A partition it joined at the start (nothing to backfill there): the own group has
+			// nothing to deliver on it, so it starts at the partition's end.
+			return "$", nil
+		}
 		return "0", nil
 	}
 	ms, err := r.backend.Read(ctx, group)
@@ -240,7 +253,11 @@ func (r *ProjectionRouter) groupStart(ctx context.Context, group, member string)
 		return "", err
 	}
 	start := ""
-	for _, m := range ms.Members {
+	for _, lm := range ms.Members {
+		m, ok := lm.On(stream)
+		if !ok {
+			continue
+		}
 		if start == "" || ops.CompareEntryIDs(m.Join, start) < 0 {
 			start = m.Join
 		}
@@ -516,39 +533,50 @@ func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
 		return err
 	}
 	for _, g := range groups {
-		p, ok := info[g]
-		if !ok {
-			member := ""
-			if g != r.cfg.LiveGroup {
-				member = g
+		sum, known := info[g]
+		quiet := true
+		for _, stream := range r.backend.Streams() {
+			p, ok := sum.On(stream)
+			if !known || !ok {
+				member := ""
+				if g != r.cfg.LiveGroup {
+					member = g
+				}
+				start, err := r.groupStart(ctx, stream, g, member)
+				if err != nil {
+					return err
+				}
+				if err := r.backend.CreateGroup(ctx, stream, g, start); err != nil {
+					return fmt.Errorf("recreate consumer group %s: %w", g, err)
+				}
+				r.log.Warn("consumer group was missing; recreated it where it had acknowledged through", "group", g, "stream", stream, "start", start)
+				quiet = false
+				continue
 			}
-			start, err := r.groupStart(ctx, g, member)
-			if err != nil {
+			if err := r.backend.Checkpoint(ctx, stream, g, p.AckedThrough); err != nil {
 				return err
 			}
-			if err := r.backend.CreateGroup(ctx, g, start); err != nil {
-				return fmt.Errorf("recreate consumer group %s: %w", g, err)
+			at := g + " " + stream
+			if p.Pending != 0 || p.LastDeliveredID != r.lastDelivered[at] {
+				quiet = false
 			}
-			r.log.Warn("consumer group was missing; recreated it where it had acknowledged through", "group", g, "start", start)
-			continue
-		}
-		if err := r.backend.Checkpoint(ctx, g, p.AckedThrough); err != nil {
-			return err
-		}
-		// Quiet (nothing pending, nothing delivered since the last look): let go of the markers
-		// of the last batches, which no script call will prune now.
-		if p.Pending == 0 && p.LastDeliveredID == r.lastDelivered[g] {
-			if _, err := r.cfg.Applier.Sweep(ctx, g, p.AckedThrough); err != nil {
-				return err
+			r.lastDelivered[at] = p.LastDeliveredID
+			if lm, own := ms.Members[g]; own {
+				if m, ok := lm.On(stream); ok && m.Own == ops.BackfillRunning &&
+					p.Pending == 0 && ops.CompareEntryIDs(p.LastDeliveredID, m.Join) >= 0 {
+					if changed, err := r.backend.FinishBackfillOn(ctx, stream, r.cfg.LiveGroup, g, time.Now()); err != nil {
+						return err
+					} else if changed {
+						r.log.Info("backfill finished: the version is fed by the live group alone", "member", g, "stream", stream, "join", m.Join)
+					}
+				}
 			}
 		}
-		r.lastDelivered[g] = p.LastDeliveredID
-		if m, own := ms.Members[g]; own && m.Own == ops.BackfillRunning &&
-			p.Pending == 0 && ops.CompareEntryIDs(p.LastDeliveredID, m.Join) >= 0 {
-			if changed, err := r.backend.FinishBackfill(ctx, r.cfg.LiveGroup, g, time.Now()); err != nil {
+		// Quiet (nothing pending, nothing delivered since the last look, on any partition): let
+		// go of the markers of the last batches, which no script call will prune now.
+		if known && quiet {
+			if _, err := r.cfg.Applier.Sweep(ctx, g, sum.AckedThrough); err != nil {
 				return err
-			} else if changed {
-				r.log.Info("backfill finished: the version is fed by the live group alone", "member", g, "join", m.Join)
 			}
 		}
 	}

@@ -432,7 +432,7 @@ func TestRouterRunFailsWhenASubscriptionEndsUnexpectedly(t *testing.T) {
 		Targets: []ops.ProjectionTarget{{Projection: newFaulty("faulty", nil), Version: 1}},
 		Backend: adapters.NewProjectorBackend(redistest.Client(t, env.URL), adapters.KeySpace{Prefix: env.Prefix}),
 		Applier: testApplier(t, redistest.Client(t, env.URL), adapters.KeySpace{Prefix: env.Prefix}), Retry: ports.DefaultRetryPolicy(), Logger: slog.New(slog.DiscardHandler),
-		NewSubscriber: func(string, func(context.Context) (string, error)) (message.Subscriber, error) {
+		NewSubscriber: func(string, func(context.Context, string) (string, error)) (message.Subscriber, error) {
 			return closingSubscriber{}, nil
 		},
 	})

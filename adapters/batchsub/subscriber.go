@@ -94,7 +94,7 @@ type Config struct {
 	// StartID, when set, replaces OldestID: it is asked each time the group has to be created
 	// (first subscription, or a group Redis lost) and may say where processing really stands
 	// (an error leaves the group missing and is retried with the next read).
-	StartID   func(ctx context.Context) (string, error)
+	StartID   func(ctx context.Context, topic string) (string, error)
 	BatchSize int64 // XREADGROUP / XAUTOCLAIM COUNT, default 500
 	// MaxInFlight bounds the entries read from Redis and not yet acked: queued for delivery,
 	// handed out, or nacked and waiting for their redelivery (a nacked message keeps its slot, so
@@ -335,7 +335,7 @@ func (s *Subscriber) createGroup(ctx context.Context, topic string) (bool, error
 				}
 			}
 		}
-		id, err := s.cfg.StartID(ctx)
+		id, err := s.cfg.StartID(ctx, topic)
 		if err != nil {
 			return false, fmt.Errorf("start of consumer group %q: %w", s.cfg.ConsumerGroup, err)
 		}

@@ -200,8 +200,26 @@ func (h *RebuildProjection) Start(ctx context.Context, name string) (ops.Rebuild
 // BackfillCaughtUp is the caught-up rule of a version still backfilling: its own group (b) has
 // delivered everything up to the join position and has nothing pending, so the live group,
 // which feeds it everything after, has made it exactly as current as the serving version.
+//
+// With stream partitions the rule holds on every partition whose backfill runs, each against
+// its own join position.
 func BackfillCaughtUp(m ops.LiveMember, b *ops.GroupInfo) bool {
-	return m.Own == ops.BackfillRunning && b != nil && b.Pending == 0 && ops.CompareEntryIDs(b.LastDeliveredID, m.Join) >= 0
+	if m.Own != ops.BackfillRunning || b == nil {
+		return false
+	}
+	if m.Parts == nil {
+		return b.Pending == 0 && ops.CompareEntryIDs(b.LastDeliveredID, m.Join) >= 0
+	}
+	for stream, pm := range m.Parts {
+		if pm.Own != ops.BackfillRunning {
+			continue
+		}
+		pb, ok := b.On(stream)
+		if !ok || pb.Pending != 0 || ops.CompareEntryIDs(pb.LastDeliveredID, pm.Join) < 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // RebuildAction is what a rebuild step does next, from the registry's state.

@@ -123,13 +123,49 @@ func TrimFloor(groups []ops.GroupInfo) (floor ops.EntryID, ok bool, err error) {
 	return floor, len(groups) > 0, nil
 }
 
-// TrimOnce runs one round.
+// PartitionedStream is a stream split into partitions (adapters.StreamAdmin with P > 1): each
+// is trimmed by itself, below its own groups' floor.
+type PartitionedStream interface {
+	Parts() []ops.Stream
+}
+
+// TrimOnce runs one round. A partitioned stream is trimmed partition by partition, each below
+// its own floor (a partition nobody writes to does not hold the others back); MaxEntries is
+// then shared out evenly (each partition keeps MaxEntries/P, rounded up). The result sums the
+// partitions up: Trimmed in total, MinID the highest cut and Floor the lowest floor.
 func (t *TrimStream) TrimOnce(ctx context.Context) (TrimResult, error) {
+	ps, ok := t.stream.(PartitionedStream)
+	if !ok || len(ps.Parts()) < 2 || !t.policy.Enabled() {
+		return t.trimOne(ctx, t.stream, t.policy)
+	}
+	parts := ps.Parts()
+	policy := t.policy
+	if policy.MaxEntries > 0 {
+		policy.MaxEntries = (policy.MaxEntries + int64(len(parts)) - 1) / int64(len(parts))
+	}
+	var sum TrimResult
+	for _, p := range parts {
+		res, err := t.trimOne(ctx, p, policy)
+		sum.Trimmed += res.Trimmed
+		if res.MinID != "" && (sum.MinID == "" || ops.CompareEntryIDs(res.MinID, sum.MinID) > 0) {
+			sum.MinID = res.MinID
+		}
+		if res.Floor != "" && (sum.Floor == "" || ops.CompareEntryIDs(res.Floor, sum.Floor) < 0) {
+			sum.Floor = res.Floor
+		}
+		if err != nil {
+			return sum, err
+		}
+	}
+	return sum, nil
+}
+
+func (t *TrimStream) trimOne(ctx context.Context, stream ops.Stream, policy RetentionPolicy) (TrimResult, error) {
 	var res TrimResult
-	if !t.policy.Enabled() {
+	if !policy.Enabled() {
 		return res, nil
 	}
-	info, err := t.stream.Info(ctx)
+	info, err := stream.Info(ctx)
 	if err != nil || !info.Exists {
 		return res, err
 	}
@@ -140,12 +176,12 @@ func (t *TrimStream) TrimOnce(ctx context.Context) (TrimResult, error) {
 	res.Floor = floor.String()
 	var want ops.EntryID
 	switch {
-	case t.policy.MaxEntries > 0:
-		excess := info.Length - t.policy.MaxEntries
+	case policy.MaxEntries > 0:
+		excess := info.Length - policy.MaxEntries
 		if excess <= 0 {
 			return res, nil
 		}
-		ids, err := t.stream.OldestIDs(ctx, min(excess, MaxTrimPerRound))
+		ids, err := stream.OldestIDs(ctx, min(excess, MaxTrimPerRound))
 		if err != nil || len(ids) == 0 {
 			return res, err
 		}
@@ -155,11 +191,11 @@ func (t *TrimStream) TrimOnce(ctx context.Context) (TrimResult, error) {
 		}
 		want = last.Next()
 	default:
-		want = ops.EntryID{Ms: uint64(max(t.now().Add(-t.policy.MaxAge).UnixMilli(), 0))}
+		want = ops.EntryID{Ms: uint64(max(t.now().Add(-policy.MaxAge).UnixMilli(), 0))}
 	}
 	cut := ops.MinEntryID(want, floor)
 	res.MinID = cut.String()
-	if res.Trimmed, err = t.stream.TrimBelow(ctx, res.MinID); err != nil {
+	if res.Trimmed, err = stream.TrimBelow(ctx, res.MinID); err != nil {
 		return res, err
 	}
 	return res, nil

@@ -24,6 +24,44 @@ type LiveMember struct {
 	// Legacy: entries up to it may have been applied under the earlier layout's dedupe sets
 	// (an upgrade); they are checked there too.
 	Legacy string `json:"legacy,omitempty"`
+	// Parts, with stream partitions (P > 1), is the membership on each partition, by the
+	// partition's stream: a version joins each partition at a position of that partition.
+	// The fields above then sum them up (Own is BackfillRunning while any partition's backfill
+	// runs, Join the latest join); nil with one stream.
+	Parts map[string]LiveMember `json:"-"`
+}
+
+// On is the membership on partition stream: m itself with one stream; ok is false when the
+// version has not joined that partition (yet).
+func (m LiveMember) On(stream string) (LiveMember, bool) {
+	if m.Parts == nil {
+		return m, true
+	}
+	p, ok := m.Parts[stream]
+	return p, ok
+}
+
+// SumMembers sums up one version's membership on several partitions (see LiveMember.Parts).
+func SumMembers(parts map[string]LiveMember) LiveMember {
+	sum := LiveMember{Own: BackfillDone, Parts: parts}
+	for _, p := range parts {
+		if sum.Join == "" || CompareEntryIDs(p.Join, sum.Join) > 0 {
+			sum.Join = p.Join
+		}
+		if p.Own != BackfillDone {
+			sum.Own = p.Own
+		}
+		if len(p.DoneAt) > len(sum.DoneAt) || len(p.DoneAt) == len(sum.DoneAt) && p.DoneAt > sum.DoneAt {
+			sum.DoneAt = p.DoneAt
+		}
+		if p.Legacy != "" {
+			sum.Legacy = p.Legacy
+		}
+	}
+	if sum.Own != BackfillDone {
+		sum.DoneAt = ""
+	}
+	return sum
 }
 
 // Backfill states of LiveMember.Own.

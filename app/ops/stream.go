@@ -43,6 +43,20 @@ type GroupInfo struct {
 	OldestPendingIdle       time.Duration
 	OldestPendingDeliveries int64
 	OldestPendingConsumer   string
+	// Parts, with stream partitions (P > 1), is the group on each partition, by the
+	// partition's stream; the fields above sum them up (see StreamAdmin.Info). nil with one
+	// stream.
+	Parts map[string]GroupInfo
+}
+
+// On is the group on partition stream: g itself with one stream; ok is false when the group
+// does not exist on that partition.
+func (g GroupInfo) On(stream string) (GroupInfo, bool) {
+	if g.Parts == nil {
+		return g, true
+	}
+	p, ok := g.Parts[stream]
+	return p, ok
 }
 
 // ConsumerInfo is one consumer of a group.
@@ -59,6 +73,34 @@ type GroupPosition struct {
 	// AckedThrough: every entry up to it is acknowledged (just before the oldest pending
 	// entry, or the last delivered one when nothing is pending).
 	AckedThrough string
+	// Parts, with stream partitions (P > 1): the group on each partition where it exists, by
+	// the partition's stream. Pending is then the sum, AckedThrough the least of them (every
+	// partition acknowledged through it), LastDeliveredID the latest. nil with one stream.
+	Parts map[string]GroupPosition
+}
+
+// On is the group's position on partition stream (itself with one stream).
+func (g GroupPosition) On(stream string) (GroupPosition, bool) {
+	if g.Parts == nil {
+		return g, true
+	}
+	p, ok := g.Parts[stream]
+	return p, ok
+}
+
+// SumPositions sums up a group's positions on several partitions (see GroupPosition.Parts).
+func SumPositions(parts map[string]GroupPosition) GroupPosition {
+	sum := GroupPosition{Parts: parts}
+	for _, p := range parts {
+		sum.Pending += p.Pending
+		if sum.AckedThrough == "" || CompareEntryIDs(p.AckedThrough, sum.AckedThrough) < 0 {
+			sum.AckedThrough = p.AckedThrough
+		}
+		if sum.LastDeliveredID == "" || CompareEntryIDs(p.LastDeliveredID, sum.LastDeliveredID) > 0 {
+			sum.LastDeliveredID = p.LastDeliveredID
+		}
+	}
+	return sum
 }
 
 // LagCountCap bounds the count of a lag the server cannot tell; beyond it, the cap is

@@ -67,7 +67,10 @@ const (
 // Entry is one stream entry as the machinery hands it to the projections: its ID and its
 // event, or why it is not one (undecodable or invalid: every projection parks it).
 type Entry struct {
-	ID    string
-	Event domain.Event
-	Err   error
+	ID string
+	// Stream is the partition of the event stream the entry is in ("" when the subscriber did
+	// not say: the stream has one partition).
+	Stream string
+	Event  domain.Event
+	Err    error
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -100,6 +101,11 @@ func (m *ProgressMonitor) Check(ctx context.Context) ([]GroupProgress, ops.Strea
 			// A group nobody created: the projection never started, and everything is lag.
 			gp.Lag = info.Length
 		}
+		if g != nil && g.Parts != nil {
+			m.checkParts(ctx, &gp, g, seen[i], now)
+			out = append(out, gp)
+			continue
+		}
 		sig := progressSignature(g)
 		prevSig, sinceStr, _ := strings.Cut(seen[i], "|")
 		since, perr := strconv.ParseInt(sinceStr, 10, 64)
@@ -120,6 +126,69 @@ func (m *ProgressMonitor) Check(ctx context.Context) ([]GroupProgress, ops.Strea
 		out = append(out, gp)
 	}
 	return out, info, nil
+}
+
+// checkParts applies the stall rule to each partition of a partitioned stream: the group is
+// stalled when any partition is (behind there and unchanged there for StallAfter), however the
+// others progress. The observation of the group holds one "<stream>=<signature>@<since>" per
+// partition, tab-separated. Unchanged is the longest any partition that is behind has been
+// unchanged (the shortest of all when none is behind).
+func (m *ProgressMonitor) checkParts(ctx context.Context, gp *GroupProgress, g *ops.GroupInfo, seen string, now time.Time) {
+	prevAll, _, _ := strings.Cut(seen, "|")
+	prev := map[string]string{} // stream -> signature@since
+	for _, item := range strings.Split(prevAll, "\t") {
+		if stream, rest, ok := strings.Cut(item, "="); ok {
+			prev[stream] = rest
+		}
+	}
+	streams := make([]string, 0, len(g.Parts))
+	for s := range g.Parts {
+		streams = append(streams, s)
+	}
+	sort.Strings(streams)
+	items := make([]string, len(streams))
+	changed := len(prev) != len(streams)
+	var stalled []string
+	gp.Unchanged = -1
+	var behind time.Duration = -1
+	for i, stream := range streams {
+		pg := g.Parts[stream]
+		sig := progressSignature(&pg)
+		since := now.UnixMilli()
+		if ps, ss, ok := strings.Cut(prev[stream], "@"); ok && ps == sig {
+			if n, err := strconv.ParseInt(ss, 10, 64); err == nil {
+				since = n
+			}
+		} else {
+			changed = true
+		}
+		items[i] = stream + "=" + sig + "@" + strconv.FormatInt(since, 10)
+		unchanged := max(now.Sub(time.UnixMilli(since)), 0)
+		if gp.Unchanged < 0 || unchanged < gp.Unchanged {
+			gp.Unchanged = unchanged
+		}
+		if pg.Lag != 0 || pg.Pending > 0 {
+			behind = max(behind, unchanged)
+		}
+		if Stalled(pg.Lag, pg.Pending, unchanged, m.stallAfter) {
+			stalled = append(stalled, fmt.Sprintf("%s (lag %s, %d pending)", stream, lagText(pg.Lag), pg.Pending))
+		}
+	}
+	if behind >= 0 {
+		gp.Unchanged = behind
+	}
+	gp.Unchanged = max(gp.Unchanged, 0)
+	if changed {
+		m.observe(ctx, gp.Group, strings.Join(items, "\t"), now)
+	}
+	if len(stalled) > 0 {
+		gp.Stalled = true
+		gp.StallCause = fmt.Sprintf("projection group %s stalled on %d of %d partitions: no progress for %s on %s", gp.Group,
+			len(stalled), len(streams), gp.Unchanged.Truncate(time.Second), strings.Join(stalled, ", "))
+		if gp.Consumers == 0 {
+			gp.StallCause += " (no consumers)"
+		}
+	}
 }
 
 // observe records that group looks like sig since now, and returns since when it does. When

@@ -339,21 +339,105 @@ func checkAgainstComputation(c assert.TestingT, answers map[string]any, accepted
 	assert.Len(c, gotAvg, len(wantAvg), "rating leaderboard")
 }
 
-// TestClusterServeEqualsStandalone runs `serve` and a second projector (`project`, with the
-// stock Watermill subscriber) on a local cluster of 3 masters and `serve` on a single server, posts the same few thousand check-ins
-// (with client retries, some concurrent with their originals, and conflicting reuses of IDs) to
-// both, and requires every read model and query answer of the cluster run to equal an
-// independent computation over the check-ins the API accepted and the single server's answers.
+// TestClusterServeEqualsStandalone runs `serve` and a second projector (`project`) on a local
+// cluster of 3 masters, with the cluster's default of 24 stream partitions, and `serve` on a
+// single server with one stream, posts the same few thousand check-ins (with client retries,
+// some concurrent with their originals, and conflicting reuses of IDs) to both, and requires
+// every read model and query answer of the cluster run to equal an independent computation over
+// the check-ins the API accepted and the single server's answers.
 func TestClusterServeEqualsStandalone(t *testing.T) {
 	t.Parallel()
 	cl := redistest.OpenCluster(t)
+	onCluster := serveEqualsStandalone(t, map[string]string{"REDIS_URL": cl.URL, "KEY_PREFIX": cl.Prefix})
+
+	// Where the keys live: 24 partitions, evenly spread, each with its live groups' registry in
+	// its slot; the projections registry in the slot of <prefix>:events, which stays unused.
+	keys, err := adapters.NewKeySpace(cl.Prefix, true)
+	require.NoError(t, err)
+	parts, err := adapters.NewPartitions(keys, adapters.DefaultClusterPartitions)
+	require.NoError(t, err)
+	cc := redistest.ClusterClient(t, cl.URL)
+	ctx := context.Background()
+	assert.Equal(t, adapters.KeySlot(keys.Stream()), adapters.KeySlot(keys.Projections()))
+	for i, stream := range parts.Streams() {
+		for _, k := range []string{stream, parts.Registry(i)} {
+			slot, err := cc.ClusterKeySlot(ctx, k).Result()
+			require.NoError(t, err)
+			assert.Equal(t, int64(adapters.KeySlot(stream)), slot, "CLUSTER KEYSLOT %s", k)
+			n, err := cc.Exists(ctx, k).Result()
+			require.NoError(t, err)
+			assert.Equal(t, int64(1), n, "%s exists", k)
+		}
+	}
+	n, err := cc.Exists(ctx, keys.Stream()).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "nothing is written to the unpartitioned stream key")
+	p, err := cc.HGet(ctx, keys.Meta(), "partitions").Result()
+	require.NoError(t, err)
+	assert.Equal(t, "24", p, "P = 24 is recorded")
+	require.Zero(t, strings.Count(onCluster.logs.String(), "CROSSSLOT"), "no CROSSSLOT in the logs:\n%s", onCluster.logs)
+}
+
+// TestPartitionedServeEqualsStandalone: `serve` and a second projector on a single server with
+// STREAM_PARTITIONS=4 answer exactly as `serve` with one stream, on the same input, with either
+// subscriber; the check-ins are in the 4 partition streams, by user.
+func TestPartitionedServeEqualsStandalone(t *testing.T) {
+	t.Parallel()
+	for _, sub := range []string{adapters.SubscriberBatched, adapters.SubscriberWatermill} {
+		t.Run(sub, func(t *testing.T) {
+			t.Parallel()
+			partitionedServeEqualsStandalone(t, sub)
+		})
+	}
+}
+
+func partitionedServeEqualsStandalone(t *testing.T, sub string) {
+	env := redistest.Open(t)
+	serveEqualsStandalone(t, map[string]string{"REDIS_URL": env.URL, "KEY_PREFIX": env.Prefix, "STREAM_PARTITIONS": "4", "SUBSCRIBER": sub})
+	keys := adapters.KeySpace{Prefix: env.Prefix}
+	parts, err := adapters.NewPartitions(keys, 4)
+	require.NoError(t, err)
+	c := redistest.Client(t, env.URL)
+	ctx := context.Background()
+	var total int64
+	for _, stream := range parts.Streams() {
+		n, err := c.XLen(ctx, stream).Result()
+		require.NoError(t, err)
+		assert.Positive(t, n, "partition %s has check-ins", stream)
+		total += n
+		xs, err := c.XRange(ctx, stream, "-", "+").Result()
+		require.NoError(t, err)
+		for _, x := range xs {
+			u, _ := strconv.ParseInt(fmt.Sprint(x.Values["userId"]), 10, 64)
+			require.Equal(t, stream, parts.StreamOf(u), "user %d's check-in %s is in its partition", u, x.ID)
+		}
+	}
+	assert.GreaterOrEqual(t, total, int64(3001))
+	n, err := c.Exists(ctx, keys.Stream()).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "nothing is written to the unpartitioned stream key")
+	p, err := c.HGet(ctx, keys.Meta(), "partitions").Result()
+	require.NoError(t, err)
+	assert.Equal(t, "4", p)
+}
+
+// serveEqualsStandalone runs `serve` and a second projector (`project`) with env, and `serve` on
+// a single server with one stream, posts the same few thousand check-ins (with client retries,
+// some concurrent with their originals, and conflicting reuses of IDs) to both, and requires
+// every read model and query answer of the first to equal an independent computation over the
+// check-ins the API accepted and the single server's answers. It returns the first `serve`.
+func serveEqualsStandalone(t *testing.T, env map[string]string) *svcProc {
+	t.Helper()
 	std := redistest.Open(t)
 	const (
 		n         = 3000
 		users     = 60
 		locations = 40
 	)
-	clusterEnv := map[string]string{"REDIS_URL": cl.URL, "KEY_PREFIX": cl.Prefix, "LEADERBOARD_MIN_CHECKINS": "3"}
+	clusterEnv := map[string]string{"LEADERBOARD_MIN_CHECKINS": "3"}
+	for k, v := range env {
+		clusterEnv[k] = v
+	}
 	onCluster := startSvc(t, "serve", clusterEnv)
 	// The second projector with the stock Watermill subscriber: both subscribers on the cluster.
 	second := map[string]string{"CONSUMER_NAME": "second-projector", "SUBSCRIBER": "watermill"}
@@ -447,29 +531,10 @@ func TestClusterServeEqualsStandalone(t *testing.T) {
 	}
 	assert.Equal(t, wantWindow, gotWindow, "GET /checkins?from=%d&to=%d: the window, in stream order", from, to)
 
-	// Where the keys live: the stream in one slot, the registry in the stream's slot.
-	keys, err := adapters.NewKeySpace(cl.Prefix, true)
-	require.NoError(t, err)
-	cc := redistest.ClusterClient(t, cl.URL)
-	ctx := context.Background()
-	assert.Equal(t, adapters.KeySlot(keys.Stream()), adapters.KeySlot(keys.Projections()))
-	for _, k := range []string{keys.Stream(), keys.Projections()} {
-		slot, err := cc.ClusterKeySlot(ctx, k).Result()
-		require.NoError(t, err)
-		assert.Equal(t, int64(adapters.KeySlot(keys.Stream())), slot, "CLUSTER KEYSLOT %s", k)
-		n, err := cc.Exists(ctx, k).Result()
-		require.NoError(t, err)
-		assert.Equal(t, int64(1), n, "%s exists", k)
-	}
-	_, present := consumerPending(t, cc, keys, "second-projector")
-	assert.True(t, present, "the second projector consumes from the cluster too")
-	p, err := cc.HGet(ctx, keys.Meta(), "partitions").Result()
-	require.NoError(t, err)
-	assert.Equal(t, "1", p, "P = 1 is recorded")
-	require.Zero(t, strings.Count(onCluster.logs.String(), "CROSSSLOT"), "no CROSSSLOT in the logs:\n%s", onCluster.logs)
+	return onCluster
 }
 
-// TestClusterOperations: `serve` given one seed of the cluster (auto mode asks it) with
+// TestClusterOperations: `serve` given one seed of the cluster (auto mode asks it; 24 partitions) with
 // retention on, and the operational verbs given the full seed list: malformed entries are parked
 // and `poison list`, `status` and `poison purge` see and clear them; `projections rebuild`
 // builds a version on the cluster and removes the old one's keys from every master; the read
@@ -485,6 +550,8 @@ func TestClusterOperations(t *testing.T) {
 	cc := redistest.ClusterClient(t, cl.URL)
 	keys, err := adapters.NewKeySpace(cl.Prefix, true)
 	require.NoError(t, err)
+	keys, err = keys.WithPartitions(adapters.DefaultClusterPartitions)
+	require.NoError(t, err)
 	ctx := context.Background()
 
 	l := newLedger()
@@ -492,11 +559,12 @@ func TestClusterOperations(t *testing.T) {
 	for i := range 200 {
 		l.post(httpc, svc.base, fmt.Sprintf("op-%d", i), sent{user: 1 + int64(i)%faultUsers, location: 1 + int64(i)%faultLocations, stars: int64(i % 6)})
 	}
-	_, err = cc.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: map[string]any{"hello": "world"}}).Result()
+	_, err = cc.XAdd(ctx, &redis.XAddArgs{Stream: keys.Partitions().Stream(5), Values: map[string]any{"hello": "world"}}).Result()
 	require.NoError(t, err)
 	l.verify(t, svc.base)
 	requireNothingPending(t, cc, keys)
 	groups := len(groupsPending(t, cc, keys))
+	require.Positive(t, groups)
 
 	var page poisonListJSON
 	require.Eventually(t, func() bool {
@@ -522,7 +590,7 @@ func TestClusterOperations(t *testing.T) {
 		l.post(httpc, svc.base, fmt.Sprintf("op-%d", i), sent{user: 1 + int64(i)%faultUsers, location: 1 + int64(i)%faultLocations, stars: int64(i % 6)})
 	}
 	l.verify(t, svc.base)
-	var left atomic.Int64 // ForEachMaster calls in parallel
+	var left atomic.Int64 // ForEachMaster runs the masters at once
 	require.NoError(t, cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
 		ks, err := c.Keys(ctx, keys.ProjectionPrefix("users", 1)+"*").Result()
 		left.Add(int64(len(ks)))

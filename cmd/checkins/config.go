@@ -17,28 +17,31 @@ import (
 
 // Config is read and validated once, here; nothing else reads the environment.
 type Config struct {
-	RedisURL        string
-	RedisMode       adapters.RedisMode // auto | standalone | cluster
-	HTTPAddr        string
-	LogLevel        slog.Level
-	KeyPrefix       string
-	RequestTimeout  time.Duration
-	DrainTimeout    time.Duration
-	Projections     []string // empty: all
-	Subscriber      string   // batched | watermill
-	ConsumerName    string
-	ClaimIdle       time.Duration
-	ClaimInterval   time.Duration
-	NackDelay       time.Duration
-	BatchSize       int
-	ReadLinger      time.Duration
-	MaxInFlight     int
-	HandlerTimeout  time.Duration
-	RetryInitial    time.Duration
-	RetryMultiplier float64
-	RetryMax        time.Duration
-	RetryAttempts   int
-	IdempotencyTTL  time.Duration
+	RedisURL  string
+	RedisMode adapters.RedisMode // auto | standalone | cluster
+	// StreamPartitions is P, the event stream's partitions; 0 (auto): 1 on a single server,
+	// adapters.DefaultClusterPartitions on a cluster.
+	StreamPartitions int
+	HTTPAddr         string
+	LogLevel         slog.Level
+	KeyPrefix        string
+	RequestTimeout   time.Duration
+	DrainTimeout     time.Duration
+	Projections      []string // empty: all
+	Subscriber       string   // batched | watermill
+	ConsumerName     string
+	ClaimIdle        time.Duration
+	ClaimInterval    time.Duration
+	NackDelay        time.Duration
+	BatchSize        int
+	ReadLinger       time.Duration
+	MaxInFlight      int
+	HandlerTimeout   time.Duration
+	RetryInitial     time.Duration
+	RetryMultiplier  float64
+	RetryMax         time.Duration
+	RetryAttempts    int
+	IdempotencyTTL   time.Duration
 	// IngestMinReplicas > 0: a check-in is acknowledged only once that many replicas have its
 	// XADD (WAIT), within IngestReplicaTimeout.
 	IngestMinReplicas    int
@@ -124,6 +127,18 @@ func settings() []setting {
 				return err
 			}
 			c.RedisMode = m
+			return nil
+		}},
+		{"STREAM_PARTITIONS", "stream-partitions", "auto", fmt.Sprintf("partitions of the event stream, fixed when it is created (a start with another count is refused): auto is 1 on a single server (the one key <prefix>:events) and %d on a cluster; 1 to %d", adapters.DefaultClusterPartitions, adapters.MaxPartitions), func(c *Config, v string) error {
+			if v == "auto" {
+				c.StreamPartitions = 0
+				return nil
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > adapters.MaxPartitions {
+				return fmt.Errorf("must be auto or a number from 1 to %d, got %q", adapters.MaxPartitions, v)
+			}
+			c.StreamPartitions = n
 			return nil
 		}},
 		{"HTTP_ADDR", "http-addr", ":8080", "listen address of the public API (check-ins, reads, health)", func(c *Config, v string) error {

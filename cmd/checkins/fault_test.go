@@ -369,11 +369,13 @@ func (l *ledger) missingFromStream(t *testing.T, rdb redis.UniversalClient, keys
 // groupsPending is the pending count of every consumer group on the stream.
 func groupsPending(t *testing.T, rdb redis.UniversalClient, keys adapters.KeySpace) map[string]int64 {
 	t.Helper()
-	gs, err := rdb.XInfoGroups(context.Background(), keys.Stream()).Result()
-	require.NoError(t, err)
 	out := map[string]int64{}
-	for _, g := range gs {
-		out[g.Name] = g.Pending
+	for _, stream := range keys.Partitions().Streams() { // summed over partitions
+		gs, err := rdb.XInfoGroups(context.Background(), stream).Result()
+		require.NoError(t, err)
+		for _, g := range gs {
+			out[g.Name] += g.Pending
+		}
 	}
 	return out
 }
@@ -401,12 +403,14 @@ func consumerPending(t *testing.T, rdb redis.UniversalClient, keys adapters.KeyS
 	t.Helper()
 	ctx := context.Background()
 	for g := range groupsPending(t, rdb, keys) {
-		cs, err := rdb.XInfoConsumers(ctx, keys.Stream(), g).Result()
-		require.NoError(t, err)
-		for _, c := range cs {
-			if c.Name == name {
-				total += c.Pending
-				present = true
+		for _, stream := range keys.Partitions().Streams() { // summed over partitions
+			cs, err := rdb.XInfoConsumers(ctx, stream, g).Result()
+			require.NoError(t, err)
+			for _, c := range cs {
+				if c.Name == name {
+					total += c.Pending
+					present = true
+				}
 			}
 		}
 	}
@@ -415,14 +419,25 @@ func consumerPending(t *testing.T, rdb redis.UniversalClient, keys adapters.KeyS
 
 // TestFaultProjectorKilledMidStreamIsTakenOver: a projector SIGKILLed while it holds events;
 // a second projector takes them over after CLAIM_IDLE, every check-in is counted exactly once,
-// and the dead consumer, once it holds nothing, is removed from every group.
+// and the dead consumer, once it holds nothing, is removed from every group. With one stream,
+// and with 4 partitions (its entries are taken over on each partition).
 func TestFaultProjectorKilledMidStreamIsTakenOver(t *testing.T) {
 	t.Parallel()
+	for _, p := range []int{1, 4} {
+		t.Run(fmt.Sprintf("P=%d", p), func(t *testing.T) {
+			t.Parallel()
+			projectorKilledMidStreamIsTakenOver(t, p)
+		})
+	}
+}
+
+func projectorKilledMidStreamIsTakenOver(t *testing.T, partitions int) {
 	rdb := redistest.Open(t)
 	client := redistest.Client(t, rdb.URL)
-	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	keys, err := adapters.KeySpace{Prefix: rdb.Prefix}.WithPartitions(partitions)
+	require.NoError(t, err)
 	common := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "CLAIM_IDLE": "2s", "CLAIM_INTERVAL": "200ms",
-		"CONSUMER_IDLE_REMOVE": "1s"}
+		"CONSUMER_IDLE_REMOVE": "1s", "STREAM_PARTITIONS": strconv.Itoa(partitions)}
 	with := func(extra map[string]string) map[string]string {
 		m := map[string]string{}
 		for k, v := range common {
@@ -443,7 +458,9 @@ func TestFaultProjectorKilledMidStreamIsTakenOver(t *testing.T) {
 	l.waitFor(t, 300)
 	// A consumer that died holding nothing: clutter to be removed.
 	for g := range groupsPending(t, client, keys) {
-		require.NoError(t, client.XGroupCreateConsumer(context.Background(), keys.Stream(), g, "ghost").Err())
+		for _, stream := range keys.Partitions().Streams() {
+			require.NoError(t, client.XGroupCreateConsumer(context.Background(), stream, g, "ghost").Err())
+		}
 	}
 	// Kill it at a moment it holds events: read, not yet acknowledged. Stopped (SIGSTOP), it can
 	// acknowledge nothing between the look and the kill.

@@ -102,16 +102,19 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		return nil, err
 	}
 	s.closers = append(s.closers, s.client.Close)
+	parts := streamPartitions(cfg, s.keys.Cluster)
 	if err := s.client.Ping(pingCtx).Err(); err != nil {
 		// Not fatal: the service starts, answers 503 and /readyz says why, and recovers by itself.
-		log.Warn("redis is not reachable yet", "redis_url", redact(cfg.RedisURL), "error", err)
-	} else if redisMode == adapters.RedisModeCluster {
-		// One stream key (P = 1) for now: recorded, so that a later version configured with more
-		// partitions refuses to start on this stream instead of reading half of it.
-		if err := adapters.EnsurePartitions(pingCtx, s.client, s.keys, 1); err != nil {
+		// The partition count cannot be checked against the recorded one then.
+		log.Warn("redis is not reachable yet", "redis_url", redact(cfg.RedisURL), "error", err, "stream_partitions", parts)
+		if s.keys, err = s.keys.WithPartitions(parts); err != nil {
 			s.close()
 			return nil, err
 		}
+	} else if s.keys, err = withPartitions(pingCtx, s.client, s.keys, parts); err != nil {
+		// Another P than the stream was created with: refuse, naming the migration.
+		s.close()
+		return nil, err
 	}
 	if !cfg.embeddedRedis {
 		s.guard = newEvictionGuard(s.client, cfg.AllowEvictingRedis, log)
@@ -203,7 +206,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		s.router, err = ports.NewProjectionRouter(ports.ProjectionRouterConfig{
 			Projections: s.proj.projs, LiveGroup: ports.LiveGroupName(names, len(cfg.Projections) == 0),
 			Backend: adapters.NewProjectorBackend(s.client, s.keys), Applier: applier, BatchSize: cfg.BatchSize,
-			NewSubscriber: adapters.Subscribers{Kind: cfg.Subscriber, Client: subClient,
+			NewSubscriber: adapters.Subscribers{Kind: cfg.Subscriber, Client: subClient, Parts: s.keys.Partitions(),
 				// The stock subscriber closes its client on Close: one client each.
 				NewClient: func() (redis.UniversalClient, error) { return newClient(0) },
 				Consumer:  cfg.ConsumerName, BatchSize: int64(cfg.BatchSize), ReadLinger: cfg.ReadLinger, MaxInFlight: cfg.MaxInFlight,

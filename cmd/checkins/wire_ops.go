@@ -70,6 +70,13 @@ func connectOps(getenv func(string) string, stderr io.Writer) ports.Connect {
 		if err != nil {
 			return nil, err
 		}
+		partsCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		keys, err = withPartitions(partsCtx, client, keys, streamPartitions(cfg, keys.Cluster))
+		cancel()
+		if err != nil {
+			_ = client.Close()
+			return nil, err
+		}
 		level := cfg.LogLevel
 		if strings.HasPrefix(name, "projections") {
 			// Progress goes to stdout; only trouble to the log.

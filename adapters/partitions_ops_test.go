@@ -1,0 +1,75 @@
+package adapters_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/query"
+)
+
+// TestPartitionStallIsPerPartition: with two partitions, a group stuck on one (an entry pending
+// for ever) is stalled although it keeps progressing on the other; the stream admin sums the
+// partitions up (length, pending) and keeps each one's figures.
+func TestPartitionStallIsPerPartition(t *testing.T) {
+	t.Parallel()
+	env := redistest.Open(t)
+	c := redistest.Client(t, env.URL)
+	ctx := context.Background()
+	keys, err := adapters.KeySpace{Prefix: env.Prefix}.WithPartitions(2)
+	require.NoError(t, err)
+	parts := keys.Partitions()
+	admin := adapters.NewStreamAdmin(c, keys)
+	require.NoError(t, admin.CreateGroup(ctx, "g", "0"))
+	add := func(i int) {
+		require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(i), Values: map[string]any{"k": "v"}}).Err())
+	}
+	read := func(i int, ack bool) {
+		xs, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c", Streams: []string{parts.Stream(i), ">"}, Count: 10, Block: -1}).Result()
+		require.NoError(t, err)
+		if ack {
+			for _, x := range xs[0].Messages {
+				require.NoError(t, c.XAck(ctx, parts.Stream(i), "g", x.ID).Err())
+			}
+		}
+	}
+	add(0)
+	read(0, false) // stuck: pending on partition 0 for ever
+	add(1)
+	read(1, true)
+
+	info, err := admin.Info(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), info.Length)
+	g := info.Group("g")
+	require.NotNil(t, g)
+	assert.Equal(t, int64(1), g.Pending)
+	assert.Len(t, g.Parts, 2)
+	first, err := c.XRangeN(ctx, parts.Stream(0), "-", "+", 1).Result()
+	require.NoError(t, err)
+	assert.Equal(t, first[0].ID, g.OldestPendingID, "the oldest pending entry of all partitions")
+
+	b := adapters.NewOpsBackend(c, keys)
+	mon := query.NewProgressMonitor(b, 300*time.Millisecond, query.FixedGroups([]string{"g"}))
+	gs, _, err := mon.Check(ctx)
+	require.NoError(t, err)
+	require.Len(t, gs, 1)
+	assert.False(t, gs[0].Stalled, "just seen")
+	for range 8 { // partition 1 progresses all along
+		time.Sleep(60 * time.Millisecond)
+		add(1)
+		read(1, true)
+	}
+	gs, _, err = mon.Check(ctx)
+	require.NoError(t, err)
+	assert.True(t, gs[0].Stalled, "stuck on partition 0 while partition 1 progresses: %+v", gs[0])
+	assert.True(t, strings.Contains(gs[0].StallCause, parts.Stream(0)) && !strings.Contains(gs[0].StallCause, parts.Stream(1)),
+		"the cause names the stuck partition only: %s", gs[0].StallCause)
+}
