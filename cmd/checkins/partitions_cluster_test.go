@@ -88,7 +88,9 @@ func TestClusterPartitionsSpread(t *testing.T) {
 		share := float64(xadds[i]) / float64(total)
 		shares = append(shares, fmt.Sprintf("master %d: %d XADDs (%.3f), %d script calls (%.3f)", i, xadds[i], share, scripts[i], float64(scripts[i])/float64(totalScripts)))
 		assert.InDelta(t, 1/m, share, 1/p, "master %d's share of the XADDs", i)
-		assert.Positive(t, scripts[i], "master %d ran projection scripts", i)
+		// No global hot slot: the leaderboards are sharded like the partitions, so the scripts
+		// spread as evenly as the XADDs (with one {all} slot the first master ran about half).
+		assert.InDelta(t, 1/m, float64(scripts[i])/float64(totalScripts), 1/p, "master %d's share of the projection scripts", i)
 	}
 	t.Logf("spread over 3 masters, P = 24, %d check-ins: %s", n, strings.Join(shares, "; "))
 
