@@ -622,6 +622,9 @@ func testClusterMasterCrash(t *testing.T, streamMaster bool) {
 	cl := redistest.StartCluster(t, redistest.ClusterOptions{Replicas: 1})
 	keys, err := adapters.NewKeySpace("crash", true)
 	require.NoError(t, err)
+	keys, err = keys.WithPartitions(adapters.DefaultClusterPartitions) // the cluster's default P
+	require.NoError(t, err)
+	stream := keys.Partitions().Stream(0) // "the stream's master": partition 0's
 	svc := startSvc(t, "serve", map[string]string{"REDIS_URL": cl.URL(), "KEY_PREFIX": keys.Prefix, "CLAIM_IDLE": "2s", "CLAIM_INTERVAL": "500ms"})
 	cc := redistest.ClusterClient(t, cl.URL())
 
@@ -630,7 +633,7 @@ func testClusterMasterCrash(t *testing.T, streamMaster bool) {
 	defer stop()
 	wait := l.load(ctx, 4, "crash", func() string { return svc.base }, 10*time.Second)
 	l.waitFor(t, 500)
-	victim := cl.MasterOf(t, adapters.KeySlot(keys.Stream()))
+	victim := cl.MasterOf(t, adapters.KeySlot(stream))
 	if !streamMaster {
 		for _, m := range cl.Masters(t) {
 			if m != victim {
@@ -640,7 +643,7 @@ func testClusterMasterCrash(t *testing.T, streamMaster bool) {
 		}
 	}
 	// A slot the victim serves, to see the promotion.
-	slot := adapters.KeySlot(keys.Stream())
+	slot := adapters.KeySlot(stream)
 	for i := 0; cl.MasterOf(t, slot) != victim; i++ {
 		slot = adapters.KeySlot(keys.Registry(int64(i)))
 	}
@@ -708,13 +711,15 @@ func TestClusterIngestMinReplicas(t *testing.T) {
 			cl := redistest.StartCluster(t, redistest.ClusterOptions{Replicas: 1})
 			keys, err := adapters.NewKeySpace("durable", true)
 			require.NoError(t, err)
+			keys, err = keys.WithPartitions(adapters.DefaultClusterPartitions) // the cluster's default P
+			require.NoError(t, err)
 			svc := startSvc(t, "api", map[string]string{"REDIS_URL": cl.URL(), "KEY_PREFIX": keys.Prefix,
 				"INGEST_MIN_REPLICAS": tc.replicas, "INGEST_REPLICA_TIMEOUT": "200ms", "RATE_LIMIT_USER": "off"})
 			cc := redistest.ClusterClient(t, cl.URL())
-			slot := adapters.KeySlot(keys.Stream())
+			slot := adapters.KeySlot(keys.Partitions().Stream(0)) // a third of the partitions are on its master
 			master := cl.MasterOf(t, slot)
 			replica := cl.ReplicaOf(t, master)
-			require.NotEqual(t, -1, replica, "the stream's master has a replica")
+			require.NotEqual(t, -1, replica, "partition 0's master has a replica")
 
 			l := newLedger()
 			ctx, stop := context.WithCancel(context.Background())
