@@ -558,10 +558,10 @@ type UnsupportedMediaType = ErrorBody
 
 // ListCheckinsParams defines parameters for ListCheckins.
 type ListCheckinsParams struct {
-	// From first recordedAt, ms since the epoch (default 0)
+	// From earliest entry time, ms since the epoch (default 0)
 	From *int64 `form:"from,omitempty" json:"from,omitempty"`
 
-	// To last recordedAt, ms since the epoch (default no bound)
+	// To latest entry time, ms since the epoch (default no bound)
 	To *int64 `form:"to,omitempty" json:"to,omitempty"`
 
 	// Limit check-ins per page
@@ -848,8 +848,10 @@ type ClientInterface interface {
 
 	// ListCheckins Check-ins recorded in a time range, oldest first
 	//
-	// Pages through the event stream by recording time (`recordedAt`, ms since the epoch,
-	// inclusive bounds). `nextCursor` is absent on the last page.
+	// Pages through the event stream by the time each check-in's stream entry was written
+	// (the time part of `entryId`, ms since the epoch, inclusive bounds: for a check-in the API
+	// recorded, within milliseconds of its `recordedAt`). `nextCursor` is absent on the last
+	// page.
 	//
 	// Corresponds with GET /checkins (the `ListCheckins` operationId).
 	ListCheckins(ctx context.Context, params *ListCheckinsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1012,8 +1014,10 @@ type ClientInterface interface {
 
 // ListCheckins Check-ins recorded in a time range, oldest first
 //
-// Pages through the event stream by recording time (`recordedAt`, ms since the epoch,
-// inclusive bounds). `nextCursor` is absent on the last page.
+// Pages through the event stream by the time each check-in's stream entry was written
+// (the time part of `entryId`, ms since the epoch, inclusive bounds: for a check-in the API
+// recorded, within milliseconds of its `recordedAt`). `nextCursor` is absent on the last
+// page.
 //
 // Corresponds with GET /checkins (the `ListCheckins` operationId).
 func (c *Client) ListCheckins(ctx context.Context, params *ListCheckinsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2961,8 +2965,10 @@ type ClientWithResponsesInterface interface {
 
 	// ListCheckinsWithResponse Check-ins recorded in a time range, oldest first
 	//
-	// Pages through the event stream by recording time (`recordedAt`, ms since the epoch,
-	// inclusive bounds). `nextCursor` is absent on the last page.
+	// Pages through the event stream by the time each check-in's stream entry was written
+	// (the time part of `entryId`, ms since the epoch, inclusive bounds: for a check-in the API
+	// recorded, within milliseconds of its `recordedAt`). `nextCursor` is absent on the last
+	// page.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -6485,8 +6491,10 @@ func (r GetUserRecentCheckinsResponse) ContentType() string {
 
 // ListCheckinsWithResponse Check-ins recorded in a time range, oldest first
 //
-// Pages through the event stream by recording time (`recordedAt`, ms since the epoch,
-// inclusive bounds). `nextCursor` is absent on the last page.
+// Pages through the event stream by the time each check-in's stream entry was written
+// (the time part of `entryId`, ms since the epoch, inclusive bounds: for a check-in the API
+// recorded, within milliseconds of its `recordedAt`). `nextCursor` is absent on the last
+// page.
 //
 // Returns a wrapper object for the known response body format(s).
 //
