@@ -26,15 +26,15 @@ import (
 
 // Service is the wired process: API, projections, or both.
 type Service struct {
-	cfg      Config
-	log      *slog.Logger
-	keys     adapters.KeySpace
-	client   redis.UniversalClient // API, queries, stores, poison queue
-	closers  []func() error
-	guard    *evictionGuard // nil on the embedded Redis
+	cfg     Config
+	log     *slog.Logger
+	keys    adapters.KeySpace
+	client  redis.UniversalClient // API, queries, stores, poison queue
+	closers []func() error
+	guard   *evictionGuard // nil on the embedded Redis
 	// quiesce: a partition migration runs (or changed P): /checkins answers 503, projectors
 	// stop reading.
-	quiesce *adapters.QuiesceWatch
+	quiesce  *adapters.QuiesceWatch
 	http     *ports.HTTPServer
 	router   *ports.ProjectionRouter
 	listener *ports.HTTPListener // the public one, nil until Listen (wire_http.go)
