@@ -34,9 +34,11 @@ import (
 //   - Position: every consumer group, live-group membership and acknowledged position of the
 //     old partitions is translated to each new one: a group that had delivered everything up to
 //     X_k on old partition k is, on new partition j, at the greatest entry of j such that every
-//     entry of j up to it had been delivered (for 1 -> N: the greatest ID <= X). An entry of j
-//     delivered but beyond that point would be delivered again: the migration refuses (a hole)
-//     unless forced.
+//     entry of j up to it had been delivered (for 1 -> N: the greatest ID <= X). Merging
+//     partitions where a group stood at different places leaves entries it had delivered after
+//     one it had not (holes): the group then stands at the last delivered one, and the entries
+//     it had not delivered before that are left pending, idle, for a projector to take over
+//     (positionGroup).
 
 // Meta fields of a migration.
 const (
@@ -343,6 +345,9 @@ func (m *PartitionMigrator) Copy(ctx context.Context, from, to, batch int, pause
 // groupState is one consumer group as the old partitions have it.
 type groupState struct {
 	delivered []string // per old partition, "" where the group is missing
+	// pending entries per old partition (only with force): not acknowledged, so taken as not
+	// delivered: they are delivered again on the new partition.
+	pending []map[string]bool
 }
 
 // registryState is the live-group memberships and acknowledged positions of the old layout.
@@ -354,18 +359,20 @@ type registryState struct {
 // vector is positions per old partition whose translation to each new partition is wanted.
 type vector struct {
 	at []ops.EntryID
-	// out, per new partition: the translated position, the entries up to it, and the entries
-	// delivered beyond it (holes).
+	// per new partition: the translated position (the last entry of the prefix of delivered
+	// entries), the entries up to it, whether an entry not delivered was met, and the delivered
+	// entries after that one (holes).
 	pos     []ops.EntryID
 	count   []int64
 	closed  []bool
-	holes   []int64
+	holes   [][]string
 	present bool
+	pending []map[string]bool // per old partition: entries taken as not delivered
 }
 
 func newVector(at []string, to int) (*vector, error) {
 	v := &vector{at: make([]ops.EntryID, len(at)), pos: make([]ops.EntryID, to), count: make([]int64, to),
-		closed: make([]bool, to), holes: make([]int64, to)}
+		closed: make([]bool, to), holes: make([][]string, to)}
 	for i, s := range at {
 		if s == "" || s == "0" {
 			continue
@@ -381,20 +388,24 @@ func newVector(at []string, to int) (*vector, error) {
 }
 
 func (v *vector) see(e migrateEntry) {
-	delivered := !v.at[e.old].Less(e.id)
+	delivered := !v.at[e.old].Less(e.id) && (v.pending == nil || !v.pending[e.old][e.msg.ID])
 	switch {
 	case delivered && !v.closed[e.to]:
 		v.pos[e.to], v.count[e.to] = e.newID, v.count[e.to]+1
 	case delivered:
-		v.holes[e.to]++
+		v.holes[e.to] = append(v.holes[e.to], e.newID.String())
 	default:
 		v.closed[e.to] = true
 	}
 }
 
+// migrateConsumer owns, on a new partition, the entries a group had not delivered yet among
+// entries it had (merged from several old partitions): projectors take them over at once.
+const migrateConsumer = "partitions-migrate"
+
 // Position translates every consumer group and the live-group registry of the old layout to
-// the new one (see above) and reports the groups positioned. With force, holes are accepted
-// (those entries will be delivered again).
+// the new one (see above) and reports the groups positioned. With force, groups may have
+// entries pending: they count as not delivered (delivered again on the new partitions).
 func (m *PartitionMigrator) Position(ctx context.Context, from, to, batch int, force bool) (command.PositionResult, error) {
 	src, err := NewPartitions(m.keys, from)
 	if err != nil {
@@ -418,9 +429,19 @@ func (m *PartitionMigrator) Position(ctx context.Context, from, to, batch int, f
 				return command.PositionResult{}, fmt.Errorf("group %s has %d entries pending on %s: they must be acknowledged first", g.Name, g.Pending, s)
 			}
 			if groups[g.Name] == nil {
-				groups[g.Name] = &groupState{delivered: make([]string, from)}
+				groups[g.Name] = &groupState{delivered: make([]string, from), pending: make([]map[string]bool, from)}
 			}
 			groups[g.Name].delivered[k] = g.LastDeliveredID
+			if g.Pending > 0 {
+				pel, err := m.client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: s, Group: g.Name, Start: "-", End: "+", Count: g.Pending}).Result()
+				if err != nil {
+					return command.PositionResult{}, fmt.Errorf("XPENDING %s %s: %w", s, g.Name, err)
+				}
+				groups[g.Name].pending[k] = map[string]bool{}
+				for _, pe := range pel {
+					groups[g.Name].pending[k][pe.ID] = true
+				}
+			}
 		}
 	}
 	reg := registryState{lives: map[string][]map[string]ops.LiveMember{}, acked: map[string][]string{}}
@@ -502,6 +523,7 @@ func (m *PartitionMigrator) Position(ctx context.Context, from, to, batch int, f
 		if err != nil {
 			return command.PositionResult{}, err
 		}
+		v.pending = g.pending
 		groupVecs[name] = v
 	}
 	ackedVecs := map[string]*vector{}
@@ -520,30 +542,18 @@ func (m *PartitionMigrator) Position(ctx context.Context, from, to, batch int, f
 	}); err != nil {
 		return command.PositionResult{}, err
 	}
-	var holes []string
-	for name, v := range groupVecs {
-		for j, h := range v.holes {
-			if h > 0 {
-				holes = append(holes, fmt.Sprintf("%s on new partition %d: %d entries", name, j, h))
+	res := command.PositionResult{Groups: len(groupVecs)}
+	for _, v := range groupVecs {
+		for _, h := range v.holes {
+			if len(h) > 0 {
+				res.Holes++
 			}
 		}
 	}
-	sort.Strings(holes)
-	if len(holes) > 0 && !force {
-		return command.PositionResult{}, fmt.Errorf("groups had delivered entries past the first one they had not on the old partitions, "+
-			"which a group on a new partition cannot express (they would be delivered again): %s; let their projectors catch up "+
-			"and rerun, or --force", strings.Join(holes, "; "))
-	}
-	res := command.PositionResult{Groups: len(groupVecs), Holes: len(holes)}
 	for j := range to {
 		stream := dst.Stream(j)
 		for name, v := range groupVecs {
-			pos, cnt := v.pos[j].String(), v.count[j]
-			err := m.client.Do(ctx, "XGROUP", "CREATE", stream, name, pos, "MKSTREAM", "ENTRIESREAD", cnt).Err()
-			if err != nil && strings.HasPrefix(err.Error(), "BUSYGROUP") {
-				err = m.client.Do(ctx, "XGROUP", "SETID", stream, name, pos, "ENTRIESREAD", cnt).Err()
-			}
-			if err != nil {
+			if err := m.positionGroup(ctx, stream, name, v.pos[j], v.count[j], v.holes[j], batch); err != nil {
 				return res, fmt.Errorf("position group %s on %s: %w", name, stream, err)
 			}
 		}
@@ -580,6 +590,76 @@ func (m *PartitionMigrator) Position(ctx context.Context, from, to, batch int, f
 		}
 	}
 	return res, nil
+}
+
+// positionGroup (re)creates group on stream at pos, with count entries up to it. holes are
+// entries after pos the group had delivered on the old partitions: the group then stands at the
+// last of them, the entries in between that it had not delivered are pending for
+// migrateConsumer, idle long enough for a projector to take them over at once, and the holes are
+// acknowledged. Every entry is so delivered exactly once over the two layouts.
+func (m *PartitionMigrator) positionGroup(ctx context.Context, stream, group string, pos ops.EntryID, count int64, holes []string, batch int) error {
+	if err := m.client.XGroupDestroy(ctx, stream, group).Err(); err != nil && !isNoSuchKey(err) {
+		return err
+	}
+	if err := m.client.Do(ctx, "XGROUP", "CREATE", stream, group, pos.String(), "MKSTREAM", "ENTRIESREAD", count).Err(); err != nil {
+		return err
+	}
+	if len(holes) == 0 {
+		return nil
+	}
+	last, err := ops.ParseEntryID(holes[len(holes)-1])
+	if err != nil {
+		return err
+	}
+	delivered := make(map[string]bool, len(holes))
+	for _, h := range holes {
+		delivered[h] = true
+	}
+	var acks, waiting []string
+	read := count
+	for done := false; !done; {
+		res, err := m.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: migrateConsumer,
+			Streams: []string{stream, ">"}, Count: int64(batch), Block: -1}).Result()
+		if errors.Is(err, redis.Nil) || err == nil && (len(res) == 0 || len(res[0].Messages) == 0) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		for _, msg := range res[0].Messages {
+			id, err := ops.ParseEntryID(msg.ID)
+			if err != nil {
+				return err
+			}
+			switch {
+			case last.Less(id): // beyond: to be delivered as any new entry
+				acks, done = append(acks, msg.ID), true
+			case delivered[msg.ID]:
+				acks, read = append(acks, msg.ID), read+1
+			default:
+				waiting, read = append(waiting, msg.ID), read+1
+			}
+		}
+	}
+	for i := 0; i < len(acks); i += 1000 {
+		if err := m.client.XAck(ctx, stream, group, acks[i:min(len(acks), i+1000)]...).Err(); err != nil {
+			return err
+		}
+	}
+	if err := m.client.Do(ctx, "XGROUP", "SETID", stream, group, last.String(), "ENTRIESREAD", read).Err(); err != nil {
+		return err
+	}
+	for i := 0; i < len(waiting); i += 1000 {
+		args := []any{"XCLAIM", stream, group, migrateConsumer, 0}
+		for _, id := range waiting[i:min(len(waiting), i+1000)] {
+			args = append(args, id)
+		}
+		args = append(args, "IDLE", int64((24 * time.Hour).Milliseconds()), "JUSTID")
+		if err := m.client.Do(ctx, args...).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // isOwnGroup: name is a member (a version's own group) of some live group.

@@ -62,13 +62,13 @@ type CopyResult struct {
 // PositionResult counts the groups positioned.
 type PositionResult struct {
 	Groups int
-	Holes  int // groups positioned before entries they had delivered (--force)
+	Holes  int // groups and new partitions where entries were left pending for projectors to take over
 }
 
 // MigrateRequest is one run of the migration.
 type MigrateRequest struct {
 	To    int
-	Force bool          // go on with entries pending after Wait, or groups that cannot be positioned exactly
+	Force bool          // go on with entries pending after Wait (they are delivered again after the migration)
 	Wait  time.Duration // how long to wait for pending entries to be acknowledged
 	// Settle is how long to wait after setting the flag before looking at pending entries: every
 	// process sees it within its poll interval, and a request admitted just before may still write
@@ -186,6 +186,9 @@ func (m *MigratePartitions) Handle(ctx context.Context, req MigrateRequest) (Mig
 			return res, err
 		}
 		report(fmt.Sprintf("positioned %d consumer groups on each of the %d partitions in %s", pos.Groups, p.To, time.Since(t0).Round(time.Millisecond)))
+		if pos.Holes > 0 {
+			report(fmt.Sprintf("on %d group partitions, entries a group had not delivered before others it had are pending for consumer partitions-migrate: projectors take them over within CLAIM_INTERVAL", pos.Holes))
+		}
 		if err := m.b.Record(ctx, p.To); err != nil {
 			return res, err
 		}

@@ -277,11 +277,25 @@ func TestPartitionMigrateResumesAfterKill(t *testing.T) {
 	l.verifyAll(t, rdb.URL, parts4)
 	requireNothingPending(t, client, parts4)
 
-	// And back to one stream (4 -> 1: the partitions merged in ID order).
+	// And back to one stream (4 -> 1: the partitions merged in ID order), while a projector is
+	// busy with 10,000 new entries: it stops reading when it sees the flag, finishes what it
+	// holds, and the migration positions the groups where it stopped.
 	require.Equal(t, 0, svc.exit(t, syscall.SIGTERM))
+	for i := range 10 {
+		xaddTo := parts4.Partitions().Stream(i % 4)
+		xaddCheckins(t, client, xaddTo, l, fmt.Sprintf("d%d", i), 1000)
+	}
+	before = streamIDs(t, client, parts4.Partitions().Streams())
+	svc = startSvc(t, "serve", env4)
 	code, stdout, stderr = runOps(t, env, "partitions", "migrate", "--to", "1")
 	require.Equal(t, 0, code, "stdout %s\nstderr %s", stdout, stderr)
+	t.Logf("4 -> 1 under a busy projector:\n%s", stdout)
 	assert.Equal(t, before, streamIDs(t, client, []string{keys.Stream()}), "back on one stream, with the same IDs")
+	assert.Eventually(t, func() bool {
+		c, body := faultGet(t, svc.base+"/readyz")
+		return c == http.StatusServiceUnavailable && strings.Contains(body, "STREAM_PARTITIONS=1")
+	}, 5*time.Second, 100*time.Millisecond, "the projector of 4 partitions is not ready on a stream of 1")
+	require.Equal(t, 0, svc.exit(t, syscall.SIGTERM))
 	svc = startSvc(t, "serve", env)
 	xaddCheckins(t, client, keys.Stream(), l, "c", 500)
 	l.verify(t, svc.base)
