@@ -301,3 +301,49 @@ func TestPartitionMigrateResumesAfterKill(t *testing.T) {
 	l.verify(t, svc.base)
 	l.verifyAll(t, rdb.URL, keys)
 }
+
+// TestPartitionMigrateStandaloneToCluster is the README's move from a single Redis to a cluster:
+// the stream of a standalone server (5,000 check-ins, projected there) is copied to a cluster
+// with DUMP and RESTORE, its consumer groups dropped, split into 24 partitions by `partitions
+// migrate --to 24`, and serve on the cluster rebuilds the read models from the log, exactly.
+func TestPartitionMigrateStandaloneToCluster(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("a cluster")
+	}
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	ctx := context.Background()
+	old := adapters.KeySpace{Prefix: rdb.Prefix}
+	l := newLedger()
+	xaddCheckins(t, client, old.Stream(), l, "move", 5000)
+	svc := startSvc(t, "serve", map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix})
+	l.verify(t, svc.base)
+	require.Equal(t, 0, svc.exit(t, syscall.SIGTERM))
+
+	cl := redistest.OpenCluster(t)
+	cc := redistest.ClusterClient(t, cl.URL)
+	keys, err := adapters.NewKeySpace(cl.Prefix, true)
+	require.NoError(t, err)
+	dump, err := client.Dump(ctx, old.Stream()).Result()
+	require.NoError(t, err)
+	require.NoError(t, cc.Restore(ctx, keys.Stream(), 0, dump).Err())
+	gs, err := cc.XInfoGroups(ctx, keys.Stream()).Result()
+	require.NoError(t, err)
+	require.NotEmpty(t, gs, "DUMP carries the consumer groups")
+	for _, g := range gs {
+		require.NoError(t, cc.XGroupDestroy(ctx, keys.Stream(), g.Name).Err())
+	}
+
+	env := map[string]string{"REDIS_URL": cl.URL, "KEY_PREFIX": cl.Prefix, "REQUEST_TIMEOUT": "1s"}
+	code, out, stderr := runOps(t, env, "partitions", "migrate", "--to", "24")
+	require.Equal(t, 0, code, "stdout %s\nstderr %s", out, stderr)
+	t.Logf("on the cluster:\n%s", out)
+	keys24, err := keys.WithPartitions(24)
+	require.NoError(t, err)
+	ids := streamIDs(t, cc, keys24.Partitions().Streams())
+	assert.Len(t, ids, 5000)
+	svc = startSvc(t, "serve", env)
+	l.verify(t, svc.base)
+	requireNothingPending(t, cc, keys24)
+}
