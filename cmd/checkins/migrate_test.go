@@ -347,3 +347,39 @@ func TestPartitionMigrateStandaloneToCluster(t *testing.T) {
 	l.verify(t, svc.base)
 	requireNothingPending(t, cc, keys24)
 }
+
+// TestQuiesceFlagStopsProjectorsAndIngest: with the migration's flag set in <prefix>:meta, a
+// running serve answers 503 migrating on /checkins within a poll and its projectors read
+// nothing new (entries XADDed meanwhile stay unread); cleared, both resume by themselves.
+func TestQuiesceFlagStopsProjectorsAndIngest(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	ctx := context.Background()
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	svc := startSvc(t, "serve", map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix})
+	l := newLedger()
+	xaddCheckins(t, client, keys.Stream(), l, "before", 100)
+	l.verify(t, svc.base)
+
+	require.NoError(t, client.HSet(ctx, keys.Meta(), "quiesce", "test").Err())
+	require.Eventually(t, func() bool {
+		c, body := faultGet(t, svc.base+"/checkins/latest")
+		return c == http.StatusServiceUnavailable && strings.Contains(body, `"code":"migrating"`)
+	}, 3*time.Second, 50*time.Millisecond, "503 migrating within a poll")
+	time.Sleep(500 * time.Millisecond) // a read in flight when the flag was seen ends
+	xaddCheckins(t, client, keys.Stream(), l, "during", 100)
+	time.Sleep(2 * time.Second)
+	gs, err := client.XInfoGroups(ctx, keys.Stream()).Result()
+	require.NoError(t, err)
+	for _, g := range gs {
+		assert.EqualValues(t, 100, g.Lag, "group %s reads nothing new while the flag is set", g.Name)
+	}
+	c, _ := faultGet(t, svc.base+"/users/1")
+	assert.Equal(t, http.StatusOK, c, "the read models stay readable")
+
+	require.NoError(t, client.HDel(ctx, keys.Meta(), "quiesce").Err())
+	l.verify(t, svc.base)
+	code, _ := faultGet(t, svc.base+"/checkins/latest")
+	assert.Equal(t, http.StatusOK, code)
+}
