@@ -45,6 +45,9 @@ type Subscribers struct {
 	// ConsumerIdleRemove: a consumer idle this long with nothing pending leaves the group (0:
 	// the subscriber's default).
 	ConsumerIdleRemove time.Duration
+	// Paused, when set and true, makes the batched subscriber stop reading and claiming (a
+	// partition migration runs); the stock subscriber does not look at it.
+	Paused func() bool
 
 	Logger watermill.LoggerAdapter
 	// StockLogger is the stock subscriber's logger (it logs every failed read); default Logger.
@@ -106,6 +109,6 @@ func (s Subscribers) newOne(group string, start func(ctx context.Context, stream
 		Client: reads, ConsumerGroup: group, Consumer: s.Consumer, Unmarshaller: FlatMarshaller{},
 		StartID: start, BatchSize: s.BatchSize, ReadLinger: s.ReadLinger, MaxInFlight: s.MaxInFlight, BlockTime: s.BlockTime,
 		ClaimInterval: s.ClaimInterval, ClaimMinIdle: s.ClaimIdle, NackDelay: s.NackDelay,
-		DrainTimeout: s.DrainTimeout, ConsumerIdleRemove: s.ConsumerIdleRemove, Logger: s.Logger,
+		DrainTimeout: s.DrainTimeout, ConsumerIdleRemove: s.ConsumerIdleRemove, Paused: s.Paused, Logger: s.Logger,
 	})
 }

@@ -30,6 +30,9 @@ type Commands struct {
 	ReplayPoisoned    *command.ReplayPoisoned
 	PurgePoisoned     *command.PurgePoisoned
 	TrimStream        *command.TrimStream
+	// MigratePartitions is set only for `checkins partitions migrate`, which connects without
+	// checking the configured partition count.
+	MigratePartitions *command.MigratePartitions
 }
 
 // Queries read state.

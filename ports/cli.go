@@ -23,8 +23,12 @@ type CLISession struct {
 	App  app.Application
 	Args []string // positional arguments
 	// Poll is how often a verb that waits (projections rebuild) looks again.
-	Poll  time.Duration
-	Close func()
+	Poll time.Duration
+	// Settle is how long a partition migration waits, after setting the quiesce flag, for every
+	// process to see it and for requests admitted before to finish (poll interval plus
+	// REQUEST_TIMEOUT).
+	Settle time.Duration
+	Close  func()
 }
 
 // Connect parses args on fs (the verb's flags, plus the service's settings that cmd adds) and
@@ -61,7 +65,10 @@ func PermuteArgs(args []string, boolFlags map[string]bool) []string {
 // pickVerb reads the verb that args starts with, one of verbs; otherwise it prints usage and
 // says what is wrong (flag.ErrHelp for -h).
 func pickVerb(args []string, usage string, stderr io.Writer, verbs ...string) (string, error) {
-	alternatives := strings.Join(verbs[:len(verbs)-1], ", ") + " or " + verbs[len(verbs)-1]
+	alternatives := verbs[0]
+	if len(verbs) > 1 {
+		alternatives = strings.Join(verbs[:len(verbs)-1], ", ") + " or " + verbs[len(verbs)-1]
+	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		fmt.Fprint(stderr, usage)
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -45,6 +46,9 @@ type HTTPConfig struct {
 	Observe echo.MiddlewareFunc
 	// CORSAllowedOrigins are the browser origins allowed to call the API; none: CORS is off.
 	CORSAllowedOrigins []string
+	// Quiesced, when set, says why the event stream must not be touched now (a partition
+	// migration runs, or changed the partition count): /checkins routes answer 503 migrating.
+	Quiesced func() (string, bool)
 }
 
 // HTTPServer is the REST API on the public listener, and operations (/ops, /metrics) on a
@@ -90,6 +94,9 @@ func NewHTTPServer(a app.Application, ready Readiness, cfg HTTPConfig, log *slog
 				e.Use(s.limitIP(l))
 			}
 		}
+	}
+	if cfg.Quiesced != nil {
+		s.echo.Use(s.quiesce)
 	}
 	if cfg.Auth != nil {
 		s.echo.Use(s.publicAuth)
@@ -264,4 +271,27 @@ func (s *HTTPServer) readyz(c echo.Context) error {
 		}
 	}
 	return c.JSON(http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// CodeMigrating: the event stream is being moved to another partition count.
+const CodeMigrating = "migrating"
+
+// MigratingRetryAfter is the Retry-After (seconds) of a 503 migrating.
+const MigratingRetryAfter = 5
+
+// quiesce answers the event-stream routes (/checkins...) 503 migrating while HTTPConfig.Quiesced
+// says so; the read models stay readable.
+func (s *HTTPServer) quiesce(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		p := c.Request().URL.Path
+		if p != "/checkins" && !strings.HasPrefix(p, "/checkins/") {
+			return next(c)
+		}
+		why, ok := s.cfg.Quiesced()
+		if !ok {
+			return next(c)
+		}
+		c.Response().Header().Set("Retry-After", strconv.Itoa(MigratingRetryAfter))
+		return apiError(http.StatusServiceUnavailable, CodeMigrating, "", why+"; retry later")
+	}
 }

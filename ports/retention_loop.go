@@ -10,7 +10,9 @@ import (
 
 // RunRetention trims the event stream every interval until ctx ends (RETENTION): the projector
 // drives command.TrimStream, which never removes what a consumer group still needs.
-func RunRetention(ctx context.Context, t *command.TrimStream, interval time.Duration, log *slog.Logger) error {
+//
+// paused, when set and true, skips a round (a partition migration copies the stream).
+func RunRetention(ctx context.Context, t *command.TrimStream, interval time.Duration, log *slog.Logger, paused func() bool) error {
 	if !t.Policy().Enabled() {
 		return nil
 	}
@@ -19,7 +21,11 @@ func RunRetention(ctx context.Context, t *command.TrimStream, interval time.Dura
 	defer tick.Stop()
 	failing := &throttledLog{interval: 10 * time.Minute}
 	for {
-		res, err := t.TrimOnce(ctx)
+		var res command.TrimResult
+		var err error
+		if paused == nil || !paused() {
+			res, err = t.TrimOnce(ctx)
+		}
 		switch {
 		case err != nil && ctx.Err() == nil:
 			if ok, n := failing.allow(); ok {

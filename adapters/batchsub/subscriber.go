@@ -121,7 +121,12 @@ type Config struct {
 	// DrainTimeout: on Close (or when Subscribe's ctx ends), how long to keep delivering
 	// already-read entries and waiting for their acks, default 30s.
 	DrainTimeout time.Duration
-	Logger       watermill.LoggerAdapter
+	// Paused, when set, is asked before every read of new entries: while it is true the
+	// subscription reads nothing new (it looks again every BlockTime); what it holds, its own
+	// pending entries and the idle ones it claims are still delivered and acked, so the group
+	// ends up with nothing pending.
+	Paused func() bool
+	Logger watermill.LoggerAdapter
 }
 
 func (c *Config) setDefaults() {

@@ -349,6 +349,12 @@ func (sub *subscription) read(ctx context.Context) {
 		if !sub.waitCapacity(threshold) {
 			return
 		}
+		if !ownPEL && sub.cfg.Paused != nil && sub.cfg.Paused() {
+			if !sleep(sub.cfg.BlockTime, sub.stopReading) {
+				return
+			}
+			continue
+		}
 		args := &redis.XReadGroupArgs{
 			Group:    sub.cfg.ConsumerGroup,
 			Consumer: sub.cfg.Consumer,

@@ -26,12 +26,15 @@ import (
 
 // Service is the wired process: API, projections, or both.
 type Service struct {
-	cfg      Config
-	log      *slog.Logger
-	keys     adapters.KeySpace
-	client   redis.UniversalClient // API, queries, stores, poison queue
-	closers  []func() error
-	guard    *evictionGuard // nil on the embedded Redis
+	cfg     Config
+	log     *slog.Logger
+	keys    adapters.KeySpace
+	client  redis.UniversalClient // API, queries, stores, poison queue
+	closers []func() error
+	guard   *evictionGuard // nil on the embedded Redis
+	// quiesce: a partition migration runs (or changed P): /checkins answers 503, projectors
+	// stop reading.
+	quiesce  *adapters.QuiesceWatch
 	http     *ports.HTTPServer
 	router   *ports.ProjectionRouter
 	listener *ports.HTTPListener // the public one, nil until Listen (wire_http.go)
@@ -51,6 +54,12 @@ type Service struct {
 	// modeGuessed: REDIS_MODE auto, and Redis did not answer at start whether it is a cluster
 	// node; standalone was assumed until Ready learns otherwise.
 	modeGuessed atomic.Bool
+}
+
+// quiesced: projectors stop reading while a partition migration runs (or changed P).
+func (s *Service) quiesced() bool {
+	_, ok := s.quiesce.Quiesced()
+	return ok
 }
 
 // Mode selects what the process runs.
@@ -116,6 +125,8 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		s.close()
 		return nil, err
 	}
+	s.quiesce = adapters.NewQuiesceWatch(s.client, s.keys)
+	_ = s.quiesce.Check(pingCtx) // unreachable: Run looks again
 	if !cfg.embeddedRedis {
 		s.guard = newEvictionGuard(s.client, cfg.AllowEvictingRedis, log)
 		s.guard.interval = cfg.RedisCheckInterval
@@ -211,7 +222,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 				NewClient: func() (redis.UniversalClient, error) { return newClient(0) },
 				Consumer:  cfg.ConsumerName, BatchSize: int64(cfg.BatchSize), ReadLinger: cfg.ReadLinger, MaxInFlight: cfg.MaxInFlight,
 				ClaimInterval: cfg.ClaimInterval, ClaimIdle: cfg.ClaimIdle, NackDelay: cfg.NackDelay, DrainTimeout: cfg.DrainTimeout,
-				ConsumerIdleRemove: cfg.ConsumerIdleRemove, Logger: wlog, StockLogger: ports.NewThrottledErrorLogger(wlog, 10*time.Second),
+				ConsumerIdleRemove: cfg.ConsumerIdleRemove, Paused: s.quiesced, Logger: wlog, StockLogger: ports.NewThrottledErrorLogger(wlog, 10*time.Second),
 			}.New,
 			Retry: ports.RetryPolicy{InitialInterval: cfg.RetryInitial, Multiplier: cfg.RetryMultiplier,
 				MaxInterval: cfg.RetryMax, MaxAttempts: cfg.RetryAttempts},
@@ -237,6 +248,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		return nil, err
 	}
 	httpCfg.CORSAllowedOrigins = cfg.HTTP.CORSOrigins
+	httpCfg.Quiesced = s.quiesce.Quiesced
 	s.app = application
 	s.http = ports.NewHTTPServer(application, s, httpCfg, log)
 	if err := s.wireProjections(); err != nil {
@@ -286,6 +298,9 @@ func (s *Service) Ready(ctx context.Context) error {
 		case !adapters.IsTransient(err):
 			s.modeGuessed.Store(false) // INFO refused (a managed Redis): it cannot tell, and will not
 		}
+	}
+	if why, ok := s.quiesce.Quiesced(); ok {
+		return errors.New(why)
 	}
 	if s.guard != nil {
 		if p := s.guard.Problem(); p != "" {
@@ -341,6 +356,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if s.guard != nil {
 		g.Go(func() error { return s.guard.Run(gctx) })
 	}
+	g.Go(func() error { return s.quiesce.Run(gctx) })
 	err := g.Wait()
 	s.log.Info("stopped", "error", err)
 	return err

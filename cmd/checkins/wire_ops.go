@@ -14,6 +14,7 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app"
+	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/ports"
 )
@@ -24,6 +25,10 @@ func opsCommands() map[string]subcommand {
 	return map[string]subcommand{
 		"poison": {"inspect, replay and purge the poison queue", cliVerb(ports.PoisonCommand)},
 		"status": {"consumer groups, consumers, pending, lag, poison counts", cliVerb(ports.StatusCommand)},
+		"partitions": {"move the event stream to another number of partitions (partitions migrate --to N)",
+			func(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+				return ports.PartitionsCommand(ctx, args, stdout, stderr, connectMigrate(getenv, stderr))
+			}},
 	}
 }
 
@@ -88,6 +93,47 @@ func connectOps(getenv func(string) string, stderr io.Writer) ports.Connect {
 			return nil, err
 		}
 		return &ports.CLISession{App: a, Args: rest, Poll: cfg.ProjectionPoll, Close: func() { _ = client.Close() }}, nil
+	}
+}
+
+// connectMigrate connects `checkins partitions migrate`: like connectOps, but the configured
+// partition count is not checked (the migration reads the recorded one) and only the migration
+// is wired.
+func connectMigrate(getenv func(string) string, stderr io.Writer) ports.Connect {
+	return func(name string, fs *flag.FlagSet, args []string) (*ports.CLISession, error) {
+		cfg, rest, err := parseConfig(fs, args, getenv)
+		if err != nil {
+			return nil, err
+		}
+		if cfg.RedisURL == "" {
+			return nil, errors.New("REDIS_URL (or --redis-url) is required")
+		}
+		opts := adapters.ClientOptions{URL: cfg.RedisURL, Mode: cfg.RedisMode, DialTimeout: 2 * time.Second,
+			ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
+		detectCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		redisMode, err := adapters.DetectRedisMode(detectCtx, opts)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		opts.Mode = redisMode
+		keys, err := adapters.NewKeySpace(cfg.KeyPrefix, redisMode == adapters.RedisModeCluster)
+		if err != nil {
+			return nil, fmt.Errorf("invalid KEY_PREFIX: %w", err)
+		}
+		client, err := adapters.NewUniversalRedisClient(context.Background(), opts)
+		if err != nil {
+			return nil, err
+		}
+		mp, err := command.NewMigratePartitions(adapters.NewPartitionMigrator(client, keys))
+		if err != nil {
+			_ = client.Close()
+			return nil, err
+		}
+		var a app.Application
+		a.Commands.MigratePartitions = mp
+		return &ports.CLISession{App: a, Args: rest, Poll: 200 * time.Millisecond,
+			Settle: adapters.QuiescePoll + cfg.RequestTimeout + time.Second, Close: func() { _ = client.Close() }}, nil
 	}
 }
 

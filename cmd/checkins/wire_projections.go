@@ -99,7 +99,7 @@ func (s *Service) projectionBackground() ([]func(context.Context) error, error) 
 	out := []func(context.Context) error{watch.Run}
 	if s.cfg.Retention.Enabled() {
 		out = append(out, func(ctx context.Context) error {
-			return ports.RunRetention(ctx, a.Commands.TrimStream, s.cfg.RetentionInterval, s.log)
+			return ports.RunRetention(ctx, a.Commands.TrimStream, s.cfg.RetentionInterval, s.log, s.quiesced)
 		})
 	}
 	return out, nil

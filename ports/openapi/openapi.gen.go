@@ -208,7 +208,7 @@ type DailyCheckins struct {
 
 // Error defines model for Error.
 type Error struct {
-	// Code machine-readable, e.g. required, out_of_range, invalid, unknown_field, conflict, not_found, unauthenticated, invalid_token, insufficient_scope, forbidden, rate_limited, unavailable, not_replicated
+	// Code machine-readable, e.g. required, out_of_range, invalid, unknown_field, conflict, not_found, unauthenticated, invalid_token, insufficient_scope, forbidden, rate_limited, unavailable, not_replicated, migrating
 	Code string `json:"code"`
 
 	// Field the parameter or body field at fault, when there is one

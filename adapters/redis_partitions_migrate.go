@@ -1,0 +1,716 @@
+package adapters
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/app/ops"
+	"github.com/checkins/checkins/domain"
+)
+
+// Moving the event stream from P to N partitions (`checkins partitions migrate --to N`), the
+// Redis side of command.MigratePartitions:
+//
+//   - The quiesce flag, <prefix>:meta field "quiesce", tells running processes to stop: the API
+//     answers 503 (code migrating), projectors stop reading (QuiesceWatch, read every second).
+//   - The progress, field "migrate" (JSON: from, to, phase, last copied entry), makes a rerun
+//     carry on where a crashed run stopped.
+//   - Copy: the old partitions are read merged in ID order (partition index breaking ties, as
+//     the event log orders them) and each entry is XADDed to its new partition with its ID. An
+//     entry is copied at most once because every pass starts from the beginning and works out,
+//     for each entry, the ID it gets in its new partition: one at or below that partition's last
+//     entry is there already. Two old partitions may hold one ID (N > 1 streams number their
+//     entries independently); merged into one new partition the later of the two would break
+//     the ID order, so it takes the next free ID (counted as renumbered).
+//   - Position: every consumer group, live-group membership and acknowledged position of the
+//     old partitions is translated to each new one: a group that had delivered everything up to
+//     X_k on old partition k is, on new partition j, at the greatest entry of j such that every
+//     entry of j up to it had been delivered (for 1 -> N: the greatest ID <= X). Merging
+//     partitions where a group stood at different places leaves entries it had delivered after
+//     one it had not (holes): the group then stands at the last delivered one, and the entries
+//     it had not delivered before that are left pending, idle, for a projector to take over
+//     (positionGroup).
+
+// Meta fields of a migration.
+const (
+	metaQuiesce = "quiesce"
+	metaMigrate = "migrate"
+)
+
+// QuiescePoll is how often running processes look at the quiesce flag.
+const QuiescePoll = time.Second
+
+// PartitionMigrator is the Redis work of a migration (command.PartitionMigration).
+type PartitionMigrator struct {
+	client redis.UniversalClient
+	keys   KeySpace
+}
+
+// NewPartitionMigrator works on keys' stream (its partitions are read from the meta key).
+func NewPartitionMigrator(client redis.UniversalClient, keys KeySpace) *PartitionMigrator {
+	keys.parts = nil
+	return &PartitionMigrator{client: client, keys: keys}
+}
+
+var _ command.PartitionMigration = (*PartitionMigrator)(nil)
+
+// Recorded is P as recorded (1 when nothing is: a stream of before partitions).
+func (m *PartitionMigrator) Recorded(ctx context.Context) (int, error) {
+	cur, err := m.client.HGet(ctx, m.keys.Meta(), metaPartitions).Result()
+	if errors.Is(err, redis.Nil) {
+		return 1, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read the event stream's partitions: %w", err)
+	}
+	p, err := strconv.Atoi(cur)
+	if err != nil || p < 1 {
+		return 0, fmt.Errorf("%s field %s is %q, not a partition count", m.keys.Meta(), metaPartitions, cur)
+	}
+	return p, nil
+}
+
+// Progress is the recorded progress (zero: no migration running).
+func (m *PartitionMigrator) Progress(ctx context.Context) (command.MigrationProgress, error) {
+	raw, err := m.client.HGet(ctx, m.keys.Meta(), metaMigrate).Result()
+	if errors.Is(err, redis.Nil) {
+		return command.MigrationProgress{}, nil
+	}
+	if err != nil {
+		return command.MigrationProgress{}, fmt.Errorf("read the migration's progress: %w", err)
+	}
+	var p command.MigrationProgress
+	if err := json.Unmarshal([]byte(raw), &p); err != nil {
+		return command.MigrationProgress{}, fmt.Errorf("%s field %s is not a migration's progress: %w", m.keys.Meta(), metaMigrate, err)
+	}
+	return p, nil
+}
+
+// SaveProgress records p.
+func (m *PartitionMigrator) SaveProgress(ctx context.Context, p command.MigrationProgress) error {
+	raw, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	return m.client.HSet(ctx, m.keys.Meta(), metaMigrate, raw).Err()
+}
+
+// Quiesce sets the quiesce flag (reason is what processes report).
+func (m *PartitionMigrator) Quiesce(ctx context.Context, reason string) error {
+	return m.client.HSet(ctx, m.keys.Meta(), metaQuiesce, reason).Err()
+}
+
+// Finish clears the progress and the quiesce flag.
+func (m *PartitionMigrator) Finish(ctx context.Context) error {
+	return m.client.HDel(ctx, m.keys.Meta(), metaMigrate, metaQuiesce).Err()
+}
+
+// Layouts checks that from and to partitions can be told apart (no key shared by both).
+func (m *PartitionMigrator) Layouts(from, to int) error {
+	a, err := NewPartitions(m.keys, from)
+	if err != nil {
+		return err
+	}
+	b, err := NewPartitions(m.keys, to)
+	if err != nil {
+		return err
+	}
+	for _, s := range a.Streams() {
+		if b.Index(s) >= 0 {
+			return fmt.Errorf("the stream key %s belongs to both %d and %d partitions: migrate through another count first", s, from, to)
+		}
+	}
+	return nil
+}
+
+// TargetsEmpty reports the new partitions that hold entries already (before a first copy).
+func (m *PartitionMigrator) TargetsEmpty(ctx context.Context, to int) error {
+	parts, err := NewPartitions(m.keys, to)
+	if err != nil {
+		return err
+	}
+	for _, s := range parts.Streams() {
+		n, err := m.client.XLen(ctx, s).Result()
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			return fmt.Errorf("the new partition %s holds %d entries already: it is not from this migration; remove it or choose another count", s, n)
+		}
+	}
+	return nil
+}
+
+// Pending is every consumer group with pending entries on the partitions of from, as
+// "<group> on <stream>: n".
+func (m *PartitionMigrator) Pending(ctx context.Context, from int) ([]string, error) {
+	parts, err := NewPartitions(m.keys, from)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, s := range parts.Streams() {
+		gs, err := m.client.XInfoGroups(ctx, s).Result()
+		if isNoSuchKey(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("XINFO GROUPS %s: %w", s, err)
+		}
+		for _, g := range gs {
+			if g.Pending > 0 {
+				out = append(out, fmt.Sprintf("%s on %s: %d pending", g.Name, s, g.Pending))
+			}
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// migrateEntry is one entry of the old partitions, with the ID it gets in its new partition.
+type migrateEntry struct {
+	old   int // old partition
+	id    ops.EntryID
+	newID ops.EntryID
+	to    int // new partition
+	msg   redis.XMessage
+}
+
+// walk reads the partitions of from merged in ID order (partition index breaking ties) and
+// calls f with each entry and its place in the layout of to, batch entries per read.
+func (m *PartitionMigrator) walk(ctx context.Context, from, to, batch int, f func(migrateEntry) error) (int64, error) {
+	parts, err := NewPartitions(m.keys, from)
+	if err != nil {
+		return 0, err
+	}
+	type cursor struct {
+		buf  []redis.XMessage
+		next string // XRANGE start ("(" exclusive)
+		done bool
+	}
+	cur := make([]cursor, from)
+	for i := range cur {
+		cur[i].next = "-"
+	}
+	fill := func(i int) error {
+		c := &cur[i]
+		if len(c.buf) > 0 || c.done {
+			return nil
+		}
+		msgs, err := m.client.XRangeN(ctx, parts.Stream(i), c.next, "+", int64(batch)).Result()
+		if err != nil {
+			return fmt.Errorf("read %s: %w", parts.Stream(i), err)
+		}
+		if len(msgs) == 0 {
+			c.done = true
+			return nil
+		}
+		c.buf, c.next = msgs, "("+msgs[len(msgs)-1].ID
+		return nil
+	}
+	last := make([]ops.EntryID, to) // the last ID given in each new partition
+	var n int64
+	for {
+		best, bestID := -1, ops.EntryID{}
+		for i := range cur {
+			if err := fill(i); err != nil {
+				return n, err
+			}
+			if len(cur[i].buf) == 0 {
+				continue
+			}
+			id, err := ops.ParseEntryID(cur[i].buf[0].ID)
+			if err != nil {
+				return n, err
+			}
+			if best < 0 || id.Less(bestID) {
+				best, bestID = i, id
+			}
+		}
+		if best < 0 {
+			return n, nil
+		}
+		msg := cur[best].buf[0]
+		cur[best].buf = cur[best].buf[1:]
+		e := migrateEntry{old: best, id: bestID, newID: bestID, to: newPartitionOf(msg.Values, to), msg: msg}
+		if !last[e.to].Less(e.newID) {
+			e.newID = last[e.to].Next()
+		}
+		last[e.to] = e.newID
+		n++
+		if err := f(e); err != nil {
+			return n, err
+		}
+	}
+}
+
+// newPartitionOf is the partition of an entry among p: its user's, or 0 for an entry that is
+// not a valid check-in.
+func newPartitionOf(values map[string]any, p int) int {
+	f := make(map[string]string, len(values))
+	for k, v := range values {
+		s, _ := v.(string)
+		f[k] = s
+	}
+	ev, err := domain.ParseEvent(f)
+	if err != nil {
+		return 0
+	}
+	c, ok := ev.(domain.CheckinRecorded)
+	if !ok {
+		return 0
+	}
+	return PartitionOf(c.UserID, p)
+}
+
+// Copy copies every entry of the partitions of from into those of to (see above), batch
+// entries per round trip; saved is called with the last entry copied after each batch.
+func (m *PartitionMigrator) Copy(ctx context.Context, from, to, batch int, pause time.Duration, saved func(last string) error) (command.CopyResult, error) {
+	dst, err := NewPartitions(m.keys, to)
+	if err != nil {
+		return command.CopyResult{}, err
+	}
+	tops := make([]ops.EntryID, to) // what each new partition holds already
+	for j := range tops {
+		last, err := m.client.XRevRangeN(ctx, dst.Stream(j), "+", "-", 1).Result()
+		if err != nil {
+			return command.CopyResult{}, err
+		}
+		if len(last) > 0 {
+			if tops[j], err = ops.ParseEntryID(last[0].ID); err != nil {
+				return command.CopyResult{}, err
+			}
+		}
+	}
+	var res command.CopyResult
+	var pending []migrateEntry
+	flush := func() error {
+		if len(pending) == 0 {
+			return nil
+		}
+		_, err := m.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, e := range pending {
+				p.XAdd(ctx, &redis.XAddArgs{Stream: dst.Stream(e.to), ID: e.newID.String(), Values: e.msg.Values})
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("copy entries: %w", err)
+		}
+		last := pending[len(pending)-1]
+		pending = pending[:0]
+		if err := saved(last.newID.String()); err != nil {
+			return err
+		}
+		if pause > 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(pause):
+			}
+		}
+		return nil
+	}
+	n, err := m.walk(ctx, from, to, batch, func(e migrateEntry) error {
+		if e.newID != e.id {
+			res.Renumbered++
+		}
+		if !tops[e.to].Less(e.newID) {
+			res.Skipped++ // copied by an earlier run
+			return nil
+		}
+		res.Copied++
+		pending = append(pending, e)
+		if len(pending) >= batch {
+			return flush()
+		}
+		return nil
+	})
+	res.Entries = n
+	if err != nil {
+		return res, err
+	}
+	return res, flush()
+}
+
+// groupState is one consumer group as the old partitions have it.
+type groupState struct {
+	delivered []string // per old partition, "" where the group is missing
+	// pending entries per old partition (only with force): not acknowledged, so taken as not
+	// delivered: they are delivered again on the new partition.
+	pending []map[string]bool
+}
+
+// registryState is the live-group memberships and acknowledged positions of the old layout.
+type registryState struct {
+	lives map[string][]map[string]ops.LiveMember // live group -> per old partition -> member
+	acked map[string][]string                    // group -> per old partition ("" missing)
+}
+
+// vector is positions per old partition whose translation to each new partition is wanted.
+type vector struct {
+	at []ops.EntryID
+	// per new partition: the translated position (the last entry of the prefix of delivered
+	// entries), the entries up to it, whether an entry not delivered was met, and the delivered
+	// entries after that one (holes).
+	pos     []ops.EntryID
+	count   []int64
+	closed  []bool
+	holes   [][]string
+	present bool
+	pending []map[string]bool // per old partition: entries taken as not delivered
+}
+
+func newVector(at []string, to int) (*vector, error) {
+	v := &vector{at: make([]ops.EntryID, len(at)), pos: make([]ops.EntryID, to), count: make([]int64, to),
+		closed: make([]bool, to), holes: make([][]string, to)}
+	for i, s := range at {
+		if s == "" || s == "0" {
+			continue
+		}
+		v.present = true
+		id, err := ops.ParseEntryID(s)
+		if err != nil {
+			return nil, err
+		}
+		v.at[i] = id
+	}
+	return v, nil
+}
+
+func (v *vector) see(e migrateEntry) {
+	delivered := !v.at[e.old].Less(e.id) && (v.pending == nil || !v.pending[e.old][e.msg.ID])
+	switch {
+	case delivered && !v.closed[e.to]:
+		v.pos[e.to], v.count[e.to] = e.newID, v.count[e.to]+1
+	case delivered:
+		v.holes[e.to] = append(v.holes[e.to], e.newID.String())
+	default:
+		v.closed[e.to] = true
+	}
+}
+
+// migrateConsumer owns, on a new partition, the entries a group had not delivered yet among
+// entries it had (merged from several old partitions): projectors take them over at once.
+const migrateConsumer = "partitions-migrate"
+
+// Position translates every consumer group and the live-group registry of the old layout to
+// the new one (see above) and reports the groups positioned. With force, groups may have
+// entries pending: they count as not delivered (delivered again on the new partitions).
+func (m *PartitionMigrator) Position(ctx context.Context, from, to, batch int, force bool) (command.PositionResult, error) {
+	src, err := NewPartitions(m.keys, from)
+	if err != nil {
+		return command.PositionResult{}, err
+	}
+	dst, err := NewPartitions(m.keys, to)
+	if err != nil {
+		return command.PositionResult{}, err
+	}
+	groups := map[string]*groupState{}
+	for k, s := range src.Streams() {
+		gs, err := m.client.XInfoGroups(ctx, s).Result()
+		if isNoSuchKey(err) {
+			continue
+		}
+		if err != nil {
+			return command.PositionResult{}, fmt.Errorf("XINFO GROUPS %s: %w", s, err)
+		}
+		for _, g := range gs {
+			if g.Pending > 0 && !force {
+				return command.PositionResult{}, fmt.Errorf("group %s has %d entries pending on %s: they must be acknowledged first", g.Name, g.Pending, s)
+			}
+			if groups[g.Name] == nil {
+				groups[g.Name] = &groupState{delivered: make([]string, from), pending: make([]map[string]bool, from)}
+			}
+			groups[g.Name].delivered[k] = g.LastDeliveredID
+			if g.Pending > 0 {
+				pel, err := m.client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: s, Group: g.Name, Start: "-", End: "+", Count: g.Pending}).Result()
+				if err != nil {
+					return command.PositionResult{}, fmt.Errorf("XPENDING %s %s: %w", s, g.Name, err)
+				}
+				groups[g.Name].pending[k] = map[string]bool{}
+				for _, pe := range pel {
+					groups[g.Name].pending[k][pe.ID] = true
+				}
+			}
+		}
+	}
+	reg := registryState{lives: map[string][]map[string]ops.LiveMember{}, acked: map[string][]string{}}
+	for k := range from {
+		h, err := m.client.HGetAll(ctx, src.Registry(k)).Result()
+		if err != nil {
+			return command.PositionResult{}, err
+		}
+		for f, v := range h {
+			if g, ok := strings.CutPrefix(f, liveField); ok {
+				ms := map[string]ops.LiveMember{}
+				if err := json.Unmarshal([]byte(v), &ms); err != nil {
+					return command.PositionResult{}, fmt.Errorf("live group %s on %s: %w", g, src.Registry(k), err)
+				}
+				if reg.lives[g] == nil {
+					reg.lives[g] = make([]map[string]ops.LiveMember, from)
+				}
+				reg.lives[g][k] = ms
+			} else if g, ok := strings.CutPrefix(f, ackedField); ok {
+				if reg.acked[g] == nil {
+					reg.acked[g] = make([]string, from)
+				}
+				reg.acked[g][k] = v
+			}
+		}
+	}
+	// An own group missing on a partition where its member's backfill is done had delivered
+	// everything up to the join there.
+	running := map[string]bool{} // own groups still backfilling somewhere
+	type memberVecs struct{ join, legacy *vector }
+	members := map[string]map[string]*memberVecs{} // live group -> member -> vectors
+	var all []*vector
+	add := func(at []string) (*vector, error) {
+		v, err := newVector(at, to)
+		if err == nil {
+			all = append(all, v)
+		}
+		return v, err
+	}
+	for live, per := range reg.lives {
+		members[live] = map[string]*memberVecs{}
+		names := map[string]bool{}
+		for _, ms := range per {
+			for name := range ms {
+				names[name] = true
+			}
+		}
+		for name := range names {
+			joins, legacies := make([]string, from), make([]string, from)
+			for k, ms := range per {
+				lm, ok := ms[name]
+				if !ok {
+					continue
+				}
+				joins[k], legacies[k] = lm.Join, lm.Legacy
+				if lm.Own == ops.BackfillRunning {
+					running[name] = true
+				} else if g := groups[name]; g != nil && g.delivered[k] == "" {
+					g.delivered[k] = lm.Join
+				}
+			}
+			jv, err := add(joins)
+			if err != nil {
+				return command.PositionResult{}, err
+			}
+			lv, err := add(legacies)
+			if err != nil {
+				return command.PositionResult{}, err
+			}
+			members[live][name] = &memberVecs{join: jv, legacy: lv}
+		}
+	}
+	groupVecs := map[string]*vector{}
+	for name, g := range groups {
+		if _, own := running[name]; !own && isOwnGroup(name, reg) {
+			continue // a finished backfill's group, gone on the other partitions: not needed
+		}
+		v, err := add(g.delivered)
+		if err != nil {
+			return command.PositionResult{}, err
+		}
+		v.pending = g.pending
+		groupVecs[name] = v
+	}
+	ackedVecs := map[string]*vector{}
+	for name, at := range reg.acked {
+		v, err := add(at)
+		if err != nil {
+			return command.PositionResult{}, err
+		}
+		ackedVecs[name] = v
+	}
+	if _, err := m.walk(ctx, from, to, batch, func(e migrateEntry) error {
+		for _, v := range all {
+			v.see(e)
+		}
+		return nil
+	}); err != nil {
+		return command.PositionResult{}, err
+	}
+	res := command.PositionResult{Groups: len(groupVecs)}
+	for _, v := range groupVecs {
+		for _, h := range v.holes {
+			if len(h) > 0 {
+				res.Holes++
+			}
+		}
+	}
+	for j := range to {
+		stream := dst.Stream(j)
+		for name, v := range groupVecs {
+			if err := m.positionGroup(ctx, stream, name, v.pos[j], v.count[j], v.holes[j], batch); err != nil {
+				return res, fmt.Errorf("position group %s on %s: %w", name, stream, err)
+			}
+		}
+		fields := map[string]any{}
+		for live, ms := range members {
+			out := map[string]ops.LiveMember{}
+			for name, vs := range ms {
+				lm := ops.LiveMember{Join: vs.join.pos[j].String(), Own: ops.BackfillDone}
+				if running[name] {
+					lm.Own = ops.BackfillRunning
+				} else {
+					lm.DoneAt = strconv.FormatInt(time.Now().UnixMilli(), 10)
+				}
+				if vs.legacy.present {
+					lm.Legacy = vs.legacy.pos[j].String()
+				}
+				out[name] = lm
+			}
+			raw, err := json.Marshal(out)
+			if err != nil {
+				return res, err
+			}
+			fields[liveField+live] = string(raw)
+		}
+		for name, v := range ackedVecs {
+			if v.present {
+				fields[ackedField+name] = v.pos[j].String()
+			}
+		}
+		if len(fields) > 0 {
+			if err := m.client.HSet(ctx, dst.Registry(j), fields).Err(); err != nil {
+				return res, err
+			}
+		}
+	}
+	return res, nil
+}
+
+// positionGroup (re)creates group on stream at pos, with count entries up to it. holes are
+// entries after pos the group had delivered on the old partitions: the group then stands at the
+// last of them, the entries in between that it had not delivered are pending for
+// migrateConsumer, idle long enough for a projector to take them over at once, and the holes are
+// acknowledged. Every entry is so delivered exactly once over the two layouts.
+func (m *PartitionMigrator) positionGroup(ctx context.Context, stream, group string, pos ops.EntryID, count int64, holes []string, batch int) error {
+	if err := m.client.XGroupDestroy(ctx, stream, group).Err(); err != nil && !isNoSuchKey(err) {
+		return err
+	}
+	if err := m.client.Do(ctx, "XGROUP", "CREATE", stream, group, pos.String(), "MKSTREAM", "ENTRIESREAD", count).Err(); err != nil {
+		return err
+	}
+	if len(holes) == 0 {
+		return nil
+	}
+	last, err := ops.ParseEntryID(holes[len(holes)-1])
+	if err != nil {
+		return err
+	}
+	delivered := make(map[string]bool, len(holes))
+	for _, h := range holes {
+		delivered[h] = true
+	}
+	var acks, waiting []string
+	read := count
+	for done := false; !done; {
+		res, err := m.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: migrateConsumer,
+			Streams: []string{stream, ">"}, Count: int64(batch), Block: -1}).Result()
+		if errors.Is(err, redis.Nil) || err == nil && (len(res) == 0 || len(res[0].Messages) == 0) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		for _, msg := range res[0].Messages {
+			id, err := ops.ParseEntryID(msg.ID)
+			if err != nil {
+				return err
+			}
+			switch {
+			case last.Less(id): // beyond: to be delivered as any new entry
+				acks, done = append(acks, msg.ID), true
+			case delivered[msg.ID]:
+				acks, read = append(acks, msg.ID), read+1
+			default:
+				waiting, read = append(waiting, msg.ID), read+1
+			}
+		}
+	}
+	for i := 0; i < len(acks); i += 1000 {
+		if err := m.client.XAck(ctx, stream, group, acks[i:min(len(acks), i+1000)]...).Err(); err != nil {
+			return err
+		}
+	}
+	if err := m.client.Do(ctx, "XGROUP", "SETID", stream, group, last.String(), "ENTRIESREAD", read).Err(); err != nil {
+		return err
+	}
+	for i := 0; i < len(waiting); i += 1000 {
+		args := []any{"XCLAIM", stream, group, migrateConsumer, 0}
+		for _, id := range waiting[i:min(len(waiting), i+1000)] {
+			args = append(args, id)
+		}
+		args = append(args, "IDLE", int64((24 * time.Hour).Milliseconds()), "JUSTID")
+		if err := m.client.Do(ctx, args...).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// isOwnGroup: name is a member (a version's own group) of some live group.
+func isOwnGroup(name string, reg registryState) bool {
+	for _, per := range reg.lives {
+		for _, ms := range per {
+			if _, ok := ms[name]; ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Record records to as the stream's partition count.
+func (m *PartitionMigrator) Record(ctx context.Context, to int) error {
+	return m.client.HSet(ctx, m.keys.Meta(), metaPartitions, to).Err()
+}
+
+// Cleanup deletes the old partitions' streams and their registry state (live groups and
+// acknowledged positions; with one stream the other fields of the projections registry stay).
+func (m *PartitionMigrator) Cleanup(ctx context.Context, from int) error {
+	src, err := NewPartitions(m.keys, from)
+	if err != nil {
+		return err
+	}
+	for k := range from {
+		if err := m.client.Del(ctx, src.Stream(k)).Err(); err != nil {
+			return err
+		}
+		if from > 1 {
+			if err := m.client.Del(ctx, src.Registry(k)).Err(); err != nil {
+				return err
+			}
+			continue
+		}
+		fs, err := m.client.HKeys(ctx, src.Registry(k)).Result()
+		if err != nil {
+			return err
+		}
+		var drop []string
+		for _, f := range fs {
+			if strings.HasPrefix(f, liveField) || strings.HasPrefix(f, ackedField) {
+				drop = append(drop, f)
+			}
+		}
+		if len(drop) > 0 {
+			if err := m.client.HDel(ctx, src.Registry(k), drop...).Err(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,120 @@
+package adapters_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/domain"
+)
+
+// userOn is a user whose check-ins go to partition i of p.
+func userOn(i, p int) int64 {
+	for u := int64(1); ; u++ {
+		if adapters.PartitionOf(u, p) == i {
+			return u
+		}
+	}
+}
+
+func checkinValues(id string, user int64) map[string]any {
+	ev := domain.CheckinRecorded{Checkin: domain.Checkin{ID: id, UserID: user, LocationID: 1, StarRating: 3, Timestamp: 1_700_000_000_000},
+		RecordedAt: 1_700_000_000_000}
+	out := map[string]any{}
+	for k, v := range ev.Fields() {
+		out[k] = v
+	}
+	return out
+}
+
+// TestMigrateMergesPartitionsExactly: 2 -> 1 where both old partitions hold entry IDs 1-1 and
+// 2-0 (each stream numbers its own), and the live group stood at different places on each.
+// The merged stream holds every entry in ID order, partition 0 first on a tie, the later copy of
+// a shared ID renumbered to the next free one; the group stands at the last entry it had
+// delivered, the ones before it that it had not are pending for partitions-migrate (idle, to be
+// taken over) and every delivered one is acknowledged; the registry is translated; an invalid
+// entry goes to partition 0.
+func TestMigrateMergesPartitionsExactly(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	ctx := context.Background()
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	k2, err := keys.WithPartitions(2)
+	require.NoError(t, err)
+	parts := k2.Partitions()
+	require.NoError(t, adapters.EnsurePartitions(ctx, client, keys, 2))
+	add := func(stream, id string, values map[string]any) {
+		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: stream, ID: id, Values: values}).Err())
+	}
+	u0, u1 := userOn(0, 2), userOn(1, 2)
+	add(parts.Stream(0), "1-1", checkinValues("a", u0))
+	add(parts.Stream(0), "2-0", checkinValues("b", u0))
+	add(parts.Stream(0), "3-0", checkinValues("c", u0))
+	add(parts.Stream(1), "1-1", checkinValues("d", u1))
+	add(parts.Stream(1), "2-0", map[string]any{"hello": "world"}) // not a check-in
+	add(parts.Stream(1), "4-0", checkinValues("e", u1))
+	// live delivered a (1-1) on partition 0, everything on partition 1.
+	require.NoError(t, client.XGroupCreate(ctx, parts.Stream(0), "live", "1-1").Err())
+	require.NoError(t, client.XGroupCreate(ctx, parts.Stream(1), "live", "4-0").Err())
+	for i := range 2 {
+		require.NoError(t, client.HSet(ctx, parts.Registry(i), "live:live", `{"users.v1":{"join":"0-0","own":"done","doneAt":"1"}}`,
+			"acked:live", map[int]string{0: "1-1", 1: "4-0"}[i]).Err())
+	}
+
+	mp, err := command.NewMigratePartitions(adapters.NewPartitionMigrator(client, keys))
+	require.NoError(t, err)
+	res, err := mp.Handle(ctx, command.MigrateRequest{To: 1, Batch: 2})
+	require.NoError(t, err)
+	assert.EqualValues(t, 6, res.Copy.Copied)
+	assert.EqualValues(t, 2, res.Copy.Renumbered, "d's 1-1 and the invalid entry's 2-0 were taken")
+
+	msgs, err := client.XRange(ctx, keys.Stream(), "-", "+").Result()
+	require.NoError(t, err)
+	var got []string
+	for _, m := range msgs {
+		id, _ := m.Values["checkinId"].(string)
+		if id == "" {
+			id = "bad"
+		}
+		got = append(got, m.ID+" "+id)
+	}
+	assert.Equal(t, []string{"1-1 a", "1-2 d", "2-0 b", "2-1 bad", "3-0 c", "4-0 e"}, got)
+
+	gs, err := client.XInfoGroups(ctx, keys.Stream()).Result()
+	require.NoError(t, err)
+	require.Len(t, gs, 1)
+	assert.Equal(t, "4-0", gs[0].LastDeliveredID, "live stands at the last entry it had delivered")
+	assert.EqualValues(t, 6, gs[0].EntriesRead)
+	pel, err := client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: keys.Stream(), Group: "live", Start: "-", End: "+", Count: 10}).Result()
+	require.NoError(t, err)
+	var pending []string
+	for _, p := range pel {
+		pending = append(pending, p.ID+" "+p.Consumer)
+		assert.Greater(t, p.Idle.Hours(), 1.0, "idle: taken over at once")
+	}
+	assert.Equal(t, []string{"2-0 partitions-migrate", "3-0 partitions-migrate"}, pending, "b and c had not been delivered")
+
+	reg, err := client.HGetAll(ctx, keys.Projections()).Result()
+	require.NoError(t, err)
+	assert.Equal(t, "1-2", reg["acked:live"], "acknowledged through a and d, the first two of the merged stream")
+	m, err := adapters.ParseMembership("live", reg["live:live"])
+	require.NoError(t, err)
+	assert.Equal(t, "0-0", m.Members["users.v1"].Join)
+	assert.Equal(t, "done", m.Members["users.v1"].Own)
+	for i := range 2 {
+		assert.Zero(t, client.Exists(ctx, parts.Stream(i), parts.Registry(i)).Val(), "old partition %d deleted", i)
+	}
+	assert.Equal(t, "1", client.HGet(ctx, keys.Meta(), "partitions").Val())
+	assert.Zero(t, client.HExists(ctx, keys.Meta(), "quiesce").Val())
+
+	res, err = mp.Handle(ctx, command.MigrateRequest{To: 1})
+	require.NoError(t, err)
+	assert.True(t, res.NoOp)
+}

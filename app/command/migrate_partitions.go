@@ -1,0 +1,255 @@
+package command
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// MigratePartitions moves the event stream to another number of partitions
+// (`checkins partitions migrate --to N`): quiesce (the API answers 503, projectors stop reading,
+// nothing pending), copy every entry to its new partition with its ID, position every consumer
+// group and live-group registry entry where it was, record the new count, delete the old
+// partitions. Each phase is recorded as it ends, so a rerun after a crash carries on; a rerun
+// once the count is N is a no-op.
+type MigratePartitions struct {
+	b PartitionMigration
+}
+
+// PartitionMigration is the storage side of a migration (adapters.PartitionMigrator).
+type PartitionMigration interface {
+	Recorded(ctx context.Context) (int, error)
+	Progress(ctx context.Context) (MigrationProgress, error)
+	SaveProgress(ctx context.Context, p MigrationProgress) error
+	Quiesce(ctx context.Context, reason string) error
+	Finish(ctx context.Context) error
+	Layouts(from, to int) error
+	TargetsEmpty(ctx context.Context, to int) error
+	Pending(ctx context.Context, from int) ([]string, error)
+	Copy(ctx context.Context, from, to, batch int, pause time.Duration, saved func(last string) error) (CopyResult, error)
+	Position(ctx context.Context, from, to, batch int, force bool) (PositionResult, error)
+	Record(ctx context.Context, to int) error
+	Cleanup(ctx context.Context, from int) error
+}
+
+// MigrationProgress is what a migration has done so far (zero: none runs).
+type MigrationProgress struct {
+	From       int    `json:"from"`
+	To         int    `json:"to"`
+	Phase      string `json:"phase"`
+	LastCopied string `json:"lastCopied,omitempty"`
+	Started    int64  `json:"started"` // ms
+}
+
+// Migration phases, in order.
+const (
+	PhaseQuiesce  = "quiesce"
+	PhaseCopy     = "copy"
+	PhasePosition = "position"
+	PhaseCleanup  = "cleanup"
+)
+
+// CopyResult counts a copy pass.
+type CopyResult struct {
+	Entries    int64 // entries of the old partitions
+	Copied     int64 // written by this pass
+	Skipped    int64 // there already (an earlier run)
+	Renumbered int64 // took the next free ID: another old partition held their ID
+}
+
+// PositionResult counts the groups positioned.
+type PositionResult struct {
+	Groups int
+	Holes  int // groups and new partitions where entries were left pending for projectors to take over
+}
+
+// MigrateRequest is one run of the migration.
+type MigrateRequest struct {
+	To    int
+	Force bool          // go on with entries pending after Wait (they are delivered again after the migration)
+	Wait  time.Duration // how long to wait for pending entries to be acknowledged
+	// Settle is how long to wait after setting the flag before looking at pending entries: every
+	// process sees it within its poll interval, and a request admitted just before may still write
+	// until its deadline.
+	Settle time.Duration
+	Poll   time.Duration
+	Batch  int
+	Pause  time.Duration // between copy batches
+	Report func(string)  // progress for people
+}
+
+// MigrateResult is what a run did.
+type MigrateResult struct {
+	From, To int
+	NoOp     bool
+	Copy     CopyResult
+	Position PositionResult
+	Took     time.Duration
+}
+
+// NewMigratePartitions migrates through b.
+func NewMigratePartitions(b PartitionMigration) (*MigratePartitions, error) {
+	if b == nil {
+		return nil, errors.New("migrate partitions: no storage")
+	}
+	return &MigratePartitions{b: b}, nil
+}
+
+// Handle runs (or carries on) the migration to req.To partitions.
+func (m *MigratePartitions) Handle(ctx context.Context, req MigrateRequest) (MigrateResult, error) {
+	started := time.Now()
+	report := req.Report
+	if report == nil {
+		report = func(string) {}
+	}
+	if req.Batch <= 0 {
+		req.Batch = 1000
+	}
+	if req.Poll <= 0 {
+		req.Poll = 200 * time.Millisecond
+	}
+	p, err := m.b.Progress(ctx)
+	if err != nil {
+		return MigrateResult{}, err
+	}
+	recorded, err := m.b.Recorded(ctx)
+	if err != nil {
+		return MigrateResult{}, err
+	}
+	if p.Phase == "" {
+		if recorded == req.To {
+			return MigrateResult{From: recorded, To: req.To, NoOp: true}, nil
+		}
+		if err := m.b.Layouts(recorded, req.To); err != nil {
+			return MigrateResult{}, err
+		}
+		if err := m.b.TargetsEmpty(ctx, req.To); err != nil {
+			return MigrateResult{}, err
+		}
+		p = MigrationProgress{From: recorded, To: req.To, Phase: PhaseQuiesce, Started: started.UnixMilli()}
+		if err := m.b.SaveProgress(ctx, p); err != nil {
+			return MigrateResult{}, err
+		}
+	} else if p.To != req.To {
+		return MigrateResult{}, fmt.Errorf("a migration from %d to %d partitions is under way (phase %s): finish it with `checkins partitions migrate --to %d` first",
+			p.From, p.To, p.Phase, p.To)
+	} else {
+		report(fmt.Sprintf("carrying on the migration from %d to %d partitions (phase %s)", p.From, p.To, p.Phase))
+	}
+	res := MigrateResult{From: p.From, To: p.To}
+	if err := m.b.Quiesce(ctx, fmt.Sprintf("%d to %d partitions", p.From, p.To)); err != nil {
+		return res, err
+	}
+	next := func(phase string) error {
+		p.Phase = phase
+		if err := m.b.SaveProgress(ctx, p); err != nil {
+			return err
+		}
+		return nil
+	}
+	if p.Phase == PhaseQuiesce {
+		report(fmt.Sprintf("quiescing: the API answers 503 and projectors stop reading; waiting %s for them to see it", req.Settle))
+		if err := pause(ctx, req.Settle); err != nil {
+			return res, err
+		}
+		if err := m.waitIdle(ctx, p.From, req, report); err != nil {
+			return res, err
+		}
+		if err := next(PhaseCopy); err != nil {
+			return res, err
+		}
+	}
+	if p.Phase == PhaseCopy {
+		report(fmt.Sprintf("copying the entries of %d partitions into %d", p.From, p.To))
+		t0 := time.Now()
+		c, err := m.b.Copy(ctx, p.From, p.To, req.Batch, req.Pause, func(last string) error {
+			p.LastCopied = last
+			return m.b.SaveProgress(ctx, p)
+		})
+		res.Copy = c
+		if err != nil {
+			return res, err
+		}
+		report(fmt.Sprintf("copied %d entries in %s (%d were there from an earlier run, %d renumbered)",
+			c.Copied, time.Since(t0).Round(time.Millisecond), c.Skipped, c.Renumbered))
+		if err := next(PhasePosition); err != nil {
+			return res, err
+		}
+	}
+	if p.Phase == PhasePosition {
+		t0 := time.Now()
+		pos, err := m.b.Position(ctx, p.From, p.To, req.Batch, req.Force)
+		res.Position = pos
+		if err != nil {
+			return res, err
+		}
+		report(fmt.Sprintf("positioned %d consumer groups on each of the %d partitions in %s", pos.Groups, p.To, time.Since(t0).Round(time.Millisecond)))
+		if pos.Holes > 0 {
+			report(fmt.Sprintf("on %d group partitions, entries a group had not delivered before others it had are pending for consumer partitions-migrate: projectors take them over within CLAIM_INTERVAL", pos.Holes))
+		}
+		if err := m.b.Record(ctx, p.To); err != nil {
+			return res, err
+		}
+		if err := next(PhaseCleanup); err != nil {
+			return res, err
+		}
+	}
+	if p.Phase == PhaseCleanup {
+		if err := m.b.Cleanup(ctx, p.From); err != nil {
+			return res, err
+		}
+		if err := m.b.Finish(ctx); err != nil {
+			return res, err
+		}
+		report(fmt.Sprintf("the stream has %d partitions; the old ones are deleted; restart every process with STREAM_PARTITIONS=%d", p.To, p.To))
+	}
+	res.Took = time.Since(started)
+	return res, nil
+}
+
+// waitIdle waits until no group has entries pending, for up to req.Wait (then fails, or goes on
+// with req.Force).
+func (m *MigratePartitions) waitIdle(ctx context.Context, from int, req MigrateRequest, report func(string)) error {
+	deadline := time.Now().Add(req.Wait)
+	told := time.Time{}
+	for {
+		pending, err := m.b.Pending(ctx, from)
+		if err != nil {
+			return err
+		}
+		if len(pending) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if req.Force {
+				report("going on with entries pending (--force): " + strings.Join(pending, "; "))
+				return nil
+			}
+			return fmt.Errorf("entries still pending after %s: %s; the migration is paused (the API answers 503): let the projectors acknowledge them and rerun, or rerun with --force",
+				req.Wait, strings.Join(pending, "; "))
+		}
+		if time.Since(told) > 5*time.Second {
+			report("waiting for pending entries: " + strings.Join(pending, "; "))
+			told = time.Now()
+		}
+		if err := pause(ctx, req.Poll); err != nil {
+			return err
+		}
+	}
+}
+
+func pause(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
