@@ -342,19 +342,21 @@ func (l *ledger) inStream(t *testing.T, rdb redis.UniversalClient, keys adapters
 func (l *ledger) missingFromStream(t *testing.T, rdb redis.UniversalClient, keys adapters.KeySpace) (missing, total int) {
 	t.Helper()
 	seen := map[string]bool{}
-	start := "-"
-	for {
-		xs, err := rdb.XRangeN(context.Background(), keys.Stream(), start, "+", 5000).Result()
-		require.NoError(t, err)
-		for _, x := range xs {
-			if id, ok := x.Values[domain.FieldCheckinID].(string); ok {
-				seen[id] = true
+	for _, stream := range keys.Partitions().Streams() { // every partition
+		start := "-"
+		for {
+			xs, err := rdb.XRangeN(context.Background(), stream, start, "+", 5000).Result()
+			require.NoError(t, err)
+			for _, x := range xs {
+				if id, ok := x.Values[domain.FieldCheckinID].(string); ok {
+					seen[id] = true
+				}
 			}
+			if len(xs) < 5000 {
+				break
+			}
+			start = "(" + xs[len(xs)-1].ID
 		}
-		if len(xs) < 5000 {
-			break
-		}
-		start = "(" + xs[len(xs)-1].ID
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
