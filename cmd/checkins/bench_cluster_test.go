@@ -81,3 +81,12 @@ func TestBenchOnClusterURLDeletesOnlyItsKeys(t *testing.T) {
 	}))
 	assert.Equal(t, []string{"someone-else:key"}, left, "the bench must delete its keys and only its keys, on every master")
 }
+
+// --cluster starts a private cluster: with REDIS_URL set too, the bench says which to drop.
+func TestBenchClusterFlagWithRedisURLFails(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"bench", "--cluster", "--phases", "ingest"}, envWith(map[string]string{"REDIS_URL": "redis://127.0.0.1:1", "PROJECTIONS": ""}), &stdout, &stderr)
+	assert.NotEqual(t, 0, code)
+	assert.Contains(t, stderr.String(), "--cluster starts a private cluster: unset REDIS_URL")
+}
