@@ -625,6 +625,8 @@ func testClusterMasterCrash(t *testing.T, streamMaster bool) {
 	cl := redistest.StartCluster(t, redistest.ClusterOptions{Replicas: 1})
 	keys, err := adapters.NewKeySpace("crash", true)
 	require.NoError(t, err)
+	keys, err = keys.WithPartitions(adapters.DefaultClusterPartitions) // serve's default on a cluster
+	require.NoError(t, err)
 	svc := startSvc(t, "serve", map[string]string{"REDIS_URL": cl.URL(), "KEY_PREFIX": keys.Prefix, "CLAIM_IDLE": "2s", "CLAIM_INTERVAL": "500ms"})
 	cc := redistest.ClusterClient(t, cl.URL())
 
@@ -633,7 +635,8 @@ func testClusterMasterCrash(t *testing.T, streamMaster bool) {
 	defer stop()
 	wait := l.load(ctx, 4, "crash", func() string { return svc.base }, 10*time.Second)
 	l.waitFor(t, 500)
-	victim := cl.MasterOf(t, adapters.KeySlot(keys.Stream()))
+	// "The stream's master": the master of partition 0 (and of a third of the partitions).
+	victim := cl.MasterOf(t, adapters.KeySlot(keys.Partitions().Stream(0)))
 	if !streamMaster {
 		for _, m := range cl.Masters(t) {
 			if m != victim {
@@ -643,7 +646,7 @@ func testClusterMasterCrash(t *testing.T, streamMaster bool) {
 		}
 	}
 	// A slot the victim serves, to see the promotion.
-	slot := adapters.KeySlot(keys.Stream())
+	slot := adapters.KeySlot(keys.Partitions().Stream(0))
 	for i := 0; cl.MasterOf(t, slot) != victim; i++ {
 		slot = adapters.KeySlot(keys.Registry(int64(i)))
 	}
@@ -711,10 +714,12 @@ func TestClusterIngestMinReplicas(t *testing.T) {
 			cl := redistest.StartCluster(t, redistest.ClusterOptions{Replicas: 1})
 			keys, err := adapters.NewKeySpace("durable", true)
 			require.NoError(t, err)
+			keys, err = keys.WithPartitions(adapters.DefaultClusterPartitions) // api's default on a cluster
+			require.NoError(t, err)
 			svc := startSvc(t, "api", map[string]string{"REDIS_URL": cl.URL(), "KEY_PREFIX": keys.Prefix,
 				"INGEST_MIN_REPLICAS": tc.replicas, "INGEST_REPLICA_TIMEOUT": "200ms", "RATE_LIMIT_USER": "off"})
 			cc := redistest.ClusterClient(t, cl.URL())
-			slot := adapters.KeySlot(keys.Stream())
+			slot := adapters.KeySlot(keys.Partitions().Stream(0)) // the master of a third of the partitions
 			master := cl.MasterOf(t, slot)
 			replica := cl.ReplicaOf(t, master)
 			require.NotEqual(t, -1, replica, "the stream's master has a replica")
