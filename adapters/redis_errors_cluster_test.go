@@ -63,3 +63,43 @@ func TestTryAgainDuringSlotMigrationIsTransient(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 4, n)
 }
+
+// TestRedirectionIsTransient: a MOVED or ASK that reaches the caller (go-redis follows a few,
+// then returns the last one; a client without redirections returns the first) is the cluster
+// moving slots, not the event's fault: transient, retried, never parked. Without this, a
+// reshard under load with redirections exhausted parked events and the read models lost them.
+func TestRedirectionIsTransient(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, redistest.ClusterOptions{})
+	ctx := context.Background()
+	key := "redirect:{r}:a"
+	slot := adapters.KeySlot(key)
+	owner := cl.MasterOf(t, slot)
+	other := -1
+	for _, m := range cl.Masters(t) {
+		if m != owner {
+			other = m
+			break
+		}
+	}
+	err := cl.NodeClient(t, other).Get(ctx, key).Err()
+	require.Error(t, err)
+	assert.True(t, redis.HasErrorPrefix(err, "MOVED"), "a real MOVED: %v", err)
+	reason, ok := adapters.TransientReason(err)
+	assert.True(t, ok, "MOVED is transient: %v", err)
+	assert.Equal(t, "redis cluster moving keys", reason)
+
+	// ASK: the slot is migrating and the key is not on its old master any more.
+	src, dst := cl.NodeClient(t, owner), cl.NodeClient(t, other)
+	dstID, err := dst.Do(ctx, "CLUSTER", "MYID").Text()
+	require.NoError(t, err)
+	srcID, err := src.Do(ctx, "CLUSTER", "MYID").Text()
+	require.NoError(t, err)
+	require.NoError(t, dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
+	require.NoError(t, src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
+	err = src.Get(ctx, key).Err()
+	require.Error(t, err)
+	assert.True(t, redis.HasErrorPrefix(err, "ASK"), "a real ASK: %v", err)
+	_, ok = adapters.TransientReason(err)
+	assert.True(t, ok, "ASK is transient: %v", err)
+}
