@@ -23,6 +23,9 @@ var transientPrefixes = []struct{ prefix, reason string }{
 	{"MASTERDOWN", "redis master down"},
 	{"CLUSTERDOWN", "redis cluster down"},
 	{"TRYAGAIN", "redis cluster moving keys"},
+	// A redirection go-redis gave up following (it follows a few): the slot moved, or is moving.
+	{"MOVED", "redis cluster moving keys"},
+	{"ASK", "redis cluster moving keys"},
 	{"MISCONF", "redis cannot persist to disk"},
 	{"NOREPLICAS", "redis has too few replicas"},
 }

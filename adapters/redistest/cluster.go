@@ -520,3 +520,111 @@ func (c *Cluster) ReplicaOf(t testing.TB, m int) int {
 	}
 	return -1
 }
+
+// AddMaster starts one more node, joins it to the cluster as a master without slots
+// (redis-cli --cluster add-node) and waits until every node knows it. It returns its index.
+// Move slots to it with Rebalance.
+func (c *Cluster) AddMaster(t testing.TB) int {
+	t.Helper()
+	c.mu.Lock()
+	dir := filepath.Join(c.root, strconv.Itoa(len(c.nodes)))
+	if err := os.Mkdir(dir, 0o750); err != nil {
+		c.mu.Unlock()
+		t.Fatalf("redistest: %v", err)
+	}
+	n := &clusterNode{dir: dir}
+	if err := c.startNode(n, true); err != nil {
+		c.mu.Unlock()
+		t.Fatalf("redistest: add a node: %v", err)
+	}
+	c.nodes = append(c.nodes, n)
+	i := len(c.nodes) - 1
+	var seed string
+	for _, m := range c.nodes[:i] {
+		if m.running() {
+			seed = m.addr()
+			break
+		}
+	}
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// #nosec G204 -- a test helper: addresses of the nodes it started
+	if out, err := exec.CommandContext(ctx, "redis-cli", "--cluster", "add-node", n.addr(), seed).CombinedOutput(); err != nil {
+		t.Fatalf("redistest: redis-cli --cluster add-node: %v\n%s", err, out)
+	}
+	// redis-cli --cluster rebalance refuses to run until every node agrees on the configuration.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := c.knowEachOther()
+		if err == nil {
+			err = c.healthy()
+		}
+		if err == nil {
+			return i
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redistest: node %d did not join: %v", i, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// knowEachOther is nil when every running node lists every running node in CLUSTER NODES, none
+// of them still in handshake.
+func (c *Cluster) knowEachOther() error {
+	c.mu.Lock()
+	var addrs []string
+	for _, n := range c.nodes {
+		if n.running() {
+			addrs = append(addrs, n.addr())
+		}
+	}
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for _, a := range addrs {
+		rc := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
+		nodes, err := rc.ClusterNodes(ctx).Result()
+		_ = rc.Close()
+		if err != nil {
+			return fmt.Errorf("%s: %w", a, err)
+		}
+		if strings.Contains(nodes, "handshake") || strings.Contains(nodes, "noaddr") {
+			return fmt.Errorf("%s: a node is still in handshake", a)
+		}
+		for _, b := range addrs {
+			if !strings.Contains(nodes, b+"@") {
+				return fmt.Errorf("%s does not know %s yet", a, b)
+			}
+		}
+	}
+	return nil
+}
+
+// Rebalance moves slots so that every master, those without slots included, serves an even
+// share (redis-cli --cluster rebalance --cluster-use-empty-masters): the keys of each moved slot
+// are migrated with MIGRATE while the cluster serves, as an operator's reshard does. It returns
+// redis-cli's output and how long the move took.
+func (c *Cluster) Rebalance(t testing.TB) (string, time.Duration) {
+	t.Helper()
+	c.mu.Lock()
+	var seed string
+	for _, n := range c.nodes {
+		if n.running() {
+			seed = n.addr()
+			break
+		}
+	}
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	start := time.Now()
+	// #nosec G204 -- a test helper: an address of a node it started
+	out, err := exec.CommandContext(ctx, "redis-cli", "--cluster", "rebalance", seed, "--cluster-use-empty-masters").CombinedOutput()
+	took := time.Since(start)
+	if err != nil || strings.Contains(string(out), "[ERR]") {
+		t.Fatalf("redistest: redis-cli --cluster rebalance: %v\n%s", err, out)
+	}
+	return string(out), took
+}

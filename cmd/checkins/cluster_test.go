@@ -306,7 +306,10 @@ func checkAgainstComputation(c assert.TestingT, answers map[string]any, accepted
 		for k, v := range counts {
 			all = append(all, kv{k, v})
 		}
-		sort.Slice(all, func(i, j int) bool { return all[i].v > all[j].v || (all[i].v == all[j].v && all[i].k < all[j].k) })
+		// Equal scores by member, the greater byte string first, as the service ranks them.
+		sort.Slice(all, func(i, j int) bool {
+			return all[i].v > all[j].v || (all[i].v == all[j].v && strconv.FormatInt(all[i].k, 10) > strconv.FormatInt(all[j].k, 10))
+		})
 		out := map[int64]int64{}
 		for i := 0; i < len(all) && i < n; i++ {
 			out[all[i].k] = all[i].v

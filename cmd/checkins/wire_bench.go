@@ -62,7 +62,7 @@ func benchTokenIssuer(bc bench.Config) (*ports.TokenIssuer, error) {
 }
 
 func benchConfig(cfg Config) bench.Config {
-	return bench.Config{RedisURL: cfg.RedisURL, KeyPrefix: cfg.KeyPrefix, HTTPAddr: cfg.HTTPAddr, ConsumerName: cfg.ConsumerName,
+	return bench.Config{RedisURL: cfg.RedisURL, RedisMode: cfg.RedisMode, StreamPartitions: cfg.StreamPartitions, KeyPrefix: cfg.KeyPrefix, HTTPAddr: cfg.HTTPAddr, ConsumerName: cfg.ConsumerName,
 		LogLevel: cfg.LogLevel, Projections: cfg.Projections, Subscriber: cfg.Subscriber, BatchSize: cfg.BatchSize,
 		MaxInFlight: cfg.MaxInFlight, DedupeWindow: cfg.DedupeWindow, Retention: cfg.Retention,
 		AuthMode: cfg.AuthMode, OpsAddr: cfg.OpsAddr, RateLimitUser: cfg.RateLimitUser, RateLimitIP: cfg.RateLimitIP, Service: cfg}

@@ -64,8 +64,11 @@ through the projection's own queries, with an independent computation from the e
 accepted check-ins for sustained and e2e); ingest, ingest-baseline and sustained check that the
 stream grew by exactly the 2xx answers.
 
-Redis: REDIS_URL when set (keys under a private bench-<random> prefix, deleted at the end);
-otherwise a private redis-server (--save "" --appendonly no) on a free port, killed at the end.
+Redis: REDIS_URL when set, one server or a cluster (keys under a private bench-<random> prefix,
+deleted at the end); otherwise a private redis-server (--save "" --appendonly no) on a free
+port, or with --cluster a private cluster of 3 masters, killed at the end. On a cluster the
+services and the baselines use STREAM_PARTITIONS stream partitions (default 24), and Redis
+figures (CPU, used_memory) are the masters' sums.
 Service settings (SUBSCRIBER/--subscriber, BATCH_SIZE, MAX_IN_FLIGHT, ...) apply to the
 in-process services; the bench sets KEY_PREFIX, HTTP_ADDR and CONSUMER_NAME itself (KEY_PREFIX
 names the stream of --target for the stream check). --projections (env PROJECTIONS) selects the
@@ -93,6 +96,7 @@ type benchOptions struct {
 	Target       string
 	JSON         bool
 	MemoryEvents int
+	Cluster      bool // start a private cluster of 3 masters instead of a private server
 	// Projections are the selected projection names, in the order the service ships them;
 	// AllProjections says they are every shipped one (the services then get no explicit list).
 	Projections    []string
@@ -127,6 +131,7 @@ func Run(ctx context.Context, h Host, args []string, getenv func(string) string,
 	fs.Float64Var(&f.rate, "rate", 2000, "check-ins per second posted in e2e")
 	fs.StringVar(&f.target, "target", "", "base URL of a running API (e.g. http://127.0.0.1:8080) for ingest instead of the in-process one")
 	fs.IntVar(&f.memoryEvents, "memory-events", 100000, "events of the first memory run; the second writes twice as many")
+	cluster := fs.Bool("cluster", false, "without REDIS_URL, start a private Redis Cluster of 3 masters (no persistence) instead of one private redis-server; the services use STREAM_PARTITIONS (default 24 on a cluster)")
 	asJSON := fs.Bool("json", false, "print the result as JSON on stdout instead of the table")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (service, load and baselines) to this file, for go tool pprof")
 	memProfile := fs.String("memprofile", "", "write an allocation profile of the whole run to this file at the end, for go tool pprof -sample_index=alloc_space")
@@ -150,6 +155,7 @@ func Run(ctx context.Context, h Host, args []string, getenv func(string) string,
 		return err
 	}
 	opts.JSON = *asJSON
+	opts.Cluster = *cluster
 	log := h.NewLogger(stderr, cfg.LogLevel)
 
 	b, err := newBencher(ctx, h, cfg, opts, log, stderr)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -21,8 +22,9 @@ import (
 // drainData is the preloaded stream and what the read models must say once it is consumed,
 // computed here from the generated events, independently of the projections.
 type drainData struct {
-	source  string // stream key holding the preloaded entries; each drain run copies it
-	lastID  string
+	source adapters.KeySpace // whose stream partitions hold the preloaded entries; each drain run copies them
+	// lastIDs is each source partition's last entry ID, by partition ("" for an empty one).
+	lastIDs []string
 	entries int
 	want    *expectedModel
 }
@@ -34,8 +36,9 @@ type drainData struct {
 func (b *bencher) preload(ctx context.Context) (*drainData, error) {
 	start := time.Now()
 	n := b.opts.Events
-	keys := adapters.KeySpace{Prefix: b.prefix("source")}
-	d := &drainData{source: keys.Stream(), entries: n, want: newExpectedModel()}
+	keys := b.keys(b.prefix("source"))
+	parts := keys.Partitions()
+	d := &drainData{source: keys, entries: n, want: newExpectedModel(), lastIDs: make([]string, parts.Count())}
 	numUsers, numLocs := int64(max(n/10, 1)), int64(min(max(n/200, 1), 1000))
 	rng := rand.New(rand.NewPCG(7, 11)) // #nosec G404 -- reproducible bench data, not a secret
 	now := time.Now().UnixMilli()
@@ -44,7 +47,7 @@ func (b *bencher) preload(ctx context.Context) (*drainData, error) {
 	const batch = 1000
 	for lo := 0; lo < n; lo += batch {
 		pipe := b.admin.Pipeline()
-		var last *redis.StringCmd
+		last := map[int]*redis.StringCmd{}
 		for i := lo; i < min(lo+batch, n); i++ {
 			var ev domain.CheckinRecorded
 			if i%100 == 99 && len(recent) > 0 {
@@ -65,16 +68,19 @@ func (b *bencher) preload(ctx context.Context) (*drainData, error) {
 			if err != nil {
 				return nil, err
 			}
-			values, err := adapters.FlatMarshaller{}.Marshal(d.source, msg)
+			pi := adapters.PartitionOf(ev.UserID, parts.Count())
+			values, err := adapters.FlatMarshaller{}.Marshal(parts.Stream(pi), msg)
 			if err != nil {
 				return nil, err
 			}
-			last = pipe.XAdd(ctx, &redis.XAddArgs{Stream: d.source, Values: values})
+			last[pi] = pipe.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(pi), Values: values})
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
-			return nil, fmt.Errorf("XADD to %s: %w", d.source, err)
+			return nil, fmt.Errorf("XADD to %s: %w", keys.Stream(), err)
 		}
-		d.lastID = last.Val()
+		for pi, cmd := range last {
+			d.lastIDs[pi] = cmd.Val()
+		}
 	}
 	b.progress("preloaded %d events (%d users, %d locations, 1%% republished) in %.1fs", n, len(d.want.users), len(d.want.locs), time.Since(start).Seconds())
 	return d, nil
@@ -88,10 +94,19 @@ func (b *bencher) PhaseDrain(ctx context.Context, data *drainData, k int, baseli
 	if baseline {
 		phase, tag = PhaseDrainBaseline, "drain-baseline"
 	}
-	keys := adapters.KeySpace{Prefix: b.prefix(fmt.Sprintf("%s-k%d", tag, k))}
+	keys := b.keys(b.prefix(fmt.Sprintf("%s-k%d", tag, k)))
 	// COPY is server-side: every run starts from identical entries without paying the preload.
-	if err := b.admin.Copy(ctx, data.source, keys.Stream(), 0, false).Err(); err != nil {
-		return PhaseResult{}, fmt.Errorf("COPY %s %s (needs Redis >= 6.2): %w", data.source, keys.Stream(), err)
+	// Partition i of every prefix has the same hash tag, so source and copy share a slot.
+	lastIDs := map[string]string{}
+	for i, src := range data.source.Partitions().Streams() {
+		dst := keys.Partitions().Stream(i)
+		lastIDs[dst] = data.lastIDs[i]
+		if data.lastIDs[i] == "" {
+			continue
+		}
+		if err := b.admin.Copy(ctx, src, dst, 0, false).Err(); err != nil {
+			return PhaseResult{}, fmt.Errorf("COPY %s %s (needs Redis >= 6.2): %w", src, dst, err)
+		}
 	}
 	defer func() {
 		if _, err := deleteKeys(context.WithoutCancel(ctx), b.admin, keys.Prefix+":*"); err != nil {
@@ -141,7 +156,7 @@ func (b *bencher) PhaseDrain(ctx context.Context, data *drainData, k int, baseli
 			s.watch("projector", fail)
 		}
 	}
-	elapsed, waitErr := b.waitDrained(ctx, keys.Stream(), groups, data.lastID, t0, fail)
+	elapsed, waitErr := b.waitDrained(ctx, lastIDs, groups, t0, fail)
 	use := m.Stop()
 	stopErr := stop()
 	if waitErr != nil {
@@ -156,40 +171,51 @@ func (b *bencher) PhaseDrain(ctx context.Context, data *drainData, k int, baseli
 	return r, nil
 }
 
-// waitDrained polls XINFO GROUPS until every group on the stream, and at least those of want,
-// has delivered lastID and has nothing pending. It gives up when nothing moved for 30s or a
+// waitDrained polls XINFO GROUPS on every partition in lastIDs (stream -> its last entry ID, ""
+// for an empty one) until every group there, and at least those of want, has delivered the
+// partition's last entry and has nothing pending. It gives up when nothing moved for 30s or a
 // consumer failed.
-func (b *bencher) waitDrained(ctx context.Context, stream string, want []string, lastID string, t0 time.Time, fail <-chan error) (time.Duration, error) {
+func (b *bencher) waitDrained(ctx context.Context, lastIDs map[string]string, want []string, t0 time.Time, fail <-chan error) (time.Duration, error) {
 	const stallAfter = 30 * time.Second
 	var state string
 	changed := time.Now()
+	streams := slices.Sorted(maps.Keys(lastIDs))
 	for {
-		infos, err := b.admin.XInfoGroups(ctx, stream).Result()
-		if err != nil {
-			return 0, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
+		done := true
+		var sb strings.Builder
+		for _, stream := range streams {
+			lastID := lastIDs[stream]
+			infos, err := b.admin.XInfoGroups(ctx, stream).Result()
+			if err != nil && !(lastID == "" && strings.Contains(err.Error(), "no such key")) {
+				return 0, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
+			}
+			if lastID == "" {
+				lastID = "0-0" // an empty partition: delivered nothing, owes nothing
+			}
+			if len(lastIDs) == 1 && len(infos) == 0 {
+				done = false
+			}
+			for _, name := range want {
+				if !slices.ContainsFunc(infos, func(g redis.XInfoGroup) bool { return g.Name == name }) {
+					done = false
+					fmt.Fprintf(&sb, "%s: %s not created yet; ", stream, name)
+				}
+			}
+			for _, g := range infos {
+				if g.LastDeliveredID != lastID || g.Pending != 0 {
+					done = false
+				}
+				fmt.Fprintf(&sb, "%s: %s last-delivered %s pending %d; ", stream, g.Name, g.LastDeliveredID, g.Pending)
+			}
 		}
 		at := time.Since(t0)
-		done := len(infos) > 0
-		var sb strings.Builder
-		for _, name := range want {
-			if !slices.ContainsFunc(infos, func(g redis.XInfoGroup) bool { return g.Name == name }) {
-				done = false
-				fmt.Fprintf(&sb, "%s not created yet; ", name)
-			}
-		}
-		for _, g := range infos {
-			if g.LastDeliveredID != lastID || g.Pending != 0 {
-				done = false
-			}
-			fmt.Fprintf(&sb, "%s last-delivered %s pending %d; ", g.Name, g.LastDeliveredID, g.Pending)
-		}
 		if done {
 			return at, nil
 		}
 		if s := sb.String(); s != state {
 			state, changed = s, time.Now()
 		} else if time.Since(changed) > stallAfter {
-			return 0, fmt.Errorf("%w for %s (last entry %s): %s", errStalled, stallAfter, lastID, state)
+			return 0, fmt.Errorf("%w for %s (last entries %v): %s", errStalled, stallAfter, lastIDs, state)
 		}
 		select {
 		case err := <-fail:
@@ -201,8 +227,18 @@ func (b *bencher) waitDrained(ctx context.Context, stream string, want []string,
 	}
 }
 
+// anyEntry says whether some partition in lastIDs has an entry.
+func anyEntry(lastIDs map[string]string) bool {
+	for _, id := range lastIDs {
+		if id != "" {
+			return true
+		}
+	}
+	return false
+}
+
 // lastEntryID is the ID of the stream's last entry, "" when it has none.
-func lastEntryID(ctx context.Context, c *redis.Client, stream string) (string, error) {
+func lastEntryID(ctx context.Context, c redis.UniversalClient, stream string) (string, error) {
 	ms, err := c.XRevRangeN(ctx, stream, "+", "-", 1).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return "", fmt.Errorf("XREVRANGE %s: %w", stream, err)
@@ -216,8 +252,8 @@ func lastEntryID(ctx context.Context, c *redis.Client, stream string) (string, e
 // startBaselineConsumers runs k raw readers of one consumer group feeding every projection;
 // stop ends them.
 func (b *bencher) startBaselineConsumers(ctx context.Context, keys adapters.KeySpace, k int, fail chan<- error) (stop func() error) {
-	client, err := adapters.NewRedisClient(adapters.ClientOptions{URL: b.redis.url, DialTimeout: 2 * time.Second,
-		ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second, PoolSize: 2*k + 4})
+	client, err := adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: b.redis.url, DialTimeout: 2 * time.Second,
+		ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second, PoolSize: 2*k + 4, Mode: b.redisMode()})
 	if err != nil {
 		fail <- err
 		return func() error { return nil }
@@ -240,7 +276,7 @@ func (b *bencher) startBaselineConsumers(ctx context.Context, keys adapters.KeyS
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c := baselineConsumer{client: client, applier: applier, stream: keys.Stream(), consumer: fmt.Sprintf("baseline-%d", i), projs: projs}
+			c := baselineConsumer{client: client, applier: applier, streams: keys.Partitions().Streams(), consumer: fmt.Sprintf("baseline-%d", i), projs: projs}
 			if err := c.run(rctx, keys); err != nil {
 				fail <- fmt.Errorf("baseline consumer %s: %w", c.consumer, err)
 			}
@@ -258,11 +294,13 @@ const baselineGroup = "baseline"
 
 // baselineConsumer is the raw limit: XREADGROUP COUNT 500 on one group, every projection's
 // updates applied the way the service applies them (ProjectionApplier.Apply: a few script calls
-// per batch), one XACK per batch; no Watermill, no middleware, no batching subscriber.
+// per batch), one XACK per batch; no Watermill, no middleware, no batching subscriber. With
+// several stream partitions it reads them in turn, without blocking, and sleeps 1 ms after a
+// round that found nothing.
 type baselineConsumer struct {
-	client   *redis.Client
+	client   redis.UniversalClient
 	applier  *adapters.ProjectionApplier
-	stream   string
+	streams  []string
 	consumer string
 	projs    []projection.Projection
 }
@@ -277,19 +315,33 @@ func (c baselineConsumer) run(ctx context.Context, keys adapters.KeySpace) error
 		}
 		vs[i] = v
 	}
-	if err := c.client.XGroupCreateMkStream(ctx, c.stream, baselineGroup, "0").Err(); err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
-		return fmt.Errorf("XGROUP CREATE: %w", err)
+	for _, stream := range c.streams {
+		if err := c.client.XGroupCreateMkStream(ctx, stream, baselineGroup, "0").Err(); err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+			return fmt.Errorf("XGROUP CREATE: %w", err)
+		}
 	}
 	fields := map[string]string{}
 	var ids []string
 	var works []projection.Work
-	for {
+	block, empty := 100*time.Millisecond, 0
+	if len(c.streams) > 1 {
+		block = -1 // no BLOCK: the next partition may have entries
+	}
+	for turn := 0; ; turn++ {
+		stream := c.streams[turn%len(c.streams)]
+		if turn%len(c.streams) == 0 {
+			if empty == len(c.streams) && len(c.streams) > 1 {
+				time.Sleep(time.Millisecond)
+			}
+			empty = 0
+		}
 		res, err := c.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: baselineGroup, Consumer: c.consumer,
-			Streams: []string{c.stream, ">"}, Count: 500, Block: 100 * time.Millisecond}).Result()
+			Streams: []string{stream, ">"}, Count: 500, Block: block}).Result()
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, redis.Nil) {
+		if errors.Is(err, redis.Nil) || (err == nil && len(res) > 0 && len(res[0].Messages) == 0) {
+			empty++
 			continue
 		}
 		if err != nil {
@@ -332,7 +384,7 @@ func (c baselineConsumer) run(ctx context.Context, keys adapters.KeySpace) error
 			return err
 		}
 		if len(ids) > 0 {
-			if err := c.client.XAck(ctx, c.stream, baselineGroup, ids...).Err(); err != nil {
+			if err := c.client.XAck(ctx, stream, baselineGroup, ids...).Err(); err != nil {
 				if ctx.Err() != nil {
 					return nil
 				}

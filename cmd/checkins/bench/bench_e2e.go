@@ -24,7 +24,7 @@ import (
 // millisecond, pipelined: the polling stays cheap next to the service. Once the load is over and
 // every group caught up, every selected read model is checked against the accepted check-ins.
 func (b *bencher) PhaseE2E(ctx context.Context) (PhaseResult, error) {
-	keys := adapters.KeySpace{Prefix: b.prefix("e2e")}
+	keys := b.keys(b.prefix("e2e"))
 	rs, err := b.newService(ctx, keys.Prefix, Mode{API: true, Projections: true}, b.runID+"-e2e")
 	if err != nil {
 		return PhaseResult{}, err
@@ -131,10 +131,10 @@ dispatch:
 	// Everything answered 202 must become visible: wait until every group caught up (or stalls),
 	// then give the poller a last few rounds.
 	var drainErr error
-	if lastID, err := lastEntryID(ctx, b.admin, keys.Stream()); err != nil {
+	if lastIDs, err := b.lastEntryIDs(ctx, keys); err != nil {
 		drainErr = err
-	} else if lastID != "" {
-		_, drainErr = b.waitDrained(ctx, keys.Stream(), rs.groups(), lastID, t0, fail)
+	} else if anyEntry(lastIDs) {
+		_, drainErr = b.waitDrained(ctx, lastIDs, rs.groups(), t0, fail)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for drainErr == nil && poller.pending.Load() > 0 && time.Now().Before(deadline) && ctx.Err() == nil {

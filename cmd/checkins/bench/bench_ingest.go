@@ -196,7 +196,7 @@ func closedLoop(ctx context.Context, url string, clients int, d time.Duration, s
 type ingestTarget struct {
 	phase  string
 	url    string
-	stream string // "" when it cannot be checked (skip says why)
+	stream *adapters.KeySpace // whose stream partitions to check; nil when they cannot be (skip says why)
 	skip   string
 	close  func()
 	acc    ingestTotals
@@ -269,22 +269,24 @@ func (b *bencher) ingestOurs(ctx context.Context) (*ingestTarget, error) {
 			return nil, err
 		}
 		t.url = "http://" + rs.addr + "/checkins"
-		t.stream = adapters.KeySpace{Prefix: prefix}.Stream()
+		k := b.keys(prefix)
+		t.stream = &k
 	case b.redis.private:
 		t.skip = "--target without REDIS_URL: the target's stream is not reachable"
 	default:
 		// The target is assumed to use REDIS_URL and KEY_PREFIX as given to the bench.
-		t.stream = adapters.KeySpace{Prefix: b.cfg.KeyPrefix}.Stream()
+		k := b.keys(b.cfg.KeyPrefix)
+		t.stream = &k
 	}
 	return t, nil
 }
 
 // ingestBaseline serves the same clients with the least a Redis-backed ingest can do.
 func (b *bencher) ingestBaseline(ctx context.Context) (*ingestTarget, error) {
-	stream := adapters.KeySpace{Prefix: b.prefix("ingest-baseline")}.Stream()
+	keys := b.keys(b.prefix("ingest-baseline"))
 	// The same client options as the service's publisher.
-	client, err := adapters.NewRedisClient(adapters.ClientOptions{URL: b.redis.url, DialTimeout: 2 * time.Second,
-		ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second})
+	client, err := adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: b.redis.url, DialTimeout: 2 * time.Second,
+		ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second, Mode: b.redisMode()})
 	if err != nil {
 		return nil, err
 	}
@@ -293,9 +295,9 @@ func (b *bencher) ingestBaseline(ctx context.Context) (*ingestTarget, error) {
 		_ = client.Close()
 		return nil, err
 	}
-	srv := &http.Server{Handler: baselineIngestHandler(client, stream), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: baselineIngestHandler(client, keys.Partitions()), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(l) }()
-	return &ingestTarget{phase: PhaseIngestBaseline, url: "http://" + l.Addr().String() + "/checkins", stream: stream,
+	return &ingestTarget{phase: PhaseIngestBaseline, url: "http://" + l.Addr().String() + "/checkins", stream: &keys,
 		close: func() {
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
@@ -312,9 +314,10 @@ type baselineCheckin struct {
 	Timestamp  *int64  `json:"timestamp"`
 }
 
-// baselineIngestHandler decodes the check-in JSON and does one XADD of flat fields: no
-// validation, no idempotency, no router, no middleware.
-func baselineIngestHandler(client *redis.Client, stream string) http.Handler {
+// baselineIngestHandler decodes the check-in JSON and does one XADD of flat fields to the
+// user's stream partition, picked as ingest picks it: no validation, no idempotency, no router,
+// no middleware.
+func baselineIngestHandler(client redis.UniversalClient, parts adapters.Partitions) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost || r.URL.Path != "/checkins" {
 			http.NotFound(w, r)
@@ -329,7 +332,7 @@ func baselineIngestHandler(client *redis.Client, stream string) http.Handler {
 			http.Error(w, "every field is required", http.StatusBadRequest)
 			return
 		}
-		id, err := client.XAdd(r.Context(), &redis.XAddArgs{Stream: stream, Values: []any{
+		id, err := client.XAdd(r.Context(), &redis.XAddArgs{Stream: parts.StreamOf(*in.UserID), Values: []any{
 			domain.FieldType, domain.EventCheckinRecorded, domain.FieldCheckinID, *in.CheckinID,
 			domain.FieldUserID, *in.UserID, domain.FieldLocationID, *in.LocationID,
 			domain.FieldStarRating, *in.StarRating, domain.FieldTimestamp, *in.Timestamp,
@@ -349,10 +352,10 @@ func baselineIngestHandler(client *redis.Client, stream string) http.Handler {
 // including how much its stream grew.
 func (b *bencher) ingestRound(ctx context.Context, t *ingestTarget, src *payloadSource, round int, d time.Duration) error {
 	var before int64
-	if t.stream != "" {
+	if t.stream != nil {
 		var err error
-		if before, err = b.admin.XLen(ctx, t.stream).Result(); err != nil {
-			return fmt.Errorf("XLEN %s: %w", t.stream, err)
+		if before, err = b.xlen(ctx, *t.stream); err != nil {
+			return err
 		}
 	}
 	m := b.startMeter(ctx)
@@ -361,10 +364,10 @@ func (b *bencher) ingestRound(ctx context.Context, t *ingestTarget, src *payload
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if t.stream != "" {
-		after, err := b.admin.XLen(ctx, t.stream).Result()
+	if t.stream != nil {
+		after, err := b.xlen(ctx, *t.stream)
 		if err != nil {
-			return fmt.Errorf("XLEN %s: %w", t.stream, err)
+			return err
 		}
 		t.acc.grew += after - before
 	}
@@ -399,7 +402,7 @@ func (t *ingestTarget) result() PhaseResult {
 	case r.Count == 0:
 		r.Check = CheckMismatch
 		r.CheckDetail = fmt.Sprintf("no request was answered 2xx (errors: %s)", fmtErrors(a.load.errs))
-	case t.stream == "":
+	case t.stream == nil:
 	case a.grew == answered:
 		r.Check = CheckOK
 	default:

@@ -118,16 +118,26 @@ func (u phaseUsage) fill(r *PhaseResult) {
 	r.CPUSeconds, r.RedisCPUSeconds = u.cpu, u.redisCPU
 }
 
-// redisCPUSeconds is Redis's user+system CPU time from INFO cpu (0 when unavailable).
-func redisCPUSeconds(ctx context.Context, c *redis.Client) float64 {
-	info, err := c.Info(ctx, "cpu").Result()
+// redisCPUSeconds is Redis's user+system CPU time from INFO cpu (0 when unavailable); on a
+// cluster, summed over the masters.
+func redisCPUSeconds(ctx context.Context, uc redis.UniversalClient) float64 {
+	var mu sync.Mutex
+	var total float64
+	err := eachNode(ctx, uc, func(ctx context.Context, c *redis.Client) error {
+		info, err := c.Info(ctx, "cpu").Result()
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, f := range []string{"used_cpu_sys", "used_cpu_user"} {
+			v, _ := strconv.ParseFloat(InfoField(info, f), 64)
+			total += v
+		}
+		return nil
+	})
 	if err != nil {
 		return 0
-	}
-	var total float64
-	for _, f := range []string{"used_cpu_sys", "used_cpu_user"} {
-		v, _ := strconv.ParseFloat(InfoField(info, f), 64)
-		total += v
 	}
 	return total
 }

@@ -77,7 +77,7 @@ type MemoryKeyGroup struct {
 // every selected projection, and measures what Redis holds for them besides the stream. prior
 // are the rows so far: the run with n/2 events gives the growth.
 func (b *bencher) PhaseMemory(ctx context.Context, n int, prior []PhaseResult) (PhaseResult, error) {
-	keys := adapters.KeySpace{Prefix: b.prefix(fmt.Sprintf("memory-%d", n))}
+	keys := b.keys(b.prefix(fmt.Sprintf("memory-%d", n)))
 	defer func() {
 		cctx := context.WithoutCancel(ctx)
 		if _, err := deleteKeys(cctx, b.admin, keys.Prefix+":*"); err != nil {
@@ -115,7 +115,11 @@ func (b *bencher) PhaseMemory(ctx context.Context, n int, prior []PhaseResult) (
 	m, t0 := b.startMeter(ctx), time.Now()
 	rs.start(ctx)
 	rs.watch("projector", fail)
-	elapsed, waitErr := b.waitDrained(ctx, data.source, rs.groups(), data.lastID, t0, fail)
+	lastIDs := map[string]string{}
+	for i, s := range keys.Partitions().Streams() {
+		lastIDs[s] = data.lastIDs[i]
+	}
+	elapsed, waitErr := b.waitDrained(ctx, lastIDs, rs.groups(), t0, fail)
 	use := m.Stop()
 	if waitErr == nil {
 		// What a caught-up service holds: once its group is quiet the projector lets go of the
@@ -188,7 +192,8 @@ func (m *MemoryResult) figure() float64 { return float64(m.figureBytes()) / floa
 // republishes a recent check-in unchanged, as a retried publish would.
 func (b *bencher) preloadHistory(ctx context.Context, keys adapters.KeySpace, n int) (*drainData, error) {
 	start := time.Now()
-	d := &drainData{source: keys.Stream(), entries: n, want: newExpectedModel()}
+	parts := keys.Partitions()
+	d := &drainData{source: keys, entries: n, want: newExpectedModel(), lastIDs: make([]string, parts.Count())}
 	rng := rand.New(rand.NewPCG(uint64(n), 13)) // #nosec G115 G404 -- a reproducible load generator's seed, not a secret
 	end := time.Now().UnixMilli()
 	span := memoryHistory.Milliseconds()
@@ -227,15 +232,17 @@ func (b *bencher) preloadHistory(ctx context.Context, keys adapters.KeySpace, n 
 			if err != nil {
 				return nil, err
 			}
-			values, err := adapters.FlatMarshaller{}.Marshal(d.source, msg)
+			pi := adapters.PartitionOf(ev.UserID, parts.Count())
+			values, err := adapters.FlatMarshaller{}.Marshal(parts.Stream(pi), msg)
 			if err != nil {
 				return nil, err
 			}
-			d.lastID = strconv.FormatInt(ms, 10) + "-" + strconv.FormatInt(seq, 10)
-			pipe.XAdd(ctx, &redis.XAddArgs{Stream: d.source, ID: d.lastID, Values: values})
+			// IDs grow over the whole run, so over each partition too.
+			d.lastIDs[pi] = strconv.FormatInt(ms, 10) + "-" + strconv.FormatInt(seq, 10)
+			pipe.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(pi), ID: d.lastIDs[pi], Values: values})
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
-			return nil, fmt.Errorf("XADD to %s: %w", d.source, err)
+			return nil, fmt.Errorf("XADD to %s: %w", keys.Stream(), err)
 		}
 	}
 	b.progress("memory: preloaded %d events over the last 30 days (%d users, %d locations, 1%% republished) in %.1fs",
@@ -308,14 +315,15 @@ func (b *bencher) memoryBreakdown(ctx context.Context, keys adapters.KeySpace, m
 
 // keyOwner names what a key of the run belongs to and its kind (its last segment).
 func keyOwner(keys adapters.KeySpace, projections map[string]string, k string) (owner, kind string) {
+	parts := keys.Partitions()
 	switch {
-	case k == keys.Stream():
+	case parts.Index(k) >= 0:
 		return "stream", "events"
 	case k == keys.PoisonStream():
 		return "poison", "poison"
 	case strings.HasPrefix(k, keys.IdempotencyPrefix()), k == keys.IdempotencyScopedSince():
 		return "idempotency", "idem"
-	case k == keys.Projections():
+	case k == keys.Projections(), slices.Contains(partitionRegistries(parts), k), k == keys.Meta():
 		return "registry", "projections"
 	case strings.HasPrefix(k, keys.Prefix+":dedupe:"):
 		return "dedupe", "window" // the check-ins counted in the last DEDUPE_WINDOW, per user
@@ -331,17 +339,20 @@ func keyOwner(keys adapters.KeySpace, projections map[string]string, k string) (
 	return "other", kind
 }
 
-// usedMemory is INFO memory used_memory.
+// usedMemory is INFO memory used_memory; on a cluster the masters' sum, so that a difference
+// of two readings is the sum of each master's difference.
 func (b *bencher) usedMemory(ctx context.Context) (int64, error) {
-	info, err := b.admin.Info(ctx, "memory").Result()
-	if err != nil {
-		return 0, fmt.Errorf("INFO memory: %w", err)
-	}
-	n, err := strconv.ParseInt(InfoField(info, "used_memory"), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("INFO memory used_memory: %w", err)
-	}
-	return n, nil
+	return sumNodes(ctx, b.admin, func(ctx context.Context, c *redis.Client) (int64, error) {
+		info, err := c.Info(ctx, "memory").Result()
+		if err != nil {
+			return 0, fmt.Errorf("INFO memory: %w", err)
+		}
+		n, err := strconv.ParseInt(InfoField(info, "used_memory"), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("INFO memory used_memory: %w", err)
+		}
+		return n, nil
+	})
 }
 
 // waitLazyFree waits until Redis has freed what UNLINK handed to its background thread, so that
@@ -349,11 +360,18 @@ func (b *bencher) usedMemory(ctx context.Context) (int64, error) {
 func (b *bencher) waitLazyFree(ctx context.Context) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		info, err := b.admin.Info(ctx, "memory").Result()
+		pending, err := sumNodes(ctx, b.admin, func(ctx context.Context, c *redis.Client) (int64, error) {
+			info, err := c.Info(ctx, "memory").Result()
+			if err != nil {
+				return 0, fmt.Errorf("INFO memory: %w", err)
+			}
+			n, _ := strconv.ParseInt(InfoField(info, "lazyfree_pending_objects"), 10, 64) // "unknown": 0
+			return n, nil
+		})
 		if err != nil {
-			return fmt.Errorf("INFO memory: %w", err)
+			return err
 		}
-		if v := InfoField(info, "lazyfree_pending_objects"); v == "0" || v == "unknown" || time.Now().After(deadline) {
+		if pending == 0 || time.Now().After(deadline) {
 			return nil
 		}
 		select {
@@ -365,12 +383,14 @@ func (b *bencher) waitLazyFree(ctx context.Context) error {
 }
 
 func (b *bencher) connectedClients(ctx context.Context) (int64, error) {
-	info, err := b.admin.Info(ctx, "clients").Result()
-	if err != nil {
-		return 0, fmt.Errorf("INFO clients: %w", err)
-	}
-	n, _ := strconv.ParseInt(InfoField(info, "connected_clients"), 10, 64)
-	return n, nil
+	return sumNodes(ctx, b.admin, func(ctx context.Context, c *redis.Client) (int64, error) {
+		info, err := c.Info(ctx, "clients").Result()
+		if err != nil {
+			return 0, fmt.Errorf("INFO clients: %w", err)
+		}
+		n, _ := strconv.ParseInt(InfoField(info, "connected_clients"), 10, 64)
+		return n, nil
+	})
 }
 
 // waitClients waits (up to 2s: on a shared Redis others come and go) until no more clients are
@@ -414,15 +434,17 @@ func (b *bencher) waitMarkersSwept(ctx context.Context, keys adapters.KeySpace) 
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		var total int64
-		iter := b.admin.Scan(ctx, 0, keys.Prefix+":applied:*", 1000).Iterator()
-		for iter.Next(ctx) {
-			n, err := b.admin.ZCard(ctx, iter.Val()).Result()
-			if err != nil {
-				return err
+		err := scanKeys(ctx, b, keys.Prefix+":applied:*", func(ks []string) error {
+			for _, k := range ks {
+				n, err := b.admin.ZCard(ctx, k).Result()
+				if err != nil {
+					return err
+				}
+				total += n
 			}
-			total += n
-		}
-		if err := iter.Err(); err != nil {
+			return nil
+		})
+		if err != nil {
 			return err
 		}
 		if total == 0 || time.Now().After(deadline) {
@@ -434,4 +456,13 @@ func (b *bencher) waitMarkersSwept(ctx context.Context, keys adapters.KeySpace) 
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// partitionRegistries are the registry hashes of every partition.
+func partitionRegistries(p adapters.Partitions) []string {
+	out := make([]string, p.Count())
+	for i := range out {
+		out[i] = p.Registry(i)
+	}
+	return out
 }

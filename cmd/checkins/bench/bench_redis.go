@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/adapters"
 )
 
 // benchRedis is the Redis the bench runs against: REDIS_URL, or a private server it owns.
@@ -22,26 +24,51 @@ type benchRedis struct {
 	url     string
 	version string
 	private bool
+	cluster bool // a Redis Cluster: REDIS_URL of one, or the private one of --cluster
 	cmd     *exec.Cmd
 	waited  chan struct{}
 	dir     string
+	// partitions is P of the services' stream (for describe).
+	partitions int
+	nodes      []benchNode // the private cluster's servers
 }
 
-// openBenchRedis uses redisURL when set; otherwise it starts a private redis-server without
-// persistence, so nothing on disk slows the figures down and nothing is left behind.
-func openBenchRedis(ctx context.Context, redisURL, runID string, log *slog.Logger, redact func(string) string) (*benchRedis, error) {
+// benchNode is one redis-server of the private cluster.
+type benchNode struct {
+	cmd    *exec.Cmd
+	waited chan struct{}
+}
+
+// openBenchRedis uses redisURL when set (one server or a cluster, as REDIS_MODE says);
+// otherwise it starts a private redis-server without persistence, or with cluster a private
+// cluster of 3 masters, so nothing on disk slows the figures down and nothing is left behind.
+func openBenchRedis(ctx context.Context, redisURL string, mode adapters.RedisMode, cluster bool, runID string, log *slog.Logger, redact func(string) string) (*benchRedis, error) {
 	r := &benchRedis{url: redisURL}
-	if redisURL == "" {
+	switch {
+	case redisURL != "" && cluster:
+		return nil, fmt.Errorf("--cluster starts a private cluster: unset REDIS_URL, or leave --cluster out to use the cluster REDIS_URL names")
+	case cluster:
+		if err := r.startPrivateCluster(ctx, runID); err != nil {
+			return nil, err
+		}
+		mode = adapters.RedisModeCluster
+	case redisURL == "":
 		if err := r.startPrivate(ctx, runID); err != nil {
 			return nil, err
 		}
+		mode = adapters.RedisModeStandalone
 	}
-	opt, err := redis.ParseURL(r.url)
+	detected, err := adapters.DetectRedisMode(ctx, adapters.ClientOptions{URL: r.url, Mode: mode})
 	if err != nil {
 		r.close(log)
-		return nil, fmt.Errorf("REDIS_URL: %w", err)
+		return nil, err
 	}
-	c := redis.NewClient(opt)
+	r.cluster = detected == adapters.RedisModeCluster
+	c, err := adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: r.url, Mode: detected})
+	if err != nil {
+		r.close(log)
+		return nil, err
+	}
 	defer c.Close()
 	info, err := c.Info(ctx, "server").Result()
 	if err != nil {
@@ -101,6 +128,21 @@ func (r *benchRedis) startPrivate(ctx context.Context, runID string) error {
 
 // close kills the private server (it holds nothing worth keeping) and removes its directory.
 func (r *benchRedis) close(log *slog.Logger) {
+	if r.private && r.cluster {
+		for _, n := range r.nodes {
+			_ = n.cmd.Process.Kill()
+			select {
+			case <-n.waited:
+			case <-time.After(10 * time.Second):
+				if log != nil {
+					log.Warn("bench: private redis-server did not exit after SIGKILL", "pid", n.cmd.Process.Pid)
+				}
+			}
+		}
+		r.nodes = nil
+		_ = os.RemoveAll(r.dir) // #nosec G703 -- the directory os.MkdirTemp made for this cluster
+		return
+	}
 	if !r.private || r.cmd == nil || r.cmd.Process == nil {
 		return
 	}
@@ -117,12 +159,18 @@ func (r *benchRedis) close(log *slog.Logger) {
 }
 
 func (r *benchRedis) describe() string {
+	if r.private && r.cluster {
+		return fmt.Sprintf("private cluster of %d masters, no persistence, %d stream partitions", len(r.nodes), r.partitions)
+	}
 	if r.private {
 		return "private redis-server, no persistence"
 	}
 	u, err := url.Parse(r.url)
 	if err != nil {
 		return "REDIS_URL"
+	}
+	if r.cluster {
+		return fmt.Sprintf("REDIS_URL cluster %s://%s, %d stream partitions", u.Scheme, u.Host, r.partitions)
 	}
 	return "REDIS_URL " + u.Scheme + "://" + u.Host
 }

@@ -123,12 +123,12 @@ type bencher struct {
 	out   io.Writer // progress lines
 	redis *benchRedis
 	runID string
-	admin *redis.Client // setup, checks and polling; never measured
+	admin redis.UniversalClient // setup, checks and polling; never measured
 	// reads serves the projections' own read paths (adapters.ProjectionReader) for the checks:
 	// its commands go through readPipe, so many concurrent reads share round trips.
-	reads     *redis.Client
+	reads     redis.UniversalClient
 	readPipe  *adapters.AutoPipeline
-	readPipeC *redis.Client
+	readPipeC redis.UniversalClient
 	closed    bool
 	tokens    *benchTokens // one per user, for the load generator
 }
@@ -143,23 +143,28 @@ func newBencher(ctx context.Context, h Host, cfg Config, opts benchOptions, log 
 	if b.tokens, err = newBenchTokens(h, cfg); err != nil {
 		return nil, err
 	}
-	r, err := openBenchRedis(ctx, cfg.RedisURL, b.runID, log, h.Redact)
+	r, err := openBenchRedis(ctx, cfg.RedisURL, cfg.RedisMode, opts.Cluster, b.runID, log, h.Redact)
 	if err != nil {
 		return nil, err
 	}
 	b.redis = r
-	opts30s := adapters.ClientOptions{URL: r.url, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, PoolSize: 8}
-	if b.admin, err = adapters.NewRedisClient(opts30s); err != nil {
+	r.partitions = b.partitions()
+	mode := adapters.RedisModeStandalone
+	if r.cluster {
+		mode = adapters.RedisModeCluster
+	}
+	opts30s := adapters.ClientOptions{URL: r.url, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, PoolSize: 8, Mode: mode}
+	if b.admin, err = adapters.NewUniversalRedisClient(ctx, opts30s); err != nil {
 		r.close(log)
 		return nil, err
 	}
-	if b.readPipeC, err = adapters.NewRedisClient(opts30s); err != nil {
+	if b.readPipeC, err = adapters.NewUniversalRedisClient(ctx, opts30s); err != nil {
 		_ = b.admin.Close()
 		r.close(log)
 		return nil, err
 	}
 	b.readPipe = adapters.NewAutoPipeline(b.readPipeC, 256, 2)
-	if b.reads, err = adapters.NewRedisClient(opts30s); err != nil {
+	if b.reads, err = adapters.NewUniversalRedisClient(ctx, opts30s); err != nil {
 		_ = b.readPipe.Close()
 		_ = b.readPipeC.Close()
 		_ = b.admin.Close()
@@ -458,7 +463,17 @@ func (s *runningService) waitHTTP(ctx context.Context, path string) error {
 }
 
 // deleteKeys UNLINKs every key matching pattern; it returns how many.
-func deleteKeys(ctx context.Context, c *redis.Client, pattern string) (int, error) {
+func deleteKeys(ctx context.Context, uc redis.UniversalClient, pattern string) (int, error) {
+	total, err := sumNodes(ctx, uc, func(ctx context.Context, c *redis.Client) (int64, error) {
+		n, err := deleteNodeKeys(ctx, c, pattern)
+		return int64(n), err
+	})
+	return int(total), err
+}
+
+// deleteNodeKeys UNLINKs every key matching pattern on one server (one key at a time on a
+// cluster master: the keys of a batch are in many slots).
+func deleteNodeKeys(ctx context.Context, c *redis.Client, pattern string) (int, error) {
 	var cursor uint64
 	n := 0
 	for {
@@ -467,7 +482,11 @@ func deleteKeys(ctx context.Context, c *redis.Client, pattern string) (int, erro
 			return n, fmt.Errorf("scan %s: %w", pattern, err)
 		}
 		if len(keys) > 0 {
-			if err := c.Unlink(ctx, keys...).Err(); err != nil {
+			pipe := c.Pipeline()
+			for _, k := range keys {
+				pipe.Unlink(ctx, k)
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
 				return n, fmt.Errorf("unlink: %w", err)
 			}
 			n += len(keys)

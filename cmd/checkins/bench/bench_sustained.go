@@ -17,8 +17,7 @@ const sustainedRound = 100
 // check-ins/s, the figure that matters, with what the projections still owed when the load
 // stopped.
 func (b *bencher) PhaseSustained(ctx context.Context) (PhaseResult, error) {
-	keys := adapters.KeySpace{Prefix: b.prefix("sustained")}
-	stream := keys.Stream()
+	keys := b.keys(b.prefix("sustained"))
 	rs, err := b.newService(ctx, keys.Prefix, Mode{API: true, Projections: true}, b.runID+"-sustained")
 	if err != nil {
 		return PhaseResult{}, err
@@ -38,9 +37,9 @@ func (b *bencher) PhaseSustained(ctx context.Context) (PhaseResult, error) {
 	}
 	fail := make(chan error, 1)
 	rs.watch("service", fail)
-	before, err := b.admin.XLen(ctx, stream).Result()
+	before, err := b.xlen(ctx, keys)
 	if err != nil {
-		return PhaseResult{}, fmt.Errorf("XLEN %s: %w", stream, err)
+		return PhaseResult{}, err
 	}
 
 	m := b.startMeter(ctx)
@@ -50,29 +49,30 @@ func (b *bencher) PhaseSustained(ctx context.Context) (PhaseResult, error) {
 		m.Stop()
 		return PhaseResult{}, err
 	}
-	// Every 2xx answer came after its XADD, so the stream's last entry now is the last accepted.
-	lastID, err := lastEntryID(ctx, b.admin, stream)
+	// Every 2xx answer came after its XADD, so each partition's last entry now is its last
+	// accepted one.
+	lastIDs, err := b.lastEntryIDs(ctx, keys)
 	if err != nil {
 		m.Stop()
 		return PhaseResult{}, err
 	}
-	backlog, err := b.backlog(ctx, stream)
+	backlog, err := b.backlog(ctx, keys)
 	if err != nil {
 		m.Stop()
 		return PhaseResult{}, err
 	}
 	elapsed := loadStopped.Sub(lr.start)
-	if lastID != "" {
-		if elapsed, err = b.waitDrained(ctx, stream, rs.groups(), lastID, lr.start, fail); err != nil {
+	if anyEntry(lastIDs) {
+		if elapsed, err = b.waitDrained(ctx, lastIDs, rs.groups(), lr.start, fail); err != nil {
 			m.Stop()
 			return PhaseResult{}, err
 		}
 	}
 	use := m.Stop()
 	backlog.DrainSeconds = max(elapsed-loadStopped.Sub(lr.start), 0).Seconds()
-	after, err := b.admin.XLen(ctx, stream).Result()
+	after, err := b.xlen(ctx, keys)
 	if err != nil {
-		return PhaseResult{}, fmt.Errorf("XLEN %s: %w", stream, err)
+		return PhaseResult{}, err
 	}
 	stopped = true
 	stopErr := rs.stop()
@@ -116,23 +116,30 @@ func (b *bencher) PhaseSustained(ctx context.Context) (PhaseResult, error) {
 	return r, nil
 }
 
-// backlog is what every consumer group on the stream still owes: entries not delivered yet
-// (XINFO GROUPS lag, counted when Redis cannot tell) and pending ones.
-func (b *bencher) backlog(ctx context.Context, stream string) (BacklogResult, error) {
-	infos, err := b.admin.XInfoGroups(ctx, stream).Result()
-	if err != nil {
-		return BacklogResult{}, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
-	}
+// backlog is what every consumer group on the stream still owes, summed over the partitions:
+// entries not delivered yet (XINFO GROUPS lag, counted when Redis cannot tell) and pending ones.
+func (b *bencher) backlog(ctx context.Context, keys adapters.KeySpace) (BacklogResult, error) {
 	out := BacklogResult{Groups: map[string]GroupBacklog{}}
-	for _, g := range infos {
-		lag := g.Lag
-		if lag < 0 {
-			if lag, err = b.countAfter(ctx, stream, g.LastDeliveredID); err != nil {
-				return BacklogResult{}, err
-			}
+	for _, stream := range keys.Partitions().Streams() {
+		infos, err := b.admin.XInfoGroups(ctx, stream).Result()
+		if err != nil {
+			return BacklogResult{}, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
 		}
-		out.Groups[g.Name] = GroupBacklog{Undelivered: lag, Pending: g.Pending}
-		out.EntriesBehind = max(out.EntriesBehind, lag+g.Pending)
+		for _, g := range infos {
+			lag := g.Lag
+			if lag < 0 {
+				if lag, err = b.countAfter(ctx, stream, g.LastDeliveredID); err != nil {
+					return BacklogResult{}, err
+				}
+			}
+			gb := out.Groups[g.Name]
+			gb.Undelivered += lag
+			gb.Pending += g.Pending
+			out.Groups[g.Name] = gb
+		}
+	}
+	for _, gb := range out.Groups {
+		out.EntriesBehind = max(out.EntriesBehind, gb.Undelivered+gb.Pending)
 	}
 	return out, nil
 }

@@ -473,20 +473,28 @@ func (b *bencher) extraSlots(ctx context.Context, keys adapters.KeySpace, want m
 }
 
 // scanKeys calls fn with every batch of keys matching pattern.
+// On a cluster it scans every master, one after the other.
 func scanKeys(ctx context.Context, b *bencher, pattern string, fn func([]string) error) error {
-	var cursor uint64
-	for {
-		ks, next, err := b.admin.Scan(ctx, cursor, pattern, 2000).Result()
-		if err != nil {
-			return fmt.Errorf("scan %s: %w", pattern, err)
-		}
-		if err := fn(ks); err != nil {
-			return err
-		}
-		if cursor = next; cursor == 0 {
-			return nil
+	nodes, err := nodeClients(ctx, b.admin)
+	if err != nil {
+		return err
+	}
+	for _, c := range nodes {
+		var cursor uint64
+		for {
+			ks, next, err := c.Scan(ctx, cursor, pattern, 2000).Result()
+			if err != nil {
+				return fmt.Errorf("scan %s: %w", pattern, err)
+			}
+			if err := fn(ks); err != nil {
+				return err
+			}
+			if cursor = next; cursor == 0 {
+				break
+			}
 		}
 	}
+	return nil
 }
 
 func sortedKeys[V any](m map[int64]V) []int64 {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/ports"
@@ -36,17 +37,20 @@ type Host struct {
 // Config is the service configuration as the bench reads and adjusts it. Service carries the
 // binary's own configuration these fields were read from; NewService applies them over it.
 type Config struct {
-	RedisURL     string
-	KeyPrefix    string
-	HTTPAddr     string
-	ConsumerName string
-	LogLevel     slog.Level
-	Projections  []string // empty: all
-	Subscriber   string
-	BatchSize    int
-	MaxInFlight  int
-	DedupeWindow time.Duration
-	Retention    command.RetentionPolicy
+	RedisURL  string
+	RedisMode adapters.RedisMode
+	// StreamPartitions is STREAM_PARTITIONS (0: the default, 1 on one server, 24 on a cluster).
+	StreamPartitions int
+	KeyPrefix        string
+	HTTPAddr         string
+	ConsumerName     string
+	LogLevel         slog.Level
+	Projections      []string // empty: all
+	Subscriber       string
+	BatchSize        int
+	MaxInFlight      int
+	DedupeWindow     time.Duration
+	Retention        command.RetentionPolicy
 	// Access: AUTH_MODE (shown with the figures), the ops listener, the rate limits.
 	AuthMode      string
 	OpsAddr       string
