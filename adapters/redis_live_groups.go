@@ -448,20 +448,35 @@ func ReadGroupsProgress(ctx context.Context, client redis.UniversalClient, strea
 // the window of one it decided before it stopped.
 //
 // With partitions (lives and progress summed up, their Parts set) it is the least of the
-// partitions' floors, each from that partition's groups.
+// partitions' floors (DedupeFloors), each from that partition's groups.
 func DedupeFloor(ctx context.Context, client redis.UniversalClient, streams []string, lives map[string]ops.Membership,
 	progress map[string]ops.GroupPosition, idleLimit time.Duration, now time.Time) (string, bool, error) {
-	floor := ""
-	for _, stream := range streams {
-		f, ok, err := dedupeFloorOn(ctx, client, stream, lives, progress, idleLimit, now)
-		if err != nil || !ok {
-			return "", false, err
-		}
-		if floor == "" || ops.CompareEntryIDs(f, floor) < 0 {
+	floors, ok, err := DedupeFloors(ctx, client, streams, lives, progress, idleLimit, now)
+	if err != nil || !ok {
+		return "", false, err
+	}
+	floor := floors[0]
+	for _, f := range floors[1:] {
+		if ops.CompareEntryIDs(f, floor) < 0 {
 			floor = f
 		}
 	}
-	return floor, floor != "", nil
+	return floor, true, nil
+}
+
+// DedupeFloors is each partition's floor (see DedupeFloor), in the order of streams; ok is
+// false while one of them is unknown.
+func DedupeFloors(ctx context.Context, client redis.UniversalClient, streams []string, lives map[string]ops.Membership,
+	progress map[string]ops.GroupPosition, idleLimit time.Duration, now time.Time) ([]string, bool, error) {
+	floors := make([]string, len(streams))
+	for i, stream := range streams {
+		f, ok, err := dedupeFloorOn(ctx, client, stream, lives, progress, idleLimit, now)
+		if err != nil || !ok {
+			return nil, false, err
+		}
+		floors[i] = f
+	}
+	return floors, len(floors) > 0, nil
 }
 
 func dedupeFloorOn(ctx context.Context, client redis.UniversalClient, stream string, lives map[string]ops.Membership,

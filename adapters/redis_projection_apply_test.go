@@ -1084,3 +1084,47 @@ func TestApplyCopyGivenTwiceInOneBatch(t *testing.T) {
 		assert.Equal(t, int64(1), env.userStats(t, 3).NumCheckins)
 	})
 }
+
+// TestRegistryFloorIsPerPartition: with partitions, a user's registry is pruned by the floor of
+// the user's own partition, not held back by a slower partition.
+func TestRegistryFloorIsPerPartition(t *testing.T) {
+	t.Parallel()
+	eachEnv(t, func(t *testing.T, env projEnv) {
+		keys, err := env.keys.WithPartitions(2)
+		require.NoError(t, err)
+		a, err := adapters.NewProjectionApplier(env.client, keys, time.Minute)
+		require.NoError(t, err)
+		a.PruneEvery(1)
+		ctx := context.Background()
+		const t0 = 1_700_000_000_000
+		// One user of each partition.
+		var users [2]int64
+		for u := int64(1); users[0] == 0 || users[1] == 0; u++ {
+			if p := adapters.PartitionOf(u, 2); users[p] == 0 {
+				users[p] = u
+			}
+		}
+		old := map[int64]domain.CheckinRecorded{}
+		for _, u := range users {
+			old[u] = recorded(fmt.Sprintf("old-%d", u), u, 1, 3, 1_000)
+			_, err := a.ApplyEvent(ctx, "live", projection.UserStats{}, 1, old[u], entry(t0))
+			require.NoError(t, err)
+		}
+		// Partition 1 has moved a day on; partition 0 is still where it was.
+		require.NoError(t, a.SetRegistryFloors([]string{entry(t0), entry(t0 + 86_400_000)}))
+		for _, u := range users {
+			_, err := a.ApplyEvent(ctx, "live", projection.UserStats{}, 1, recorded(fmt.Sprintf("new-%d", u), u, 1, 3, 2_000), entry(t0+86_400_000))
+			require.NoError(t, err)
+		}
+		has := func(u int64) bool {
+			_, err := env.client.ZScore(ctx, keys.Registry(u), strconv.FormatInt(old[u].Identity(), 10)).Result()
+			if errors.Is(err, redis.Nil) {
+				return false
+			}
+			require.NoError(t, err)
+			return true
+		}
+		assert.True(t, has(users[0]), "partition 0's user keeps the copy its floor still needs")
+		assert.False(t, has(users[1]), "partition 1's user lets go of it, whatever partition 0's floor")
+	})
+}

@@ -78,10 +78,10 @@ func (p *ProjectorBackend) CreateGroup(ctx context.Context, stream, group, start
 	return (&StreamAdmin{client: p.client, stream: stream}).CreateGroup(ctx, group, start)
 }
 
-// DedupeFloor: see the function of that name.
-func (p *ProjectorBackend) DedupeFloor(ctx context.Context, lives map[string]ops.Membership, progress map[string]ops.GroupPosition,
-	idleLimit time.Duration, now time.Time) (string, bool, error) {
-	return DedupeFloor(ctx, p.client, p.Streams(), lives, progress, idleLimit, now)
+// DedupeFloors: see the function of that name; in partition order.
+func (p *ProjectorBackend) DedupeFloors(ctx context.Context, lives map[string]ops.Membership, progress map[string]ops.GroupPosition,
+	idleLimit time.Duration, now time.Time) ([]string, bool, error) {
+	return DedupeFloors(ctx, p.client, p.Streams(), lives, progress, idleLimit, now)
 }
 
 // PoisonEntryOf is the poison entry of the message msg, as far as the message tells: the stream

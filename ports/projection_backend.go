@@ -24,8 +24,9 @@ type ProjectionApplier interface {
 	Decide(ctx context.Context, events []projection.EventRef) ([]bool, error)
 	// Sweep lets go of group's markers below before (a quiet group).
 	Sweep(ctx context.Context, group, before string) (int, error)
-	// SetRegistryFloor says every group has acknowledged everything up to id.
-	SetRegistryFloor(id string) error
+	// SetRegistryFloors says every group has acknowledged everything up to ids[i] on partition
+	// i of the stream.
+	SetRegistryFloors(ids []string) error
 	// Window is the dedupe window.
 	Window() time.Duration
 }
@@ -55,9 +56,10 @@ type ProjectorBackend interface {
 	// Positions are summed over partitions, each partition's in GroupPosition.Parts.
 	Positions(ctx context.Context) (map[string]ops.GroupPosition, error)
 	CreateGroup(ctx context.Context, stream, group, start string) error
-	// DedupeFloor is the position below which no group will decide an event again.
-	DedupeFloor(ctx context.Context, lives map[string]ops.Membership, progress map[string]ops.GroupPosition,
-		idleLimit time.Duration, now time.Time) (string, bool, error)
+	// DedupeFloors is, per partition in partition order, the position below which no group
+	// will decide an event of that partition again.
+	DedupeFloors(ctx context.Context, lives map[string]ops.Membership, progress map[string]ops.GroupPosition,
+		idleLimit time.Duration, now time.Time) ([]string, bool, error)
 
 	// The poison queue: the entry a message came from, parked with the reason.
 	PoisonEntryOf(ctx context.Context, msg *message.Message) (entry ops.PoisonEntry, correlationID string)

@@ -584,12 +584,12 @@ func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	floor, ok, err := r.backend.DedupeFloor(ctx, lives, info, r.cfg.Applier.Window(), time.Now())
+	floors, ok, err := r.backend.DedupeFloors(ctx, lives, info, r.cfg.Applier.Window(), time.Now())
 	if err != nil {
 		return err
 	}
 	if ok {
-		if err := r.cfg.Applier.SetRegistryFloor(floor); err != nil {
+		if err := r.cfg.Applier.SetRegistryFloors(floors); err != nil {
 			return err
 		}
 	}
