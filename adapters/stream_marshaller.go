@@ -90,17 +90,7 @@ func (FlatMarshaller) Unmarshal(values map[string]any) (*message.Message, error)
 		}
 	}
 	slices.Sort(fieldKeys)
-	payload := make([]byte, 0, 256)
-	payload = append(payload, '{')
-	for i, k := range fieldKeys {
-		if i > 0 {
-			payload = append(payload, ',')
-		}
-		payload = appendJSONString(payload, k)
-		payload = append(payload, ':')
-		payload = appendJSONString(payload, values[k].(string))
-	}
-	payload = append(payload, '}')
+	payload := appendFlatObject(make([]byte, 0, 256), fieldKeys, func(k string) string { return values[k].(string) })
 	if id == "" {
 		// Entries written by hand (redis-cli XADD) have no UUID; they are still events if their
 		// fields are valid, and the checkinId, not the UUID, is what projections dedupe on.
@@ -113,6 +103,20 @@ func (FlatMarshaller) Unmarshal(values map[string]any) (*message.Message, error)
 		msg.Metadata.Set(MetaDecodeError, strings.Join(problems, "; "))
 	}
 	return msg, nil
+}
+
+// appendFlatObject appends the JSON object of keys (in that order) and their values.
+func appendFlatObject(dst []byte, keys []string, value func(string) string) []byte {
+	dst = append(dst, '{')
+	for i, k := range keys {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = appendJSONString(dst, k)
+		dst = append(dst, ':')
+		dst = appendJSONString(dst, value(k))
+	}
+	return append(dst, '}')
 }
 
 // appendJSONString appends s as a JSON string: as is when it needs no escaping (the usual case:

@@ -71,18 +71,8 @@ func (p *EventPublisher) Close() error { return p.pub.Close() }
 // NewEventMessage wraps flat event fields in a Watermill message; the payload is the JSON
 // object of the fields, keys sorted (as encoding/json writes a map).
 func NewEventMessage(fields map[string]string, correlationID string) (*message.Message, error) {
-	keys := slices.Sorted(maps.Keys(fields))
-	payload := make([]byte, 0, 256)
-	payload = append(payload, '{')
-	for i, k := range keys {
-		if i > 0 {
-			payload = append(payload, ',')
-		}
-		payload = appendJSONString(payload, k)
-		payload = append(payload, ':')
-		payload = appendJSONString(payload, fields[k])
-	}
-	return newMessage(append(payload, '}'), correlationID), nil
+	payload := appendFlatObject(make([]byte, 0, 256), slices.Sorted(maps.Keys(fields)), func(k string) string { return fields[k] })
+	return newMessage(payload, correlationID), nil
 }
 
 // NewCheckinRecordedMessage is NewEventMessage(e.Fields(), correlationID), written straight from

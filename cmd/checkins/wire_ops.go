@@ -51,27 +51,7 @@ func cliVerb(run cliRun) func(context.Context, []string, func(string) string, io
 // on a Redis client of their own.
 func connectOps(getenv func(string) string, stderr io.Writer) ports.Connect {
 	return func(name string, fs *flag.FlagSet, args []string) (*ports.CLISession, error) {
-		cfg, rest, err := parseConfig(fs, args, getenv)
-		if err != nil {
-			return nil, err
-		}
-		if cfg.RedisURL == "" {
-			return nil, errors.New("REDIS_URL (or --redis-url) is required")
-		}
-		opts := adapters.ClientOptions{URL: cfg.RedisURL, Mode: cfg.RedisMode, DialTimeout: 2 * time.Second,
-			ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
-		detectCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		redisMode, err := adapters.DetectRedisMode(detectCtx, opts)
-		cancel()
-		if err != nil {
-			return nil, err
-		}
-		opts.Mode = redisMode
-		keys, err := adapters.NewKeySpace(cfg.KeyPrefix, redisMode == adapters.RedisModeCluster)
-		if err != nil {
-			return nil, fmt.Errorf("invalid KEY_PREFIX: %w", err)
-		}
-		client, err := adapters.NewUniversalRedisClient(context.Background(), opts)
+		cfg, rest, client, keys, err := connectRedis(fs, args, getenv, 5*time.Second)
 		if err != nil {
 			return nil, err
 		}
@@ -99,29 +79,9 @@ func connectOps(getenv func(string) string, stderr io.Writer) ports.Connect {
 // connectMigrate connects `checkins partitions migrate`: like connectOps, but the configured
 // partition count is not checked (the migration reads the recorded one) and only the migration
 // is wired.
-func connectMigrate(getenv func(string) string, stderr io.Writer) ports.Connect {
-	return func(name string, fs *flag.FlagSet, args []string) (*ports.CLISession, error) {
-		cfg, rest, err := parseConfig(fs, args, getenv)
-		if err != nil {
-			return nil, err
-		}
-		if cfg.RedisURL == "" {
-			return nil, errors.New("REDIS_URL (or --redis-url) is required")
-		}
-		opts := adapters.ClientOptions{URL: cfg.RedisURL, Mode: cfg.RedisMode, DialTimeout: 2 * time.Second,
-			ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
-		detectCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		redisMode, err := adapters.DetectRedisMode(detectCtx, opts)
-		cancel()
-		if err != nil {
-			return nil, err
-		}
-		opts.Mode = redisMode
-		keys, err := adapters.NewKeySpace(cfg.KeyPrefix, redisMode == adapters.RedisModeCluster)
-		if err != nil {
-			return nil, fmt.Errorf("invalid KEY_PREFIX: %w", err)
-		}
-		client, err := adapters.NewUniversalRedisClient(context.Background(), opts)
+func connectMigrate(getenv func(string) string, _ io.Writer) ports.Connect {
+	return func(_ string, fs *flag.FlagSet, args []string) (*ports.CLISession, error) {
+		cfg, rest, client, keys, err := connectRedis(fs, args, getenv, 10*time.Second)
 		if err != nil {
 			return nil, err
 		}
@@ -135,6 +95,37 @@ func connectMigrate(getenv func(string) string, stderr io.Writer) ports.Connect 
 		return &ports.CLISession{App: a, Args: rest, Poll: 200 * time.Millisecond,
 			Settle: adapters.QuiescePoll + cfg.RequestTimeout + time.Second, Close: func() { _ = client.Close() }}, nil
 	}
+}
+
+// connectRedis reads an ops verb's settings and flags and connects to Redis in the mode it
+// finds (a cluster or one server), with ioTimeout on reads and writes; keys are laid out for
+// that mode, not yet for the partitions.
+func connectRedis(fs *flag.FlagSet, args []string, getenv func(string) string, ioTimeout time.Duration) (Config, []string, redis.UniversalClient, adapters.KeySpace, error) {
+	cfg, rest, err := parseConfig(fs, args, getenv)
+	if err != nil {
+		return Config{}, nil, nil, adapters.KeySpace{}, err
+	}
+	if cfg.RedisURL == "" {
+		return Config{}, nil, nil, adapters.KeySpace{}, errors.New("REDIS_URL (or --redis-url) is required")
+	}
+	opts := adapters.ClientOptions{URL: cfg.RedisURL, Mode: cfg.RedisMode, DialTimeout: 2 * time.Second,
+		ReadTimeout: ioTimeout, WriteTimeout: ioTimeout}
+	detectCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	redisMode, err := adapters.DetectRedisMode(detectCtx, opts)
+	cancel()
+	if err != nil {
+		return Config{}, nil, nil, adapters.KeySpace{}, err
+	}
+	opts.Mode = redisMode
+	keys, err := adapters.NewKeySpace(cfg.KeyPrefix, redisMode == adapters.RedisModeCluster)
+	if err != nil {
+		return Config{}, nil, nil, adapters.KeySpace{}, fmt.Errorf("invalid KEY_PREFIX: %w", err)
+	}
+	client, err := adapters.NewUniversalRedisClient(context.Background(), opts)
+	if err != nil {
+		return Config{}, nil, nil, adapters.KeySpace{}, err
+	}
+	return cfg, rest, client, keys, nil
 }
 
 // addOps adds the operational commands and queries for projs (every projection the build knows),
