@@ -154,6 +154,9 @@ func TestHardeningIdleKeepAliveConnectionsAreClosed(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	if !p.running() {
+		t.Logf("the service exited; its output:\n%s", p.logs.String())
+	}
 	assert.Equal(t, int64(conns), answered.Load(), "keep-alive answers")
 	assert.Equal(t, int64(conns), closed.Load(), "idle connections closed by the server")
 	assert.True(t, p.running())

@@ -111,7 +111,17 @@ func eval[T any](b *browser, js string) T {
 
 func (b *browser) text(sel string) string {
 	b.t.Helper()
-	return value(b, chromedp.Text(chromedp.CSS(sel)))
+	// A live page swaps its fragments as events arrive: a node found by the query may be gone by
+	// the time its text is read ("No node with given id found"); read it again from the new one.
+	for try := 1; ; try++ {
+		ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		cancel()
+		if err == nil || try == 5 || !strings.Contains(err.Error(), "No node with given id") {
+			require.NoError(b.t, err, "text of %s", sel)
+			return s
+		}
+	}
 }
 
 // login signs in through the form, as a person would.
