@@ -461,8 +461,14 @@ func (r *ProjectionRouter) swapHandlers(want map[string]string) (stopping []stop
 		}
 		r.retired[group] = true
 		if running {
-			h.h.Stop()
-			stopping = append(stopping, stoppingHandler{group, h})
+			// A handler the router added at its start may not have started yet (a backfill that
+			// finishes at once, on a first start): Watermill panics on stopping it before then.
+			select {
+			case <-h.h.Started():
+				h.h.Stop()
+				stopping = append(stopping, stoppingHandler{group, h})
+			case <-r.runCtx.Done(): // the router is closing: it stops every handler itself
+			}
 		}
 		delete(r.handlers, group)
 		removed = append(removed, group)
