@@ -466,9 +466,12 @@ func projectorKilledMidStreamIsTakenOver(t *testing.T, partitions int) {
 		}
 	}
 	// Kill it at a moment it holds events: read, not yet acknowledged. Stopped (SIGSTOP), it can
-	// acknowledge nothing between the look and the kill.
+	// acknowledge nothing between the look and the kill; the pause after the stop lets Redis
+	// execute what the process had already written to its sockets (an XACK on its way would
+	// otherwise land after the look and leave nothing pending).
 	require.Eventually(t, func() bool {
 		require.NoError(t, victim.cmd.Process.Signal(syscall.SIGSTOP))
+		time.Sleep(100 * time.Millisecond)
 		if n, _ := consumerPending(t, client, keys, "victim"); n > 0 {
 			return true
 		}
