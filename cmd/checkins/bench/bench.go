@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -134,6 +135,7 @@ func Run(ctx context.Context, h Host, args []string, getenv func(string) string,
 	cluster := fs.Bool("cluster", false, "without REDIS_URL, start a private Redis Cluster of 3 masters (no persistence) instead of one private redis-server; the services use STREAM_PARTITIONS (default 24 on a cluster)")
 	asJSON := fs.Bool("json", false, "print the result as JSON on stdout instead of the table")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (service, load and baselines) to this file, for go tool pprof")
+	traceFile := fs.String("trace", "", "write an execution trace of the whole run to this file, for go tool trace (e.g. -pprof=net, sync or sched: where requests wait)")
 	memProfile := fs.String("memprofile", "", "write an allocation profile of the whole run to this file at the end, for go tool pprof -sample_index=alloc_space")
 	fs.Usage = func() {
 		// PROJECTIONS is a service setting; in the bench it selects what is measured and checked.
@@ -172,6 +174,17 @@ func Run(ctx context.Context, h Host, args []string, getenv func(string) string,
 			return fmt.Errorf("cpu profile: %w", err)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *traceFile != "" {
+		f, err := os.Create(*traceFile)
+		if err != nil {
+			return fmt.Errorf("invalid --trace: %w", err)
+		}
+		defer f.Close()
+		if err := trace.Start(f); err != nil {
+			return fmt.Errorf("execution trace: %w", err)
+		}
+		defer trace.Stop()
 	}
 	res, runErr := b.run(ctx)
 	b.close()
