@@ -4,20 +4,29 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"time"
 
-	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/checkins/checkins/app/command"
 )
 
-// RedisRateLimiter limits per user in Redis (GCRA, go-redis/redis_rate), so every API instance
-// on the same Redis shares each user's budget. Keys: "rate:" + KeySpace.RateLimitUser(id), with
-// a TTL of at most the policy's window.
+// RedisRateLimiter limits per user in Redis (GCRA), so every API instance on the same Redis
+// shares each user's budget. Key: "rate:" + KeySpace.RateLimitUser(id), holding the theoretical
+// arrival time in seconds since 2017-01-01 with a TTL of at most the policy's window (the state
+// go-redis/redis_rate keeps, which this limiter used before: budgets carry over an upgrade).
+//
+// With WithReservations it also reserves a check-in's id in the same script call when it allows
+// the request (command.ReservingLimiter): the user's rate key and the reservation's key carry
+// the same hash tag ({user:N}), so they share a slot on a cluster too, and a request that was
+// two round trips in a row (count, then reserve) is one.
 type RedisRateLimiter struct {
-	limiter *redis_rate.Limiter
-	keys    KeySpace
-	limit   redis_rate.Limit
+	client   redis.UniversalClient
+	pipeline *AutoPipeline // nil: one round trip per call
+	keys     KeySpace
+	limit    command.RateLimit
+	idem     *IdempotencyStore // nil: Allow only
 }
 
 // NewRedisRateLimiter limits with l on client; with a pipeline, the limiter's script call
@@ -26,63 +35,114 @@ func NewRedisRateLimiter(client redis.UniversalClient, p *AutoPipeline, keys Key
 	if l.Off() || l.Burst < 1 || l.Period <= 0 {
 		return nil, fmt.Errorf("adapters: rate limit %+v is not a limit", l)
 	}
-	var r rediser = client
-	if p != nil {
-		r = pipelinedRediser{UniversalClient: client, p: p}
-	}
-	return &RedisRateLimiter{limiter: redis_rate.NewLimiter(r), keys: keys,
-		limit: redis_rate.Limit{Rate: l.Rate, Period: l.Period, Burst: l.Burst}}, nil
+	return &RedisRateLimiter{client: client, pipeline: p, keys: keys, limit: l}, nil
 }
+
+// WithReservations makes AllowAndReserve reserve in idem (whose keys must be r's).
+func (r *RedisRateLimiter) WithReservations(idem *IdempotencyStore) *RedisRateLimiter {
+	r.idem = idem
+	return r
+}
+
+// rateLua is GCRA (the algorithm and state of redis_rate's allowN, one request per call), and,
+// with a second key, a reservation when the request is allowed: SET KEYS[2] ARGV[4] NX GET PX
+// ARGV[5], whose reply comes fifth. A refused request writes nothing. TIME needs effects
+// replication, the default since Redis 5.
+var rateLua = redis.NewScript(`
+local burst, rate, period = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local interval = period / rate
+local t = redis.call('TIME')
+local now = (t[1] - 1483228800) + (t[2] / 1000000)
+local tat = tonumber(redis.call('GET', KEYS[1]) or now) or now
+tat = math.max(tat, now)
+local new_tat = tat + interval
+local diff = now - (new_tat - interval * burst)
+if diff < 0 then
+  return {0, 0, tostring(-diff), tostring(tat - now)}
+end
+local reset_after = new_tat - now
+redis.call('SET', KEYS[1], new_tat, 'EX', math.ceil(reset_after))
+local remaining = math.floor(diff / interval)
+if #KEYS == 1 then
+  return {1, remaining, '-1', tostring(reset_after)}
+end
+return {1, remaining, '-1', tostring(reset_after), redis.call('SET', KEYS[2], ARGV[4], 'NX', 'GET', 'PX', ARGV[5])}
+`)
 
 // Allow counts one request of user.
 func (r *RedisRateLimiter) Allow(ctx context.Context, user int64) (command.RateDecision, error) {
-	res, err := r.limiter.Allow(ctx, r.keys.RateLimitUser(user), r.limit)
+	d, _, err := r.call(ctx, user, nil)
+	return d, err
+}
+
+// AllowAndReserve counts one request of rec's user and, when allowed, reserves rec as
+// IdempotencyStore.Reserve does, in one script call (two while legacy records may exist).
+func (r *RedisRateLimiter) AllowAndReserve(ctx context.Context, rec command.IdempotencyRecord) (command.RateDecision, *command.IdempotencyRecord, error) {
+	if r.idem == nil || r.idem.legacyLookups(ctx) {
+		d, err := r.Allow(ctx, rec.Checkin.UserID)
+		if err != nil || !d.Allowed || r.idem == nil {
+			return d, nil, err
+		}
+		existing, err := r.idem.Reserve(ctx, rec)
+		return d, existing, err
+	}
+	b, err := encodeRecord(stateReserved, rec)
 	if err != nil {
-		return command.RateDecision{}, fmt.Errorf("rate limit of user %d: %w", user, err)
+		return command.RateDecision{}, nil, err
 	}
-	return command.RateDecision{Allowed: res.Allowed > 0, Remaining: res.Remaining, RetryAfter: res.RetryAfter, ResetAfter: res.ResetAfter}, nil
-}
-
-// rediser is what redis_rate needs of a client.
-type rediser interface {
-	Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd
-	EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd
-	ScriptExists(ctx context.Context, hashes ...string) *redis.BoolSliceCmd
-	ScriptLoad(ctx context.Context, script string) *redis.StringCmd
-	Del(ctx context.Context, keys ...string) *redis.IntCmd
-	EvalRO(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd
-	EvalShaRO(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd
-}
-
-// pipelinedRediser sends the limiter's EVALSHA (and its EVAL fallback) through the
-// auto-pipeline; everything else goes straight to the client.
-type pipelinedRediser struct {
-	redis.UniversalClient
-	p *AutoPipeline
-}
-
-func (r pipelinedRediser) eval(ctx context.Context, verb, scriptOrSha string, keys []string, args []any) *redis.Cmd {
-	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
-	cmdArgs = append(cmdArgs, verb, scriptOrSha, len(keys))
-	for _, k := range keys {
-		cmdArgs = append(cmdArgs, k)
+	d, old, err := r.call(ctx, rec.Checkin.UserID, []any{r.idem.key(rec.Checkin), b, r.idem.ttl.Milliseconds()})
+	if err != nil || !d.Allowed || old == nil {
+		return d, nil, err
 	}
-	cmdArgs = append(cmdArgs, args...)
-	cmd := redis.NewCmd(ctx, cmdArgs...)
-	v, err := r.p.Do(ctx, cmdArgs...)
-	if err != nil && !errors.Is(err, redis.Nil) {
-		cmd.SetErr(err)
-		return cmd
+	existing, err := decodeRecord(rec.Checkin.ID, old)
+	return d, existing, err
+}
+
+// call runs rateLua for user, with reserve = {key, record, px} or nil; old is the reservation's
+// GET (nil: the key was free).
+func (r *RedisRateLimiter) call(ctx context.Context, user int64, reserve []any) (d command.RateDecision, old any, err error) {
+	keys := []string{"rate:" + r.keys.RateLimitUser(user)}
+	args := []any{r.limit.Burst, r.limit.Rate, r.limit.Period.Seconds()}
+	if reserve != nil {
+		keys = append(keys, reserve[0].(string))
+		args = append(args, reserve[1:]...)
 	}
-	cmd.SetVal(v)
-	cmd.SetErr(err)
-	return cmd
+	var v any
+	if r.pipeline != nil {
+		v, err = r.pipeline.Run(ctx, rateLua, keys, args...)
+	} else {
+		v, err = rateLua.Run(ctx, r.client, keys, args...).Result()
+	}
+	if err != nil {
+		return d, nil, fmt.Errorf("rate limit of user %d: %w", user, err)
+	}
+	vals, ok := v.([]any)
+	if !ok || len(vals) < 4 {
+		return d, nil, fmt.Errorf("rate limit of user %d: unexpected reply %v", user, v)
+	}
+	allowed, _ := vals[0].(int64)
+	remaining, _ := vals[1].(int64)
+	retry, err1 := seconds(vals[2])
+	reset, err2 := seconds(vals[3])
+	if err := errors.Join(err1, err2); err != nil {
+		return d, nil, fmt.Errorf("rate limit of user %d: unexpected reply %v: %w", user, v, err)
+	}
+	d = command.RateDecision{Allowed: allowed == 1, Remaining: int(remaining), RetryAfter: retry, ResetAfter: reset}
+	if len(vals) > 4 {
+		old = vals[4]
+	}
+	return d, old, nil
 }
 
-func (r pipelinedRediser) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
-	return r.eval(ctx, "EVAL", script, keys, args)
-}
-
-func (r pipelinedRediser) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
-	return r.eval(ctx, "EVALSHA", sha, keys, args)
+// seconds reads the script's decimal seconds; "-1" (not refused) is -1, as redis_rate has it.
+func seconds(v any) (time.Duration, error) {
+	s, _ := v.(string)
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return 0, err
+	}
+	if f == -1 {
+		return -1, nil
+	}
+	return time.Duration(f * float64(time.Second)), nil
 }

@@ -47,22 +47,32 @@ func toResponse(c domain.Checkin) CheckinResponse {
 }
 
 func (s *HTTPServer) postCheckin(c echo.Context) error {
-	if p, ok := principalOf(c); ok && s.cfg.UserLimiter != nil {
-		if err := s.limitUser(c, p.UserID); err != nil {
-			return err
-		}
+	// Every authenticated request counts against its user's limit (the command counts it, in
+	// the reservation's round trip), also one whose body is refused here.
+	var limitUser int64
+	if p, ok := principalOf(c); ok && s.cfg.UserLimit.Rate > 0 {
+		limitUser = p.UserID
 	}
+	ctx := c.Request().Context()
+	rec := s.app.Commands.RecordCheckin
 	in, err := decodeCheckin(c.Request())
+	if err == nil {
+		// Before anything is reserved or written: the check-in is the token's user's.
+		in.UserID, err = checkinUser(c, in.UserID)
+	}
+	var res command.RecordCheckinResult
 	if err != nil {
-		return err
+		res, err = rec.CountRejected(ctx, limitUser, err)
+	} else {
+		res, err = rec.Handle(ctx, command.RecordCheckin{Input: in, CorrelationID: CorrelationID(ctx), LimitUser: limitUser})
 	}
-	// Before anything is reserved or written: the check-in is the token's user's.
-	if in.UserID, err = checkinUser(c, in.UserID); err != nil {
-		return err
+	if res.Rate != nil {
+		rateHeaders(c.Response().Header(), "user", s.cfg.UserLimit, *res.Rate)
 	}
-	res, err := s.app.Commands.RecordCheckin.Handle(c.Request().Context(), command.RecordCheckin{
-		Input: in, CorrelationID: CorrelationID(c.Request().Context()),
-	})
+	var limited *command.RateLimitedError
+	if errors.As(err, &limited) {
+		return rateLimited(c, "for this user", limited.Decision)
+	}
 	if err != nil {
 		return err
 	}

@@ -61,7 +61,7 @@ type apiOptions struct {
 	cors           []string                // CORS_ALLOWED_ORIGINS
 	limits         *ports.ServerLimits     // serve through ports.ListenHTTP with these; nil: httptest
 	routes         func(*ports.HTTPServer) // adds test-only routes before serving
-	// userLimit, when set, limits POST /checkins per user in Redis (http.UserLimiter).
+	// userLimit, when set, limits POST /checkins per user in Redis (the command's limiter).
 	userLimit command.RateLimit
 }
 
@@ -105,7 +105,8 @@ func newAPIEnvWith(t *testing.T, o apiOptions) *apiEnv {
 	if !o.userLimit.Off() {
 		l, err := adapters.NewRedisRateLimiter(client, nil, keys, o.userLimit)
 		require.NoError(t, err)
-		hc.UserLimiter, hc.UserLimit = l, o.userLimit
+		rec.WithUserLimit(l.WithReservations(idem))
+		hc.UserLimit = o.userLimit
 	}
 	server := ports.NewHTTPServer(application, pingReadiness{client}, hc, log)
 	if o.routes != nil {

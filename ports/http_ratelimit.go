@@ -1,7 +1,6 @@
 package ports
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"net"
@@ -14,16 +13,10 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/checkins/checkins/app/command"
-	"github.com/checkins/checkins/domain"
 )
 
 // CodeRateLimited is the JSON error code of a 429.
 const CodeRateLimited = "rate_limited"
-
-// UserRateLimiter limits POST /checkins per token subject (adapters.RedisRateLimiter).
-type UserRateLimiter interface {
-	Allow(ctx context.Context, user int64) (command.RateDecision, error)
-}
 
 // IPRateLimiter is an in-process GCRA limiter keyed by client address: the same algorithm as
 // the per-user limiter, without a round trip. An IPv6 client is limited per /64, the block one
@@ -129,20 +122,6 @@ func (s *HTTPServer) limitIP(l *IPRateLimiter) echo.MiddlewareFunc {
 			return next(c)
 		}
 	}
-}
-
-// limitUser is the per-user limit of POST /checkins, after authentication (the token's subject)
-// and before the body is read: a refused request reserves and writes nothing.
-func (s *HTTPServer) limitUser(c echo.Context, user int64) error {
-	d, err := s.cfg.UserLimiter.Allow(c.Request().Context(), user)
-	if err != nil {
-		return fmt.Errorf("%w: %w", domain.ErrUnavailable, err)
-	}
-	rateHeaders(c.Response().Header(), "user", s.cfg.UserLimit, d)
-	if !d.Allowed {
-		return rateLimited(c, "for this user", d)
-	}
-	return nil
 }
 
 // IPExtractor is how the client address is found: the connection's peer, unless that peer is

@@ -55,6 +55,30 @@ func TestRateLimitPerUser(t *testing.T) {
 	}, 10*time.Second, 100*time.Millisecond, "the budget comes back")
 }
 
+// TestRateLimitCountsRefusedBodies: every request of the user counts, one whose body is refused
+// too (the limit is counted with the reservation, after the body is read), and over the limit
+// the answer is 429 whatever the body.
+func TestRateLimitCountsRefusedBodies(t *testing.T) {
+	t.Parallel()
+	e := newAPIEnvWith(t, apiOptions{http: ports.HTTPConfig{Auth: hs256Policy(t, 0)}, userLimit: mustLimit(t, "1/m,burst=3")})
+	tok := bearer(signHS(t, validClaims("6"), []byte(testSecret)))
+	resp := e.post(t, `{"locationId":1,`, tok)
+	require.Equal(t, http.StatusBadRequest, resp.status, "%s", resp.body)
+	assert.Regexp(t, `^"user";r=2;t=6[01]$`, resp.header.Get("RateLimit"), "an unreadable body counts")
+	resp = e.post(t, `{"locationId":1,"starRating":9}`, tok)
+	require.Equal(t, http.StatusBadRequest, resp.status, "%s", resp.body)
+	assert.Regexp(t, `^"user";r=1;t=1[12][0-9]$`, resp.header.Get("RateLimit"), "an invalid check-in counts")
+	resp = e.post(t, `{"locationId":1,"starRating":1,"checkinId":"c-1"}`, tok)
+	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp.body)
+	assert.Regexp(t, `^"user";r=0;t=1[78][0-9]$`, resp.header.Get("RateLimit"))
+	events := e.xlen(t)
+	for _, body := range []string{`{"locationId":1,`, `{"locationId":1,"starRating":1,"checkinId":"c-1"}`, `{"locationId":1,"starRating":1}`} {
+		resp = e.post(t, body, tok)
+		assert.Equal(t, http.StatusTooManyRequests, resp.status, "over the limit, %s: %s", body, resp.body)
+	}
+	assert.Equal(t, events, e.xlen(t))
+}
+
 // TestRateLimitSharedByInstances: two API instances on one Redis share each user's budget.
 func TestRateLimitSharedByInstances(t *testing.T) {
 	t.Parallel()

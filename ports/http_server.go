@@ -37,9 +37,10 @@ type HTTPConfig struct {
 	Auth *AuthPolicy
 	// IPLimit limits every route of each listener per client address, in process (zero: off).
 	IPLimit command.RateLimit
-	// UserLimiter limits POST /checkins per token subject with UserLimit (nil: off).
-	UserLimiter UserRateLimiter
-	UserLimit   command.RateLimit
+	// UserLimit is the per-user limit of POST /checkins (per token subject; off: none), counted
+	// by the RecordCheckin command, whose handler must have a limiter of this policy
+	// (RecordCheckinHandler.WithUserLimit); here it names the policy in the RateLimit headers.
+	UserLimit command.RateLimit
 	// IPExtractor finds the client address (nil: the connection's peer; see IPExtractor).
 	IPExtractor echo.IPExtractor
 	// Observe, when set, sees every request of both listeners first (metrics), refused ones too.

@@ -1,14 +1,16 @@
 package command
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 )
 
-// Rate limits on recording check-ins: the policy and a limiter's answer. The HTTP port applies
-// them (per client address in process, per user through adapters.RedisRateLimiter).
+// Rate limits on recording check-ins: the policy and a limiter's answer. The HTTP port limits
+// per client address in process; the per-user limit is counted by RecordCheckinHandler
+// (RecordCheckin.LimitUser), in the same round trip as the reservation where the limiter can.
 
 // RateLimit is a GCRA policy: Rate requests per Period on average, Burst at once.
 type RateLimit struct {
@@ -73,4 +75,25 @@ type RateDecision struct {
 	Remaining  int           // requests that could be made at once now
 	RetryAfter time.Duration // when refused: until the next one is allowed
 	ResetAfter time.Duration // until the full burst is back
+}
+
+// UserLimiter counts a request against its user's rate limit (adapters.RedisRateLimiter).
+type UserLimiter interface {
+	Allow(ctx context.Context, user int64) (RateDecision, error)
+}
+
+// ReservingLimiter is a UserLimiter that, when it allows a request, also reserves the check-in
+// in the same step (one round trip instead of two in a row), answering as
+// IdempotencyStore.Reserve does; a refused request reserves nothing.
+type ReservingLimiter interface {
+	UserLimiter
+	AllowAndReserve(ctx context.Context, rec IdempotencyRecord) (RateDecision, *IdempotencyRecord, error)
+}
+
+// RateLimitedError is the answer to a request over its user's limit: nothing was reserved or
+// written.
+type RateLimitedError struct{ Decision RateDecision }
+
+func (e *RateLimitedError) Error() string {
+	return fmt.Sprintf("rate limited: retry in %s", e.Decision.RetryAfter.Round(time.Millisecond))
 }

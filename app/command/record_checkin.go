@@ -58,12 +58,20 @@ type IdempotencyStore interface {
 type RecordCheckin struct {
 	Input         domain.CheckinInput
 	CorrelationID string
+	// LimitUser is the user whose rate limit (WithUserLimit) the request counts against, the
+	// token's subject; 0: none. It is counted before anything is reserved, also when the input
+	// is invalid, and a request over the limit fails with *RateLimitedError having written
+	// nothing.
+	LimitUser int64
 }
 
-// RecordCheckinResult is the accepted check-in and whether this call recorded it (false: a retry).
+// RecordCheckinResult is the accepted check-in and whether this call recorded it (false: a
+// retry), and the user's rate limit after this request when it was counted (set with an error
+// too, except for a failure to count).
 type RecordCheckinResult struct {
 	Checkin  domain.Checkin
 	Replayed bool
+	Rate     *RateDecision
 }
 
 // DefaultTakeoverAge is how old an unpublished reservation must be before a request presumes
@@ -95,6 +103,7 @@ type RecordCheckinHandler struct {
 	ownerPrefix string        // random per handler: owner tokens differ across processes
 	ownerSeq    atomic.Uint64 // ... and across the attempts of one process
 	marks       sync.WaitGroup
+	limiter     UserLimiter // nil: RecordCheckin.LimitUser is refused
 }
 
 // NewRecordCheckinHandler fails fast on missing dependencies.
@@ -119,41 +128,123 @@ func (h *RecordCheckinHandler) WithTakeoverAge(d time.Duration) *RecordCheckinHa
 	return h
 }
 
+// WithUserLimit counts RecordCheckin.LimitUser's requests with l; a ReservingLimiter counts and
+// reserves in one step.
+func (h *RecordCheckinHandler) WithUserLimit(l UserLimiter) *RecordCheckinHandler {
+	h.limiter = l
+	return h
+}
+
 // Handle answers only after the event is stored: an acknowledged check-in is never lost. The
 // same checkinId with the same body is safe to retry, also concurrently: one request publishes,
 // the others wait for it and answer as retries. With a different body it is a conflict.
 func (h *RecordCheckinHandler) Handle(ctx context.Context, cmd RecordCheckin) (RecordCheckinResult, error) {
+	if cmd.LimitUser != 0 && h.limiter == nil {
+		return RecordCheckinResult{}, errors.New("command: RecordCheckin.LimitUser set without a user limiter (WithUserLimit)")
+	}
 	now := h.now()
 	c, err := domain.NewCheckin(cmd.Input, now, h.newID)
 	if err != nil {
-		return RecordCheckinResult{}, err
+		return h.CountRejected(ctx, cmd.LimitUser, err)
 	}
 	rec := IdempotencyRecord{Fingerprint: cmd.Input.Fingerprint(), Checkin: c, RecordedAt: now.UnixMilli()}
 	if cmd.Input.CheckinID == nil {
-		return h.record(ctx, rec, cmd.CorrelationID) // a generated checkinId is nobody else's
+		return h.record(ctx, rec, cmd.CorrelationID, cmd.LimitUser) // a generated checkinId is nobody else's
 	}
 	// Requests of this process for the same check-in share the first one's outcome, so only
 	// that one talks to Redis. A different body has another key: it meets the reservation in
 	// Redis and is refused at once.
 	res, leader, err := h.flights.do(ctx, c.ID+"\x00"+rec.Fingerprint, func() (RecordCheckinResult, error) {
-		return h.record(ctx, rec, cmd.CorrelationID)
+		return h.record(ctx, rec, cmd.CorrelationID, cmd.LimitUser)
 	})
+	if !leader && cmd.LimitUser != 0 {
+		// A request that shared another's outcome counts against its limit all the same.
+		rate, lerr := h.count(ctx, cmd.LimitUser)
+		if lerr != nil {
+			return RecordCheckinResult{Rate: rate}, lerr
+		}
+		res.Rate = rate
+	}
 	if err != nil {
 		if !leader && ctx.Err() != nil {
-			return RecordCheckinResult{}, fmt.Errorf("wait for checkinId %q: %w: %w", c.ID, domain.ErrUnavailable, err)
+			return RecordCheckinResult{Rate: res.Rate}, fmt.Errorf("wait for checkinId %q: %w: %w", c.ID, domain.ErrUnavailable, err)
 		}
-		return RecordCheckinResult{}, err
+		return RecordCheckinResult{Rate: res.Rate}, err
 	}
 	res.Replayed = res.Replayed || !leader
 	return res, nil
 }
 
-// record reserves the checkinId and publishes; if another attempt holds the reservation, it
-// waits for that one's outcome, or takes over a reservation old enough to be abandoned.
-func (h *RecordCheckinHandler) record(ctx context.Context, rec IdempotencyRecord, correlationID string) (RecordCheckinResult, error) {
-	id := rec.Checkin.ID
-	rec.Owner, rec.ReservedAt = h.newOwner(), rec.RecordedAt
+// CountRejected counts a request refused before it could be recorded (an unreadable or
+// invalid body) against user's rate limit, as every request is counted (0: none): its answer is
+// the limit's refusal when it is over, cause otherwise.
+func (h *RecordCheckinHandler) CountRejected(ctx context.Context, user int64, cause error) (RecordCheckinResult, error) {
+	if user == 0 || h.limiter == nil {
+		return RecordCheckinResult{}, cause
+	}
+	rate, err := h.count(ctx, user)
+	if err != nil {
+		return RecordCheckinResult{Rate: rate}, err
+	}
+	return RecordCheckinResult{Rate: rate}, cause
+}
+
+// count counts one request of user; over the limit it fails with *RateLimitedError.
+func (h *RecordCheckinHandler) count(ctx context.Context, user int64) (*RateDecision, error) {
+	d, err := h.limiter.Allow(ctx, user)
+	if err != nil {
+		return nil, fmt.Errorf("rate limit of user %d: %w: %w", user, domain.ErrUnavailable, err)
+	}
+	if !d.Allowed {
+		return &d, &RateLimitedError{Decision: d}
+	}
+	return &d, nil
+}
+
+// reserve is the first reservation of a request, counted against user's limit first (0: none),
+// in the same round trip where the limiter can.
+func (h *RecordCheckinHandler) reserve(ctx context.Context, rec IdempotencyRecord, user int64) (*RateDecision, *IdempotencyRecord, error) {
+	if user == 0 {
+		existing, err := h.idem.Reserve(ctx, rec)
+		return nil, existing, err
+	}
+	if rl, ok := h.limiter.(ReservingLimiter); ok && user == rec.Checkin.UserID {
+		d, existing, err := rl.AllowAndReserve(ctx, rec)
+		switch {
+		case err != nil:
+			return nil, nil, err
+		case !d.Allowed:
+			return &d, nil, &RateLimitedError{Decision: d}
+		}
+		return &d, existing, nil
+	}
+	rate, err := h.count(ctx, user)
+	if err != nil {
+		return rate, nil, err
+	}
 	existing, err := h.idem.Reserve(ctx, rec)
+	return rate, existing, err
+}
+
+// record reserves the checkinId (counting the request against limitUser's rate limit, 0:
+// none) and publishes; if another attempt holds the reservation, it waits for that one's
+// outcome, or takes over a reservation old enough to be abandoned.
+func (h *RecordCheckinHandler) record(ctx context.Context, rec IdempotencyRecord, correlationID string, limitUser int64) (RecordCheckinResult, error) {
+	rec.Owner, rec.ReservedAt = h.newOwner(), rec.RecordedAt
+	rate, existing, err := h.reserve(ctx, rec, limitUser)
+	var limited *RateLimitedError
+	if errors.As(err, &limited) || (err != nil && errors.Is(err, domain.ErrUnavailable)) {
+		return RecordCheckinResult{Rate: rate}, err
+	}
+	res, err := h.settle(ctx, rec, correlationID, existing, err)
+	res.Rate = rate
+	return res, err
+}
+
+// settle takes the first reservation's outcome (existing, err) to its end: publish, a retry's
+// answer, a conflict, or waiting for another attempt's outcome.
+func (h *RecordCheckinHandler) settle(ctx context.Context, rec IdempotencyRecord, correlationID string, existing *IdempotencyRecord, err error) (RecordCheckinResult, error) {
+	id := rec.Checkin.ID
 	for delay := pollMin; ; delay = min(2*delay, pollMax) {
 		if err != nil {
 			return RecordCheckinResult{}, fmt.Errorf("reserve checkinId %q: %w: %w", id, domain.ErrUnavailable, err)

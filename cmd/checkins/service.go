@@ -48,8 +48,11 @@ type Service struct {
 	mode        Mode
 	opsListener *ports.HTTPListener
 	apiPipeline *adapters.AutoPipeline
-	devIssuer   *ports.TokenIssuer
-	banner      io.Writer // dev mode's tokens are printed here for a person (nil: logged only)
+	// The API's check-in command and its reservations: httpConfig gives them the per-user limit.
+	recordCheckin *command.RecordCheckinHandler
+	idem          *adapters.IdempotencyStore
+	devIssuer     *ports.TokenIssuer
+	banner        io.Writer // dev mode's tokens are printed here for a person (nil: logged only)
 
 	// modeGuessed: REDIS_MODE auto, and Redis did not answer at start whether it is a cluster
 	// node; standalone was assumed until Ready learns otherwise.
@@ -188,6 +191,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		rec.WithTakeoverAge(max(command.DefaultTakeoverAge, cfg.RequestTimeout+time.Second))
 		s.closers = append(s.closers, rec.Close) // before the pipeline its marks go through
 		application.Commands.RecordCheckin = rec
+		s.recordCheckin, s.idem = rec, idem
 	}
 	if mode.Projections {
 		targets, err := s.initialTargets(pingCtx, application.Queries.ProjectionVersions, application.Commands.RebuildProjection)

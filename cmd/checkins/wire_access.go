@@ -60,10 +60,12 @@ func (s *Service) httpConfig(ctx context.Context) (ports.HTTPConfig, error) {
 		return hc, err
 	}
 	hc.Auth = &ports.AuthPolicy{Verifier: v, PublicReads: cfg.PublicReads, OpsShared: cfg.OpsAddr == cfg.HTTPAddr}
-	if s.apiPipeline != nil && !cfg.RateLimitUser.Off() {
-		if hc.UserLimiter, err = adapters.NewRedisRateLimiter(s.client, s.apiPipeline, s.keys, cfg.RateLimitUser); err != nil {
+	if s.apiPipeline != nil && !cfg.RateLimitUser.Off() && s.recordCheckin != nil {
+		l, err := adapters.NewRedisRateLimiter(s.client, s.apiPipeline, s.keys, cfg.RateLimitUser)
+		if err != nil {
 			return hc, err
 		}
+		s.recordCheckin.WithUserLimit(l.WithReservations(s.idem))
 		hc.UserLimit = cfg.RateLimitUser
 	}
 	return hc, nil
