@@ -94,7 +94,9 @@ func (k KeySpace) LegacyIdempotency(checkinID string) string {
 // idempotency keys; "0" when it had no event stream then, so no legacy key can exist.
 func (k KeySpace) IdempotencyScopedSince() string { return k.Prefix + ":idem-scoped-since" }
 
-// RateLimitUser is the per-user rate-limit state (the limiter library adds its own "rate:").
+// RateLimitUser is the per-user rate-limit state. (Until the limiter was our own script,
+// go-redis/redis_rate put "rate:" in front, outside KEY_PREFIX, where a Redis ACL limited to the
+// prefix refused it; a budget lives at most its window, so the move costs one window's state.)
 func (k KeySpace) RateLimitUser(userID int64) string {
 	return k.Prefix + ":ratelimit:{user:" + strconv.FormatInt(userID, 10) + "}"
 }

@@ -13,9 +13,9 @@ import (
 )
 
 // RedisRateLimiter limits per user in Redis (GCRA), so every API instance on the same Redis
-// shares each user's budget. Key: "rate:" + KeySpace.RateLimitUser(id), holding the theoretical
-// arrival time in seconds since 2017-01-01 with a TTL of at most the policy's window (the state
-// go-redis/redis_rate keeps, which this limiter used before: budgets carry over an upgrade).
+// shares each user's budget. Key: KeySpace.RateLimitUser(id), holding the theoretical arrival
+// time in seconds since 2017-01-01 with a TTL of at most the policy's window (the state
+// go-redis/redis_rate keeps, whose script this limiter used before).
 //
 // With WithReservations it also reserves a check-in's id in the same script call when it allows
 // the request (command.ReservingLimiter): the user's rate key and the reservation's key carry
@@ -101,7 +101,7 @@ func (r *RedisRateLimiter) AllowAndReserve(ctx context.Context, rec command.Idem
 // call runs rateLua for user, with reserve = {key, record, px} or nil; old is the reservation's
 // GET (nil: the key was free).
 func (r *RedisRateLimiter) call(ctx context.Context, user int64, reserve []any) (d command.RateDecision, old any, err error) {
-	keys := []string{"rate:" + r.keys.RateLimitUser(user)}
+	keys := []string{r.keys.RateLimitUser(user)}
 	args := []any{r.limit.Burst, r.limit.Rate, r.limit.Period.Seconds()}
 	if reserve != nil {
 		keys = append(keys, reserve[0].(string))

@@ -3,6 +3,7 @@ package adapters_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -40,7 +41,13 @@ func TestRateLimitAndReservationShareOneCommand(t *testing.T) {
 		client, err := adapters.NewRedisClient(adapters.ClientOptions{URL: srv.URL()})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = client.Close() })
-		rateLimitAndReservation(t, client, redistest.Client(t, srv.URL()), adapters.KeySpace{Prefix: "rl"})
+		check := redistest.Client(t, srv.URL())
+		rateLimitAndReservation(t, client, check, adapters.KeySpace{Prefix: "rl"})
+		all, err := check.Keys(context.Background(), "*").Result()
+		require.NoError(t, err)
+		for _, k := range all {
+			assert.True(t, strings.HasPrefix(k, "rl:"), "%s is under KEY_PREFIX, where an ACL limited to the prefix allows it", k)
+		}
 	})
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel()
@@ -74,7 +81,7 @@ func rateLimitAndReservation(t *testing.T, client, check redis.UniversalClient, 
 		require.NoError(t, err)
 	}
 
-	assert.Equal(t, adapters.KeySlot("rate:"+keys.RateLimitUser(7)), adapters.KeySlot(keys.Idempotency(7, "a")),
+	assert.Equal(t, adapters.KeySlot(keys.RateLimitUser(7)), adapters.KeySlot(keys.Idempotency(7, "a")),
 		"the user's rate key and reservations share a slot, so one script may touch both on a cluster")
 	hook.n.Store(0)
 	d, existing, err := l.AllowAndReserve(ctx, rec(7, "a"))
@@ -110,8 +117,8 @@ func rateLimitAndReservation(t *testing.T, client, check redis.UniversalClient, 
 	require.NoError(t, err)
 	assert.True(t, d.Allowed, "another user has a budget of its own")
 	assert.Equal(t, 1, d.Remaining)
-	// The state is redis_rate's (a TAT in seconds since 2017), so budgets carry over upgrades.
-	tat, err := check.Get(ctx, "rate:"+keys.RateLimitUser(8)).Result()
+	// The state is redis_rate's: a TAT in seconds since 2017.
+	tat, err := check.Get(ctx, keys.RateLimitUser(8)).Result()
 	require.NoError(t, err)
 	f, err := strconv.ParseFloat(tat, 64)
 	require.NoError(t, err)
