@@ -51,7 +51,9 @@ type ProjectorBackend interface {
 	CurrentMembership(ctx context.Context, group string) (ops.Membership, error)
 
 	// Consumer groups: where each acknowledged through (checkpoints), where each is now.
-	Checkpoint(ctx context.Context, stream, group, acked string) error
+	// Checkpoints records group's positions on several partitions (stream -> acked through) at
+	// once.
+	Checkpoints(ctx context.Context, group string, acked map[string]string) error
 	Acked(ctx context.Context, stream, group string) (string, error)
 	// Positions are summed over partitions, each partition's in GroupPosition.Parts.
 	Positions(ctx context.Context) (map[string]ops.GroupPosition, error)
