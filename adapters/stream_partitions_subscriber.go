@@ -18,8 +18,10 @@ import (
 // MetaStream and is acked through its own partition's subscription.
 //
 // A run of messages that the inner subscriber delivered as ready together (MetaQueued: how many
-// more follow right behind) is passed on without another partition's messages in between, so the
-// batching in front of the router still sees the runs it can batch, and MetaQueued stays true.
+// more follow right behind) is passed on without another partition's messages in between, and
+// the runs of several partitions that are ready at the same moment are joined into one
+// (MetaQueued rewritten to count the joined run), so the batching in front of the router sees
+// the runs it can batch, across partitions. A partition's entries keep their order.
 type PartitionedSubscriber struct {
 	inner message.Subscriber
 	parts Partitions
@@ -48,33 +50,61 @@ func (s *PartitionedSubscriber) Subscribe(ctx context.Context, topic string) (<-
 		}
 		ins[i] = in
 	}
-	out := make(chan *message.Message)
-	var turn sync.Mutex // held for one run
+	// One goroutine per partition gathers each run it is given; the runs that are ready at the
+	// same time, of any partitions, go out as one run. With many partitions each one's runs are
+	// short (at 2,000 check-ins/s over 24 partitions, about one entry per read), and a batch of
+	// one entry is a router call, a decode and a few script calls for one event.
+	runs := make(chan []*message.Message, len(ins))
 	var wg sync.WaitGroup
 	for _, in := range ins {
 		wg.Go(func() {
 			for first := range in {
-				turn.Lock()
-				out <- first
-				// The rest of the run is ready in this partition's channel: no wait under the lock.
+				run := []*message.Message{first}
+				// The rest of the run is ready in this partition's channel: no wait for new reads.
 				for more := queuedAfter(first); more > 0; {
 					m, ok := <-in
 					if !ok {
 						break
 					}
-					out <- m
+					run = append(run, m)
 					more = queuedAfter(m)
 				}
-				turn.Unlock()
+				runs <- run
 			}
 		})
 	}
 	go func() {
 		wg.Wait()
-		close(out)
+		close(runs)
+	}()
+	out := make(chan *message.Message)
+	go func() {
+		defer close(out)
+		for run := range runs {
+		join:
+			for len(run) < maxJoinedRun {
+				select {
+				case more, ok := <-runs:
+					if !ok {
+						break join
+					}
+					run = append(run, more...)
+				default:
+					break join
+				}
+			}
+			for i, m := range run {
+				m.Metadata.Set(batchsub.MetaQueued, strconv.Itoa(len(run)-1-i))
+				out <- m
+			}
+		}
 	}()
 	return out, nil
 }
+
+// maxJoinedRun caps the runs of several partitions joined into one (the batching in front of
+// the router cuts them into batches of BATCH_SIZE anyway).
+const maxJoinedRun = 4096
 
 // topicOf maps the event log's topic to its stream when P = 1 (the same name).
 func (s *PartitionedSubscriber) topicOf(topic string) string {

@@ -75,7 +75,7 @@ func TestPartitionedPublishAndSubscribe(t *testing.T) {
 
 		got := map[int64][]string{}
 		seen := map[string]bool{}
-		lastStream, runLeft := "", 0
+		runLeft, runStreams, joined := 0, map[string]bool{}, 0
 		for n := 0; n < users*each; n++ {
 			var m *message.Message
 			select {
@@ -85,11 +85,18 @@ func TestPartitionedPublishAndSubscribe(t *testing.T) {
 			}
 			require.NotNil(t, m)
 			stream := m.Metadata.Get(adapters.MetaStream)
+			queued, err := strconv.Atoi(m.Metadata.Get(batchsub.MetaQueued))
+			require.NoError(t, err)
 			if runLeft > 0 {
-				assert.Equal(t, lastStream, stream, "a run of one partition was interleaved")
+				assert.Equal(t, runLeft-1, queued, "MetaQueued counts down through a run")
 			}
-			runLeft, _ = strconv.Atoi(m.Metadata.Get(batchsub.MetaQueued))
-			lastStream = stream
+			runStreams[stream] = true
+			if runLeft = queued; runLeft == 0 {
+				if len(runStreams) > 1 {
+					joined++
+				}
+				runStreams = map[string]bool{}
+			}
 			fields, err := adapters.DecodeFields(m)
 			require.NoError(t, err)
 			u, err := parseInt(fields[domain.FieldUserID])
@@ -102,6 +109,7 @@ func TestPartitionedPublishAndSubscribe(t *testing.T) {
 			m.Ack()
 		}
 		assert.Equal(t, order, got, "every user's check-ins, in order")
+		assert.Positive(t, joined, "runs of several partitions ready at once are joined into one")
 		require.NoError(t, sub.Close())
 		for _, stream := range parts.Streams() {
 			pending, err := env.client.XPending(ctx, stream, "g").Result()
