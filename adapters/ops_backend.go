@@ -1,6 +1,9 @@
 package adapters
 
 import (
+	"context"
+	"errors"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/checkins/checkins/app/ops"
@@ -17,5 +20,20 @@ func NewOpsBackend(client redis.UniversalClient, keys KeySpace) ops.Backend {
 		Keys:         NewProjectionKeys(client, keys),
 		Observations: NewProgressObservations(client, keys),
 		Failures:     RedisErrors{},
+		Migration:    migrationFlag{client: client, keys: keys},
 	}
+}
+
+// migrationFlag reads the quiesce flag a partition migration sets in <prefix>:meta.
+type migrationFlag struct {
+	client redis.UniversalClient
+	keys   KeySpace
+}
+
+func (m migrationFlag) Running(ctx context.Context) (string, error) {
+	v, err := m.client.HGet(ctx, m.keys.Meta(), metaQuiesce).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	return v, err
 }

@@ -3,6 +3,8 @@ package adapters_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -13,7 +15,10 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app"
 	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
 )
 
 // The trim floor and the policy are command.TrimStream's; these run it on a real stream, through
@@ -161,4 +166,40 @@ func TestRetentionLeavesAStreamWithoutGroupsAlone(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, res.Trimmed)
 	assert.Len(t, e.present(t), 20)
+}
+
+// TestRetentionAndRebuildWaitForAPartitionMigration: while `partitions migrate` holds the stream
+// (its quiesce flag in <prefix>:meta), a trim removes nothing and a rebuild creates no group
+// (what they did to the old streams would be lost with them); both say why, and go on once the
+// flag is gone.
+func TestRetentionAndRebuildWaitForAPartitionMigration(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newRetentionEnv(t, 100, time.Now().Add(-time.Hour).UnixMilli())
+	e.group(t, "users.v1", 100)
+	applier, err := adapters.NewProjectionApplier(e.client, e.keys, adapters.DefaultDedupeWindow)
+	require.NoError(t, err)
+	var a app.Application
+	require.NoError(t, a.AddOps(app.OpsConfig{Backend: adapters.NewOpsBackend(e.client, e.keys),
+		Applier: applier, Projections: []projection.Projection{projection.UserStats{}},
+		Retention: command.RetentionPolicy{MaxEntries: 10}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	require.NoError(t, e.client.HSet(ctx, e.keys.Meta(), "quiesce", "1 to 8 partitions").Err())
+
+	_, err = a.Commands.TrimStream.TrimOnce(ctx)
+	require.ErrorIs(t, err, domain.ErrMigrating)
+	assert.ErrorContains(t, err, "1 to 8 partitions")
+	assert.ErrorContains(t, err, "checkins partitions migrate --to N")
+	assert.Len(t, e.present(t), 100, "nothing trimmed during the migration")
+	_, err = a.Commands.RebuildProjection.Start(ctx, "users")
+	require.ErrorIs(t, err, domain.ErrMigrating)
+	groups, err := e.client.XInfoGroups(ctx, e.keys.Stream()).Result()
+	require.NoError(t, err)
+	assert.Len(t, groups, 1, "no rebuild group created during the migration")
+
+	require.NoError(t, e.client.HDel(ctx, e.keys.Meta(), "quiesce").Err())
+	res, err := a.Commands.TrimStream.TrimOnce(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(90), res.Trimmed)
+	_, err = a.Commands.RebuildProjection.Start(ctx, "users")
+	require.NoError(t, err)
 }

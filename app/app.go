@@ -137,6 +137,7 @@ func (a *Application) AddOps(cfg OpsConfig) error {
 	if c.TrimStream, err = command.NewTrimStream(cfg.Backend.Stream, cfg.Retention, nil); err != nil {
 		return err
 	}
+	c.TrimStream.WaitForMigrations(cfg.Backend.Migration)
 	if q.Status, err = query.NewStatus(cfg.Backend, cfg.Projections, cfg.StallAfter); err != nil {
 		return err
 	}

@@ -29,6 +29,9 @@ var (
 	// ErrNotReplicated means the event was written, but fewer replicas than required confirmed
 	// it in time: it may be lost in a failover, so it is not acknowledged.
 	ErrNotReplicated = errors.New("event not confirmed by enough replicas")
+	// ErrMigrating means a partition migration holds the event stream: what would write to it,
+	// trim it or add consumer groups to it waits until the migration is done.
+	ErrMigrating = errors.New("the event stream is being migrated to another partition count")
 )
 
 // ValidationError names the field and the problem; it carries a machine-readable code.

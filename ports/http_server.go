@@ -248,6 +248,9 @@ func (s *HTTPServer) toAPIError(c echo.Context, err error) *APIError {
 	case errors.Is(err, domain.ErrNotReplicated):
 		return apiError(http.StatusServiceUnavailable, domain.CodeNotReplicated, "",
 			"the check-in reached fewer Redis replicas than required (INGEST_MIN_REPLICAS) in time; retry with the same checkinId")
+	case errors.Is(err, domain.ErrMigrating):
+		c.Response().Header().Set("Retry-After", strconv.Itoa(MigratingRetryAfter))
+		return apiError(http.StatusServiceUnavailable, CodeMigrating, "", err.Error())
 	case errors.Is(err, domain.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
 		return apiError(http.StatusServiceUnavailable, domain.CodeUnavailable, "", "storage is unavailable, retry later")
 	case errors.As(err, &he):

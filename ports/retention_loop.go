@@ -2,10 +2,12 @@ package ports
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
 	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/domain"
 )
 
 // RunRetention trims the event stream every interval until ctx ends (RETENTION): the projector
@@ -27,6 +29,8 @@ func RunRetention(ctx context.Context, t *command.TrimStream, interval time.Dura
 			res, err = t.TrimOnce(ctx)
 		}
 		switch {
+		case errors.Is(err, domain.ErrMigrating):
+			log.Debug("stream trim waits for the partition migration", "error", err)
 		case err != nil && ctx.Err() == nil:
 			if ok, n := failing.allow(); ok {
 				log.Warn("stream trim failed, will retry", "error", err, "suppressed", n)

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/checkins/checkins/app/ops"
+	"github.com/checkins/checkins/domain"
 )
 
 // MigratePartitions moves the event stream to another number of partitions
@@ -32,6 +35,22 @@ type PartitionMigration interface {
 	Position(ctx context.Context, from, to, batch int, force bool) (PositionResult, error)
 	Record(ctx context.Context, to int) error
 	Cleanup(ctx context.Context, from int) error
+}
+
+// notMigrating fails with domain.ErrMigrating while a partition migration holds the stream (m
+// nil: nothing to ask).
+func notMigrating(ctx context.Context, m ops.Migration) error {
+	if m == nil {
+		return nil
+	}
+	why, err := m.Running(ctx)
+	if err != nil {
+		return ops.Unavailable(err)
+	}
+	if why != "" {
+		return fmt.Errorf("%w (%s): retry once it is done; if it stopped, `checkins partitions migrate --to N` resumes it", domain.ErrMigrating, why)
+	}
+	return nil
 }
 
 // MigrationProgress is what a migration has done so far (zero: none runs).

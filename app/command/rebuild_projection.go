@@ -154,6 +154,10 @@ func (h *RebuildProjection) Start(ctx context.Context, name string) (ops.Rebuild
 	if err := KnownProjection(h.projs, name); err != nil {
 		return ops.RebuildProgress{}, err
 	}
+	// A rebuild creates groups on the stream, which a migration would leave behind.
+	if err := notMigrating(ctx, h.b.Migration); err != nil {
+		return ops.RebuildProgress{}, err
+	}
 	st, err := h.b.Registry.State(ctx, name)
 	if err != nil {
 		return ops.RebuildProgress{}, ops.Unavailable(err)

@@ -63,9 +63,17 @@ func ParseRetention(s string) (RetentionPolicy, error) {
 // stopped consuming therefore holds the stream at its position: that is on purpose, the stall
 // shows in status and metrics.
 type TrimStream struct {
-	stream ops.Stream
-	policy RetentionPolicy
-	now    func() time.Time
+	stream    ops.Stream
+	policy    RetentionPolicy
+	now       func() time.Time
+	migration ops.Migration // nil: not asked
+}
+
+// WaitForMigrations makes TrimOnce refuse (domain.ErrMigrating) while a partition migration
+// copies the stream.
+func (t *TrimStream) WaitForMigrations(m ops.Migration) *TrimStream {
+	t.migration = m
+	return t
 }
 
 // NewTrimStream trims stream by policy.
@@ -134,6 +142,9 @@ type PartitionedStream interface {
 // then shared out evenly (each partition keeps MaxEntries/P, rounded up). The result sums the
 // partitions up: Trimmed in total, MinID the highest cut and Floor the lowest floor.
 func (t *TrimStream) TrimOnce(ctx context.Context) (TrimResult, error) {
+	if err := notMigrating(ctx, t.migration); err != nil {
+		return TrimResult{}, err
+	}
 	ps, ok := t.stream.(PartitionedStream)
 	if !ok || len(ps.Parts()) < 2 || !t.policy.Enabled() {
 		return t.trimOne(ctx, t.stream, t.policy)

@@ -25,6 +25,15 @@ type Backend struct {
 	Keys         ProjectionKeys
 	Observations Observations
 	Failures     Failures
+	Migration    Migration
+}
+
+// Migration tells whether a partition migration (checkins partitions migrate) holds the event
+// stream: while it copies entries and moves groups, nothing else may write to the stream, trim it
+// or create groups on it, or what it does would be lost with the old streams.
+type Migration interface {
+	// Running describes the migration that runs, or is "" when none does.
+	Running(ctx context.Context) (string, error)
 }
 
 // Stream is the event stream and its consumer groups.

@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os/exec"
 	"strings"
@@ -377,9 +378,19 @@ func TestQuiesceFlagStopsProjectorsAndIngest(t *testing.T) {
 	}
 	c, _ := faultGet(t, svc.base+"/users/1")
 	assert.Equal(t, http.StatusOK, c, "the read models stay readable")
+	code, _, stderr := runOps(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix}, "projections", "rebuild", "users")
+	assert.NotZero(t, code, "a rebuild waits for the migration")
+	assert.Contains(t, stderr, "being migrated", "and says why")
+	resp, err := testHTTPClient.Post(svc.base+"/ops/projections/users/rebuild", "application/json", nil)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s", body)
+	assert.Contains(t, string(body), `"code":"migrating"`)
+	assert.NotEmpty(t, resp.Header.Get("Retry-After"))
 
 	require.NoError(t, client.HDel(ctx, keys.Meta(), "quiesce").Err())
 	l.verify(t, svc.base)
-	code, _ := faultGet(t, svc.base+"/checkins/latest")
+	code, _ = faultGet(t, svc.base+"/checkins/latest")
 	assert.Equal(t, http.StatusOK, code)
 }
