@@ -97,6 +97,7 @@ func BenchmarkPostCheckin(b *testing.B) {
 	// 50 clients like the bench's ingest phase, whatever GOMAXPROCS is.
 	b.SetParallelism((50 + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
 	redisCPU0 := redisCPU(b, rdb.Info(context.Background(), "cpu").Val())
+	st0 := rdb.Info(context.Background(), "stats").Val()
 	cpu0 := processCPU(b)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -112,6 +113,10 @@ func BenchmarkPostCheckin(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
 	b.ReportMetric((redisCPU(b, rdb.Info(context.Background(), "cpu").Val())-redisCPU0)*1e6/float64(b.N), "redis-cpu-µs/op")
+	st1 := rdb.Info(context.Background(), "stats").Val()
+	for _, f := range []string{"total_commands_processed", "total_reads_processed"} {
+		b.ReportMetric((infoInt(st1, f)-infoInt(st0, f))/float64(b.N), f)
+	}
 }
 
 // processCPU is the user+system CPU time this process has used so far.
@@ -137,4 +142,14 @@ func redisCPU(b *testing.B, info string) float64 {
 		}
 	}
 	return sum
+}
+
+func infoInt(info, field string) float64 {
+	for _, line := range strings.Split(info, "\r\n") {
+		if k, v, _ := strings.Cut(line, ":"); k == field {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
 }
