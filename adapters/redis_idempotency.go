@@ -76,9 +76,9 @@ func encodeRecord(state byte, rec command.IdempotencyRecord) ([]byte, error) {
 	b := make([]byte, 0, 128+len(rec.Fingerprint)+len(c.ID)+len(rec.Owner))
 	b = append(b, state)
 	b = append(b, `{"f":`...)
-	b = appendJSONString(b, rec.Fingerprint)
+	b = appendMarshalString(b, rec.Fingerprint)
 	b = append(b, `,"id":`...)
-	b = appendJSONString(b, c.ID)
+	b = appendMarshalString(b, c.ID)
 	b = append(b, `,"u":`...)
 	b = strconv.AppendInt(b, c.UserID, 10)
 	b = append(b, `,"l":`...)
@@ -92,7 +92,7 @@ func encodeRecord(state byte, rec command.IdempotencyRecord) ([]byte, error) {
 	if state == stateReserved {
 		if rec.Owner != "" {
 			b = append(b, `,"o":`...)
-			b = appendJSONString(b, rec.Owner)
+			b = appendMarshalString(b, rec.Owner)
 		}
 		if rec.ReservedAt != rec.RecordedAt && rec.ReservedAt != 0 {
 			b = append(b, `,"ra":`...)
@@ -100,6 +100,18 @@ func encodeRecord(state byte, rec command.IdempotencyRecord) ([]byte, error) {
 		}
 	}
 	return append(b, '}'), nil
+}
+
+// appendMarshalString appends s as json.Marshal writes it, which also escapes < > & (unlike
+// appendJSONString, whose output only needs to be valid JSON).
+func appendMarshalString(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c == '<' || c == '>' || c == '&' {
+			b, _ := json.Marshal(s) // a string always encodes
+			return append(dst, b...)
+		}
+	}
+	return appendJSONString(dst, s)
 }
 
 func decodeRecord(id string, v any) (*command.IdempotencyRecord, error) {

@@ -760,6 +760,7 @@ func TestEncodeRecordIsEncodingJSON(t *testing.T) {
 		"zeros":             func(r *command.IdempotencyRecord) { *r = command.IdempotencyRecord{} },
 		"negative":          func(r *command.IdempotencyRecord) { r.Checkin.Timestamp, r.RecordedAt = -1, -2 },
 		"escapes in the id": func(r *command.IdempotencyRecord) { r.Checkin.ID = "a\"b\\c\n\t<&>\u2028é" },
+		"html characters":   func(r *command.IdempotencyRecord) { r.Checkin.ID, r.Owner, r.Fingerprint = "a<b", "&", ">" },
 		"invalid utf-8":     func(r *command.IdempotencyRecord) { r.Checkin.ID, r.Owner = "a\xffb", "\x00" },
 		"long fingerprint":  func(r *command.IdempotencyRecord) { r.Fingerprint = strings.Repeat("0123456789abcdef", 8) },
 	} {

@@ -79,7 +79,44 @@ func (s *HTTPServer) postCheckin(c echo.Context) error {
 	if res.Replayed {
 		c.Response().Header().Set("Idempotent-Replayed", "true")
 	}
-	return c.JSON(http.StatusAccepted, toResponse(res.Checkin))
+	return acceptedJSON(c, res.Checkin)
+}
+
+// acceptedJSON is c.JSON(202, toResponse(ch)), the same bytes (TestAcceptedJSONIsEchoJSON)
+// appended without reflection: every accepted check-in answers with it. ?pretty and Echo's debug
+// mode, which indent, go through c.JSON.
+func acceptedJSON(c echo.Context, ch domain.Checkin) error {
+	if c.Request().URL.RawQuery != "" || c.Echo().Debug {
+		return c.JSON(http.StatusAccepted, toResponse(ch))
+	}
+	b := make([]byte, 0, 128+len(ch.ID))
+	b = append(b, `{"checkinId":`...)
+	b = appendJSONString(b, ch.ID)
+	b = append(b, `,"userId":`...)
+	b = strconv.AppendInt(b, ch.UserID, 10)
+	b = append(b, `,"locationId":`...)
+	b = strconv.AppendInt(b, ch.LocationID, 10)
+	b = append(b, `,"starRating":`...)
+	b = strconv.AppendInt(b, int64(ch.StarRating), 10)
+	b = append(b, `,"timestamp":`...)
+	b = strconv.AppendInt(b, ch.Timestamp, 10)
+	b = append(b, "}\n"...) // json.Encoder ends its output with a newline
+	return c.JSONBlob(http.StatusAccepted, b)
+}
+
+// appendJSONString appends s as encoding/json writes it: as is when it needs no escaping (the
+// usual case: printable ASCII but for the HTML characters encoding/json escapes), through
+// encoding/json otherwise.
+func appendJSONString(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x80 || c == '<' || c == '>' || c == '&' {
+			b, _ := json.Marshal(s) // a string always encodes
+			return append(dst, b...)
+		}
+	}
+	dst = append(dst, '"')
+	dst = append(dst, s...)
+	return append(dst, '"')
 }
 
 func decodeCheckin(r *http.Request) (domain.CheckinInput, error) {
