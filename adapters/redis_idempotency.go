@@ -269,6 +269,31 @@ func (s *IdempotencyStore) MarkPublished(ctx context.Context, rec command.Idempo
 	return err
 }
 
+// MarkPublishedAll implements command.BatchMarker: the MarkPublished commands of recs in one
+// pipeline, one round trip.
+func (s *IdempotencyStore) MarkPublishedAll(ctx context.Context, recs []command.IdempotencyRecord) []error {
+	errs := make([]error, len(recs))
+	cmds := make([]*redis.StatusCmd, len(recs))
+	pipe := s.client.Pipeline()
+	for i, rec := range recs {
+		b, err := encodeRecord(statePublished, rec)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		cmds[i] = pipe.SetArgs(ctx, s.key(rec.Checkin), b, redis.SetArgs{Mode: "XX", KeepTTL: true})
+	}
+	_, _ = pipe.Exec(ctx) // each command's own error is read below
+	for i, cmd := range cmds {
+		if cmd != nil && errs[i] == nil {
+			if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) {
+				errs[i] = err // redis.Nil: expired or never reserved, as MarkPublished
+			}
+		}
+	}
+	return errs
+}
+
 // takeOverLua replaces an unpublished reservation with ARGV[2] if it is still held by the owner
 // the caller saw (ARGV[1]; ” matches records from before owners). It returns 1 when it did,
 // otherwise the record stored now (nil: none). Redis 7 has no SET IFEQ, and the owner sits

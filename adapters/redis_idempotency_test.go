@@ -775,3 +775,35 @@ func TestEncodeRecordIsEncodingJSON(t *testing.T) {
 		}
 	}
 }
+
+// MarkPublishedAll marks every reserved record of the batch published in one round trip, as
+// MarkPublished would: the TTL kept, a record that does not exist (expired) not created.
+func TestIdempotencyMarkPublishedAll(t *testing.T) {
+	t.Parallel()
+	e := newCmdEnv(t, nil)
+	ctx := context.Background()
+	rec := func(id string, user int64) command.IdempotencyRecord {
+		return command.IdempotencyRecord{Fingerprint: "fp-" + id, RecordedAt: 1700000000000, ReservedAt: 1700000000000, Owner: "o.1",
+			Checkin: domain.Checkin{ID: id, UserID: user, LocationID: 3, StarRating: 4, Timestamp: 1609602085397}}
+	}
+	a, b, gone := rec("a", 1), rec("b", 2), rec("gone", 3)
+	for _, r := range []command.IdempotencyRecord{a, b} {
+		existing, err := e.idem.Reserve(ctx, r)
+		require.NoError(t, err)
+		require.Nil(t, existing)
+	}
+	errs := e.idem.MarkPublishedAll(ctx, []command.IdempotencyRecord{a, gone, b})
+	assert.Equal(t, []error{nil, nil, nil}, errs)
+	for _, r := range []command.IdempotencyRecord{a, b} {
+		got, err := e.idem.Reserve(ctx, r)
+		require.NoError(t, err)
+		require.NotNil(t, got)
+		assert.True(t, got.Published, r.Checkin.ID)
+		ttl, err := e.client.PTTL(ctx, e.keys.Idempotency(r.Checkin.UserID, r.Checkin.ID)).Result()
+		require.NoError(t, err)
+		assert.Positive(t, ttl, "the reservation's TTL is kept")
+	}
+	n, err := e.client.Exists(ctx, e.keys.Idempotency(gone.Checkin.UserID, gone.Checkin.ID)).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "no record is created for a check-in that was not reserved")
+}
