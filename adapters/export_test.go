@@ -1,10 +1,13 @@
 package adapters
 
 import (
+	"encoding/json"
 	"net/url"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/app/command"
 )
 
 // NewClusterClientWith builds the service's cluster client with one remedy for a failover or the
@@ -15,4 +18,25 @@ func NewClusterClientWith(o ClientOptions, reload time.Duration, reloadOnErrors 
 		return nil, err
 	}
 	return newClusterClientWith(o, u, reload, reloadOnErrors)
+}
+
+// EncodeRecord is encodeRecord.
+var EncodeRecord = encodeRecord
+
+// EncodeRecordJSON is the record as encoding/json writes idemRecord: what encodeRecord must give.
+func EncodeRecordJSON(state byte, rec command.IdempotencyRecord) ([]byte, error) {
+	c := rec.Checkin
+	r := idemRecord{Fingerprint: rec.Fingerprint, ID: c.ID, UserID: c.UserID, LocationID: c.LocationID,
+		StarRating: c.StarRating, Timestamp: c.Timestamp, RecordedAt: rec.RecordedAt}
+	if state == stateReserved {
+		r.Owner = rec.Owner
+		if rec.ReservedAt != rec.RecordedAt {
+			r.ReservedAt = rec.ReservedAt
+		}
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	return append([]byte{state}, b...), nil
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -741,4 +742,68 @@ func TestIdempotencyStoreAnswersFromLegacyRecords(t *testing.T) {
 	v, err := env.client.Get(ctx, fresh.keys.IdempotencyScopedSince()).Result()
 	require.NoError(t, err)
 	assert.Equal(t, "0", v)
+}
+
+// The hand-written record encoder writes what encoding/json writes, byte for byte: records in
+// Redis are read back by json.Unmarshal and by the takeover script's cjson, and a release
+// compares them byte for byte with what it encodes again.
+func TestEncodeRecordIsEncodingJSON(t *testing.T) {
+	t.Parallel()
+	base := command.IdempotencyRecord{Fingerprint: "fp", RecordedAt: 1700000000123,
+		Checkin: domain.Checkin{ID: "c-1", UserID: 42, LocationID: 7, StarRating: 4, Timestamp: 1609602085397}}
+	for name, mod := range map[string]func(*command.IdempotencyRecord){
+		"plain":             func(*command.IdempotencyRecord) {},
+		"owner":             func(r *command.IdempotencyRecord) { r.Owner = "AbC-_x.1z" },
+		"reserved later":    func(r *command.IdempotencyRecord) { r.Owner, r.ReservedAt = "o.2", r.RecordedAt+5000 },
+		"reserved at zero":  func(r *command.IdempotencyRecord) { r.ReservedAt = 0 },
+		"reserved same":     func(r *command.IdempotencyRecord) { r.ReservedAt = r.RecordedAt },
+		"zeros":             func(r *command.IdempotencyRecord) { *r = command.IdempotencyRecord{} },
+		"negative":          func(r *command.IdempotencyRecord) { r.Checkin.Timestamp, r.RecordedAt = -1, -2 },
+		"escapes in the id": func(r *command.IdempotencyRecord) { r.Checkin.ID = "a\"b\\c\n\t<&>\u2028é" },
+		"html characters":   func(r *command.IdempotencyRecord) { r.Checkin.ID, r.Owner, r.Fingerprint = "a<b", "&", ">" },
+		"invalid utf-8":     func(r *command.IdempotencyRecord) { r.Checkin.ID, r.Owner = "a\xffb", "\x00" },
+		"long fingerprint":  func(r *command.IdempotencyRecord) { r.Fingerprint = strings.Repeat("0123456789abcdef", 8) },
+	} {
+		rec := base
+		mod(&rec)
+		for _, state := range []byte{'R', 'P'} {
+			want, err := adapters.EncodeRecordJSON(state, rec)
+			require.NoError(t, err)
+			got, err := adapters.EncodeRecord(state, rec)
+			require.NoError(t, err)
+			assert.Equal(t, string(want), string(got), "%s, state %c", name, state)
+		}
+	}
+}
+
+// MarkPublishedAll marks every reserved record of the batch published in one round trip, as
+// MarkPublished would: the TTL kept, a record that does not exist (expired) not created.
+func TestIdempotencyMarkPublishedAll(t *testing.T) {
+	t.Parallel()
+	e := newCmdEnv(t, nil)
+	ctx := context.Background()
+	rec := func(id string, user int64) command.IdempotencyRecord {
+		return command.IdempotencyRecord{Fingerprint: "fp-" + id, RecordedAt: 1700000000000, ReservedAt: 1700000000000, Owner: "o.1",
+			Checkin: domain.Checkin{ID: id, UserID: user, LocationID: 3, StarRating: 4, Timestamp: 1609602085397}}
+	}
+	a, b, gone := rec("a", 1), rec("b", 2), rec("gone", 3)
+	for _, r := range []command.IdempotencyRecord{a, b} {
+		existing, err := e.idem.Reserve(ctx, r)
+		require.NoError(t, err)
+		require.Nil(t, existing)
+	}
+	errs := e.idem.MarkPublishedAll(ctx, []command.IdempotencyRecord{a, gone, b})
+	assert.Equal(t, []error{nil, nil, nil}, errs)
+	for _, r := range []command.IdempotencyRecord{a, b} {
+		got, err := e.idem.Reserve(ctx, r)
+		require.NoError(t, err)
+		require.NotNil(t, got)
+		assert.True(t, got.Published, r.Checkin.ID)
+		ttl, err := e.client.PTTL(ctx, e.keys.Idempotency(r.Checkin.UserID, r.Checkin.ID)).Result()
+		require.NoError(t, err)
+		assert.Positive(t, ttl, "the reservation's TTL is kept")
+	}
+	n, err := e.client.Exists(ctx, e.keys.Idempotency(gone.Checkin.UserID, gone.Checkin.ID)).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "no record is created for a check-in that was not reserved")
 }

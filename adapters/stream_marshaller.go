@@ -39,7 +39,8 @@ var _ redisstream.MarshallerUnmarshaller = FlatMarshaller{}
 // Marshal implements redisstream.Marshaller.
 func (FlatMarshaller) Marshal(_ string, msg *message.Message) (map[string]any, error) {
 	values := make(map[string]any, 10+len(msg.Metadata))
-	ok := eachFlatField(msg.Payload, func(k, v string) { values[k] = v })
+	// One copy of the payload: the keys and values are slices of it, not a string each.
+	ok := eachFlatField(string(msg.Payload), func(k, v string) { values[k] = v })
 	if !ok {
 		var fields map[string]string
 		if err := json.Unmarshal(msg.Payload, &fields); err != nil {
@@ -153,7 +154,7 @@ func DecodeFields(msg *message.Message) (map[string]string, error) {
 // projectors' profile; anything unusual falls back to encoding/json (ok == false).
 func parseFlatObject(b []byte) (map[string]string, bool) {
 	out := make(map[string]string, 10)
-	if !eachFlatField(b, func(k, v string) { out[k] = v }) {
+	if !eachFlatField(string(b), func(k, v string) { out[k] = v }) {
 		return nil, false
 	}
 	return out, true
@@ -161,8 +162,9 @@ func parseFlatObject(b []byte) (map[string]string, bool) {
 
 // eachFlatField calls set for each key and value of b, a JSON object of plain strings without
 // escapes, and reports whether b was one (set may have been called before a false). A key that
-// comes twice is set twice, the last value winning, as encoding/json decides.
-func eachFlatField(b []byte, set func(k, v string)) bool {
+// comes twice is set twice, the last value winning, as encoding/json decides. Keys and values
+// are substrings of b: no allocation per field.
+func eachFlatField(b string, set func(k, v string)) bool {
 	if len(b) < 2 || b[0] != '{' || b[len(b)-1] != '}' {
 		return false
 	}
@@ -176,7 +178,7 @@ func eachFlatField(b []byte, set func(k, v string)) bool {
 			switch c := b[j]; {
 			case c == '"':
 				i = j + 1
-				return string(b[start:j]), true
+				return b[start:j], true
 			case c == '\\' || c < 0x20:
 				return "", false
 			}

@@ -97,7 +97,7 @@ func challenge(c echo.Context, status int, code, msg, scope string) *APIError {
 // when no token was sent (the caller decides whether that is allowed).
 func (s *HTTPServer) authenticate(c echo.Context) (bool, error) {
 	r := c.Request()
-	if r.URL.Query().Has("access_token") {
+	if r.URL.RawQuery != "" && r.URL.Query().Has("access_token") { // no query: nothing to parse
 		return false, challenge(c, http.StatusUnauthorized, CodeInvalidToken, ErrTokenInQuery.Error(), "")
 	}
 	hs := r.Header.Values(echo.HeaderAuthorization)

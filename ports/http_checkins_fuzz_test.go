@@ -139,3 +139,29 @@ func TestDecodeCheckinJSONAccepts(t *testing.T) {
 		assert.Equal(t, int64(42), *in.UserID, "body %q", body)
 	}
 }
+
+// The decoder's own path for plain bodies gives what encoding/json gives, at the edges of what
+// it takes (int64's range, zeros, null, whitespace) and just past them (where it hands over).
+func TestDecodeCheckinJSONPlainBodiesAsEncodingJSON(t *testing.T) {
+	t.Parallel()
+	for _, body := range []string{
+		`{}`, ` { } `, `{"userId":null}`, `{"checkinId":""}`, `{"checkinId":"a b~"}`,
+		`{"userId":9223372036854775807}`, `{"userId":-9223372036854775808}`,
+		`{"userId":9223372036854775808}`, `{"userId":-9223372036854775809}`, `{"userId":99999999999999999999}`,
+		`{"userId":0}`, `{"userId":-0}`, `{"userId":00}`, `{"userId":-}`, `{"userId":1.0}`, `{"userId":1e2}`,
+		`{"userId":1E2}`, `{"userId":+1}`, `{"userId":"1"}`, `{"checkinId":1}`, `{"userId":1,}`, `{,}`,
+		`{"userId":1 "locationId":2}`, `{"userId":1}}`, `{"userId":1}[`, `{"userId":nul}`, `{"userId":nullx}`,
+		`{"userId":true}`, `{"checkinId":"tab\there"}`, "{\"checkinId\":\"é\"}", `{"userId":12,"locationId":3,"starRating":5,"timestamp":-1}`,
+		"\t{\"userId\"\n:\r42 , \"starRating\" : 0}\n",
+	} {
+		in, err := ports.DecodeCheckinJSON([]byte(body))
+		plain, plainOK := plainDecode([]byte(body))
+		if !plainOK || !strictOK([]byte(body)) {
+			assert.Error(t, err, "body %q", body)
+			continue
+		}
+		require.NoError(t, err, "body %q", body)
+		assert.Equal(t, domain.CheckinInput{CheckinID: plain.CheckinID, UserID: plain.UserID, LocationID: plain.LocationID,
+			StarRating: plain.StarRating, Timestamp: plain.Timestamp}, in, "body %q", body)
+	}
+}

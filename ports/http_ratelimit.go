@@ -82,16 +82,29 @@ func ipKey(ip string) string {
 // (draft-ietf-httpapi-ratelimit-headers: q = quota, w = window in seconds, r = remaining,
 // t = seconds until the quota is back) for one named policy, appended to those already set.
 func rateHeaders(h http.Header, name string, l command.RateLimit, d command.RateDecision) {
-	addItem(h, "RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", name, l.Burst, ceilSeconds(l.Window())))
-	addItem(h, "RateLimit", fmt.Sprintf("%q;r=%d;t=%d", name, max(d.Remaining, 0), ceilSeconds(d.ResetAfter)))
+	// Appended, not fmt.Sprintf'd: every POST /checkins answers with both.
+	var buf [64]byte
+	b := strconv.AppendQuote(buf[:0], name)
+	b = append(b, ";q="...)
+	b = strconv.AppendInt(b, int64(l.Burst), 10)
+	b = append(b, ";w="...)
+	b = strconv.AppendInt(b, ceilSeconds(l.Window()), 10)
+	addItem(h, "RateLimit-Policy", b)
+	b = strconv.AppendQuote(buf[:0], name)
+	b = append(b, ";r="...)
+	b = strconv.AppendInt(b, int64(max(d.Remaining, 0)), 10)
+	b = append(b, ";t="...)
+	b = strconv.AppendInt(b, ceilSeconds(d.ResetAfter), 10)
+	addItem(h, "RateLimit", b)
 }
 
-// addItem appends one item to a structured-field list header.
-func addItem(h http.Header, key, item string) {
+// addItem appends one item to a structured-field list header (key is canonical).
+func addItem(h http.Header, key string, item []byte) {
 	if old := h.Get(key); old != "" {
-		item = old + ", " + item
+		h.Set(key, old+", "+string(item))
+		return
 	}
-	h.Set(key, item)
+	h[key] = []string{string(item)}
 }
 
 func ceilSeconds(d time.Duration) int64 {

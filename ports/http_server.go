@@ -82,7 +82,7 @@ func NewHTTPServer(a app.Application, ready Readiness, cfg HTTPConfig, log *slog
 		if e == s.echo && len(cfg.CORSAllowedOrigins) > 0 { // before auth: a preflight has no token
 			e.Use(corsMiddleware(cfg.CORSAllowedOrigins))
 		}
-		e.Use(s.correlation, s.timeout, s.accessLog)
+		e.Use(s.requestContext, s.accessLog)
 		if cfg.Observe != nil {
 			e.Use(cfg.Observe)
 		}
@@ -153,26 +153,23 @@ func CorrelationID(ctx context.Context) string {
 	return s
 }
 
-func (s *HTTPServer) correlation(next echo.HandlerFunc) echo.HandlerFunc {
+// requestContext gives the request its correlation ID (the client's X-Correlation-ID, or a new
+// one), echoed in the answer, and its deadline, RequestTimeout: one copy of the request for both.
+func (s *HTTPServer) requestContext(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		id := c.Request().Header.Get(HeaderCorrelationID)
+		r := c.Request()
+		id := r.Header.Get(HeaderCorrelationID)
 		if id == "" || len(id) > 128 {
 			id = uuid.NewString()
 		}
 		c.Response().Header().Set(HeaderCorrelationID, id)
-		c.SetRequest(c.Request().WithContext(context.WithValue(c.Request().Context(), ctxKeyCorrelation{}, id)))
-		return next(c)
-	}
-}
-
-func (s *HTTPServer) timeout(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		if c.Request().URL.Path == uiPathEvents {
-			return next(c) // the dashboard's event stream lasts as long as the page is open
+		ctx := context.WithValue(r.Context(), ctxKeyCorrelation{}, id)
+		if r.URL.Path != uiPathEvents { // the dashboard's event stream lasts as long as the page is open
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, s.cfg.RequestTimeout)
+			defer cancel()
 		}
-		ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.RequestTimeout)
-		defer cancel()
-		c.SetRequest(c.Request().WithContext(ctx))
+		c.SetRequest(r.WithContext(ctx))
 		return next(c)
 	}
 }

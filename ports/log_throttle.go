@@ -48,7 +48,7 @@ func (q quietHandlerErrors) With(fields watermill.LogFields) watermill.LoggerAda
 }
 
 func newRouterLogger(l *slog.Logger) watermill.LoggerAdapter {
-	return quietHandlerErrors{watermill.NewSlogLogger(l)}
+	return quietHandlerErrors{NewWatermillLogger(l)}
 }
 
 // throttledErrorLogger logs each distinct error message at most once per interval, with how many

@@ -54,6 +54,14 @@ type IdempotencyStore interface {
 	Release(ctx context.Context, rec IdempotencyRecord) error
 }
 
+// BatchMarker is an IdempotencyStore that marks many records published at once (one round
+// trip). With one, the handler queues the marks to a single writer instead of starting a
+// goroutine, a context and a timer per check-in.
+type BatchMarker interface {
+	// MarkPublishedAll marks each of recs as MarkPublished does; errs[i] is recs[i]'s outcome.
+	MarkPublishedAll(ctx context.Context, recs []IdempotencyRecord) (errs []error)
+}
+
 // RecordCheckin is the command to accept one check-in.
 type RecordCheckin struct {
 	Input         domain.CheckinInput
@@ -89,6 +97,10 @@ const (
 	releaseTimeout = 500 * time.Millisecond
 	// Marking a reservation published happens after the answer, on a context of its own.
 	markTimeout = 5 * time.Second
+	// The queued marks of a BatchMarker: at most markBatch per round trip; past markQueue
+	// waiting, a mark gets a goroutine of its own, as without a BatchMarker.
+	markBatch = 256
+	markQueue = 4096
 )
 
 // RecordCheckinHandler validates a check-in and records it as a CheckinRecorded event.
@@ -104,6 +116,20 @@ type RecordCheckinHandler struct {
 	ownerSeq    atomic.Uint64 // ... and across the attempts of one process
 	marks       sync.WaitGroup
 	limiter     UserLimiter // nil: RecordCheckin.LimitUser is refused
+
+	// The mark writer of a BatchMarker store (markQ nil: none), started with the first mark;
+	// markMu guards markQ's sends against Close closing it.
+	batch     BatchMarker
+	markMu    sync.RWMutex
+	markQ     chan queuedMark
+	markOnce  sync.Once
+	markShut  bool
+	markAlive sync.WaitGroup
+}
+
+type queuedMark struct {
+	ctx context.Context // the request's, for the values its logs carry
+	rec IdempotencyRecord
 }
 
 // NewRecordCheckinHandler fails fast on missing dependencies.
@@ -115,8 +141,12 @@ func NewRecordCheckinHandler(p EventPublisher, idem IdempotencyStore, now func()
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, fmt.Errorf("command: owner token: %w", err)
 	}
-	return &RecordCheckinHandler{publisher: p, idem: idem, now: now, newID: newID, log: log,
-		takeoverAge: DefaultTakeoverAge, ownerPrefix: base64.RawURLEncoding.EncodeToString(b[:])}, nil
+	h := &RecordCheckinHandler{publisher: p, idem: idem, now: now, newID: newID, log: log,
+		takeoverAge: DefaultTakeoverAge, ownerPrefix: base64.RawURLEncoding.EncodeToString(b[:])}
+	if bm, ok := idem.(BatchMarker); ok {
+		h.batch, h.markQ = bm, make(chan queuedMark, markQueue)
+	}
+	return h, nil
 }
 
 // WithTakeoverAge sets how old another attempt's unpublished reservation must be before this
@@ -316,6 +346,9 @@ func (h *RecordCheckinHandler) publish(ctx context.Context, rec IdempotencyRecor
 	// still publishing. Should the mark fail (or the process die first), a retry takes the
 	// reservation over after the takeover age and publishes a duplicate that projections count
 	// once: the same as a mark failing before the answer.
+	if h.queueMark(ctx, rec) {
+		return RecordCheckinResult{Checkin: rec.Checkin, Replayed: replayed}, nil
+	}
 	h.marks.Add(1)
 	go func() {
 		defer h.marks.Done()
@@ -328,9 +361,73 @@ func (h *RecordCheckinHandler) publish(ctx context.Context, rec IdempotencyRecor
 	return RecordCheckinResult{Checkin: rec.Checkin, Replayed: replayed}, nil
 }
 
+// queueMark hands rec's mark to the mark writer; false when there is none (no BatchMarker, or
+// closed) or its queue is full.
+func (h *RecordCheckinHandler) queueMark(ctx context.Context, rec IdempotencyRecord) bool {
+	if h.markQ == nil {
+		return false
+	}
+	h.markOnce.Do(func() {
+		h.markAlive.Add(1)
+		go h.writeMarks()
+	})
+	h.markMu.RLock()
+	defer h.markMu.RUnlock()
+	if h.markShut {
+		return false
+	}
+	select {
+	case h.markQ <- queuedMark{ctx: ctx, rec: rec}:
+		return true
+	default:
+		return false
+	}
+}
+
+// writeMarks writes the queued marks, those waiting together, until Close.
+func (h *RecordCheckinHandler) writeMarks() {
+	defer h.markAlive.Done()
+	batch := make([]queuedMark, 0, markBatch)
+	recs := make([]IdempotencyRecord, 0, markBatch)
+	for m := range h.markQ {
+		batch, recs = append(batch[:0], m), append(recs[:0], m.rec)
+	fill:
+		for len(batch) < markBatch {
+			select {
+			case m, ok := <-h.markQ:
+				if !ok {
+					break fill
+				}
+				batch, recs = append(batch, m), append(recs, m.rec)
+			default:
+				break fill
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), markTimeout)
+		errs := h.batch.MarkPublishedAll(ctx, recs)
+		cancel()
+		for i, err := range errs {
+			if err != nil {
+				h.log.WarnContext(batch[i].ctx, "could not mark check-in as published", "checkin_id", batch[i].rec.Checkin.ID, "error", err)
+			}
+		}
+		clear(batch) // no request contexts kept alive until the next batch
+	}
+}
+
 // Close waits for the published marks still being written (call it before closing the
 // idempotency store's connection).
 func (h *RecordCheckinHandler) Close() error {
+	if h.markQ != nil {
+		h.markMu.Lock()
+		if !h.markShut {
+			h.markShut = true
+			close(h.markQ)
+		}
+		h.markMu.Unlock()
+		h.markOnce.Do(func() {}) // never started: nothing queued
+		h.markAlive.Wait()
+	}
 	h.marks.Wait()
 	return nil
 }

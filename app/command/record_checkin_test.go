@@ -482,3 +482,52 @@ func TestAnswerDoesNotWaitForThePublishedMark(t *testing.T) {
 	}
 	assert.Len(t, pub.published(), 1, "the retry did not publish again")
 }
+
+// batchMarks is a memStore that marks in batches (command.BatchMarker), each batch waiting
+// until released.
+type batchMarks struct {
+	*memStore
+	release chan struct{}
+	batches atomic.Int64
+}
+
+func (s *batchMarks) MarkPublishedAll(ctx context.Context, recs []command.IdempotencyRecord) []error {
+	<-s.release
+	s.batches.Add(1)
+	errs := make([]error, len(recs))
+	for i, r := range recs {
+		errs[i] = s.MarkPublished(ctx, r)
+	}
+	return errs
+}
+
+// With a BatchMarker the marks are queued to one writer, which sends those waiting together;
+// the answers do not wait for them, and Close waits until every one is written.
+func TestPublishedMarksAreBatchedAndCloseWaitsForThem(t *testing.T) {
+	t.Parallel()
+	store := &batchMarks{memStore: newMemStore(), release: make(chan struct{})}
+	h := newHandler(t, &memPublisher{}, store, newClock())
+	const n = 20
+	for i := range n {
+		_, err := h.Handle(context.Background(), checkin(fmt.Sprintf("ck-b%d", i), 4))
+		require.NoError(t, err, "answered while the marks wait")
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- h.Close() }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned before the marks were written")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(store.release)
+	require.NoError(t, <-closed)
+	for i := range n {
+		rec, ok := store.get(fmt.Sprintf("ck-b%d", i))
+		require.True(t, ok)
+		assert.True(t, rec.Published, "ck-b%d marked", i)
+	}
+	assert.Less(t, store.batches.Load(), int64(n), "the marks waiting were written together")
+	_, err := h.Handle(context.Background(), checkin("ck-after", 4))
+	require.NoError(t, err, "a check-in after Close is still answered")
+	assert.Eventually(t, func() bool { r, _ := store.get("ck-after"); return r.Published }, 5*time.Second, time.Millisecond)
+}

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/alicebob/miniredis/v2"
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
@@ -138,7 +137,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 			return nil, err
 		}
 	}
-	wlog := watermill.NewSlogLogger(log)
+	wlog := ports.NewWatermillLogger(log)
 	var application app.Application
 	application.Queries = app.Queries{
 		Checkins:  query.NewCheckins(adapters.NewEventLog(s.client, s.keys)),
