@@ -463,14 +463,14 @@ func readStreamsProgress(ctx context.Context, client redis.UniversalClient, stre
 	}
 	var pend []pending
 	pipe = client.Pipeline()
-	for i, c := range infos {
-		gs, err := c.Result()
+	for i, stream := range streams {
+		gs, err := infos[i].Result()
 		if isNoSuchKey(err) {
 			out[i] = map[string]ops.GroupPosition{}
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("XINFO GROUPS %s: %w", streams[i], err)
+			return nil, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
 		}
 		out[i] = make(map[string]ops.GroupPosition, len(gs))
 		for _, g := range gs {
@@ -480,7 +480,7 @@ func readStreamsProgress(ctx context.Context, client redis.UniversalClient, stre
 			}
 			out[i][g.Name] = ops.GroupPosition{LastDeliveredID: last, Pending: g.Pending, AckedThrough: last}
 			if g.Pending > 0 {
-				pend = append(pend, pending{i, g.Name, pipe.XPending(ctx, streams[i], g.Name)})
+				pend = append(pend, pending{i, g.Name, pipe.XPending(ctx, stream, g.Name)})
 			}
 		}
 	}

@@ -279,12 +279,12 @@ func parseInt64(digits []byte, neg bool) (int64, bool) {
 		}
 	}
 	if neg {
-		return -int64(u-1) - 1, true //nolint:gosec // u <= limit: fits
+		return -int64(u-1) - 1, true // #nosec G115 -- u <= 1<<63, so u-1 fits and -(u-1)-1 is at least the least int64
 	}
 	if u == limit {
 		return 0, false
 	}
-	return int64(u), true //nolint:gosec // u < limit: fits
+	return int64(u), true // #nosec G115 -- u < 1<<63: fits
 }
 
 // plainStringEnd returns the index after the closing quote of the string at b[i] when it is
