@@ -14,8 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/checkins/checkins/adapters"
 )
 
@@ -103,27 +101,11 @@ func (r *benchRedis) startPrivate(ctx context.Context, runID string) error {
 	r.waited = make(chan struct{})
 	go func() { _ = r.cmd.Wait(); close(r.waited) }()
 	r.url = fmt.Sprintf("redis://127.0.0.1:%d/0", port)
-	c := redis.NewClient(&redis.Options{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		err := c.Ping(ctx).Err()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-r.waited:
-			logText, _ := os.ReadFile(filepath.Join(r.dir, "redis.log"))
-			r.close(nil)
-			return fmt.Errorf("private redis-server exited at start: %s", strings.TrimSpace(string(logText)))
-		default:
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			r.close(nil)
-			return fmt.Errorf("private redis-server on port %d did not answer within 10s: %w", port, err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err := waitPing(ctx, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), r.waited, filepath.Join(r.dir, "redis.log")); err != nil {
+		r.close(nil)
+		return err
 	}
+	return nil
 }
 
 // close kills the private server (it holds nothing worth keeping) and removes its directory.
