@@ -556,37 +556,31 @@ func TestRouterPrunesTheDedupeRegistryBehindEveryGroup(t *testing.T) {
 // the event's fault), so no replay can apply such a write twice.
 func TestRouterCountsOnceAWriteThatLandedAfterItsTimeout(t *testing.T) {
 	t.Parallel()
-	p := newFaulty("faulty", nil)
-	h := startHarness(t, p, harnessOptions{handlerTimeout: 100 * time.Millisecond})
-	ctx := context.Background()
-	other := redistest.Client(t, h.url)
 	const spin = `local t0 = redis.call('TIME') local s = t0[1] * 1000000 + t0[2]
 while true do local t = redis.call('TIME') if t[1] * 1000000 + t[2] - s > 400000 then return 1 end end`
-	const n = 40
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			_ = other.Eval(ctx, spin, nil).Err()
-			time.Sleep(20 * time.Millisecond)
+	var spins sync.WaitGroup
+	var other *redis.Client
+	// Every fifth check-in's first attempt holds Redis in another client's 400 ms script before
+	// the projector applies, so that the apply waits past the 100 ms HANDLER_TIMEOUT and lands
+	// after the attempt has failed: the overlap is made, not left to the scheduler.
+	p := newFaulty("faulty", func(ctx context.Context, id string, n int) error {
+		i, _ := strconv.Atoi(strings.TrimPrefix(id, "late-"))
+		if n == 1 && i%5 == 0 {
+			spins.Go(func() { _ = other.Eval(context.Background(), spin, nil).Err() })
+			time.Sleep(30 * time.Millisecond) // the script is running when the apply is sent
 		}
-	}()
-	// Until some apply has timed out (on a loaded machine that may take more events than n).
-	added := 0
-	for added < n || (h.logs.count("HANDLER_TIMEOUT") == 0 && added < 20*n) {
-		h.add("late-"+strconv.Itoa(added), 2)
-		added++
-		time.Sleep(50 * time.Millisecond)
+		return nil
+	})
+	h := startHarness(t, p, harnessOptions{handlerTimeout: 100 * time.Millisecond})
+	other = redistest.Client(t, h.url)
+	const n = 20
+	for i := range n {
+		h.add("late-"+strconv.Itoa(i), 2)
+		time.Sleep(20 * time.Millisecond)
 	}
-	close(stop)
-	<-done
+	h.settled(n)
+	spins.Wait()
 	require.Positive(t, h.logs.count("HANDLER_TIMEOUT"), "some apply must have timed out and landed later")
-	h.settled(int64(added))
-	assert.Equal(t, int64(2*added), h.stars())
+	assert.Equal(t, int64(2*n), h.stars())
 	assert.Empty(t, h.poison(), "never parked for Redis being slow")
 }
