@@ -948,6 +948,52 @@ func testApplySweepLetsGoOfAQuietGroupsMarkers(t *testing.T, env projEnv) {
 	assert.Error(t, err)
 }
 
+// TestApplySweepCompactsWhatItLeaves: a marker set that grew past Redis's compact encoding during
+// a drain keeps its large encoding after pruning (Redis never converts a zset back); Sweep writes
+// what is left again, compact, with every marker it keeps unchanged.
+func TestApplySweepCompactsWhatItLeaves(t *testing.T) {
+	t.Parallel()
+	eachEnv(t, testApplySweepCompactsWhatItLeaves)
+}
+
+func testApplySweepCompactsWhatItLeaves(t *testing.T, env projEnv) {
+	a := env.applier(t, env.client).PruneEvery(0)
+	ctx := context.Background()
+	const t0, n = 1_700_000_000_000, 200
+	for i := range n {
+		ev := recorded("ck-"+strconv.Itoa(i), 1, 1, 2, 1_000)
+		us, err := projection.Updates(ctx, projection.UserStats{}, ev)
+		require.NoError(t, err)
+		_, err = a.Apply(ctx, []projection.Work{{Group: "live", Projection: "users", Version: 1, Event: projection.RefOf(ev, entry(t0+int64(i))), Updates: us}}, nil)
+		require.NoError(t, err)
+	}
+	mk := env.keys.MarkerKey("live", "user:1")
+	enc, err := env.client.ObjectEncoding(ctx, mk).Result()
+	require.NoError(t, err)
+	require.Equal(t, "skiplist", enc, "more markers than zset-max-listpack-entries")
+	_, err = a.Sweep(ctx, "live", entry(t0+n-3))
+	require.NoError(t, err)
+	left, err := env.client.ZRangeWithScores(ctx, mk, 0, -1).Result()
+	require.NoError(t, err)
+	require.Len(t, left, 3, "entries n-3..n-1 remain")
+	for j, z := range left {
+		s, ok := adapters.ScoreOfEntry(entry(t0 + n - 3 + int64(j)))
+		require.True(t, ok)
+		assert.Equal(t, float64(s), z.Score)
+	}
+	enc, err = env.client.ObjectEncoding(ctx, mk).Result()
+	require.NoError(t, err)
+	assert.Equal(t, "listpack", enc, "what is left is compact again")
+
+	// The markers it kept still tell a redelivery from a new copy: nothing is applied again.
+	ev := recorded("ck-"+strconv.Itoa(n-1), 1, 1, 2, 1_000)
+	us, err := projection.Updates(ctx, projection.UserStats{}, ev)
+	require.NoError(t, err)
+	out, err := a.Apply(ctx, []projection.Work{{Group: "live", Projection: "users", Version: 1, Event: projection.RefOf(ev, entry(t0+n-1)), Updates: us}}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, projection.AlreadyApplied, out[0])
+}
+
 // TestRegistryIsPrunedByEveryCallThatTouchesIt: with the default settings, every script call
 // that decides a user's check-in also lets go of her registry's copies older than the window
 // before the floor. Left to chance, a busy drain could grow a registry past Redis's compact
