@@ -947,11 +947,12 @@ func (a *ProjectionApplier) touch(items []item) {
 // grew past zset-max-listpack-entries stays a skiplist, which Redis never converts back: on a
 // cluster, where a group's markers are pruned below its slowest partition, the few markers a
 // drain left in a location's or a leaderboard shard's set kept about 7 KiB each, against about
-// 160 B compact (the bench's memory phase, 24 partitions on 3 masters).
+// 160 B compact (the bench's memory phase, 24 partitions on 3 masters). OBJECT ENCODING goes
+// through pcall: a server without it (miniredis, behind the embedded quick start) only prunes.
 const sweepScript = `
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 local n = redis.call('ZCARD', KEYS[1])
-if n > 0 and n <= tonumber(ARGV[2]) and redis.call('OBJECT', 'ENCODING', KEYS[1]) == 'skiplist' then
+if n > 0 and n <= tonumber(ARGV[2]) and redis.pcall('OBJECT', 'ENCODING', KEYS[1]) == 'skiplist' then
   local m = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
   redis.call('DEL', KEYS[1])
   for j = 1, #m, 2 do redis.call('ZADD', KEYS[1], m[j+1], m[j]) end
