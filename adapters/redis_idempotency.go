@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -229,15 +230,46 @@ func (s *IdempotencyStore) legacyLookups(ctx context.Context) bool {
 	return s.now().UnixMilli() < until
 }
 
-// scopedSince reads (or, first, sets) when this keyspace got scoped keys: now, or 0 when it has
-// no event stream yet, in which case no earlier version ever accepted a check-in here.
+// streamEverUsed tells whether the event stream ever got an entry (its last generated ID is not
+// 0-0; trimming does not reset it).
+func (s *IdempotencyStore) streamEverUsed(ctx context.Context) (bool, error) {
+	v, err := s.do(ctx, "XINFO", "STREAM", s.keys.Stream())
+	if err != nil {
+		if strings.Contains(err.Error(), "no such key") {
+			return false, nil
+		}
+		return false, err
+	}
+	var last any
+	switch info := v.(type) {
+	case []any: // RESP2: field, value, ...
+		for i := 0; i+1 < len(info); i += 2 {
+			if f, _ := info[i].(string); f == "last-generated-id" {
+				last = info[i+1]
+			}
+		}
+	case map[any]any: // RESP3
+		last = info["last-generated-id"]
+	}
+	id, ok := last.(string)
+	if !ok {
+		return false, fmt.Errorf("XINFO STREAM %s: no last-generated-id in %v", s.keys.Stream(), v)
+	}
+	return id != "0-0", nil
+}
+
+// scopedSince reads (or, first, sets) when this keyspace got scoped keys: now, or 0 when its
+// event stream never held an entry, in which case no earlier version ever accepted a check-in
+// here. The stream's existence alone does not tell: serve's projectors create it empty (their
+// consumer group) before the API takes its first check-in, and every new deployment would then
+// look for legacy records, a round trip more per check-in, for IDEMPOTENCY_TTL.
 func (s *IdempotencyStore) scopedSince(ctx context.Context) (int64, error) {
-	n, err := s.do(ctx, "EXISTS", s.keys.Stream())
+	used, err := s.streamEverUsed(ctx)
 	if err != nil {
 		return 0, err
 	}
 	mark := "0"
-	if c, _ := n.(int64); c > 0 {
+	if used {
 		mark = strconv.FormatInt(s.now().UnixMilli(), 10)
 	}
 	v, err := s.do(ctx, "SET", s.keys.IdempotencyScopedSince(), mark, "NX", "GET")

@@ -742,6 +742,28 @@ func TestIdempotencyStoreAnswersFromLegacyRecords(t *testing.T) {
 	v, err := env.client.Get(ctx, fresh.keys.IdempotencyScopedSince()).Result()
 	require.NoError(t, err)
 	assert.Equal(t, "0", v)
+
+	// serve's projectors create the stream, empty, before the first check-in: still fresh.
+	created := env.with("created")
+	require.NoError(t, env.client.XGroupCreateMkStream(ctx, created.keys.Stream(), "live", "$").Err())
+	require.NoError(t, env.client.Set(ctx, created.keys.LegacyIdempotency("c-old"), fmt.Sprintf(old, "c-old"), time.Hour).Err())
+	got, err = adapters.NewIdempotencyStore(env.client, created.keys, 2*time.Hour).Reserve(ctx, mine)
+	require.NoError(t, err)
+	assert.Nil(t, got, "an empty stream that never held an entry: legacy keys are not looked up")
+	v, err = env.client.Get(ctx, created.keys.IdempotencyScopedSince()).Result()
+	require.NoError(t, err)
+	assert.Equal(t, "0", v)
+
+	// A stream trimmed to nothing still held entries once: an earlier version may have run.
+	trimmed := env.with("trimmed")
+	id, err := env.client.XAdd(ctx, &redis.XAddArgs{Stream: trimmed.keys.Stream(), Values: map[string]any{"x": "y"}}).Result()
+	require.NoError(t, err)
+	require.NoError(t, env.client.XDel(ctx, trimmed.keys.Stream(), id).Err())
+	_, err = adapters.NewIdempotencyStore(env.client, trimmed.keys, 2*time.Hour).Reserve(ctx, other)
+	require.NoError(t, err)
+	since, err = env.client.Get(ctx, trimmed.keys.IdempotencyScopedSince()).Int64()
+	require.NoError(t, err)
+	assert.Positive(t, since, "a stream that held entries marks when scoped keys came")
 }
 
 // The hand-written record encoder writes what encoding/json writes, byte for byte: records in
