@@ -30,7 +30,7 @@ func TestIngestMinReplicasOnOneServerRetryIsSafe(t *testing.T) {
 	}
 	require.Eventually(t, online, 10*time.Second, 20*time.Millisecond)
 	svc := startSvc(t, "serve", map[string]string{"REDIS_URL": master.URL(), "KEY_PREFIX": "rep",
-		"INGEST_MIN_REPLICAS": "1", "INGEST_REPLICA_TIMEOUT": "200ms", "REQUEST_TIMEOUT": "2s"})
+		"INGEST_MIN_REPLICAS": "1", "INGEST_REPLICA_TIMEOUT": "1s", "REQUEST_TIMEOUT": "3s"}) // 200 ms was too short for a replica's ack on a loaded CI machine
 	client := authedClient(10 * time.Second)
 	post := func(id string) (int, string) {
 		code, raw, err := postRaw(client, svc.base, `{"checkinId":"`+id+`","userId":7,"locationId":3,"starRating":4,"timestamp":1700000000000}`)
