@@ -269,9 +269,11 @@ type ProjectionApplier struct {
 	// (SetRegistryFloors); nil: unknown, and the registries are not pruned.
 	floors atomic.Pointer[[]int64]
 
-	// touched are the marker keys applied to since the last Sweep, per group.
+	// touched are the marker keys applied to since the last Sweep, per group; decided, the
+	// users whose registries were written since the last SweepRegistries.
 	mu      sync.Mutex
 	touched map[string]map[string]struct{}
+	decided map[int64]struct{}
 }
 
 // DefaultPruneEvery: a marker set is pruned in one of this many calls that touch it; pruning is
@@ -362,7 +364,7 @@ func NewProjectionApplier(client redis.UniversalClient, keys KeySpace, window ti
 	}
 	_, cluster := client.(*redis.ClusterClient)
 	return &ProjectionApplier{client: client, keys: keys, window: window.Milliseconds() * scorePerMs, chunk: defaultChunk, cluster: cluster, pruneEvery: DefaultPruneEvery,
-		touched: map[string]map[string]struct{}{}}, nil
+		touched: map[string]map[string]struct{}{}, decided: map[int64]struct{}{}}, nil
 }
 
 // Registry is the dedupe registry key of a user.
@@ -543,6 +545,11 @@ func (a *ProjectionApplier) decide(ctx context.Context, works []projection.Work,
 		of[i] = j
 	}
 	results := make([]bool, len(events))
+	decided := make([]int64, len(events))
+	for j, e := range events {
+		decided[j] = e.user
+	}
+	a.touchDecided(decided)
 	calls := a.group(len(events), func(j int) string { return a.keys.Registry(events[j].user) }, func(int) int { return 2 })
 	pipe := a.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
@@ -717,7 +724,9 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 				users[works[it.work].Event.UserID] = true
 			}
 		}
-		for _, u := range slices.Sorted(maps.Keys(users)) {
+		decided := slices.Sorted(maps.Keys(users))
+		a.touchDecided(decided)
+		for _, u := range decided {
 			if bound, ok := a.registryBound(u); ok && a.pruneEvery > 0 {
 				args = append(args, keyIndex(a.keys.Registry(u)), bound, 1)
 				bounds++
@@ -941,7 +950,16 @@ func (a *ProjectionApplier) touch(items []item) {
 	}
 }
 
-// sweepScript prunes one marker set below ARGV[1] and, if what is left is at most ARGV[2]
+// touchDecided records users whose registries a call wrote, for SweepRegistries.
+func (a *ProjectionApplier) touchDecided(users []int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, u := range users {
+		a.decided[u] = struct{}{}
+	}
+}
+
+// sweepScript prunes one marker set (or dedupe registry) below ARGV[1] and, if what is left is at most ARGV[2]
 // members in Redis's large encoding, writes it again (the same members and scores, in one
 // script: nothing in between sees it otherwise) so that it is compact again. A set that once
 // grew past zset-max-listpack-entries stays a skiplist, which Redis never converts back: on a
@@ -1005,6 +1023,47 @@ func (a *ProjectionApplier) Sweep(ctx context.Context, group, before string) (in
 	if err := flush(); err != nil {
 		a.requeue(group, ks)
 		return n, err
+	}
+	return n, nil
+}
+
+// registryCompactUpTo: zset-max-listpack-entries' default. A registry holds the window's
+// identities of its user, which no later call removes while the user is quiet; written again
+// compact, it is about a third of its size as a skiplist.
+const registryCompactUpTo = 128
+
+// SweepRegistries prunes, below the window before the current floors (SetRegistryFloors), the
+// registries written since the last call, and writes those left small in Redis's compact
+// encoding again. Every call that decides a user's check-in prunes that user's registry, but
+// with the floor of that moment, which trails a drain by a checkpoint: a user's registry kept
+// what the drain's last checkpoint interval added besides the window, and, grown past the
+// compact encoding during the drain, stayed a skiplist (the bench's memory phase at 2N: 562 KiB
+// of registries for the window's 13,200 identities). The projector calls it once every group
+// is quiet. Users whose floor is not known yet stay for the next call.
+func (a *ProjectionApplier) SweepRegistries(ctx context.Context) (int, error) {
+	a.mu.Lock()
+	users := a.decided
+	a.decided = map[int64]struct{}{}
+	a.mu.Unlock()
+	var later []int64
+	pipe := a.client.Pipeline()
+	n := 0
+	for u := range users {
+		bound, ok := a.registryBound(u)
+		if !ok || a.pruneEvery == 0 {
+			later = append(later, u)
+			continue
+		}
+		pipe.Eval(ctx, sweepScript, []string{a.keys.Registry(u)}, "("+strconv.FormatInt(bound, 10), registryCompactUpTo)
+		n++
+	}
+	a.touchDecided(later)
+	if n == 0 {
+		return 0, nil
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		a.touchDecided(slices.Collect(maps.Keys(users)))
+		return 0, fmt.Errorf("sweep dedupe registries: %w", err)
 	}
 	return n, nil
 }

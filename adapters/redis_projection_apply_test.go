@@ -1174,3 +1174,62 @@ func TestRegistryFloorIsPerPartition(t *testing.T) {
 		assert.False(t, has(users[1]), "partition 1's user lets go of it, whatever partition 0's floor")
 	})
 }
+
+// TestSweepRegistriesLeavesTheWindowCompact: a drain's decides prune a user's registry with the
+// floor of their moment, which trails the drain, so a registry keeps what the drain added
+// beyond the window and, grown past zset-max-listpack-entries, stays a skiplist. Once every
+// group is quiet, SweepRegistries prunes what was written since its last call below the window
+// before the current floor and writes what is left compact; a copy within the window is still
+// a duplicate, and a second call has nothing to do.
+func TestSweepRegistriesLeavesTheWindowCompact(t *testing.T) {
+	t.Parallel()
+	eachEnv(t, testSweepRegistriesLeavesTheWindowCompact)
+}
+
+func testSweepRegistriesLeavesTheWindowCompact(t *testing.T, env projEnv) {
+	a, err := adapters.NewProjectionApplier(env.client, env.keys, time.Minute)
+	require.NoError(t, err)
+	ctx := context.Background()
+	const t0, n = 1_700_000_000_000, 300
+	at := func(i int) int64 { return t0 + int64(i)*1_000 } // a second apart: 60 in the window
+	evs := make([]domain.CheckinRecorded, n)
+	for i := range n {
+		evs[i] = recorded("reg-"+strconv.Itoa(i), 1, 1, 1, at(i))
+		us, err := projection.Updates(ctx, projection.UserStats{}, evs[i])
+		require.NoError(t, err)
+		_, err = a.Apply(ctx, []projection.Work{{Group: "g", Projection: "users", Version: 1, Event: projection.RefOf(evs[i], entry(at(i))), Updates: us}},
+			func(string) (string, bool) { return "", false })
+		require.NoError(t, err)
+	}
+	reg := env.keys.Registry(1)
+	card, err := env.client.ZCard(ctx, reg).Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(n), card, "no floor known during the drain: nothing pruned")
+	enc, err := env.client.ObjectEncoding(ctx, reg).Result()
+	require.NoError(t, err)
+	require.Equal(t, "skiplist", enc)
+
+	require.NoError(t, a.SetRegistryFloor(entry(at(n-1)+1)))
+	swept, err := a.SweepRegistries(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, swept, "one registry was written since the last sweep")
+	card, err = env.client.ZCard(ctx, reg).Result()
+	require.NoError(t, err)
+	assert.InDelta(t, 61, card, 1, "what is left is the minute before the floor")
+	enc, err = env.client.ObjectEncoding(ctx, reg).Result()
+	require.NoError(t, err)
+	assert.Equal(t, "listpack", enc, "and compact")
+	swept, err = a.SweepRegistries(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, swept, "nothing written since")
+
+	// The last check-in published again, within the window: still a duplicate everywhere.
+	last := evs[n-1]
+	us, err := projection.Updates(ctx, projection.UserStats{}, last)
+	require.NoError(t, err)
+	out, err := a.Apply(ctx, []projection.Work{{Group: "g", Projection: "users", Version: 1, Event: projection.RefOf(last, entry(at(n-1)+5)), Updates: us}},
+		func(string) (string, bool) { return "", false })
+	require.NoError(t, err)
+	assert.Equal(t, projection.Duplicate, out[0])
+	assert.Equal(t, int64(n), env.userStats(t, 1).NumCheckins)
+}

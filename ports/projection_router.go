@@ -538,6 +538,7 @@ func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	allQuiet := true
 	for _, g := range groups {
 		sum, known := info[g]
 		quiet := true
@@ -595,6 +596,7 @@ func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
 				return err
 			}
 		}
+		allQuiet = allQuiet && known && quiet
 	}
 	lives, acked, err := r.backend.ReadAll(ctx)
 	if err != nil {
@@ -607,6 +609,13 @@ func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
 	if ok {
 		if err := r.cfg.Applier.SetRegistryFloors(floors); err != nil {
 			return err
+		}
+		// Quiet: the registries' last prunes used the floors of their last decides, which trail
+		// what every group has now passed; no call will prune them until their users check in.
+		if allQuiet {
+			if _, err := r.cfg.Applier.SweepRegistries(ctx); err != nil {
+				return err
+			}
 		}
 	}
 	r.ackMu.Lock()

@@ -549,6 +549,46 @@ func TestRouterPrunesTheDedupeRegistryBehindEveryGroup(t *testing.T) {
 	}, 10*time.Second, 100*time.Millisecond, "the registry keeps the window before the floor only (has %d older)", old())
 }
 
+// TestRouterSweepsTheRegistriesOnceQuiet: a burst decided with an old floor leaves a user's
+// registry holding far more than the window, grown past Redis's compact encoding. Once every
+// group is quiet the router has the applier sweep the registries it wrote: the window before
+// the floor is what stays, compact.
+func TestRouterSweepsTheRegistriesOnceQuiet(t *testing.T) {
+	t.Parallel()
+	p := newFaulty("faulty", nil)
+	h := startHarness(t, p, harnessOptions{applier: func(c redis.UniversalClient, keys adapters.KeySpace) *adapters.ProjectionApplier {
+		a, err := adapters.NewProjectionApplier(c, keys, time.Minute)
+		require.NoError(t, err)
+		return a
+	}})
+	ctx := context.Background()
+	const n = 300
+	start := time.Now().Add(-time.Hour).UnixMilli()
+	pipe := h.client.Pipeline()
+	for i := range n { // five minutes of user 1's history, a check-in a second, in one burst
+		at := start + int64(i)*1_000
+		e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "burst-" + strconv.Itoa(i), UserID: 1, LocationID: 2, StarRating: 1, Timestamp: at},
+			RecordedAt: at}
+		msg, err := adapters.NewEventMessage(e.Fields(), "corr")
+		require.NoError(t, err)
+		values, err := adapters.FlatMarshaller{}.Marshal(h.keys.Stream(), msg)
+		require.NoError(t, err)
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: h.keys.Stream(), ID: strconv.FormatInt(at, 10) + "-0", Values: values})
+	}
+	_, err := pipe.Exec(ctx)
+	require.NoError(t, err)
+	h.settled(n)
+	reg := h.keys.Registry(1)
+	require.Eventually(t, func() bool {
+		card, err := h.client.ZCard(ctx, reg).Result()
+		require.NoError(t, err)
+		enc, err := h.client.ObjectEncoding(ctx, reg).Result()
+		require.NoError(t, err)
+		return card <= 61 && enc == "listpack"
+	}, 15*time.Second, 50*time.Millisecond, "the registry keeps the window before the floor, compact")
+	assert.Equal(t, int64(n), h.count())
+}
+
 // TestRouterCountsOnceAWriteThatLandedAfterItsTimeout: Redis, held by another client's long
 // script, runs the projector's apply after the attempt's HANDLER_TIMEOUT has passed: the write
 // lands although the attempt failed. The batch goes again and finds it applied (its markers):
