@@ -116,8 +116,15 @@ func (s *Server) start() {
 	if len(s.opts.Env) > 0 {
 		cmd.Env = append(os.Environ(), s.opts.Env...)
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	// Started from the spawner's thread with Pdeathsig, as the cluster's nodes are: a test
+	// binary that ends in a panic or a timeout (no cleanup runs) takes its servers with it. Two
+	// servers left by a timed-out run kept about 10% of a core busy here for an hour.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	var err error
+	started := make(chan struct{})
+	spawner() <- func() { defer close(started); err = cmd.Start() }
+	<-started
+	if err != nil {
 		s.t.Fatalf("redistest: start redis-server: %v", err)
 	}
 	s.cmd = cmd
