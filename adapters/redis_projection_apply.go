@@ -946,7 +946,9 @@ func (a *ProjectionApplier) touch(items []item) {
 			ks = map[string]struct{}{}
 			a.touched[it.group] = ks
 		}
-		ks[a.keys.MarkerKey(it.group, it.slot)] = struct{}{}
+		if len(ks) < maxSweepKeys {
+			ks[a.keys.MarkerKey(it.group, it.slot)] = struct{}{}
+		}
 	}
 }
 
@@ -955,9 +957,19 @@ func (a *ProjectionApplier) touchDecided(users []int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, u := range users {
+		if len(a.decided) >= maxSweepKeys {
+			return
+		}
 		a.decided[u] = struct{}{}
 	}
 }
+
+// maxSweepKeys bounds what the applier remembers for its sweeps (per group for markers, in all
+// for registries): a service under load with no quiet moment would otherwise remember every
+// user and location it ever touched. A set it does not remember keeps, until its next write
+// prunes it, what the prunes in line let stay: markers of a few calls, a registry's window plus
+// a checkpoint interval.
+const maxSweepKeys = 1 << 16
 
 // sweepScript prunes one marker set (or dedupe registry) below ARGV[1] and, if what is left is at most ARGV[2]
 // members in Redis's large encoding, writes it again (the same members and scores, in one
@@ -1055,16 +1067,21 @@ func (a *ProjectionApplier) SweepRegistries(ctx context.Context) (int, error) {
 			continue
 		}
 		pipe.Eval(ctx, sweepScript, []string{a.keys.Registry(u)}, "("+strconv.FormatInt(bound, 10), registryCompactUpTo)
-		n++
+		if n++; n%500 == 0 {
+			if _, err := pipe.Exec(ctx); err != nil {
+				// Sweeping is idempotent: every user goes again next time.
+				a.touchDecided(slices.Collect(maps.Keys(users)))
+				return n, fmt.Errorf("sweep dedupe registries: %w", err)
+			}
+		}
+	}
+	if pipe.Len() > 0 {
+		if _, err := pipe.Exec(ctx); err != nil {
+			a.touchDecided(slices.Collect(maps.Keys(users)))
+			return n, fmt.Errorf("sweep dedupe registries: %w", err)
+		}
 	}
 	a.touchDecided(later)
-	if n == 0 {
-		return 0, nil
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		a.touchDecided(slices.Collect(maps.Keys(users)))
-		return 0, fmt.Errorf("sweep dedupe registries: %w", err)
-	}
 	return n, nil
 }
 

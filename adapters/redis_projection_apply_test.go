@@ -1233,3 +1233,33 @@ func testSweepRegistriesLeavesTheWindowCompact(t *testing.T, env projEnv) {
 	assert.Equal(t, projection.Duplicate, out[0])
 	assert.Equal(t, int64(n), env.userStats(t, 1).NumCheckins)
 }
+
+// TestSweepRegistriesInChunks: more users than one pipeline of the sweep carries (500) are all
+// swept, in chunks, the last one partial.
+func TestSweepRegistriesInChunks(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	a, err := adapters.NewProjectionApplier(env.client, env.keys, time.Minute)
+	require.NoError(t, err)
+	ctx := context.Background()
+	const t0, users = 1_700_000_000_000, 1_203
+	var works []projection.Work
+	for u := range users {
+		at := t0 + int64(u)
+		ev := recorded("chunk-"+strconv.Itoa(u), int64(u+1), 1, 1, at)
+		us, err := projection.Updates(ctx, projection.UserStats{}, ev)
+		require.NoError(t, err)
+		works = append(works, projection.Work{Group: "g", Projection: "users", Version: 1, Event: projection.RefOf(ev, entry(at)), Updates: us})
+	}
+	_, err = a.Apply(ctx, works, func(string) (string, bool) { return "", false })
+	require.NoError(t, err)
+	require.NoError(t, a.SetRegistryFloor(entry(t0+users+2*60_000))) // every copy is out of the window
+	swept, err := a.SweepRegistries(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, users, swept)
+	for _, u := range []int64{1, 500, 501, users} {
+		n, err := env.client.Exists(ctx, env.keys.Registry(u)).Result()
+		require.NoError(t, err)
+		assert.Zero(t, n, "user %d's registry is empty, so gone", u)
+	}
+}
