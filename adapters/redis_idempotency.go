@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -233,29 +232,14 @@ func (s *IdempotencyStore) legacyLookups(ctx context.Context) bool {
 // streamEverUsed tells whether the event stream ever got an entry (its last generated ID is not
 // 0-0; trimming does not reset it).
 func (s *IdempotencyStore) streamEverUsed(ctx context.Context) (bool, error) {
-	v, err := s.do(ctx, "XINFO", "STREAM", s.keys.Stream())
-	if err != nil {
-		if strings.Contains(err.Error(), "no such key") {
-			return false, nil
-		}
-		return false, err
+	xs, err := s.client.XInfoStream(ctx, s.keys.Stream()).Result()
+	switch {
+	case isNoSuchKey(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("XINFO STREAM %s: %w", s.keys.Stream(), err)
 	}
-	var last any
-	switch info := v.(type) {
-	case []any: // RESP2: field, value, ...
-		for i := 0; i+1 < len(info); i += 2 {
-			if f, _ := info[i].(string); f == "last-generated-id" {
-				last = info[i+1]
-			}
-		}
-	case map[any]any: // RESP3
-		last = info["last-generated-id"]
-	}
-	id, ok := last.(string)
-	if !ok {
-		return false, fmt.Errorf("XINFO STREAM %s: no last-generated-id in %v", s.keys.Stream(), v)
-	}
-	return id != "0-0", nil
+	return xs.LastGeneratedID != "0-0", nil
 }
 
 // scopedSince reads (or, first, sets) when this keyspace got scoped keys: now, or 0 when its

@@ -1009,32 +1009,37 @@ func (a *ProjectionApplier) Sweep(ctx context.Context, group, before string) (in
 	if len(ks) == 0 {
 		return 0, nil
 	}
-	bound := "(" + strconv.FormatInt(score, 10)
-	var n int
-	var pipe redis.Pipeliner
-	flush := func() error {
-		if pipe == nil {
-			return nil
-		}
-		_, err := pipe.Exec(ctx)
-		pipe = nil
-		return err
-	}
+	sets := make([]sweepSet, 0, len(ks))
 	for k := range ks {
-		if pipe == nil {
-			pipe = a.client.Pipeline()
-		}
-		pipe.Eval(ctx, sweepScript, []string{k}, bound, sweepCompactUpTo)
-		if n++; n%500 == 0 {
-			if err := flush(); err != nil {
-				a.requeue(group, ks)
-				return n, err
-			}
-		}
+		sets = append(sets, sweepSet{k, score})
 	}
-	if err := flush(); err != nil {
+	n, err := a.sweepSets(ctx, sets, sweepCompactUpTo)
+	if err != nil {
 		a.requeue(group, ks)
-		return n, err
+	}
+	return n, err
+}
+
+// sweepSet is a set to prune below a score (exclusive).
+type sweepSet struct {
+	key   string
+	below int64
+}
+
+// sweepSets runs sweepScript on sets, writing those left with at most compactUpTo members
+// compact again, in pipelines of 500 calls; n is the calls sent. Sweeping is idempotent, so a
+// caller that meets an error sweeps every set again next time.
+func (a *ProjectionApplier) sweepSets(ctx context.Context, sets []sweepSet, compactUpTo int) (int, error) {
+	n := 0
+	for chunk := range slices.Chunk(sets, 500) {
+		pipe := a.client.Pipeline()
+		for _, s := range chunk {
+			pipe.Eval(ctx, sweepScript, []string{s.key}, "("+strconv.FormatInt(s.below, 10), compactUpTo)
+		}
+		n += len(chunk)
+		if _, err := pipe.Exec(ctx); err != nil {
+			return n, err
+		}
 	}
 	return n, nil
 }
@@ -1058,28 +1063,19 @@ func (a *ProjectionApplier) SweepRegistries(ctx context.Context) (int, error) {
 	a.decided = map[int64]struct{}{}
 	a.mu.Unlock()
 	var later []int64
-	pipe := a.client.Pipeline()
-	n := 0
+	sets := make([]sweepSet, 0, len(users))
 	for u := range users {
 		bound, ok := a.registryBound(u)
 		if !ok || a.pruneEvery == 0 {
 			later = append(later, u)
 			continue
 		}
-		pipe.Eval(ctx, sweepScript, []string{a.keys.Registry(u)}, "("+strconv.FormatInt(bound, 10), registryCompactUpTo)
-		if n++; n%500 == 0 {
-			if _, err := pipe.Exec(ctx); err != nil {
-				// Sweeping is idempotent: every user goes again next time.
-				a.touchDecided(slices.Collect(maps.Keys(users)))
-				return n, fmt.Errorf("sweep dedupe registries: %w", err)
-			}
-		}
+		sets = append(sets, sweepSet{a.keys.Registry(u), bound})
 	}
-	if pipe.Len() > 0 {
-		if _, err := pipe.Exec(ctx); err != nil {
-			a.touchDecided(slices.Collect(maps.Keys(users)))
-			return n, fmt.Errorf("sweep dedupe registries: %w", err)
-		}
+	n, err := a.sweepSets(ctx, sets, registryCompactUpTo)
+	if err != nil {
+		a.touchDecided(slices.Collect(maps.Keys(users)))
+		return n, fmt.Errorf("sweep dedupe registries: %w", err)
 	}
 	a.touchDecided(later)
 	return n, nil

@@ -961,10 +961,7 @@ func testApplySweepCompactsWhatItLeaves(t *testing.T, env projEnv) {
 	ctx := context.Background()
 	const t0, n = 1_700_000_000_000, 200
 	for i := range n {
-		ev := recorded("ck-"+strconv.Itoa(i), 1, 1, 2, 1_000)
-		us, err := projection.Updates(ctx, projection.UserStats{}, ev)
-		require.NoError(t, err)
-		_, err = a.Apply(ctx, []projection.Work{{Group: "live", Projection: "users", Version: 1, Event: projection.RefOf(ev, entry(t0+int64(i))), Updates: us}}, nil)
+		_, err := a.Apply(ctx, []projection.Work{userWork(t, "live", recorded("ck-"+strconv.Itoa(i), 1, 1, 2, 1_000), entry(t0+int64(i)))}, nil)
 		require.NoError(t, err)
 	}
 	mk := env.keys.MarkerKey("live", "user:1")
@@ -986,10 +983,7 @@ func testApplySweepCompactsWhatItLeaves(t *testing.T, env projEnv) {
 	assert.Equal(t, "listpack", enc, "what is left is compact again")
 
 	// The markers it kept still tell a redelivery from a new copy: nothing is applied again.
-	ev := recorded("ck-"+strconv.Itoa(n-1), 1, 1, 2, 1_000)
-	us, err := projection.Updates(ctx, projection.UserStats{}, ev)
-	require.NoError(t, err)
-	out, err := a.Apply(ctx, []projection.Work{{Group: "live", Projection: "users", Version: 1, Event: projection.RefOf(ev, entry(t0+n-1)), Updates: us}}, nil)
+	out, err := a.Apply(ctx, []projection.Work{userWork(t, "live", recorded("ck-"+strconv.Itoa(n-1), 1, 1, 2, 1_000), entry(t0+n-1))}, nil)
 	require.NoError(t, err)
 	assert.Equal(t, projection.AlreadyApplied, out[0])
 }
@@ -1012,11 +1006,7 @@ func testRegistryIsPrunedByEveryCallThatTouchesIt(t *testing.T, env projEnv) {
 	for i := range 40 {
 		at := t0 + int64(i)*120_000 // two minutes apart: each copy leaves the window of the next
 		require.NoError(t, a.SetRegistryFloor(entry(at)))
-		ev := recorded("spread-"+strconv.Itoa(i), 1, 1, 1, at)
-		us, err := projection.Updates(ctx, projection.UserStats{}, ev)
-		require.NoError(t, err)
-		_, err = a.Apply(ctx, []projection.Work{{Group: "g", Projection: "users", Version: 1, Event: projection.RefOf(ev, entry(at)), Updates: us}},
-			func(string) (string, bool) { return "", false })
+		_, err := a.Apply(ctx, []projection.Work{userWork(t, "g", recorded("spread-"+strconv.Itoa(i), 1, 1, 1, at), entry(at))}, noPrune)
 		require.NoError(t, err)
 		n, err := env.client.ZCard(ctx, env.keys.Registry(1)).Result()
 		require.NoError(t, err)
@@ -1195,10 +1185,7 @@ func testSweepRegistriesLeavesTheWindowCompact(t *testing.T, env projEnv) {
 	evs := make([]domain.CheckinRecorded, n)
 	for i := range n {
 		evs[i] = recorded("reg-"+strconv.Itoa(i), 1, 1, 1, at(i))
-		us, err := projection.Updates(ctx, projection.UserStats{}, evs[i])
-		require.NoError(t, err)
-		_, err = a.Apply(ctx, []projection.Work{{Group: "g", Projection: "users", Version: 1, Event: projection.RefOf(evs[i], entry(at(i))), Updates: us}},
-			func(string) (string, bool) { return "", false })
+		_, err := a.Apply(ctx, []projection.Work{userWork(t, "g", evs[i], entry(at(i)))}, noPrune)
 		require.NoError(t, err)
 	}
 	reg := env.keys.Registry(1)
@@ -1224,11 +1211,7 @@ func testSweepRegistriesLeavesTheWindowCompact(t *testing.T, env projEnv) {
 	assert.Zero(t, swept, "nothing written since")
 
 	// The last check-in published again, within the window: still a duplicate everywhere.
-	last := evs[n-1]
-	us, err := projection.Updates(ctx, projection.UserStats{}, last)
-	require.NoError(t, err)
-	out, err := a.Apply(ctx, []projection.Work{{Group: "g", Projection: "users", Version: 1, Event: projection.RefOf(last, entry(at(n-1)+5)), Updates: us}},
-		func(string) (string, bool) { return "", false })
+	out, err := a.Apply(ctx, []projection.Work{userWork(t, "g", evs[n-1], entry(at(n-1)+5))}, noPrune)
 	require.NoError(t, err)
 	assert.Equal(t, projection.Duplicate, out[0])
 	assert.Equal(t, int64(n), env.userStats(t, 1).NumCheckins)
@@ -1246,12 +1229,9 @@ func TestSweepRegistriesInChunks(t *testing.T) {
 	var works []projection.Work
 	for u := range users {
 		at := t0 + int64(u)
-		ev := recorded("chunk-"+strconv.Itoa(u), int64(u+1), 1, 1, at)
-		us, err := projection.Updates(ctx, projection.UserStats{}, ev)
-		require.NoError(t, err)
-		works = append(works, projection.Work{Group: "g", Projection: "users", Version: 1, Event: projection.RefOf(ev, entry(at)), Updates: us})
+		works = append(works, userWork(t, "g", recorded("chunk-"+strconv.Itoa(u), int64(u+1), 1, 1, at), entry(at)))
 	}
-	_, err = a.Apply(ctx, works, func(string) (string, bool) { return "", false })
+	_, err = a.Apply(ctx, works, noPrune)
 	require.NoError(t, err)
 	require.NoError(t, a.SetRegistryFloor(entry(t0+users+2*60_000))) // every copy is out of the window
 	swept, err := a.SweepRegistries(ctx)
@@ -1263,3 +1243,14 @@ func TestSweepRegistriesInChunks(t *testing.T) {
 		assert.Zero(t, n, "user %d's registry is empty, so gone", u)
 	}
 }
+
+// userWork is ev's users-projection update (version 1) for group, as delivered at entry id.
+func userWork(t testing.TB, group string, ev domain.CheckinRecorded, id string) projection.Work {
+	t.Helper()
+	us, err := projection.Updates(context.Background(), projection.UserStats{}, ev)
+	require.NoError(t, err)
+	return projection.Work{Group: group, Projection: "users", Version: 1, Event: projection.RefOf(ev, id), Updates: us}
+}
+
+// noPrune is a Prune that knows no position yet: no marker may go.
+func noPrune(string) (string, bool) { return "", false }

@@ -181,11 +181,29 @@ func (h *harness) add(id string, stars int) string {
 	h.t.Helper()
 	e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: id, UserID: 1, LocationID: 2, StarRating: stars, Timestamp: time.Now().UnixMilli()},
 		RecordedAt: time.Now().UnixMilli()}
-	msg, err := adapters.NewEventMessage(e.Fields(), "corr-"+id)
+	return h.xadd(h.values(e, "corr-"+id))
+}
+
+// values is e as the publisher writes it to the stream.
+func (h *harness) values(e domain.CheckinRecorded, correlationID string) map[string]any {
+	h.t.Helper()
+	msg, err := adapters.NewEventMessage(e.Fields(), correlationID)
 	require.NoError(h.t, err)
 	values, err := adapters.FlatMarshaller{}.Marshal(h.keys.Stream(), msg)
 	require.NoError(h.t, err)
-	return h.xadd(values)
+	return values
+}
+
+// windowOf is a harness applier with the given dedupe window, pruning markers in one of every
+// pruneEvery calls.
+func windowOf(window time.Duration, pruneEvery int) func(redis.UniversalClient, adapters.KeySpace) *adapters.ProjectionApplier {
+	return func(c redis.UniversalClient, keys adapters.KeySpace) *adapters.ProjectionApplier {
+		a, err := adapters.NewProjectionApplier(c, keys, window)
+		if err != nil {
+			panic(err)
+		}
+		return a.PruneEvery(pruneEvery)
+	}
 }
 
 func (h *harness) xadd(values map[string]any) string {
@@ -519,22 +537,14 @@ func (redisReply) RedisError()     {}
 func TestRouterPrunesTheDedupeRegistryBehindEveryGroup(t *testing.T) {
 	t.Parallel()
 	p := newFaulty("faulty", nil)
-	h := startHarness(t, p, harnessOptions{applier: func(c redis.UniversalClient, keys adapters.KeySpace) *adapters.ProjectionApplier {
-		a, err := adapters.NewProjectionApplier(c, keys, time.Minute)
-		require.NoError(t, err)
-		return a.PruneEvery(1)
-	}})
+	h := startHarness(t, p, harnessOptions{applier: windowOf(time.Minute, 1)})
 	ctx := context.Background()
 	start := time.Now().Add(-3 * time.Hour).UnixMilli()
 	for i := range 30 { // three hours of history of user 1, one check-in every 5 minutes
 		e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "old-" + strconv.Itoa(i), UserID: 1, LocationID: 2, StarRating: 1, Timestamp: start},
 			RecordedAt: start}
-		msg, err := adapters.NewEventMessage(e.Fields(), "corr")
-		require.NoError(t, err)
-		values, err := adapters.FlatMarshaller{}.Marshal(h.keys.Stream(), msg)
-		require.NoError(t, err)
 		id := strconv.FormatInt(start+int64(i)*300_000, 10) + "-0"
-		require.NoError(t, h.client.XAdd(ctx, &redis.XAddArgs{Stream: h.keys.Stream(), ID: id, Values: values}).Err())
+		require.NoError(t, h.client.XAdd(ctx, &redis.XAddArgs{Stream: h.keys.Stream(), ID: id, Values: h.values(e, "corr")}).Err())
 	}
 	h.settled(30)
 	// Copies older than the window before the last old check-in: none may stay.
@@ -556,11 +566,7 @@ func TestRouterPrunesTheDedupeRegistryBehindEveryGroup(t *testing.T) {
 func TestRouterSweepsTheRegistriesOnceQuiet(t *testing.T) {
 	t.Parallel()
 	p := newFaulty("faulty", nil)
-	h := startHarness(t, p, harnessOptions{applier: func(c redis.UniversalClient, keys adapters.KeySpace) *adapters.ProjectionApplier {
-		a, err := adapters.NewProjectionApplier(c, keys, time.Minute)
-		require.NoError(t, err)
-		return a
-	}})
+	h := startHarness(t, p, harnessOptions{applier: windowOf(time.Minute, adapters.DefaultPruneEvery)})
 	ctx := context.Background()
 	const n = 300
 	start := time.Now().Add(-time.Hour).UnixMilli()
@@ -569,11 +575,7 @@ func TestRouterSweepsTheRegistriesOnceQuiet(t *testing.T) {
 		at := start + int64(i)*1_000
 		e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "burst-" + strconv.Itoa(i), UserID: 1, LocationID: 2, StarRating: 1, Timestamp: at},
 			RecordedAt: at}
-		msg, err := adapters.NewEventMessage(e.Fields(), "corr")
-		require.NoError(t, err)
-		values, err := adapters.FlatMarshaller{}.Marshal(h.keys.Stream(), msg)
-		require.NoError(t, err)
-		pipe.XAdd(ctx, &redis.XAddArgs{Stream: h.keys.Stream(), ID: strconv.FormatInt(at, 10) + "-0", Values: values})
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: h.keys.Stream(), ID: strconv.FormatInt(at, 10) + "-0", Values: h.values(e, "corr")})
 	}
 	_, err := pipe.Exec(ctx)
 	require.NoError(t, err)

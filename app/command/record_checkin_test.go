@@ -466,15 +466,7 @@ func TestAnswerDoesNotWaitForThePublishedMark(t *testing.T) {
 
 	retry := handleAsync(context.Background(), newHandler(t, pub, store, clk), checkin("ck-m", 4), 1)
 	require.Eventually(t, func() bool { return store.reserves.Load() >= 3 }, 5*time.Second, time.Millisecond, "the retry polls the held reservation")
-	closed := make(chan error, 1)
-	go func() { closed <- h.Close() }()
-	select {
-	case <-closed:
-		t.Fatal("Close returned before the mark was written")
-	case <-time.After(50 * time.Millisecond):
-	}
-	close(store.release)
-	require.NoError(t, <-closed)
+	closeAfterRelease(t, h, store.release)
 	assert.Equal(t, int64(1), store.marked.Load())
 	for _, o := range collect(t, retry, 1) {
 		require.NoError(t, o.err)
@@ -512,15 +504,7 @@ func TestPublishedMarksAreBatchedAndCloseWaitsForThem(t *testing.T) {
 		_, err := h.Handle(context.Background(), checkin(fmt.Sprintf("ck-b%d", i), 4))
 		require.NoError(t, err, "answered while the marks wait")
 	}
-	closed := make(chan error, 1)
-	go func() { closed <- h.Close() }()
-	select {
-	case <-closed:
-		t.Fatal("Close returned before the marks were written")
-	case <-time.After(50 * time.Millisecond):
-	}
-	close(store.release)
-	require.NoError(t, <-closed)
+	closeAfterRelease(t, h, store.release)
 	for i := range n {
 		rec, ok := store.get(fmt.Sprintf("ck-b%d", i))
 		require.True(t, ok)
@@ -530,4 +514,19 @@ func TestPublishedMarksAreBatchedAndCloseWaitsForThem(t *testing.T) {
 	_, err := h.Handle(context.Background(), checkin("ck-after", 4))
 	require.NoError(t, err, "a check-in after Close is still answered")
 	assert.Eventually(t, func() bool { r, _ := store.get("ck-after"); return r.Published }, 5*time.Second, time.Millisecond)
+}
+
+// closeAfterRelease checks that h.Close waits while the store holds the marks back, then lets
+// them go (closing release) and checks that Close returns without error.
+func closeAfterRelease(t *testing.T, h *command.RecordCheckinHandler, release chan struct{}) {
+	t.Helper()
+	closed := make(chan error, 1)
+	go func() { closed <- h.Close() }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned before the marks were written")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	require.NoError(t, <-closed)
 }
