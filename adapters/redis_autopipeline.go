@@ -3,6 +3,7 @@ package adapters
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -125,7 +126,58 @@ type pipelineHook struct{ p *AutoPipeline }
 func (h pipelineHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h pipelineHook) ProcessHook(redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error { return h.p.Process(ctx, cmd) }
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if x, ok := ctx.Value(xaddScriptKey{}).(*xaddScript); ok && isXAdd(cmd) {
+			return h.p.xaddInScript(ctx, x, cmd)
+		}
+		return h.p.Process(ctx, cmd)
+	}
+}
+
+// xaddScript, as a context value of an XADD sent through the hook, has the XADD run inside a
+// script instead: EVALSHA script with keys then the XADD's stream as KEYS, and args then the
+// XADD's arguments after the stream as ARGV. The script's reply is a table whose last element
+// is the XADD's reply (nil when the script decided not to add): it is kept in reply.
+type xaddScript struct {
+	script *redis.Script
+	keys   []string
+	args   []any
+	reply  []any // set once the script ran
+}
+
+type xaddScriptKey struct{}
+
+// errXAddNotRun is the XADD's error when its script ran and decided not to add the entry.
+var errXAddNotRun = errors.New("the script did not add the entry")
+
+func (p *AutoPipeline) xaddInScript(ctx context.Context, x *xaddScript, cmd redis.Cmder) error {
+	a := cmd.Args() // xadd stream [maxlen ...] id field value ...
+	sc, ok := cmd.(*redis.StringCmd)
+	if !ok || len(a) < 3 {
+		err := fmt.Errorf("auto pipeline: cannot run %v in a script", a)
+		cmd.SetErr(err)
+		return err
+	}
+	stream, _ := a[1].(string)
+	keys := append(x.keys[:len(x.keys):len(x.keys)], stream)
+	v, err := p.Run(ctx, x.script, keys, append(x.args[:len(x.args):len(x.args)], a[2:]...)...)
+	if err != nil {
+		cmd.SetErr(err)
+		return err
+	}
+	vals, ok := v.([]any)
+	if !ok || len(vals) == 0 {
+		err := fmt.Errorf("auto pipeline: unexpected reply %v of the XADD's script", v)
+		cmd.SetErr(err)
+		return err
+	}
+	x.reply = vals
+	if id, ok := vals[len(vals)-1].(string); ok {
+		sc.SetVal(id)
+		return nil
+	}
+	cmd.SetErr(errXAddNotRun)
+	return errXAddNotRun
 }
 
 func (h pipelineHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {

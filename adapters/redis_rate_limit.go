@@ -44,29 +44,37 @@ func (r *RedisRateLimiter) WithReservations(idem *IdempotencyStore) *RedisRateLi
 	return r
 }
 
-// rateLua is GCRA (the algorithm and state of redis_rate's allowN, one request per call), and,
-// with a second key, a reservation when the request is allowed: SET KEYS[2] ARGV[4] NX GET PX
-// ARGV[5], whose reply comes fifth. A refused request writes nothing. TIME needs effects
-// replication, the default since Redis 5.
-var rateLua = redis.NewScript(`
-local burst, rate, period = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local interval = period / rate
-local t = redis.call('TIME')
-local now = (t[1] - 1483228800) + (t[2] / 1000000)
-local tat = tonumber(redis.call('GET', KEYS[1]) or now) or now
-tat = math.max(tat, now)
-local new_tat = tat + interval
-local diff = now - (new_tat - interval * burst)
-if diff < 0 then
-  return {0, 0, tostring(-diff), tostring(tat - now)}
+// gcraLua defines gcra(key, burst, rate, period): GCRA, the algorithm and state of redis_rate's
+// allowN for one request. It returns allowed (1 or 0), remaining, retry after and reset after
+// (seconds, as strings; retry after is '-1' when allowed); a refused request writes nothing.
+// TIME needs effects replication, the default since Redis 5.
+const gcraLua = `
+local function gcra(key, burst, rate, period)
+  local interval = period / rate
+  local t = redis.call('TIME')
+  local now = (t[1] - 1483228800) + (t[2] / 1000000)
+  local tat = tonumber(redis.call('GET', key) or now) or now
+  tat = math.max(tat, now)
+  local new_tat = tat + interval
+  local diff = now - (new_tat - interval * burst)
+  if diff < 0 then
+    return 0, 0, tostring(-diff), tostring(tat - now)
+  end
+  local reset_after = new_tat - now
+  redis.call('SET', key, new_tat, 'EX', math.ceil(reset_after))
+  return 1, math.floor(diff / interval), '-1', tostring(reset_after)
 end
-local reset_after = new_tat - now
-redis.call('SET', KEYS[1], new_tat, 'EX', math.ceil(reset_after))
-local remaining = math.floor(diff / interval)
-if #KEYS == 1 then
-  return {1, remaining, '-1', tostring(reset_after)}
+`
+
+// rateLua is gcra on KEYS[1] (ARGV[1..3]: burst, rate, period) and, with a second key, a
+// reservation when the request is allowed: SET KEYS[2] ARGV[4] NX GET PX ARGV[5], whose reply
+// comes fifth.
+var rateLua = redis.NewScript(gcraLua + `
+local allowed, remaining, retry, reset = gcra(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
+if allowed == 0 or #KEYS == 1 then
+  return {allowed, remaining, retry, reset}
 end
-return {1, remaining, '-1', tostring(reset_after), redis.call('SET', KEYS[2], ARGV[4], 'NX', 'GET', 'PX', ARGV[5])}
+return {allowed, remaining, retry, reset, redis.call('SET', KEYS[2], ARGV[4], 'NX', 'GET', 'PX', ARGV[5])}
 `)
 
 // Allow counts one request of user.
@@ -116,6 +124,12 @@ func (r *RedisRateLimiter) call(ctx context.Context, user int64, reserve []any) 
 	if err != nil {
 		return d, nil, fmt.Errorf("rate limit of user %d: %w", user, err)
 	}
+	return decisionOf(user, v)
+}
+
+// decisionOf reads a reply of gcra's four values (and the reservation's GET, fifth, when there
+// is one: old, nil when the key was free).
+func decisionOf(user int64, v any) (d command.RateDecision, old any, err error) {
 	vals, ok := v.([]any)
 	if !ok || len(vals) < 4 {
 		return d, nil, fmt.Errorf("rate limit of user %d: unexpected reply %v", user, v)

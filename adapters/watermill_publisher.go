@@ -22,8 +22,9 @@ const MetaCorrelationID = "correlation_id"
 
 // EventPublisher records events on the event stream through Watermill's Redis Streams publisher.
 type EventPublisher struct {
-	pub   *redisstream.Publisher
-	parts Partitions
+	pub      *redisstream.Publisher
+	parts    Partitions
+	pipeline *AutoPipeline // the hook its client sends XADDs through (NewPipelinedEventPublisher)
 }
 
 // NewEventPublisher owns client: Watermill's Publisher.Close closes it, so give it its own.
@@ -39,6 +40,19 @@ func NewEventPublisher(client redis.UniversalClient, keys KeySpace, logger water
 	}
 	// Each check-in to its user's partition of keys (one stream unless keys.WithPartitions).
 	return &EventPublisher{pub: pub, parts: keys.Partitions()}, nil
+}
+
+// NewPipelinedEventPublisher is NewEventPublisher on a client whose commands it routes through
+// p (AutoPipeline.Hook): the XADDs of concurrent check-ins share round trips, and a
+// ReservingPublisher can run them inside its script.
+func NewPipelinedEventPublisher(client redis.UniversalClient, p *AutoPipeline, keys KeySpace, logger watermill.LoggerAdapter) (*EventPublisher, error) {
+	client.AddHook(p.Hook())
+	pub, err := NewEventPublisher(client, keys, logger)
+	if err != nil {
+		return nil, err
+	}
+	pub.pipeline = p
+	return pub, nil
 }
 
 // WithPartitions publishes each check-in to its user's partition of parts (Partitions.StreamOf),

@@ -63,6 +63,9 @@ type apiOptions struct {
 	routes         func(*ports.HTTPServer) // adds test-only routes before serving
 	// userLimit, when set, limits POST /checkins per user in Redis (the command's limiter).
 	userLimit command.RateLimit
+	// oneStep records check-ins as serve does on a single Redis: the limit, the reservation and
+	// the XADD in one script call (adapters.ReservingPublisher), through an auto-pipeline.
+	oneStep bool
 }
 
 func newAPIEnvWith(t *testing.T, o apiOptions) *apiEnv {
@@ -83,11 +86,26 @@ func newAPIEnvWith(t *testing.T, o apiOptions) *apiEnv {
 	}
 	client := newClient()
 	t.Cleanup(func() { _ = client.Close() })
-	pub, err := adapters.NewEventPublisher(newClient(), keys, watermill.NopLogger{})
+	var pipe *adapters.AutoPipeline
+	if o.oneStep {
+		pipeClient := newClient()
+		pipe = adapters.NewAutoPipeline(pipeClient, 64, 2)
+		t.Cleanup(func() { _ = pipe.Close(); _ = pipeClient.Close() })
+	}
+	var pub *adapters.EventPublisher
+	var err error
+	if pipe != nil {
+		pub, err = adapters.NewPipelinedEventPublisher(newClient(), pipe, keys, watermill.NopLogger{})
+	} else {
+		pub, err = adapters.NewEventPublisher(newClient(), keys, watermill.NopLogger{})
+	}
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	idem := adapters.NewIdempotencyStore(client, keys, time.Hour)
+	if pipe != nil {
+		idem.WithAutoPipeline(pipe)
+	}
 	rec, err := command.NewRecordCheckinHandler(pub, idem, time.Now, uuid.NewString, log)
 	require.NoError(t, err)
 	rec.WithTakeoverAge(o.takeoverAge)
@@ -102,11 +120,18 @@ func newAPIEnvWith(t *testing.T, o apiOptions) *apiEnv {
 	hc := o.http
 	hc.RequestTimeout = o.requestTimeout
 	hc.CORSAllowedOrigins = o.cors
+	var limiter *adapters.RedisRateLimiter
 	if !o.userLimit.Off() {
-		l, err := adapters.NewRedisRateLimiter(client, nil, keys, o.userLimit)
+		l, err := adapters.NewRedisRateLimiter(client, pipe, keys, o.userLimit)
 		require.NoError(t, err)
-		rec.WithUserLimit(l.WithReservations(idem))
+		limiter = l.WithReservations(idem)
+		rec.WithUserLimit(limiter)
 		hc.UserLimit = o.userLimit
+	}
+	if pipe != nil {
+		rp, err := adapters.NewReservingPublisher(pub, pipe, idem, limiter)
+		require.NoError(t, err)
+		rec.WithReservingPublisher(rp)
 	}
 	server := ports.NewHTTPServer(application, pingReadiness{client}, hc, log)
 	if o.routes != nil {
@@ -468,32 +493,51 @@ func assertOneRecorded(t *testing.T, resps []apiResponse) {
 // times at once: one event, one listing, whatever the answers' order.
 func TestPostCheckinSimultaneousFirstRequests(t *testing.T) {
 	t.Parallel()
-	e := newAPIEnv(t)
-	// No timestamp: each request would default its own; all must answer the first one's.
-	resps := e.postAll(t, `{"checkinId":"race-1","userId":42,"locationId":7,"starRating":5}`, 50)
-	assertOneRecorded(t, resps)
-	assert.Equal(t, int64(1), e.xlen(t), "exactly one event on the stream")
+	for _, oneStep := range []bool{false, true} {
+		t.Run(stepName(oneStep), func(t *testing.T) {
+			t.Parallel()
+			e := newAPIEnvWith(t, apiOptions{oneStep: oneStep})
+			// No timestamp: each request would default its own; all must answer the first one's.
+			resps := e.postAll(t, `{"checkinId":"race-1","userId":42,"locationId":7,"starRating":5}`, 50)
+			assertOneRecorded(t, resps)
+			assert.Equal(t, int64(1), e.xlen(t), "exactly one event on the stream")
 
-	list := e.get(t, "/checkins")
-	require.Equal(t, http.StatusOK, list.status, "body %s", list.body)
-	var page struct {
-		Checkins []map[string]any `json:"checkins"`
+			list := e.get(t, "/checkins")
+			require.Equal(t, http.StatusOK, list.status, "body %s", list.body)
+			var page struct {
+				Checkins []map[string]any `json:"checkins"`
+			}
+			require.NoError(t, json.Unmarshal(list.body, &page))
+			assert.Len(t, page.Checkins, 1, "listed once")
+		})
 	}
-	require.NoError(t, json.Unmarshal(list.body, &page))
-	assert.Len(t, page.Checkins, 1, "listed once")
+}
+
+// stepName names a subtest of the two ways a check-in is recorded.
+func stepName(oneStep bool) string {
+	if oneStep {
+		return "one-step"
+	}
+	return "reserve-then-publish"
 }
 
 func TestPostCheckinSimultaneousAcrossProcesses(t *testing.T) {
 	t.Parallel()
-	a := newAPIEnv(t)
-	b := newAPIEnvWith(t, apiOptions{redis: a.redis})
-	body := `{"checkinId":"race-2","userId":42,"locationId":7,"starRating":5}`
-	out := make(chan []apiResponse, 2)
-	for _, e := range []*apiEnv{a, b} {
-		go func() { out <- e.postAll(t, body, 25) }()
+	for _, oneStep := range []bool{false, true} {
+		t.Run(stepName(oneStep), func(t *testing.T) {
+			t.Parallel()
+			a := newAPIEnvWith(t, apiOptions{oneStep: oneStep})
+			// The other process records in the other way: a rolling upgrade has both at once.
+			b := newAPIEnvWith(t, apiOptions{redis: a.redis, oneStep: !oneStep})
+			body := `{"checkinId":"race-2","userId":42,"locationId":7,"starRating":5}`
+			out := make(chan []apiResponse, 2)
+			for _, e := range []*apiEnv{a, b} {
+				go func() { out <- e.postAll(t, body, 25) }()
+			}
+			assertOneRecorded(t, append(<-out, <-out...))
+			assert.Equal(t, int64(1), a.xlen(t), "exactly one XADD across both processes")
+		})
 	}
-	assertOneRecorded(t, append(<-out, <-out...))
-	assert.Equal(t, int64(1), a.xlen(t), "exactly one XADD across both processes")
 }
 
 // reserveElsewhere leaves a reservation as a request of another process does before its XADD.

@@ -90,6 +90,16 @@ type ReservingLimiter interface {
 	AllowAndReserve(ctx context.Context, rec IdempotencyRecord) (RateDecision, *IdempotencyRecord, error)
 }
 
+// ReservingPublisher records a check-in in one step: it counts the request against its user's
+// limit (when limit), reserves the checkinId and, only when both let it, publishes the event and
+// records the reservation as published, all or nothing. ok false: it cannot here and now (the
+// handler takes the other path: limit and reserve, then publish). With ok: a refused request
+// (!d.Allowed) wrote nothing; existing is what holds the checkinId (nothing was published); an
+// error leaves open whether the check-in was recorded, reservation and event together.
+type ReservingPublisher interface {
+	ReserveAndPublish(ctx context.Context, rec IdempotencyRecord, correlationID string, limit bool) (d RateDecision, existing *IdempotencyRecord, ok bool, err error)
+}
+
 // RateLimitedError is the answer to a request over its user's limit: nothing was reserved or
 // written.
 type RateLimitedError struct{ Decision RateDecision }

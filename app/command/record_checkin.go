@@ -116,6 +116,9 @@ type RecordCheckinHandler struct {
 	ownerSeq    atomic.Uint64 // ... and across the attempts of one process
 	marks       sync.WaitGroup
 	limiter     UserLimiter // nil: RecordCheckin.LimitUser is refused
+	// oneStep, when set, records a check-in in one step where it can; its limit must be
+	// limiter's.
+	oneStep ReservingPublisher
 
 	// The mark writer of a BatchMarker store (markQ nil: none), started with the first mark;
 	// markMu guards markQ's sends against Close closing it.
@@ -162,6 +165,14 @@ func (h *RecordCheckinHandler) WithTakeoverAge(d time.Duration) *RecordCheckinHa
 // reserves in one step.
 func (h *RecordCheckinHandler) WithUserLimit(l UserLimiter) *RecordCheckinHandler {
 	h.limiter = l
+	return h
+}
+
+// WithReservingPublisher records check-ins through p where it can: counting, reserving and
+// publishing in one step (one round trip instead of two in a row, and no mark after the
+// answer). p must count against the same limit as the UserLimiter (WithUserLimit), if any.
+func (h *RecordCheckinHandler) WithReservingPublisher(p ReservingPublisher) *RecordCheckinHandler {
+	h.oneStep = p
 	return h
 }
 
@@ -261,6 +272,11 @@ func (h *RecordCheckinHandler) reserve(ctx context.Context, rec IdempotencyRecor
 // outcome, or takes over a reservation old enough to be abandoned.
 func (h *RecordCheckinHandler) record(ctx context.Context, rec IdempotencyRecord, correlationID string, limitUser int64) (RecordCheckinResult, error) {
 	rec.Owner, rec.ReservedAt = h.newOwner(), rec.RecordedAt
+	if h.oneStep != nil && (limitUser == 0 || limitUser == rec.Checkin.UserID) {
+		if res, ok, err := h.recordInOneStep(ctx, rec, correlationID, limitUser); ok {
+			return res, err
+		}
+	}
 	rate, existing, err := h.reserve(ctx, rec, limitUser)
 	var limited *RateLimitedError
 	if errors.As(err, &limited) || (err != nil && errors.Is(err, domain.ErrUnavailable)) {
@@ -269,6 +285,30 @@ func (h *RecordCheckinHandler) record(ctx context.Context, rec IdempotencyRecord
 	res, err := h.settle(ctx, rec, correlationID, existing, err)
 	res.Rate = rate
 	return res, err
+}
+
+// recordInOneStep is record through the ReservingPublisher; ok false: it declined, nothing
+// was done.
+func (h *RecordCheckinHandler) recordInOneStep(ctx context.Context, rec IdempotencyRecord, correlationID string, limitUser int64) (RecordCheckinResult, bool, error) {
+	d, existing, ok, err := h.oneStep.ReserveAndPublish(ctx, rec, correlationID, limitUser != 0)
+	if !ok {
+		return RecordCheckinResult{}, false, nil
+	}
+	var rate *RateDecision
+	if limitUser != 0 {
+		rate = &d
+	}
+	switch {
+	case err != nil:
+		return RecordCheckinResult{Rate: rate}, true, fmt.Errorf("record checkinId %q: %w: %w", rec.Checkin.ID, domain.ErrUnavailable, err)
+	case !d.Allowed:
+		return RecordCheckinResult{Rate: rate}, true, &RateLimitedError{Decision: d}
+	case existing == nil:
+		return RecordCheckinResult{Checkin: rec.Checkin, Rate: rate}, true, nil
+	}
+	res, err := h.settle(ctx, rec, correlationID, existing, nil)
+	res.Rate = rate
+	return res, true, err
 }
 
 // settle takes the first reservation's outcome (existing, err) to its end: publish, a retry's

@@ -50,6 +50,7 @@ type Service struct {
 	// The API's check-in command and its reservations: httpConfig gives them the per-user limit.
 	recordCheckin *command.RecordCheckinHandler
 	idem          *adapters.IdempotencyStore
+	pub           *adapters.EventPublisher
 	devIssuer     *ports.TokenIssuer
 	banner        io.Writer // dev mode's tokens are printed here for a person (nil: logged only)
 
@@ -173,8 +174,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		apiPipeline := adapters.NewAutoPipeline(pipeClient, 256, 2)
 		s.closers = append(s.closers, pipeClient.Close, apiPipeline.Close)
 		s.apiPipeline = apiPipeline
-		pubClient.AddHook(apiPipeline.Hook())
-		pub, err := adapters.NewEventPublisher(pubClient, s.keys, wlog)
+		pub, err := adapters.NewPipelinedEventPublisher(pubClient, apiPipeline, s.keys, wlog)
 		if err != nil {
 			return nil, err
 		}
@@ -190,7 +190,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		rec.WithTakeoverAge(max(command.DefaultTakeoverAge, cfg.RequestTimeout+time.Second))
 		s.closers = append(s.closers, rec.Close) // before the pipeline its marks go through
 		application.Commands.RecordCheckin = rec
-		s.recordCheckin, s.idem = rec, idem
+		s.recordCheckin, s.idem, s.pub = rec, idem, pub
 	}
 	if mode.Projections {
 		targets, err := s.initialTargets(pingCtx, application.Queries.ProjectionVersions, application.Commands.RebuildProjection)

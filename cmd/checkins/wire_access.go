@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/ports"
 )
@@ -60,13 +62,26 @@ func (s *Service) httpConfig(ctx context.Context) (ports.HTTPConfig, error) {
 		return hc, err
 	}
 	hc.Auth = &ports.AuthPolicy{Verifier: v, PublicReads: cfg.PublicReads, OpsShared: cfg.OpsAddr == cfg.HTTPAddr}
+	var limiter *adapters.RedisRateLimiter
 	if s.apiPipeline != nil && !cfg.RateLimitUser.Off() && s.recordCheckin != nil {
 		l, err := adapters.NewRedisRateLimiter(s.client, s.apiPipeline, s.keys, cfg.RateLimitUser)
 		if err != nil {
 			return hc, err
 		}
-		s.recordCheckin.WithUserLimit(l.WithReservations(s.idem))
+		limiter = l.WithReservations(s.idem)
+		s.recordCheckin.WithUserLimit(limiter)
 		hc.UserLimit = cfg.RateLimitUser
+	}
+	// On a single Redis without INGEST_MIN_REPLICAS a check-in is recorded in one script call:
+	// the limit, the reservation and Watermill's XADD (adapters.ReservingPublisher).
+	if s.recordCheckin != nil && cfg.IngestMinReplicas == 0 {
+		if _, cluster := s.client.(*redis.ClusterClient); !cluster {
+			rp, err := adapters.NewReservingPublisher(s.pub, s.apiPipeline, s.idem, limiter)
+			if err != nil {
+				return hc, err
+			}
+			s.recordCheckin.WithReservingPublisher(rp)
+		}
 	}
 	return hc, nil
 }
