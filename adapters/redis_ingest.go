@@ -84,9 +84,9 @@ func (r *ReservingPublisher) ReserveAndPublish(ctx context.Context, rec command.
 	c := rec.Checkin
 	x := &xaddScript{script: ingestLua}
 	if limit {
-		l := r.limiter.limit
-		x.keys = append(x.keys, r.limiter.keys.RateLimitUser(c.UserID))
-		x.args = append(x.args, "1", l.Burst, l.Rate, l.Period.Seconds())
+		key, args := r.limiter.gcraArgs(c.UserID)
+		x.keys = append(x.keys, key)
+		x.args = append(append(x.args, "1"), args...)
 	} else {
 		x.args = append(x.args, "0")
 	}
@@ -102,12 +102,9 @@ func (r *ReservingPublisher) ReserveAndPublish(ctx context.Context, rec command.
 		}
 		return none, nil, true, perr
 	}
-	d, old, err := decisionOf(c.UserID, x.reply)
-	switch {
-	case err != nil:
+	d, old, err := decisionOf(c.UserID, x.reply) // without the limit: none, as the script answers
+	if err != nil {
 		return none, nil, true, err
-	case !limit:
-		d = none
 	}
 	if !d.Allowed {
 		return d, nil, true, nil

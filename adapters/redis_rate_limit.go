@@ -109,8 +109,8 @@ func (r *RedisRateLimiter) AllowAndReserve(ctx context.Context, rec command.Idem
 // call runs rateLua for user, with reserve = {key, record, px} or nil; old is the reservation's
 // GET (nil: the key was free).
 func (r *RedisRateLimiter) call(ctx context.Context, user int64, reserve []any) (d command.RateDecision, old any, err error) {
-	keys := []string{r.keys.RateLimitUser(user)}
-	args := []any{r.limit.Burst, r.limit.Rate, r.limit.Period.Seconds()}
+	key, args := r.gcraArgs(user)
+	keys := []string{key}
 	if reserve != nil {
 		keys = append(keys, reserve[0].(string))
 		args = append(args, reserve[1:]...)
@@ -125,6 +125,11 @@ func (r *RedisRateLimiter) call(ctx context.Context, user int64, reserve []any) 
 		return d, nil, fmt.Errorf("rate limit of user %d: %w", user, err)
 	}
 	return decisionOf(user, v)
+}
+
+// gcraArgs are gcra's key and arguments (burst, rate, period) for user.
+func (r *RedisRateLimiter) gcraArgs(user int64) (string, []any) {
+	return r.keys.RateLimitUser(user), []any{r.limit.Burst, r.limit.Rate, r.limit.Period.Seconds()}
 }
 
 // decisionOf reads a reply of gcra's four values (and the reservation's GET, fifth, when there
