@@ -629,36 +629,54 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 		group, slot string
 		event       decideKey
 	}
-	index := map[itemKey]int{}
-	var items []item
+	index := make(map[itemKey]int, len(works))
+	items := make([]item, 0, len(works))
 	// The same projection version given the same event twice in one batch (a caller delivering
-	// one entry twice) applies it once.
-	type once struct {
-		group, projection string
-		version           int
-		event             decideKey
-	}
-	seen := map[once]int{} // the first work of each
+	// one entry twice) applies it once. Works of one event are chained (last: the latest work of
+	// each event; prev: the one before it), so finding the first is a walk of a few works, not a
+	// map keyed by strings.
+	last := make(map[decideKey]int, len(works))
+	prev := make([]int, len(works))
 	again := map[int]int{} // a work given again in the batch -> its first
 	states := make([]int, len(works))
 	for i := range states {
 		states[i] = itemAlready
 	}
+	userSlots := map[int64]string{} // single server: the marker's slot of each user
 	for i, w := range works {
-		ev := decideKey{w.Event.Identity, scores[i]}
-		o := once{w.Group, w.Projection, w.Version, ev}
 		if !counted[i] {
 			continue
 		}
-		if first, ok := seen[o]; ok {
+		ev := decideKey{w.Event.Identity, scores[i]}
+		first := -1
+		p, ok := last[ev]
+		for ok && p >= 0 {
+			if o := works[p]; o.Group == w.Group && o.Projection == w.Projection && o.Version == w.Version {
+				first = p
+			}
+			p, ok = prev[p], true
+		}
+		if first >= 0 {
 			again[i] = first
 			continue
 		}
-		seen[o] = i
+		if q, ok := last[ev]; ok {
+			prev[i] = q
+		} else {
+			prev[i] = -1
+		}
+		last[ev] = i
+		var userSlot string
+		if !a.cluster {
+			if userSlot, ok = userSlots[w.Event.UserID]; !ok {
+				userSlot = "user:" + strconv.FormatInt(w.Event.UserID, 10)
+				userSlots[w.Event.UserID] = userSlot
+			}
+		}
 		for j, u := range w.Updates {
 			slot := u.Slot
 			if !a.cluster {
-				slot = "user:" + strconv.FormatInt(w.Event.UserID, 10)
+				slot = userSlot
 			}
 			k := itemKey{w.Group, slot, ev}
 			n, ok := index[k]
@@ -676,7 +694,15 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 	// Items of one slot go together (a cluster needs it; a single server shares the markers'
 	// pruning); the order within a slot stays the batch's.
 	slices.SortStableFunc(items, func(x, y item) int { return strings.Compare(x.slot, y.slot) })
-	calls := a.group(len(items), func(n int) string { return "{" + items[n].slot + "}" }, func(n int) int {
+	tags := make([]string, len(items))
+	for n := range items {
+		if n > 0 && items[n].slot == items[n-1].slot {
+			tags[n] = tags[n-1]
+		} else {
+			tags[n] = "{" + items[n].slot + "}"
+		}
+	}
+	calls := a.group(len(items), func(n int) string { return tags[n] }, func(n int) int {
 		w := 2 // the registry and the marker
 		for _, r := range items[n].refs {
 			w += len(works[r.work].Updates[r.update].Ops)
@@ -684,33 +710,73 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 		return w
 	})
 	floors := map[string]string{} // group -> prune before, asked once per batch
+	type versionOf struct {
+		projection string
+		version    int
+	}
+	prefixes := map[versionOf]string{} // each projection version's key prefix, made once
+	type markerOf struct{ group, slot string }
+	markers := make([]string, len(items)) // each item's marker key
 	pipe := a.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
 	for c, idx := range calls {
-		var keys []string
-		keyAt := map[string]int{}
-		keyIndex := func(k string) int {
-			ki, ok := keyAt[k]
-			if !ok {
-				keys = append(keys, k)
-				ki = len(keys)
-				keyAt[k] = ki
+		// KEYS, each once: the three kinds of key below cannot share a name (registries and
+		// markers have prefixes of their own), so each kind is looked up by what it is made of
+		// rather than by the joined name.
+		keys := make([]string, 0, 10*len(idx))
+		addKey := func(k string) int {
+			keys = append(keys, k)
+			return len(keys)
+		}
+		// Keys of updates: per projection version and slot, the few key names its ops use, each
+		// joined with the prefix and the slot once per call.
+		type slotOf struct {
+			versionOf
+			slot string
+		}
+		type slotKeys struct {
+			n     int
+			names [4]string
+			at    [4]int
+		}
+		slotted := make(map[slotOf]*slotKeys, 2*len(idx))
+		nameIndex := func(sk *slotKeys, so slotOf, name string) int {
+			for i, n := range sk.names[:sk.n] {
+				if n == name {
+					return sk.at[i]
+				}
 			}
+			prefix, ok := prefixes[so.versionOf]
+			if !ok {
+				prefix = a.keys.ProjectionPrefix(so.projection, so.version)
+				prefixes[so.versionOf] = prefix
+			}
+			if sk.n == len(sk.names) { // a slot with many key names: they are joined each time
+				return addKey(prefix + "{" + so.slot + "}:" + name)
+			}
+			ki := addKey(prefix + "{" + so.slot + "}:" + name)
+			sk.names[sk.n], sk.at[sk.n] = name, ki
+			sk.n++
 			return ki
 		}
-		// Keys of updates: a projection's prefix, the slot and the key's name, each joined once.
-		type prefixOf struct {
-			projection string
-			version    int
-			slot       string
-		}
-		type nameOf struct{ prefix, name string }
-		prefixes, named := map[prefixOf]string{}, map[nameOf]int{}
-		nameIndex := func(prefix, name string) int {
-			ki, ok := named[nameOf{prefix, name}]
+		markerAt := map[markerOf]int{}
+		markerIndex := func(n int) int {
+			it := items[n]
+			mo := markerOf{it.group, it.slot}
+			ki, ok := markerAt[mo]
 			if !ok {
-				ki = keyIndex(prefix + name)
-				named[nameOf{prefix, name}] = ki
+				ki = addKey(a.keys.MarkerKey(it.group, it.slot))
+				markerAt[mo] = ki
+			}
+			markers[n] = keys[ki-1]
+			return ki
+		}
+		registryAt := map[int64]int{}
+		registryIndex := func(u int64) int {
+			ki, ok := registryAt[u]
+			if !ok {
+				ki = addKey(a.keys.Registry(u))
+				registryAt[u] = ki
 			}
 			return ki
 		}
@@ -728,15 +794,15 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 		a.touchDecided(decided)
 		for _, u := range decided {
 			if bound, ok := a.registryBound(u); ok && a.pruneEvery > 0 {
-				args = append(args, keyIndex(a.keys.Registry(u)), bound, 1)
+				args = append(args, registryIndex(u), bound, 1)
 				bounds++
 			}
 		}
 		if prune != nil {
-			done := map[string]bool{}
+			done := map[int]bool{}
 			for _, n := range idx {
 				it := items[n]
-				mk := a.keys.MarkerKey(it.group, it.slot)
+				mk := markerIndex(n)
 				if done[mk] {
 					continue
 				}
@@ -751,7 +817,7 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 					if a.pruneNow() {
 						now = 1
 					}
-					args = append(args, keyIndex(mk), sc, now)
+					args = append(args, mk, sc, now)
 					bounds++
 				}
 			}
@@ -763,19 +829,19 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 			w := works[it.work]
 			rk := 0
 			if it.decide {
-				rk = keyIndex(a.keys.Registry(w.Event.UserID))
+				rk = registryIndex(w.Event.UserID)
 			}
-			args = append(args, rk, keyIndex(a.keys.MarkerKey(it.group, it.slot)), w.Event.Identity, scores[it.work], len(it.refs))
+			args = append(args, rk, markerIndex(n), w.Event.Identity, scores[it.work], len(it.refs))
 			for _, r := range it.refs {
 				w, u := works[r.work], works[r.work].Updates[r.update]
-				pk := prefixOf{w.Projection, w.Version, u.Slot}
-				prefix, ok := prefixes[pk]
-				if !ok {
-					prefix = a.keys.ProjectionPrefix(w.Projection, w.Version) + "{" + u.Slot + "}:"
-					prefixes[pk] = prefix
+				so := slotOf{versionOf{w.Projection, w.Version}, u.Slot}
+				sk := slotted[so]
+				if sk == nil {
+					sk = &slotKeys{}
+					slotted[so] = sk
 				}
 				if w.Event.LegacyID != "" {
-					args = append(args, nameIndex(prefix, legacyKeyName), w.Event.LegacyID)
+					args = append(args, nameIndex(sk, so, legacyKeyName), w.Event.LegacyID)
 				} else {
 					args = append(args, 0)
 				}
@@ -783,7 +849,7 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 				for _, op := range u.Ops {
 					args = append(args, opCode[op.Kind])
 					for _, k := range op.Keys {
-						args = append(args, nameIndex(prefix, k))
+						args = append(args, nameIndex(sk, so, k))
 					}
 					if op.Kind == projection.OpHMaxBy {
 						args = append(args, (len(op.Args)-4)/2)
@@ -796,7 +862,7 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 		}
 		cmds[c] = applyLua.EvalSha(ctx, pipe, keys, args...)
 	}
-	a.touch(items)
+	a.touch(items, markers)
 	if err := a.exec(ctx, pipe, cmds, applyLua, "apply"); err != nil {
 		return nil, err
 	}
@@ -937,17 +1003,18 @@ func (a *ProjectionApplier) ApplyDecided(ctx context.Context, group string, p pr
 	return out[0], nil
 }
 
-func (a *ProjectionApplier) touch(items []item) {
+// touch records the marker keys items were applied under (markers[n] is items[n]'s), for Sweep.
+func (a *ProjectionApplier) touch(items []item, markers []string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for _, it := range items {
+	for n, it := range items {
 		ks, ok := a.touched[it.group]
 		if !ok {
 			ks = map[string]struct{}{}
 			a.touched[it.group] = ks
 		}
 		if len(ks) < maxSweepKeys {
-			ks[a.keys.MarkerKey(it.group, it.slot)] = struct{}{}
+			ks[markers[n]] = struct{}{}
 		}
 	}
 }
