@@ -149,6 +149,9 @@ func (f *feed) handle(msg *message.Message) ([]*message.Message, error) {
 	var works []projection.Work
 	var workUnits []int
 	var failure BatchFailure
+	// An entry's EventRef (its identity is a SHA-256) is made once for all of its units.
+	entryRefs := make([]projection.EventRef, len(b.events))
+	haveRef := make([]bool, len(b.events))
 	for i, u := range units {
 		ref, ok := refs[u.member]
 		switch {
@@ -164,7 +167,10 @@ func (f *feed) handle(msg *message.Message) ([]*message.Message, error) {
 				failure.Failed = append(failure.Failed, unitFailure{unit: u, err: permanent(fmt.Errorf("updates for a %s event cannot be deduplicated", d.Event.EventName()))})
 				continue
 			}
-			evRef := projection.RefOf(ev, d.ID)
+			if !haveRef[u.entry] {
+				entryRefs[u.entry], haveRef[u.entry] = projection.RefOf(ev, d.ID), true
+			}
+			evRef := entryRefs[u.entry]
 			if _, legacy, _ := ref.on(d.Stream); legacy != "" && d.ID != "" && ops.CompareEntryIDs(d.ID, legacy) <= 0 {
 				evRef.LegacyID = ev.ID
 			}

@@ -25,6 +25,8 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/ops"
+	"github.com/checkins/checkins/app/query"
 	"github.com/checkins/checkins/domain"
 )
 
@@ -393,4 +395,101 @@ func TestQuiesceFlagStopsProjectorsAndIngest(t *testing.T) {
 	l.verify(t, svc.base)
 	code, _ = faultGet(t, svc.base+"/checkins/latest")
 	assert.Equal(t, http.StatusOK, code)
+}
+
+// TestPartitionMigrateDuringRebuild: rebuilds of users and leaderboards are half-way through
+// their backfill (their own consumer groups part-way down the stream, serving version still v1)
+// when `partitions migrate --to 4` moves the stream. serve on 4 partitions then carries both
+// rebuilds to the end: they switch reads to v2 and remove v1, and every read model (the rebuilt
+// ones included) equals the independent computation over the accepted check-ins, with nothing
+// pending on any partition.
+func TestPartitionMigrateDuringRebuild(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	ctx := context.Background()
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	// Small batches and a quick registry poll: the backfill takes seconds, long enough to stop
+	// it in the middle; a short grace lets the switch finish within the test.
+	env := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "BATCH_SIZE": "10", "MAX_IN_FLIGHT": "20",
+		"PROJECTION_POLL_INTERVAL": "100ms", "PROJECTION_RETIRE_GRACE": "1s"}
+	l := newLedger()
+
+	xaddCheckins(t, client, keys.Stream(), l, "first", 20_000)
+	svc := startSvc(t, "serve", env)
+	l.verify(t, svc.base)
+	for _, name := range []string{"users", "leaderboards"} {
+		code, out, stderr := runOps(t, env, "projections", "rebuild", name, "--no-wait")
+		require.Equal(t, 0, code, "stdout %s\nstderr %s", out, stderr)
+	}
+	// Stop serve once both rebuilds' groups are part-way: some entries read, some to go.
+	midway := func(info ops.StreamInfo) bool {
+		for _, g := range []string{"users.v2", "leaderboards.v2"} {
+			gi := info.Group(g)
+			if gi == nil || gi.EntriesRead < 1000 {
+				return false
+			}
+		}
+		return true
+	}
+	require.Eventually(t, func() bool {
+		info, err := adapters.ReadStreamInfo(ctx, client, keys.Stream())
+		require.NoError(t, err)
+		return midway(info)
+	}, 60*time.Second, 5*time.Millisecond, "both rebuilds start their backfill")
+	require.Equal(t, 0, svc.exit(t, syscall.SIGTERM))
+	info, err := adapters.ReadStreamInfo(ctx, client, keys.Stream())
+	require.NoError(t, err)
+	for _, g := range []string{"users.v2", "leaderboards.v2"} {
+		gi := info.Group(g)
+		require.NotNil(t, gi, g)
+		require.Positive(t, gi.Lag, "%s is stopped in the middle of its backfill (read %d)", g, gi.EntriesRead)
+		t.Logf("%s stopped after %d of %d entries", g, gi.EntriesRead, info.Length)
+	}
+	for _, name := range []string{"users", "leaderboards"} {
+		cur, err := adapters.NewProjectionVersions(client, keys).Current(ctx, name)
+		require.NoError(t, err)
+		require.Equal(t, 1, cur, "%s: v1 still serves reads while v2 is built", name)
+	}
+	xaddCheckins(t, client, keys.Stream(), l, "second", 2_000) // the live group is behind too
+
+	code, out, stderr := runOps(t, env, "partitions", "migrate", "--to", "4")
+	require.Equal(t, 0, code, "stdout %s\nstderr %s", out, stderr)
+	parts4, err := keys.WithPartitions(4)
+	require.NoError(t, err)
+	for i, s := range parts4.Partitions().Streams() {
+		gs := groupsOn(t, client, s)
+		assert.True(t, gs["users.v2"] && gs["leaderboards.v2"], "partition %d has the rebuilds' groups: %v", i, gs)
+	}
+
+	env4 := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "STREAM_PARTITIONS": "4",
+		"PROJECTION_POLL_INTERVAL": "100ms", "PROJECTION_RETIRE_GRACE": "1s"}
+	svc = startSvc(t, "serve", env4)
+	require.Eventually(t, func() bool {
+		code, out, _ := runOps(t, env4, "projections", "list", "--json")
+		if code != 0 {
+			return false
+		}
+		var rep query.ProjectionsReport
+		require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+		done := 0
+		for _, r := range rep.Rebuilds {
+			if r.State == ops.RebuildDone && r.To == 2 {
+				done++
+			}
+		}
+		return done == 2
+	}, 90*time.Second, 200*time.Millisecond, "both rebuilds finish on the 4 partitions")
+	for _, name := range []string{"users", "leaderboards"} {
+		cur, err := adapters.NewProjectionVersions(client, keys).Current(ctx, name)
+		require.NoError(t, err)
+		assert.Equal(t, 2, cur, "%s reads v2", name)
+		v1, err := client.Keys(ctx, keys.ProjectionPrefix(name, 1)+"*").Result()
+		require.NoError(t, err)
+		assert.Empty(t, v1, "%s v1 keys removed", name)
+	}
+	l.verify(t, svc.base)
+	l.verifyAll(t, rdb.URL, parts4)
+	requireNothingPending(t, client, parts4)
+	assert.Zero(t, svc.logs.count("event parked in poison queue"))
 }
