@@ -72,6 +72,11 @@ func TestPartitionedPublishAndSubscribe(t *testing.T) {
 		t.Cleanup(func() { _ = sub.Close() })
 		msgs, err := sub.Subscribe(ctx, env.keys.Stream())
 		require.NoError(t, err)
+		// Joining is opportunistic (runs ready at the moment one is taken): a moment before the
+		// first read lets every partition's subscription read its first batch, so the runs of
+		// several are ready at once however slowly this machine schedules them (under -race on
+		// two busy cores, consuming as fast as they arrived joined none in one CI run).
+		time.Sleep(300 * time.Millisecond)
 
 		got := map[int64][]string{}
 		seen := map[string]bool{}
