@@ -83,7 +83,7 @@ func TestRequireReplicasOnACluster(t *testing.T) {
 	client, err := adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: cl.URL()})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = client.Close() })
-	require.NoError(t, adapters.RequireReplicas(client, 1, 200*time.Millisecond))
+	require.NoError(t, adapters.RequireReplicas(client, 1, time.Second))
 
 	lagging, other := "{a}s", ""
 	laggingMaster := cl.MasterOf(t, adapters.KeySlot(lagging))
@@ -96,6 +96,13 @@ func TestRequireReplicasOnACluster(t *testing.T) {
 	require.NotEmpty(t, other)
 	replica := cl.ReplicaOf(t, laggingMaster)
 	require.NotEqual(t, -1, replica)
+	// Both replicas confirm writes before one is made to lag: right after the cluster starts a
+	// replica may still be syncing (one CI run under -race had the other master's WAIT time out).
+	for _, k := range []string{lagging, other} {
+		require.Eventually(t, func() bool {
+			return client.XAdd(ctx, &redis.XAddArgs{Stream: k, Values: []any{"k", "v"}}).Err() == nil
+		}, 30*time.Second, 50*time.Millisecond, "%s: its master's replica confirms writes", k)
+	}
 
 	resume := lagReplica(t, cl.NodeClient(t, laggingMaster), func(s syscall.Signal) error { return cl.SignalNode(replica, s) })
 	defer resume()

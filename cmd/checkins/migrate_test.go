@@ -410,19 +410,21 @@ func TestPartitionMigrateDuringRebuild(t *testing.T) {
 	client := redistest.Client(t, rdb.URL)
 	ctx := context.Background()
 	keys := adapters.KeySpace{Prefix: rdb.Prefix}
-	// Small batches and a quick registry poll: the backfill takes seconds, long enough to stop
-	// it in the middle; a short grace lets the switch finish within the test.
-	env := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "BATCH_SIZE": "10", "MAX_IN_FLIGHT": "20",
-		"PROJECTION_POLL_INTERVAL": "100ms", "PROJECTION_RETIRE_GRACE": "1s"}
+	env := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix}
 	l := newLedger()
 
-	xaddCheckins(t, client, keys.Stream(), l, "first", 20_000)
+	xaddCheckins(t, client, keys.Stream(), l, "first", 10_000)
 	svc := startSvc(t, "serve", env)
 	l.verify(t, svc.base)
+	require.Equal(t, 0, svc.exit(t, syscall.SIGTERM))
 	for _, name := range []string{"users", "leaderboards"} {
 		code, out, stderr := runOps(t, env, "projections", "rebuild", name, "--no-wait")
 		require.Equal(t, 0, code, "stdout %s\nstderr %s", out, stderr)
 	}
+	// Small batches and a quick registry poll: the backfill takes seconds, long enough to stop
+	// it in the middle.
+	svc = startSvc(t, "serve", map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "BATCH_SIZE": "10",
+		"MAX_IN_FLIGHT": "20", "PROJECTION_POLL_INTERVAL": "100ms"})
 	// Stop serve once both rebuilds' groups are part-way: some entries read, some to go.
 	midway := func(info ops.StreamInfo) bool {
 		for _, g := range []string{"users.v2", "leaderboards.v2"} {
