@@ -648,26 +648,25 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 			continue
 		}
 		ev := decideKey{w.Event.Identity, scores[i]}
+		head, seenEvent := last[ev]
 		first := -1
-		p, ok := last[ev]
-		for ok && p >= 0 {
+		for p := head; seenEvent && p >= 0; p = prev[p] {
 			if o := works[p]; o.Group == w.Group && o.Projection == w.Projection && o.Version == w.Version {
 				first = p
 			}
-			p, ok = prev[p], true
 		}
 		if first >= 0 {
 			again[i] = first
 			continue
 		}
-		if q, ok := last[ev]; ok {
-			prev[i] = q
-		} else {
-			prev[i] = -1
+		prev[i] = -1
+		if seenEvent {
+			prev[i] = head
 		}
 		last[ev] = i
 		var userSlot string
 		if !a.cluster {
+			var ok bool
 			if userSlot, ok = userSlots[w.Event.UserID]; !ok {
 				userSlot = "user:" + strconv.FormatInt(w.Event.UserID, 10)
 				userSlots[w.Event.UserID] = userSlot
