@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/checkins/checkins/domain"
 )
@@ -11,13 +13,31 @@ import (
 // RecentCheckinsKept is how many check-ins per user the projection keeps.
 const RecentCheckinsKept = 50
 
+// Recent check-ins' layouts: how a check-in is encoded as its sorted-set member. A version is
+// written in one layout for its whole life (Layouts); reads decode either.
+const (
+	// RecentCheckinsJSON is the layout of earlier releases: the member is the check-in's JSON
+	// ({"checkinId":...,"timestamp":...}), about 85 bytes with a short checkinId. Over Redis's
+	// zset-max-listpack-value (64) every user's set is a skiplist with a dictionary beside it,
+	// about 2.5 times the memory of the compact encoding and a dictionary insert per event.
+	RecentCheckinsJSON = 1
+	// RecentCheckinsCompact encodes a check-in as "<timestamp> <locationId> <starRating>
+	// <checkinId>": 57 bytes with a UUID checkinId, so a user's set stays a listpack.
+	RecentCheckinsCompact = 2
+	// RecentCheckinsLayout is the layout new versions are built in.
+	RecentCheckinsLayout = RecentCheckinsCompact
+)
+
 // RecentCheckins keeps each user's latest check-ins by when they happened. Keeping the top N of
 // a sorted set ordered by (timestamp, member) gives the same set whatever order events arrive
 // in, so a late offline check-in lands in its place or, if too old, is dropped.
-type RecentCheckins struct{}
+type RecentCheckins struct {
+	// Layout is the member encoding written; 0 is RecentCheckinsLayout.
+	Layout int
+}
 
-// RecentCheckin is one check-in of a user, as kept by RecentCheckins. The field order is fixed
-// (it is the sorted-set member's encoding), so the same check-in always encodes the same.
+// RecentCheckin is one check-in of a user, as kept by RecentCheckins. The JSON field order is
+// fixed (it was the sorted-set member's encoding in RecentCheckinsJSON).
 type RecentCheckin struct {
 	CheckinID  string `json:"checkinId"`
 	LocationID int64  `json:"locationId"`
@@ -25,23 +45,87 @@ type RecentCheckin struct {
 	Timestamp  int64  `json:"timestamp"`
 }
 
+// Member is c as the sorted-set member of layout (0: RecentCheckinsLayout). Members of equal
+// timestamps are ordered by these bytes, so it decides which of them a full set keeps.
+func (c RecentCheckin) Member(layout int) (string, error) {
+	if layout == RecentCheckinsJSON {
+		b, err := json.Marshal(c)
+		return string(b), err
+	}
+	var buf [48]byte
+	b := strconv.AppendInt(buf[:0], c.Timestamp, 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, c.LocationID, 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, int64(c.StarRating), 10)
+	b = append(b, ' ')
+	return string(b) + c.CheckinID, nil
+}
+
+// parseRecentMember decodes a member of either layout: a JSON one starts with '{', which no
+// compact one does.
+func parseRecentMember(m string) (RecentCheckin, error) {
+	var c RecentCheckin
+	if strings.HasPrefix(m, "{") {
+		err := json.Unmarshal([]byte(m), &c)
+		return c, err
+	}
+	f := strings.SplitN(m, " ", 4)
+	if len(f) != 4 || f[3] == "" {
+		return c, fmt.Errorf("want \"<timestamp> <locationId> <starRating> <checkinId>\"")
+	}
+	var err error
+	if c.Timestamp, err = strconv.ParseInt(f[0], 10, 64); err != nil {
+		return c, fmt.Errorf("timestamp: %w", err)
+	}
+	if c.LocationID, err = strconv.ParseInt(f[1], 10, 64); err != nil {
+		return c, fmt.Errorf("locationId: %w", err)
+	}
+	if c.StarRating, err = strconv.Atoi(f[2]); err != nil {
+		return c, fmt.Errorf("starRating: %w", err)
+	}
+	c.CheckinID = f[3]
+	return c, nil
+}
+
 // RecentCheckinsView is a user's latest check-ins, newest first.
 type RecentCheckinsView struct {
 	UserID   int64           `json:"userId"`
 	Checkins []RecentCheckin `json:"checkins"`
+	// Layout is the layout the check-ins were read in (what orders equal timestamps).
+	Layout int `json:"-"`
+}
+
+func (r RecentCheckins) layout() int {
+	if r.Layout == 0 {
+		return RecentCheckinsLayout
+	}
+	return r.Layout
+}
+
+// CurrentLayout implements Layouts.
+func (RecentCheckins) CurrentLayout() int { return RecentCheckinsLayout }
+
+// AtLayout implements Layouts.
+func (r RecentCheckins) AtLayout(layout int) (Projection, error) {
+	if layout != RecentCheckinsJSON && layout != RecentCheckinsCompact {
+		return nil, fmt.Errorf("recent_checkins: unknown layout %d (this build knows %d and %d)", layout, RecentCheckinsJSON, RecentCheckinsCompact)
+	}
+	r.Layout = layout
+	return r, nil
 }
 
 // Name implements Projection.
 func (RecentCheckins) Name() string { return "recent_checkins" }
 
 // OnCheckinRecorded adds the check-in scored by its timestamp and trims to the newest N.
-func (RecentCheckins) OnCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, s Store) error {
-	member, err := json.Marshal(RecentCheckin{CheckinID: e.ID, LocationID: e.LocationID, StarRating: e.StarRating, Timestamp: e.Timestamp})
+func (r RecentCheckins) OnCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, s Store) error {
+	member, err := RecentCheckin{CheckinID: e.ID, LocationID: e.LocationID, StarRating: e.StarRating, Timestamp: e.Timestamp}.Member(r.layout())
 	if err != nil {
 		return fmt.Errorf("encode recent check-in %s: %w", e.ID, err)
 	}
 	return s.Apply(ctx, NewUpdate(userSlot(e.UserID)).
-		ZAdd("recent", float64(e.Timestamp), string(member)).
+		ZAdd("recent", float64(e.Timestamp), member).
 		ZKeepTop("recent", RecentCheckinsKept))
 }
 
@@ -54,11 +138,16 @@ func (RecentCheckins) Get(ctx context.Context, r Reader, userID int64) (RecentCh
 	if len(zs) == 0 {
 		return RecentCheckinsView{}, fmt.Errorf("check-ins of user %d: %w", userID, domain.ErrNotFound)
 	}
-	v := RecentCheckinsView{UserID: userID, Checkins: make([]RecentCheckin, len(zs))}
+	v := RecentCheckinsView{UserID: userID, Checkins: make([]RecentCheckin, len(zs)), Layout: RecentCheckinsCompact}
 	for i, z := range zs {
-		if err := json.Unmarshal([]byte(z.Member), &v.Checkins[i]); err != nil {
+		c, err := parseRecentMember(z.Member)
+		if err != nil {
 			return RecentCheckinsView{}, fmt.Errorf("user %d recent check-in %q: %w", userID, z.Member, err)
 		}
+		if strings.HasPrefix(z.Member, "{") {
+			v.Layout = RecentCheckinsJSON
+		}
+		v.Checkins[i] = c
 	}
 	return v, nil
 }

@@ -324,3 +324,91 @@ func entryFields(values map[string]any) map[string]string {
 	}
 	return out
 }
+
+// TestUpgradeRebuildsRecentCheckinsCompact: a deployment of the release before compact recent
+// check-ins (members of recent_checkins v1 are JSON, no layout in the registry) gets this
+// binary. v1 keeps serving, written as JSON, until v2, whose members are compact (each user's
+// set a listpack), has caught up; then reads switch to v2 and v1's keys go.
+func TestUpgradeRebuildsRecentCheckinsCompact(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	c := redistest.Client(t, srv.URL())
+	ctx := context.Background()
+	keys := adapters.KeySpace{Prefix: "checkins"}
+	env := map[string]string{"REDIS_URL": srv.URL(), "PROJECTION_POLL_INTERVAL": "200ms", "PROJECTION_RETIRE_GRACE": "1s"}
+	l := newLedger()
+	client := authedClient(5 * time.Second)
+	p := startSvc(t, "serve", env)
+	for i := range 200 {
+		l.post(client, p.base, fmt.Sprintf("before-%d", i), sent{user: 1 + int64(i%7), location: 1 + int64(i%11), stars: int64(i % 6)})
+	}
+	l.resolve(t, p.base)
+	l.verifyAll(t, srv.URL(), keys)
+	require.Zero(t, p.exit(t, syscall.SIGTERM))
+	reg, err := c.HGetAll(ctx, keys.Projections()).Result()
+	require.NoError(t, err)
+	require.Equal(t, strconv.Itoa(projection.RecentCheckinsLayout), reg["recent_checkins.layout"], "a new deployment starts in the current layout")
+
+	// What the earlier release left: JSON members, and no layout recorded.
+	v1 := keys.Prefix + ":p:recent_checkins:v1:"
+	sets, err := c.Keys(ctx, v1+"*:recent").Result()
+	require.NoError(t, err)
+	require.Len(t, sets, 7)
+	for _, k := range sets {
+		zs, err := c.ZRangeWithScores(ctx, k, 0, -1).Result()
+		require.NoError(t, err)
+		require.NotEmpty(t, zs)
+		old := make([]redis.Z, len(zs))
+		for i, z := range zs {
+			f := strings.SplitN(z.Member.(string), " ", 4)
+			require.Len(t, f, 4, "a compact member: %q", z.Member)
+			ts, _ := strconv.ParseInt(f[0], 10, 64)
+			loc, _ := strconv.ParseInt(f[1], 10, 64)
+			stars, _ := strconv.Atoi(f[2])
+			m, err := projection.RecentCheckin{CheckinID: f[3], LocationID: loc, StarRating: stars, Timestamp: ts}.Member(projection.RecentCheckinsJSON)
+			require.NoError(t, err)
+			old[i] = redis.Z{Score: z.Score, Member: m}
+		}
+		require.NoError(t, c.Del(ctx, k).Err())
+		require.NoError(t, c.ZAdd(ctx, k, old...).Err())
+	}
+	require.NoError(t, c.HDel(ctx, keys.Projections(), "recent_checkins.layout").Err())
+	l.verifyAll(t, srv.URL(), keys) // the reads decode the earlier members
+
+	p = startSvc(t, "serve", env)
+	t.Cleanup(func() {
+		if t.Failed() {
+			reg, _ := c.HGetAll(ctx, keys.Projections()).Result()
+			t.Logf("registry: %v\nlogs:\n%s", reg, p.logs)
+		}
+	})
+	for i := range 100 {
+		l.post(client, p.base, fmt.Sprintf("after-%d", i), sent{user: 1 + int64(i%9), location: 1 + int64(i%13), stars: int64(i % 5)})
+	}
+	l.resolve(t, p.base)
+	l.verifyAll(t, srv.URL(), keys)
+	require.Eventually(t, func() bool {
+		reg, err := c.HGetAll(ctx, keys.Projections()).Result()
+		require.NoError(t, err)
+		left, err := c.Keys(ctx, v1+"*").Result()
+		require.NoError(t, err)
+		return reg["recent_checkins.version"] == "2" && reg["recent_checkins.layout"] == strconv.Itoa(projection.RecentCheckinsLayout) &&
+			reg["recent_checkins.retiring"] == "" && len(left) == 0
+	}, 30*time.Second, 100*time.Millisecond, "v2 is built compact, serves reads, and v1 is removed")
+	assert.Contains(t, p.logs.String(), "rebuilding it in the current one")
+	v2, err := c.Keys(ctx, keys.Prefix+":p:recent_checkins:v2:*:recent").Result()
+	require.NoError(t, err)
+	require.Len(t, v2, 9)
+	for _, k := range v2 {
+		enc, err := c.ObjectEncoding(ctx, k).Result()
+		require.NoError(t, err)
+		assert.Equal(t, "listpack", enc, k)
+		m, err := c.ZRange(ctx, k, 0, 0).Result()
+		require.NoError(t, err)
+		assert.NotContains(t, m[0], "{", "a compact member")
+	}
+	l.verifyAll(t, srv.URL(), keys)
+	code, body := faultGet(t, p.base+"/readyz")
+	assert.Equal(t, http.StatusOK, code, body)
+	assert.Zero(t, poisonLen(t, c, keys))
+}

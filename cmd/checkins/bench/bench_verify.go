@@ -1,10 +1,8 @@
 package bench
 
 import (
-	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -96,16 +94,16 @@ func (m *expectedModel) addIdentified(c domain.Checkin, identity int64) {
 
 func utcDay(ms int64) string { return time.UnixMilli(ms).UTC().Format(projection.DayLayout) }
 
-// latest is what RecentCheckins keeps of a user: the newest by timestamp, ties broken by the
-// sorted-set member's bytes (its JSON encoding), newest first.
-func (u *userExpect) latest() []projection.RecentCheckin {
+// latest is what RecentCheckins keeps of a user in layout: the newest by timestamp, ties broken
+// by the sorted-set member's bytes (the layout's encoding), newest first.
+func (u *userExpect) latest(layout int) []projection.RecentCheckin {
 	s := slices.Clone(u.checkins)
-	member := func(c projection.RecentCheckin) []byte { b, _ := json.Marshal(c); return b }
+	member := func(c projection.RecentCheckin) string { m, _ := c.Member(layout); return m }
 	slices.SortFunc(s, func(a, b projection.RecentCheckin) int {
 		if c := cmp.Compare(b.Timestamp, a.Timestamp); c != 0 {
 			return c
 		}
-		return bytes.Compare(member(b), member(a))
+		return strings.Compare(member(b), member(a))
 	})
 	return s[:min(len(s), projection.RecentCheckinsKept)]
 }
@@ -288,12 +286,12 @@ func checkRecent(ctx context.Context, p projection.RecentCheckins, r projection.
 	ids := sortedKeys(want.users)
 	parallel(len(ids), verifyWorkers, func(i int) {
 		id := ids[i]
-		exp := want.users[id].latest()
 		got, err := p.Get(ctx, r, id)
 		if err != nil {
 			pr.add("recent check-ins of user %d: %v", id, err)
 			return
 		}
+		exp := want.users[id].latest(got.Layout)
 		if slices.Equal(got.Checkins, exp) {
 			return
 		}
