@@ -2,6 +2,7 @@ package adapters_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -11,6 +12,7 @@ import (
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
 	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/domain"
 )
 
@@ -117,4 +119,63 @@ func TestMigrateMergesPartitionsExactly(t *testing.T) {
 	res, err = mp.Handle(ctx, command.MigrateRequest{To: 1})
 	require.NoError(t, err)
 	assert.True(t, res.NoOp)
+}
+
+// TestMigrateMovesTheDecisionOfARenumberedEntry: merging partitions renumbers an entry whose ID
+// the other partition holds too. The dedupe registry remembers the counted copy of a check-in
+// by its entry's position, so the migration moves that memory with the entry: a consumer group
+// that had not applied it yet (a rebuild behind the live group) counts it at its new ID, the
+// group that had applied it sees a redelivery, and a later copy is still a duplicate.
+func TestMigrateMovesTheDecisionOfARenumberedEntry(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	ctx := context.Background()
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	k2, err := keys.WithPartitions(2)
+	require.NoError(t, err)
+	parts := k2.Partitions()
+	require.NoError(t, adapters.EnsurePartitions(ctx, client, keys, 2))
+	u0, u1 := userOn(0, 2), userOn(1, 2)
+	d := checkinValues("d", u1)
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(0), ID: "5-0", Values: checkinValues("a", u0)}).Err())
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(1), ID: "5-0", Values: d}).Err())
+	fields := map[string]string{}
+	for k, v := range d {
+		fields[k] = v.(string)
+	}
+	parsed, err := domain.ParseEvent(fields)
+	require.NoError(t, err)
+	ev := parsed.(domain.CheckinRecorded)
+
+	applier, err := adapters.NewProjectionApplier(client, keys, 0)
+	require.NoError(t, err)
+	out, err := applier.ApplyEvent(ctx, "live", projection.UserStats{}, 1, ev, "5-0")
+	require.NoError(t, err)
+	require.Equal(t, projection.Applied, out, "live counted d at 5-0 on partition 1")
+
+	mp, err := command.NewMigratePartitions(adapters.NewPartitionMigrator(client, keys))
+	require.NoError(t, err)
+	res, err := mp.Handle(ctx, command.MigrateRequest{To: 1})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.Copy.Renumbered)
+	msgs, err := client.XRange(ctx, keys.Stream(), "5-1", "5-1").Result()
+	require.NoError(t, err)
+	require.Len(t, msgs, 1)
+	require.Equal(t, "d", msgs[0].Values["checkinId"], "d took the next free ID")
+
+	out, err = applier.ApplyEvent(ctx, "users.v2", projection.UserStats{}, 2, ev, "5-1")
+	require.NoError(t, err)
+	assert.Equal(t, projection.Applied, out, "a group that had not applied d counts it at its new ID")
+	out, err = applier.ApplyEvent(ctx, "live", projection.UserStats{}, 1, ev, "5-1")
+	require.NoError(t, err)
+	assert.Equal(t, projection.AlreadyApplied, out, "the group that had applied it sees a redelivery")
+	out, err = applier.ApplyEvent(ctx, "users.v2", projection.UserStats{}, 2, ev, "9-0")
+	require.NoError(t, err)
+	assert.Equal(t, projection.Duplicate, out, "a copy published later is still a duplicate")
+	for v := 1; v <= 2; v++ {
+		n, err := client.HGet(ctx, keys.ProjectionPrefix("users", v)+"{user:"+strconv.FormatInt(u1, 10)+"}:stats", "numCheckins").Int64()
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), n, "users v%d counts d once", v)
+	}
 }

@@ -36,11 +36,17 @@ import (
 //     marker already present means the updates landed before (a redelivery, a retry after a
 //     timeout, a reclaim from a crashed consumer): nothing is applied again. A group delivers an
 //     entry again only while it is pending, so the caller prunes a group's markers below its
-//     oldest pending entry (Prune): they stay as few as the entries in flight.
+//     oldest pending entry (Prune; from the start of that entry's millisecond, markerBound):
+//     they stay as few as the entries in flight.
 //
 // Positions are scores: ms*1024 + seq (seq capped at 1023), exact in a float64 until the year
-// 2248. Two copies of one identity recorded in the same millisecond with seq >= 1023 would look
-// like one copy to step 1; the markers of step 2 still catch them while they live.
+// 2248. Whether a copy is the counted one, and whether a marker is stale, is judged on the
+// millisecond alone: a partition migration that merges partitions gives an entry whose ID the
+// other partition holds too the next free ID, in the same millisecond (ms-seq+1), and the
+// registry's and markers' memory of it must still hold. So two copies of one identity recorded
+// in the same millisecond look like one copy to step 1 (the markers of step 2 catch the second
+// while they live, and a group's markers are kept back to the start of the millisecond of its
+// oldest pending entry: markerBound).
 
 // ScoreOfEntry is the score of a stream entry ID ("ms-seq") in the registry and marker sets.
 func ScoreOfEntry(id string) (int64, bool) {
@@ -58,11 +64,19 @@ func ScoreOfEntry(id string) (int64, bool) {
 	return m*scorePerMs + int64(min(q, scorePerMs-1)), true
 }
 
+// markerBound is the score below which a group's markers may go when its oldest pending entry
+// (or the next it will read) is id: the start of id's millisecond, since positions are judged
+// on the millisecond (see above).
+func markerBound(id string) (int64, bool) {
+	s, ok := ScoreOfEntry(id)
+	return s - s%scorePerMs, ok
+}
+
 // ScoreOfTime is the score of the first entry a stream can hold at t.
 func ScoreOfTime(t time.Time) int64 { return t.UnixMilli() * scorePerMs }
 
 const (
-	scorePerMs = 1024
+	scorePerMs = 1024 // the scripts divide by it too, as a literal
 	maxScoreMs = (1<<53)/scorePerMs - 1
 )
 
@@ -82,7 +96,7 @@ while i <= #ARGV do
   local count = 1
   if redis.call('ZADD', key, 'NX', s, id) == 0 then
     local cur = tonumber(redis.call('ZSCORE', key, id))
-    if cur ~= sn then
+    if math.floor(cur / 1024) ~= math.floor(sn / 1024) then -- another millisecond: another copy
       if math.abs(sn - cur) <= w then
         count = 0
       elseif sn > cur then
@@ -139,7 +153,7 @@ for it = 1, ni do
   local state = 1
   if rk > 0 and redis.call('ZADD', KEYS[rk], 'NX', s, id) == 0 then
     local cur, sn = tonumber(redis.call('ZSCORE', KEYS[rk], id)), tonumber(s)
-    if cur ~= sn then
+    if math.floor(cur / 1024) ~= math.floor(sn / 1024) then -- another millisecond: another copy
       if math.abs(sn - cur) <= w then
         state = 2
       elseif sn > cur then
@@ -811,7 +825,7 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 					before, _ = prune(it.group)
 					floors[it.group] = before
 				}
-				if sc, ok := ScoreOfEntry(before); ok && before != "" {
+				if sc, ok := markerBound(before); ok && before != "" {
 					now := 0
 					if a.pruneNow() {
 						now = 1
@@ -1064,7 +1078,7 @@ const sweepCompactUpTo = 64
 // Calls prune the sets they touch as they go; a quiet group needs this to let go of the markers
 // of its last batches (the projector calls it once the group has caught up).
 func (a *ProjectionApplier) Sweep(ctx context.Context, group, before string) (int, error) {
-	score, ok := ScoreOfEntry(before)
+	score, ok := markerBound(before)
 	if !ok {
 		return 0, fmt.Errorf("sweep markers of %s: %q is not a stream entry ID", group, before)
 	}

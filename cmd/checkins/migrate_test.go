@@ -12,8 +12,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os/exec"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -33,6 +36,12 @@ import (
 // xaddCheckins writes n check-ins straight to stream (as the API would), recording them in l.
 func xaddCheckins(t *testing.T, client redis.UniversalClient, stream string, l *ledger, prefix string, n int) {
 	t.Helper()
+	xaddCheckinsTo(t, client, func(int64) string { return stream }, l, prefix, n)
+}
+
+// xaddCheckinsTo is xaddCheckins to each user's stream (a partition of the stream).
+func xaddCheckinsTo(t *testing.T, client redis.UniversalClient, streamOf func(user int64) string, l *ledger, prefix string, n int) {
+	t.Helper()
 	ctx := context.Background()
 	base := time.Now().UnixMilli() - int64(n)
 	for start := 0; start < n; start += 1000 {
@@ -45,7 +54,7 @@ func xaddCheckins(t *testing.T, client redis.UniversalClient, stream string, l *
 			for k, v := range ev.Fields() {
 				values[k] = v
 			}
-			pipe.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: values})
+			pipe.XAdd(ctx, &redis.XAddArgs{Stream: streamOf(c.UserID), Values: values})
 			l.mu.Lock()
 			l.ok[c.ID] = sent{user: c.UserID, location: c.LocationID, stars: int64(c.StarRating)}
 			l.accepted[c.ID] = c
@@ -406,14 +415,58 @@ func TestQuiesceFlagStopsProjectorsAndIngest(t *testing.T) {
 // pending on any partition.
 func TestPartitionMigrateDuringRebuild(t *testing.T) {
 	t.Parallel()
+	testMigrateDuringRebuild(t, 1, 4)
+}
+
+// TestPartitionMigrateMergingDuringRebuild is TestPartitionMigrateDuringRebuild from 2 to 3
+// partitions: each new partition takes entries of both old ones, which numbered their entries
+// independently, so entries whose ID the other partition holds too are renumbered, some of them
+// counted by the live group and not yet by the rebuilds.
+func TestPartitionMigrateMergingDuringRebuild(t *testing.T) {
+	t.Parallel()
+	testMigrateDuringRebuild(t, 2, 3)
+}
+
+func testMigrateDuringRebuild(t *testing.T, from, to int) {
 	rdb := redistest.Open(t)
 	client := redistest.Client(t, rdb.URL)
 	ctx := context.Background()
 	keys := adapters.KeySpace{Prefix: rdb.Prefix}
 	env := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix}
+	if from > 1 {
+		env["STREAM_PARTITIONS"] = strconv.Itoa(from)
+		require.NoError(t, adapters.EnsurePartitions(ctx, client, keys, from))
+	}
+	with := func(more map[string]string) map[string]string {
+		out := maps.Clone(env)
+		maps.Copy(out, more)
+		return out
+	}
+	partsFrom, err := keys.WithPartitions(from)
+	require.NoError(t, err)
+	streamOf := partsFrom.Partitions().StreamOf
+	// groupTotals sums each group's entries read, lag and pending over the old partitions.
+	groupTotals := func() (map[string]ops.GroupInfo, int64) {
+		out := map[string]ops.GroupInfo{}
+		var length int64
+		for _, st := range partsFrom.Partitions().Streams() {
+			info, err := adapters.ReadStreamInfo(ctx, client, st)
+			require.NoError(t, err)
+			length += info.Length
+			for _, g := range info.Groups {
+				sum := out[g.Name]
+				sum.Name = g.Name
+				sum.EntriesRead += g.EntriesRead
+				sum.Lag += g.Lag
+				sum.Pending += g.Pending
+				out[g.Name] = sum
+			}
+		}
+		return out, length
+	}
 	l := newLedger()
 
-	xaddCheckins(t, client, keys.Stream(), l, "first", 10_000)
+	xaddCheckinsTo(t, client, streamOf, l, "first", 10_000)
 	svc := startSvc(t, "serve", env)
 	l.verify(t, svc.base)
 	require.Equal(t, 0, svc.exit(t, syscall.SIGTERM))
@@ -423,34 +476,27 @@ func TestPartitionMigrateDuringRebuild(t *testing.T) {
 	}
 	// Small batches and a quick registry poll: the backfill takes seconds, long enough to stop
 	// it in the middle.
-	svc = startSvc(t, "serve", map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "BATCH_SIZE": "10",
-		"MAX_IN_FLIGHT": "20", "PROJECTION_POLL_INTERVAL": "100ms"})
+	svc = startSvc(t, "serve", with(map[string]string{"BATCH_SIZE": "10", "MAX_IN_FLIGHT": "20", "PROJECTION_POLL_INTERVAL": "100ms"}))
 	// Stop serve once both rebuilds' groups are part-way: some entries read, some to go.
-	midway := func(info ops.StreamInfo) bool {
+	require.Eventually(t, func() bool {
+		gs, _ := groupTotals()
 		for _, g := range []string{"users.v2", "leaderboards.v2"} {
-			gi := info.Group(g)
-			if gi == nil || gi.EntriesRead < 1000 {
+			if gs[g].EntriesRead < 1000 {
 				return false
 			}
 		}
 		return true
-	}
-	require.Eventually(t, func() bool {
-		info, err := adapters.ReadStreamInfo(ctx, client, keys.Stream())
-		require.NoError(t, err)
-		return midway(info)
 	}, 60*time.Second, 5*time.Millisecond, "both rebuilds start their backfill")
 	// Killed, not stopped: the groups keep what was in flight as pending entries of a consumer
 	// that is gone, which the migration hands over to the partitions.
 	svc.exit(t, syscall.SIGKILL)
-	info, err := adapters.ReadStreamInfo(ctx, client, keys.Stream())
-	require.NoError(t, err)
+	gs, length := groupTotals()
 	var pending int64
 	for _, g := range []string{"users.v2", "leaderboards.v2", "live"} {
-		gi := info.Group(g)
-		require.NotNil(t, gi, g)
+		gi, ok := gs[g]
+		require.True(t, ok, g)
 		pending += gi.Pending
-		t.Logf("%s stopped after %d of %d entries, %d pending", g, gi.EntriesRead, info.Length, gi.Pending)
+		t.Logf("%s stopped after %d of %d entries, %d pending", g, gi.EntriesRead, length, gi.Pending)
 		if g != "live" {
 			require.Positive(t, gi.Lag, "%s is stopped in the middle of its backfill (read %d)", g, gi.EntriesRead)
 		}
@@ -461,29 +507,37 @@ func TestPartitionMigrateDuringRebuild(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, 1, cur, "%s: v1 still serves reads while v2 is built", name)
 	}
-	xaddCheckins(t, client, keys.Stream(), l, "second", 2_000) // the live group is behind too
+	xaddCheckinsTo(t, client, streamOf, l, "second", 2_000) // the live group is behind too
 
 	// Nobody will acknowledge the dead consumer's entries: without --force the migration waits
 	// for them and says so; with it, they are delivered again on the new partitions.
-	code, out, stderr := runOps(t, env, "partitions", "migrate", "--to", "4", "--wait", "1s")
+	target := strconv.Itoa(to)
+	code, out, stderr := runOps(t, env, "partitions", "migrate", "--to", target, "--wait", "1s")
 	require.NotEqual(t, 0, code, "stdout %s\nstderr %s", out, stderr)
 	assert.Contains(t, stderr, "entries still pending after 1s")
 	assert.Contains(t, stderr, "or rerun with --force")
-	code, out, stderr = runOps(t, env, "partitions", "migrate", "--to", "4", "--wait", "1s", "--force")
+	code, out, stderr = runOps(t, env, "partitions", "migrate", "--to", target, "--wait", "1s", "--force")
 	require.Equal(t, 0, code, "stdout %s\nstderr %s", out, stderr)
 	assert.Contains(t, out, "going on with entries pending (--force)")
-	parts4, err := keys.WithPartitions(4)
+	if from > 1 {
+		m := regexp.MustCompile(`, (\d+) renumbered\)`).FindStringSubmatch(out)
+		require.NotNil(t, m, out)
+		n, _ := strconv.Atoi(m[1])
+		t.Logf("%d entries renumbered", n)
+		require.Positive(t, n, "the old partitions shared entry IDs: %s", out)
+	}
+	partsTo, err := keys.WithPartitions(to)
 	require.NoError(t, err)
-	for i, s := range parts4.Partitions().Streams() {
+	for i, s := range partsTo.Partitions().Streams() {
 		gs := groupsOn(t, client, s)
 		assert.True(t, gs["users.v2"] && gs["leaderboards.v2"], "partition %d has the rebuilds' groups: %v", i, gs)
 	}
 
-	env4 := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "STREAM_PARTITIONS": "4",
+	envTo := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "STREAM_PARTITIONS": target,
 		"PROJECTION_POLL_INTERVAL": "100ms", "PROJECTION_RETIRE_GRACE": "1s", "CLAIM_IDLE": "1s", "CLAIM_INTERVAL": "200ms"}
-	svc = startSvc(t, "serve", env4)
+	svc = startSvc(t, "serve", envTo)
 	require.Eventually(t, func() bool {
-		code, out, _ := runOps(t, env4, "projections", "list", "--json")
+		code, out, _ := runOps(t, envTo, "projections", "list", "--json")
 		if code != 0 {
 			return false
 		}
@@ -496,7 +550,7 @@ func TestPartitionMigrateDuringRebuild(t *testing.T) {
 			}
 		}
 		return done == 2
-	}, 90*time.Second, 200*time.Millisecond, "both rebuilds finish on the 4 partitions")
+	}, 90*time.Second, 200*time.Millisecond, "both rebuilds finish on the %d partitions", to)
 	for _, name := range []string{"users", "leaderboards"} {
 		cur, err := adapters.NewProjectionVersions(client, keys).Current(ctx, name)
 		require.NoError(t, err)
@@ -506,7 +560,7 @@ func TestPartitionMigrateDuringRebuild(t *testing.T) {
 		assert.Empty(t, v1, "%s v1 keys removed", name)
 	}
 	l.verify(t, svc.base)
-	l.verifyAll(t, rdb.URL, parts4)
-	requireNothingPending(t, client, parts4)
+	l.verifyAll(t, rdb.URL, partsTo)
+	requireNothingPending(t, client, partsTo)
 	assert.Zero(t, svc.logs.count("event parked in poison queue"))
 }
