@@ -320,7 +320,9 @@ func (m *PartitionMigrator) Copy(ctx context.Context, from, to, batch int, pause
 		}
 		return nil
 	}
+	res.Last = make([]string, from)
 	n, err := m.walk(ctx, from, to, batch, func(e migrateEntry) error {
+		res.Last[e.old] = e.msg.ID
 		if e.newID != e.id {
 			res.Renumbered++
 		}
@@ -679,26 +681,78 @@ func (m *PartitionMigrator) Record(ctx context.Context, to int) error {
 	return m.client.HSet(ctx, m.keys.Meta(), metaPartitions, to).Err()
 }
 
+// deleteIfLastLua deletes the stream KEYS[1] if its last entry is ARGV[1] ("" for none), in
+// one step, so that nothing added after that look is deleted with it; 0 when it is not.
+var deleteIfLastLua = redis.NewScript(`
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local id = ''
+if #last > 0 then id = last[1][1] end
+if id ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+`)
+
+// tailField is the field of a new partition's registry that says up to which entry of old
+// partition k the tail copy (copyTail) has written there.
+func tailField(k int) string { return "migrate-tail:" + strconv.Itoa(k) }
+
+// maxTailCopies bounds how often one old partition's tail is copied while entries keep coming.
+const maxTailCopies = 5
+
 // Cleanup deletes the old partitions' streams and their registry state (live groups and
 // acknowledged positions; with one stream the other fields of the projections registry stay).
-func (m *PartitionMigrator) Cleanup(ctx context.Context, from int) error {
+// With seen (per old partition, the last entry the copy read; nil: none is looked for), an old
+// stream is deleted only if that is still its last entry, in one step; entries after it (the
+// API and the projectors stand still, a producer writing to the stream directly does not) are
+// first copied to their new partitions (copyTail), and late counts them.
+func (m *PartitionMigrator) Cleanup(ctx context.Context, from, to int, seen []string) (int64, error) {
 	src, err := NewPartitions(m.keys, from)
 	if err != nil {
-		return err
+		return 0, err
 	}
+	dst, err := NewPartitions(m.keys, to)
+	if err != nil {
+		return 0, err
+	}
+	if seen != nil && len(seen) != from {
+		return 0, fmt.Errorf("cleanup of %d partitions: the last entries of %d were given", from, len(seen))
+	}
+	var late int64
 	for k := range from {
-		if err := m.client.Del(ctx, src.Stream(k)).Err(); err != nil {
-			return err
+		if seen == nil {
+			if err := m.client.Del(ctx, src.Stream(k)).Err(); err != nil {
+				return late, err
+			}
+		} else {
+			after := seen[k]
+			for attempt := 0; ; attempt++ {
+				deleted, err := deleteIfLastLua.Run(ctx, m.client, []string{src.Stream(k)}, after).Int()
+				if err != nil {
+					return late, fmt.Errorf("delete %s: %w", src.Stream(k), err)
+				}
+				if deleted == 1 {
+					break
+				}
+				if attempt == maxTailCopies {
+					return late, fmt.Errorf("entries keep arriving in %s after the copy: a producer is writing to the stream directly; stop it and rerun `checkins partitions migrate --to %d` (nothing is lost)", src.Stream(k), to)
+				}
+				n, last, err := m.copyTail(ctx, src.Stream(k), k, after, dst)
+				late += n
+				if err != nil {
+					return late, err
+				}
+				after = last
+			}
 		}
 		if from > 1 {
 			if err := m.client.Del(ctx, src.Registry(k)).Err(); err != nil {
-				return err
+				return late, err
 			}
 			continue
 		}
 		fs, err := m.client.HKeys(ctx, src.Registry(k)).Result()
 		if err != nil {
-			return err
+			return late, err
 		}
 		var drop []string
 		for _, f := range fs {
@@ -708,9 +762,99 @@ func (m *PartitionMigrator) Cleanup(ctx context.Context, from int) error {
 		}
 		if len(drop) > 0 {
 			if err := m.client.HDel(ctx, src.Registry(k), drop...).Err(); err != nil {
-				return err
+				return late, err
 			}
 		}
 	}
-	return nil
+	if seen != nil {
+		fields := make([]string, from)
+		for k := range from {
+			fields[k] = tailField(k)
+		}
+		for j := range to {
+			if err := m.client.HDel(ctx, dst.Registry(j), fields...).Err(); err != nil {
+				return late, err
+			}
+		}
+	}
+	return late, nil
+}
+
+// copyTail copies the entries of old partition k (stream) after `after` to their new
+// partitions, each after what its partition holds (with its ID when that is greater, the next
+// free one otherwise). Each XADD goes with the new partition registry's tailField(k) in one
+// MULTI (the registry is in the partition's slot), so a rerun after a crash skips what was
+// written: nothing is copied twice. It returns the entries written and the last one read.
+func (m *PartitionMigrator) copyTail(ctx context.Context, stream string, k int, after string, dst Partitions) (int64, string, error) {
+	tops := map[int]ops.EntryID{}
+	done := map[int]ops.EntryID{} // per new partition, the last entry of k copied there
+	top := func(j int) (ops.EntryID, ops.EntryID, error) {
+		if t, ok := tops[j]; ok {
+			return t, done[j], nil
+		}
+		var t, d ops.EntryID
+		last, err := m.client.XRevRangeN(ctx, dst.Stream(j), "+", "-", 1).Result()
+		if err != nil {
+			return t, d, err
+		}
+		if len(last) > 0 {
+			if t, err = ops.ParseEntryID(last[0].ID); err != nil {
+				return t, d, err
+			}
+		}
+		if v, err := m.client.HGet(ctx, dst.Registry(j), tailField(k)).Result(); err == nil {
+			if d, err = ops.ParseEntryID(v); err != nil {
+				return t, d, fmt.Errorf("%s %s: %w", dst.Registry(j), tailField(k), err)
+			}
+		} else if !errors.Is(err, redis.Nil) {
+			return t, d, err
+		}
+		tops[j], done[j] = t, d
+		return t, d, nil
+	}
+	start := "-"
+	if after != "" {
+		start = "(" + after
+	}
+	var n int64
+	last := after
+	for {
+		msgs, err := m.client.XRangeN(ctx, stream, start, "+", 1000).Result()
+		if err != nil {
+			return n, last, fmt.Errorf("read %s: %w", stream, err)
+		}
+		if len(msgs) == 0 {
+			return n, last, nil
+		}
+		for _, msg := range msgs {
+			id, err := ops.ParseEntryID(msg.ID)
+			if err != nil {
+				return n, last, err
+			}
+			j := newPartitionOf(msg.Values, dst.Count())
+			t, d, err := top(j)
+			if err != nil {
+				return n, last, err
+			}
+			if !d.Less(id) && d != (ops.EntryID{}) {
+				last = msg.ID // copied by an earlier run
+				continue
+			}
+			newID := id
+			if !t.Less(id) {
+				newID = t.Next()
+			}
+			if _, err := m.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				p.XAdd(ctx, &redis.XAddArgs{Stream: dst.Stream(j), ID: newID.String(), Values: msg.Values})
+				p.HSet(ctx, dst.Registry(j), tailField(k), msg.ID)
+				return nil
+			}); err != nil {
+				return n, last, fmt.Errorf("copy %s %s to %s: %w", stream, msg.ID, dst.Stream(j), err)
+			}
+			tops[j], done[j] = newID, id
+			n++
+			last = msg.ID
+		}
+		start = "(" + last
+	}
 }

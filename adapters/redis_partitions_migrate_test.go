@@ -3,6 +3,7 @@ package adapters_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -12,6 +13,7 @@ import (
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
 	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/domain"
 )
@@ -178,4 +180,109 @@ func TestMigrateMovesTheDecisionOfARenumberedEntry(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(1), n, "users v%d counts d once", v)
 	}
+}
+
+// lateProducer is the real migrator with a producer that XADDs to the old partitions right
+// after the groups were positioned, as one writing to the stream directly would while the API
+// stands still.
+type lateProducer struct {
+	*adapters.PartitionMigrator
+	add func()
+}
+
+func (l lateProducer) Position(ctx context.Context, from, to, batch int, force bool) (command.PositionResult, error) {
+	r, err := l.PartitionMigrator.Position(ctx, from, to, batch, force)
+	l.add()
+	return r, err
+}
+
+// TestMigrateCopiesEntriesAddedAfterTheCopy: entries a producer adds to the old partitions
+// after the copy read them are copied to their new partitions before the old ones are deleted,
+// each once, after what the new partition holds.
+func TestMigrateCopiesEntriesAddedAfterTheCopy(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	ctx := context.Background()
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	k2, err := keys.WithPartitions(2)
+	require.NoError(t, err)
+	old := k2.Partitions()
+	require.NoError(t, adapters.EnsurePartitions(ctx, client, keys, 2))
+	u0, u1 := userOn(0, 2), userOn(1, 2)
+	want := map[string]bool{}
+	add := func(stream, id, checkin string, user int64) {
+		t.Helper()
+		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: stream, ID: id, Values: checkinValues(checkin, user)}).Err())
+		want[checkin] = true
+	}
+	add(old.Stream(0), "1-0", "a", u0)
+	add(old.Stream(1), "1-0", "b", u1)
+	add(old.Stream(1), "2-0", "c", u1)
+	late := 0
+	lp := lateProducer{adapters.NewPartitionMigrator(client, keys), func() {
+		add(old.Stream(0), "3-0", "late-a", u0)
+		add(old.Stream(1), "*", "late-b", u1)
+		add(old.Stream(1), "*", "late-c", u1)
+		late += 3
+	}}
+	mp, err := command.NewMigratePartitions(lp)
+	require.NoError(t, err)
+	var said []string
+	res, err := mp.Handle(ctx, command.MigrateRequest{To: 3, Report: func(s string) { said = append(said, s) }})
+	require.NoError(t, err)
+	assert.EqualValues(t, late, res.Copy.Late)
+	assert.Contains(t, strings.Join(said, "\n"), "copied 3 entries added to the old partitions during the migration")
+
+	k3, err := keys.WithPartitions(3)
+	require.NoError(t, err)
+	got := map[string]int{}
+	for j, s := range k3.Partitions().Streams() {
+		msgs, err := client.XRange(ctx, s, "-", "+").Result()
+		require.NoError(t, err)
+		for i, m := range msgs {
+			got[m.Values["checkinId"].(string)]++
+			if i > 0 {
+				prev, _ := ops.ParseEntryID(msgs[i-1].ID)
+				cur, _ := ops.ParseEntryID(m.ID)
+				assert.True(t, prev.Less(cur), "partition %d in ID order", j)
+			}
+		}
+		assert.Empty(t, client.HKeys(ctx, k3.Partitions().Registry(j)).Val(), "partition %d's registry has no tail marks left", j)
+	}
+	for c := range want {
+		assert.Equal(t, 1, got[c], "%s copied once", c)
+	}
+	assert.Len(t, got, len(want))
+	for i := range 2 {
+		assert.Zero(t, client.Exists(ctx, old.Stream(i)).Val(), "old partition %d deleted", i)
+	}
+}
+
+// TestMigrateCleanupCarriesOnATailCopy: a cleanup that copied an old partition's late entry and
+// crashed before deleting the partition, run again, copies nothing twice.
+func TestMigrateCleanupCarriesOnATailCopy(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	ctx := context.Background()
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	src := keys.Stream() // one old partition
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: src, ID: "1-0", Values: checkinValues("a", 7)}).Err())
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: src, ID: "2-0", Values: checkinValues("late", 7)}).Err())
+	k2, err := keys.WithPartitions(2)
+	require.NoError(t, err)
+	dst := k2.Partitions()
+	j := adapters.PartitionOf(7, 2)
+	// What the first run left: a copied, and the late entry copied with its mark.
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: dst.Stream(j), ID: "1-0", Values: checkinValues("a", 7)}).Err())
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: dst.Stream(j), ID: "2-0", Values: checkinValues("late", 7)}).Err())
+	require.NoError(t, client.HSet(ctx, dst.Registry(j), "migrate-tail:0", "2-0").Err())
+
+	n, err := adapters.NewPartitionMigrator(client, keys).Cleanup(ctx, 1, 2, []string{"1-0"})
+	require.NoError(t, err)
+	assert.Zero(t, n, "the late entry was copied by the first run")
+	assert.Equal(t, int64(2), client.XLen(ctx, dst.Stream(j)).Val())
+	assert.Zero(t, client.Exists(ctx, src).Val(), "the old stream is deleted")
+	assert.Empty(t, client.HKeys(ctx, dst.Registry(j)).Val())
 }

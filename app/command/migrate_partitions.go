@@ -34,7 +34,11 @@ type PartitionMigration interface {
 	Copy(ctx context.Context, from, to, batch int, pause time.Duration, saved func(last string) error) (CopyResult, error)
 	Position(ctx context.Context, from, to, batch int, force bool) (PositionResult, error)
 	Record(ctx context.Context, to int) error
-	Cleanup(ctx context.Context, from int) error
+	// Cleanup deletes the old partitions (from) of a stream moved to `to` partitions. seen is,
+	// per old partition, the last entry the copy read there ("" for none): entries after it
+	// (a producer writing to the stream directly while the API stood still) are copied to their
+	// new partitions first, and late counts them (nil seen: none are looked for).
+	Cleanup(ctx context.Context, from, to int, seen []string) (late int64, err error)
 }
 
 // notMigrating fails with domain.ErrMigrating while a partition migration holds the stream (m
@@ -59,7 +63,9 @@ type MigrationProgress struct {
 	To         int    `json:"to"`
 	Phase      string `json:"phase"`
 	LastCopied string `json:"lastCopied,omitempty"`
-	Started    int64  `json:"started"` // ms
+	// Seen is, per old partition, the last entry the copy read ("" for none).
+	Seen    []string `json:"seen,omitempty"`
+	Started int64    `json:"started"` // ms
 }
 
 // Migration phases, in order.
@@ -76,6 +82,11 @@ type CopyResult struct {
 	Copied     int64 // written by this pass
 	Skipped    int64 // there already (an earlier run)
 	Renumbered int64 // took the next free ID: another old partition held their ID
+	// Last is, per old partition, the last entry read ("" for none).
+	Last []string
+	// Late were added to the old partitions after the copy read them (a producer writing to the
+	// stream directly), copied when the old partitions were deleted.
+	Late int64
 }
 
 // PositionResult counts the groups positioned.
@@ -193,6 +204,7 @@ func (m *MigratePartitions) Handle(ctx context.Context, req MigrateRequest) (Mig
 		}
 		report(fmt.Sprintf("copied %d entries in %s (%d were there from an earlier run, %d renumbered)",
 			c.Copied, time.Since(t0).Round(time.Millisecond), c.Skipped, c.Renumbered))
+		p.Seen = c.Last
 		if err := next(PhasePosition); err != nil {
 			return res, err
 		}
@@ -216,8 +228,16 @@ func (m *MigratePartitions) Handle(ctx context.Context, req MigrateRequest) (Mig
 		}
 	}
 	if p.Phase == PhaseCleanup {
-		if err := m.b.Cleanup(ctx, p.From); err != nil {
+		if len(p.Seen) != p.From {
+			p.Seen = nil // recorded by a release before Seen: its copy is taken as complete, as it was
+		}
+		late, err := m.b.Cleanup(ctx, p.From, p.To, p.Seen)
+		res.Copy.Late = late
+		if err != nil {
 			return res, err
+		}
+		if late > 0 {
+			report(fmt.Sprintf("copied %d entries added to the old partitions during the migration (a producer writing to the stream directly)", late))
 		}
 		if err := m.b.Finish(ctx); err != nil {
 			return res, err
