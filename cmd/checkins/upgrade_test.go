@@ -276,27 +276,8 @@ func TestUpgradeRebuildsTheLeaderboardsInShards(t *testing.T) {
 	assert.Contains(t, out, "applied: true")
 	l.verifyAll(t, srv.URL(), keys) // counted once more, in {all}
 
-	p = startSvc(t, "serve", env)
-	t.Cleanup(func() {
-		if t.Failed() {
-			reg, _ := c.HGetAll(ctx, keys.Projections()).Result()
-			t.Logf("registry: %v\nlogs:\n%s", reg, p.logs)
-		}
-	})
-	for i := range 100 {
-		l.post(client, p.base, fmt.Sprintf("after-%d", i), sent{user: 1 + int64(i%23), location: 1 + int64(i%13), stars: int64(i % 5)})
-	}
-	l.resolve(t, p.base)
-	l.verifyAll(t, srv.URL(), keys)
-	require.Eventually(t, func() bool {
-		reg, err := c.HGetAll(ctx, keys.Projections()).Result()
-		require.NoError(t, err)
-		left, err := c.Keys(ctx, v1+"*").Result()
-		require.NoError(t, err)
-		return reg["leaderboards.version"] == "2" && reg["leaderboards.layout"] == strconv.Itoa(projection.LeaderboardsLayout) &&
-			reg["leaderboards.retiring"] == "" && len(left) == 0
-	}, 30*time.Second, 100*time.Millisecond, "v2 is built in shards, serves reads, and v1 is removed")
-	assert.Contains(t, p.logs.String(), "rebuilding it in the current one")
+	p = restartForLayout(t, srv.URL(), keys, env, l, client, "leaderboards", projection.LeaderboardsLayout,
+		func(i int) sent { return sent{user: 1 + int64(i%23), location: 1 + int64(i%13), stars: int64(i % 5)} })
 	v2, err := c.Keys(ctx, keys.Prefix+":p:leaderboards:v2:*_by_checkins").Result()
 	require.NoError(t, err)
 	slots := map[int]bool{}
@@ -314,6 +295,38 @@ func TestUpgradeRebuildsTheLeaderboardsInShards(t *testing.T) {
 	code, body := faultGet(t, p.base+"/readyz")
 	assert.Equal(t, http.StatusOK, code, body)
 	assert.Zero(t, poisonLen(t, c, keys))
+}
+
+// restartForLayout starts serve on a deployment whose projection name serves v1 in an earlier
+// layout, posts 100 check-ins (the i-th as next(i) says), and waits until v2, built in layout by
+// itself, serves reads and v1's keys are gone; every read model stays exact on the way.
+func restartForLayout(t *testing.T, url string, keys adapters.KeySpace, env map[string]string, l *ledger, client *http.Client,
+	name string, layout int, next func(i int) sent) *svcProc {
+	t.Helper()
+	ctx := context.Background()
+	c := redistest.Client(t, url)
+	p := startSvc(t, "serve", env)
+	t.Cleanup(func() {
+		if t.Failed() {
+			reg, _ := c.HGetAll(ctx, keys.Projections()).Result()
+			t.Logf("registry: %v\nlogs:\n%s", reg, p.logs)
+		}
+	})
+	for i := range 100 {
+		l.post(client, p.base, fmt.Sprintf("after-%d", i), next(i))
+	}
+	l.resolve(t, p.base)
+	l.verifyAll(t, url, keys)
+	v1 := keys.ProjectionPrefix(name, 1)
+	require.Eventually(t, func() bool {
+		reg, err := c.HGetAll(ctx, keys.Projections()).Result()
+		require.NoError(t, err)
+		left, err := c.Keys(ctx, v1+"*").Result()
+		require.NoError(t, err)
+		return reg[name+".version"] == "2" && reg[name+".layout"] == strconv.Itoa(layout) && reg[name+".retiring"] == "" && len(left) == 0
+	}, 30*time.Second, 100*time.Millisecond, "%s v2 is built in layout %d, serves reads, and v1 is removed", name, layout)
+	assert.Contains(t, p.logs.String(), "rebuilding it in the current one")
+	return p
 }
 
 // entryFields are a stream entry's values as strings.
@@ -375,27 +388,8 @@ func TestUpgradeRebuildsRecentCheckinsCompact(t *testing.T) {
 	require.NoError(t, c.HDel(ctx, keys.Projections(), "recent_checkins.layout").Err())
 	l.verifyAll(t, srv.URL(), keys) // the reads decode the earlier members
 
-	p = startSvc(t, "serve", env)
-	t.Cleanup(func() {
-		if t.Failed() {
-			reg, _ := c.HGetAll(ctx, keys.Projections()).Result()
-			t.Logf("registry: %v\nlogs:\n%s", reg, p.logs)
-		}
-	})
-	for i := range 100 {
-		l.post(client, p.base, fmt.Sprintf("after-%d", i), sent{user: 1 + int64(i%9), location: 1 + int64(i%13), stars: int64(i % 5)})
-	}
-	l.resolve(t, p.base)
-	l.verifyAll(t, srv.URL(), keys)
-	require.Eventually(t, func() bool {
-		reg, err := c.HGetAll(ctx, keys.Projections()).Result()
-		require.NoError(t, err)
-		left, err := c.Keys(ctx, v1+"*").Result()
-		require.NoError(t, err)
-		return reg["recent_checkins.version"] == "2" && reg["recent_checkins.layout"] == strconv.Itoa(projection.RecentCheckinsLayout) &&
-			reg["recent_checkins.retiring"] == "" && len(left) == 0
-	}, 30*time.Second, 100*time.Millisecond, "v2 is built compact, serves reads, and v1 is removed")
-	assert.Contains(t, p.logs.String(), "rebuilding it in the current one")
+	p = restartForLayout(t, srv.URL(), keys, env, l, client, "recent_checkins", projection.RecentCheckinsLayout,
+		func(i int) sent { return sent{user: 1 + int64(i%9), location: 1 + int64(i%13), stars: int64(i % 5)} })
 	v2, err := c.Keys(ctx, keys.Prefix+":p:recent_checkins:v2:*:recent").Result()
 	require.NoError(t, err)
 	require.Len(t, v2, 9)
