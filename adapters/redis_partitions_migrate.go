@@ -682,8 +682,10 @@ func (m *PartitionMigrator) Record(ctx context.Context, to int) error {
 }
 
 // deleteIfLastLua deletes the stream KEYS[1] if its last entry is ARGV[1] ("" for none), in
-// one step, so that nothing added after that look is deleted with it; 0 when it is not.
+// one step, so that nothing added after that look is deleted with it; 0 when it is not. A
+// stream that is gone already (a cleanup that stopped after deleting it) counts as deleted.
 var deleteIfLastLua = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then return 1 end
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 local id = ''
 if #last > 0 then id = last[1][1] end

@@ -286,3 +286,23 @@ func TestMigrateCleanupCarriesOnATailCopy(t *testing.T) {
 	assert.Zero(t, client.Exists(ctx, src).Val(), "the old stream is deleted")
 	assert.Empty(t, client.HKeys(ctx, dst.Registry(j)).Val())
 }
+
+// TestMigrateCleanupRerunAfterAPartialOne: a cleanup that stopped after deleting the first old
+// partition, run again, deletes the rest and takes the missing one for deleted.
+func TestMigrateCleanupRerunAfterAPartialOne(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	ctx := context.Background()
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	k2, err := keys.WithPartitions(2)
+	require.NoError(t, err)
+	old := k2.Partitions()
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: old.Stream(1), ID: "4-0", Values: checkinValues("b", userOn(1, 2))}).Err())
+	// Partition 0 (last entry 3-0) is gone already; 1 still holds what the copy read.
+	n, err := adapters.NewPartitionMigrator(client, keys).Cleanup(ctx, 2, 1, []string{"3-0", "4-0"})
+	require.NoError(t, err)
+	assert.Zero(t, n)
+	assert.Zero(t, client.Exists(ctx, old.Stream(0), old.Stream(1)).Val())
+	assert.Zero(t, client.XLen(ctx, keys.Stream()).Val(), "nothing copied: partition 1 had nothing late")
+}
