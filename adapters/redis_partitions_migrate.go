@@ -187,7 +187,7 @@ type migrateEntry struct {
 
 // walk reads the partitions of from merged in ID order (partition index breaking ties) and
 // calls f with each entry and its place in the layout of to, batch entries per read.
-func (m *PartitionMigrator) walk(ctx context.Context, from, to, batch int, f func(migrateEntry) error) (int64, error) {
+func (m *PartitionMigrator) walk(ctx context.Context, from, to, batch int, ends []string, f func(migrateEntry) error) (int64, error) {
 	parts, err := NewPartitions(m.keys, from)
 	if err != nil {
 		return 0, err
@@ -198,15 +198,21 @@ func (m *PartitionMigrator) walk(ctx context.Context, from, to, batch int, f fun
 		done bool
 	}
 	cur := make([]cursor, from)
+	end := make([]string, from) // XRANGE end: ends[i] (inclusive; "": the partition was empty) or the last entry
 	for i := range cur {
-		cur[i].next = "-"
+		cur[i].next, end[i] = "-", "+"
+		if ends != nil {
+			if end[i] = ends[i]; end[i] == "" {
+				cur[i].done = true
+			}
+		}
 	}
 	fill := func(i int) error {
 		c := &cur[i]
 		if len(c.buf) > 0 || c.done {
 			return nil
 		}
-		msgs, err := m.client.XRangeN(ctx, parts.Stream(i), c.next, "+", int64(batch)).Result()
+		msgs, err := m.client.XRangeN(ctx, parts.Stream(i), c.next, end[i], int64(batch)).Result()
 		if err != nil {
 			return fmt.Errorf("read %s: %w", parts.Stream(i), err)
 		}
@@ -251,6 +257,39 @@ func (m *PartitionMigrator) walk(ctx context.Context, from, to, batch int, f fun
 			return n, err
 		}
 	}
+}
+
+// moveDecisionLua moves identity ARGV[1] in the dedupe registry KEYS[1] from score ARGV[2] to
+// ARGV[3] if it is at ARGV[2]: the counted copy was renumbered. 1 when moved.
+var moveDecisionLua = redis.NewScript(`
+local cur = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if cur and tonumber(cur) == tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[1], 'XX', ARGV[3], ARGV[1])
+  return 1
+end
+return 0
+`)
+
+// moveDecision sends, for a renumbered entry e, the move of its dedupe decision to the new ID
+// (moveDecisionLua): the registry remembers the counted copy of a check-in by its entry's
+// position, so a group that has not applied it yet (a rebuild behind the live group) would take
+// it at its new ID for another copy and drop it. An entry that is not a check-in has none.
+func (m *PartitionMigrator) moveDecision(ctx context.Context, c redis.Scripter, e migrateEntry) *redis.Cmd {
+	f := make(map[string]string, len(e.msg.Values))
+	for k, v := range e.msg.Values {
+		s, _ := v.(string)
+		f[k] = s
+	}
+	ev, err := domain.ParseEvent(f)
+	c0, ok := ev.(domain.CheckinRecorded)
+	if err != nil || !ok {
+		cmd := redis.NewCmd(ctx)
+		cmd.SetVal(int64(0))
+		return cmd
+	}
+	from, _ := ScoreOfEntry(e.id.String())
+	to, _ := ScoreOfEntry(e.newID.String())
+	return moveDecisionLua.Eval(ctx, c, []string{m.keys.Registry(c0.UserID)}, c0.Identity(), from, to) // Eval: it may go in a pipeline
 }
 
 // newPartitionOf is the partition of an entry among p: its user's, or 0 for an entry that is
@@ -301,6 +340,11 @@ func (m *PartitionMigrator) Copy(ctx context.Context, from, to, batch int, pause
 			for _, e := range pending {
 				p.XAdd(ctx, &redis.XAddArgs{Stream: dst.Stream(e.to), ID: e.newID.String(), Values: e.msg.Values})
 			}
+			for _, e := range pending {
+				if e.newID != e.id {
+					m.moveDecision(ctx, p, e)
+				}
+			}
 			return nil
 		})
 		if err != nil {
@@ -321,13 +365,18 @@ func (m *PartitionMigrator) Copy(ctx context.Context, from, to, batch int, pause
 		return nil
 	}
 	res.Last = make([]string, from)
-	n, err := m.walk(ctx, from, to, batch, func(e migrateEntry) error {
+	n, err := m.walk(ctx, from, to, batch, nil, func(e migrateEntry) error {
 		res.Last[e.old] = e.msg.ID
 		if e.newID != e.id {
 			res.Renumbered++
 		}
 		if !tops[e.to].Less(e.newID) {
-			res.Skipped++ // copied by an earlier run
+			res.Skipped++        // copied by an earlier run
+			if e.newID != e.id { // which may have stopped before its decision moved
+				if err := m.moveDecision(ctx, m.client, e).Err(); err != nil {
+					return fmt.Errorf("move the dedupe decision of %s: %w", e.id, err)
+				}
+			}
 			return nil
 		}
 		res.Copied++
@@ -408,7 +457,11 @@ const migrateConsumer = "partitions-migrate"
 // Position translates every consumer group and the live-group registry of the old layout to
 // the new one (see above) and reports the groups positioned. With force, groups may have
 // entries pending: they count as not delivered (delivered again on the new partitions).
-func (m *PartitionMigrator) Position(ctx context.Context, from, to, batch int, force bool) (command.PositionResult, error) {
+//
+// seen bounds what it reads of each old partition to what the copy read there (nil: all):
+// entries a producer added after the copy are not in the new partitions yet, and the cleanup
+// that copies them puts them after everything (copyTail), where no group has read.
+func (m *PartitionMigrator) Position(ctx context.Context, from, to, batch int, force bool, seen []string) (command.PositionResult, error) {
 	src, err := NewPartitions(m.keys, from)
 	if err != nil {
 		return command.PositionResult{}, err
@@ -536,7 +589,7 @@ func (m *PartitionMigrator) Position(ctx context.Context, from, to, batch int, f
 		}
 		ackedVecs[name] = v
 	}
-	if _, err := m.walk(ctx, from, to, batch, func(e migrateEntry) error {
+	if _, err := m.walk(ctx, from, to, batch, seen, func(e migrateEntry) error {
 		for _, v := range all {
 			v.see(e)
 		}
@@ -782,11 +835,21 @@ func (m *PartitionMigrator) Cleanup(ctx context.Context, from, to int, seen []st
 	return late, nil
 }
 
+// copyTailLua adds an entry to a new partition (KEYS[1]) with ID ARGV[1] and the fields from
+// ARGV[4] on and, only if that worked, sets field ARGV[2] of its registry (KEYS[2], the same
+// slot) to the entry's old ID ARGV[3]. (A MULTI would set the field even when the XADD failed.)
+var copyTailLua = redis.NewScript(`
+local id = redis.pcall('XADD', KEYS[1], ARGV[1], unpack(ARGV, 4))
+if type(id) == 'table' and id.err then return id end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+return id
+`)
+
 // copyTail copies the entries of old partition k (stream) after `after` to their new
 // partitions, each after what its partition holds (with its ID when that is greater, the next
-// free one otherwise). Each XADD goes with the new partition registry's tailField(k) in one
-// MULTI (the registry is in the partition's slot), so a rerun after a crash skips what was
-// written: nothing is copied twice. It returns the entries written and the last one read.
+// free one otherwise). Each XADD sets the new partition registry's tailField(k) in the same
+// script (copyTailLua), so a rerun after a crash skips what was written: nothing is copied
+// twice. It returns the entries written and the last one read.
 func (m *PartitionMigrator) copyTail(ctx context.Context, stream string, k int, after string, dst Partitions) (int64, string, error) {
 	tops := map[int]ops.EntryID{}
 	done := map[int]ops.EntryID{} // per new partition, the last entry of k copied there
@@ -846,12 +909,18 @@ func (m *PartitionMigrator) copyTail(ctx context.Context, stream string, k int, 
 			if !t.Less(id) {
 				newID = t.Next()
 			}
-			if _, err := m.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
-				p.XAdd(ctx, &redis.XAddArgs{Stream: dst.Stream(j), ID: newID.String(), Values: msg.Values})
-				p.HSet(ctx, dst.Registry(j), tailField(k), msg.ID)
-				return nil
-			}); err != nil {
+			args := make([]any, 0, 3+2*len(msg.Values))
+			args = append(args, newID.String(), tailField(k), msg.ID)
+			for f, v := range msg.Values {
+				args = append(args, f, v)
+			}
+			if err := copyTailLua.Run(ctx, m.client, []string{dst.Stream(j), dst.Registry(j)}, args...).Err(); err != nil {
 				return n, last, fmt.Errorf("copy %s %s to %s: %w", stream, msg.ID, dst.Stream(j), err)
+			}
+			if newID != id {
+				if err := m.moveDecision(ctx, m.client, migrateEntry{id: id, newID: newID, msg: msg}).Err(); err != nil {
+					return n, last, fmt.Errorf("move the dedupe decision of %s: %w", msg.ID, err)
+				}
 			}
 			tops[j], done[j] = newID, id
 			n++

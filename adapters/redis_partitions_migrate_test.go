@@ -190,8 +190,8 @@ type lateProducer struct {
 	add func()
 }
 
-func (l lateProducer) Position(ctx context.Context, from, to, batch int, force bool) (command.PositionResult, error) {
-	r, err := l.PartitionMigrator.Position(ctx, from, to, batch, force)
+func (l lateProducer) Position(ctx context.Context, from, to, batch int, force bool, seen []string) (command.PositionResult, error) {
+	r, err := l.PartitionMigrator.Position(ctx, from, to, batch, force, seen)
 	l.add()
 	return r, err
 }
@@ -305,4 +305,61 @@ func TestMigrateCleanupRerunAfterAPartialOne(t *testing.T) {
 	assert.Zero(t, n)
 	assert.Zero(t, client.Exists(ctx, old.Stream(0), old.Stream(1)).Val())
 	assert.Zero(t, client.XLen(ctx, keys.Stream()).Val(), "nothing copied: partition 1 had nothing late")
+}
+
+// earlyLateProducer adds its entries after the copy and before the groups are positioned.
+type earlyLateProducer struct {
+	*adapters.PartitionMigrator
+	add func()
+}
+
+func (l earlyLateProducer) Position(ctx context.Context, from, to, batch int, force bool, seen []string) (command.PositionResult, error) {
+	l.add()
+	return l.PartitionMigrator.Position(ctx, from, to, batch, force, seen)
+}
+
+// TestMigratePositionsOnWhatTheCopyRead: an entry added to an old partition after the copy, with
+// an ID below another partition's (explicit IDs, or masters' clocks apart), does not move where
+// the groups are positioned: a group that had delivered everything stands at the last copied
+// entry with nothing pending, and the late entry comes after it, to be delivered.
+func TestMigratePositionsOnWhatTheCopyRead(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	ctx := context.Background()
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	k2, err := keys.WithPartitions(2)
+	require.NoError(t, err)
+	old := k2.Partitions()
+	require.NoError(t, adapters.EnsurePartitions(ctx, client, keys, 2))
+	u0, u1 := userOn(0, 2), userOn(1, 2)
+	add := func(stream, id, checkin string, user int64) {
+		t.Helper()
+		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: stream, ID: id, Values: checkinValues(checkin, user)}).Err())
+	}
+	add(old.Stream(0), "5-0", "a", u0)
+	add(old.Stream(1), "5-0", "b", u1)
+	add(old.Stream(1), "5-1", "c", u1)
+	require.NoError(t, client.XGroupCreate(ctx, old.Stream(0), "live", "5-0").Err())
+	require.NoError(t, client.XGroupCreate(ctx, old.Stream(1), "live", "5-1").Err())
+	mp, err := command.NewMigratePartitions(earlyLateProducer{adapters.NewPartitionMigrator(client, keys), func() {
+		add(old.Stream(0), "5-1", "late", u0)
+	}})
+	require.NoError(t, err)
+	_, err = mp.Handle(ctx, command.MigrateRequest{To: 1})
+	require.NoError(t, err)
+
+	msgs, err := client.XRange(ctx, keys.Stream(), "-", "+").Result()
+	require.NoError(t, err)
+	var got []string
+	for _, m := range msgs {
+		got = append(got, m.ID+" "+m.Values["checkinId"].(string))
+	}
+	assert.Equal(t, []string{"5-0 a", "5-1 b", "5-2 c", "5-3 late"}, got)
+	gs, err := client.XInfoGroups(ctx, keys.Stream()).Result()
+	require.NoError(t, err)
+	require.Len(t, gs, 1)
+	assert.Equal(t, "5-2", gs[0].LastDeliveredID, "live had delivered a, b and c")
+	assert.Zero(t, gs[0].Pending)
+	assert.EqualValues(t, 1, gs[0].Lag, "the late entry is still to be delivered")
 }

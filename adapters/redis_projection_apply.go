@@ -40,13 +40,16 @@ import (
 //     they stay as few as the entries in flight.
 //
 // Positions are scores: ms*1024 + seq (seq capped at 1023), exact in a float64 until the year
-// 2248. Whether a copy is the counted one, and whether a marker is stale, is judged on the
-// millisecond alone: a partition migration that merges partitions gives an entry whose ID the
-// other partition holds too the next free ID, in the same millisecond (ms-seq+1), and the
-// registry's and markers' memory of it must still hold. So two copies of one identity recorded
-// in the same millisecond look like one copy to step 1 (the markers of step 2 catch the second
-// while they live, and a group's markers are kept back to the start of the millisecond of its
-// oldest pending entry: markerBound).
+// 2248. Two copies of one identity recorded in the same millisecond with seq >= 1023 would look
+// like one copy to step 1; the markers of step 2 still catch them while they live.
+//
+// A partition migration that merges partitions gives an entry whose ID another old partition
+// holds too the next free ID, in the same millisecond (ms-seq+1): it moves the entry's score in
+// its user's registry with it (PartitionMigrator.Copy), and a marker is stale only below the
+// start of the millisecond of its group's oldest pending entry (markerBound), so the marker a
+// group wrote at the old ID still stands for the entry redelivered at the new one. A marker more
+// than the window older than a copy being applied is another copy's: stale too (a rebuild that
+// meets two copies counted apart, beyond the window, within one checkpoint applies both).
 
 // ScoreOfEntry is the score of a stream entry ID ("ms-seq") in the registry and marker sets.
 func ScoreOfEntry(id string) (int64, bool) {
@@ -96,7 +99,7 @@ while i <= #ARGV do
   local count = 1
   if redis.call('ZADD', key, 'NX', s, id) == 0 then
     local cur = tonumber(redis.call('ZSCORE', key, id))
-    if math.floor(cur / 1024) ~= math.floor(sn / 1024) then -- another millisecond: another copy
+    if cur ~= sn then
       if math.abs(sn - cur) <= w then
         count = 0
       elseif sn > cur then
@@ -153,7 +156,7 @@ for it = 1, ni do
   local state = 1
   if rk > 0 and redis.call('ZADD', KEYS[rk], 'NX', s, id) == 0 then
     local cur, sn = tonumber(redis.call('ZSCORE', KEYS[rk], id)), tonumber(s)
-    if math.floor(cur / 1024) ~= math.floor(sn / 1024) then -- another millisecond: another copy
+    if cur ~= sn then
       if math.abs(sn - cur) <= w then
         state = 2
       elseif sn > cur then
@@ -162,7 +165,8 @@ for it = 1, ni do
     end
   end
   if state == 1 and redis.call('ZADD', KEYS[mki], 'NX', s, id) == 0 then
-    if stale[mki] and tonumber(redis.call('ZSCORE', KEYS[mki], id)) < stale[mki] then
+    local ms = tonumber(redis.call('ZSCORE', KEYS[mki], id))
+    if (stale[mki] and ms < stale[mki]) or tonumber(s) - ms > w then
       redis.call('ZADD', KEYS[mki], s, id)
     else
       state = 0

@@ -1015,6 +1015,45 @@ func testRegistryIsPrunedByEveryCallThatTouchesIt(t *testing.T, env projEnv) {
 	assert.Equal(t, int64(40), env.userStats(t, 1).NumCheckins)
 }
 
+// TestSameMillisecondCopiesAreDuplicatesForEveryGroup: two copies of one check-in in one
+// millisecond (ms-0 and ms-1) are two copies: a group that did not apply the first (a version
+// fed by its own group up to its join, by the live group after it) takes the second for a
+// duplicate, not for the counted copy delivered again.
+func TestSameMillisecondCopiesAreDuplicatesForEveryGroup(t *testing.T) {
+	t.Parallel()
+	eachEnv(t, func(t *testing.T, env projEnv) {
+		a := env.applier(t, env.client)
+		ctx := context.Background()
+		ev := recorded("same-ms", 1, 1, 1, 1_700_000_000_000)
+		out, err := a.Apply(ctx, []projection.Work{userWork(t, "users.v2", ev, "1700000000000-0")}, noPrune)
+		require.NoError(t, err)
+		require.Equal(t, []projection.Outcome{projection.Applied}, out)
+		out, err = a.Apply(ctx, []projection.Work{userWork(t, "live", ev, "1700000000000-1")}, noPrune)
+		require.NoError(t, err)
+		assert.Equal(t, []projection.Outcome{projection.Duplicate}, out)
+		assert.Equal(t, int64(1), env.userStats(t, 1).NumCheckins)
+	})
+}
+
+// TestRebuildAppliesCopiesCountedApartBeyondTheWindow: two copies of one check-in more than the
+// window apart are both counted; a group that meets both before its markers are pruned (a
+// rebuild working through history within one checkpoint) counts both too.
+func TestRebuildAppliesCopiesCountedApartBeyondTheWindow(t *testing.T) {
+	t.Parallel()
+	eachEnv(t, func(t *testing.T, env projEnv) {
+		a, err := adapters.NewProjectionApplier(env.client, env.keys, time.Minute)
+		require.NoError(t, err)
+		ctx := context.Background()
+		ev := recorded("again", 1, 1, 1, 1_700_000_000_000)
+		for _, at := range []int64{1_700_000_000_000, 1_700_000_120_000} {
+			out, err := a.Apply(ctx, []projection.Work{userWork(t, "rebuild", ev, entry(at))}, noPrune)
+			require.NoError(t, err)
+			assert.Equal(t, []projection.Outcome{projection.Applied}, out, "the copy at %d", at)
+		}
+		assert.Equal(t, int64(2), env.userStats(t, 1).NumCheckins)
+	})
+}
+
 // TestApplyClusterEqualsStandalone: the same random input (out-of-order timestamps, republished
 // copies, redeliveries of one entry, batches of every size) through every shipped projection
 // gives the same outcomes and, key by key, the same read models on a 3-master cluster (step 1

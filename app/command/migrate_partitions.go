@@ -32,7 +32,9 @@ type PartitionMigration interface {
 	TargetsEmpty(ctx context.Context, to int) error
 	Pending(ctx context.Context, from int) ([]string, error)
 	Copy(ctx context.Context, from, to, batch int, pause time.Duration, saved func(last string) error) (CopyResult, error)
-	Position(ctx context.Context, from, to, batch int, force bool) (PositionResult, error)
+	// Position reads the old partitions up to seen (per partition, the last entry the copy read;
+	// nil: to their ends).
+	Position(ctx context.Context, from, to, batch int, force bool, seen []string) (PositionResult, error)
 	Record(ctx context.Context, to int) error
 	// Cleanup deletes the old partitions (from) of a stream moved to `to` partitions. seen is,
 	// per old partition, the last entry the copy read there ("" for none): entries after it
@@ -211,7 +213,11 @@ func (m *MigratePartitions) Handle(ctx context.Context, req MigrateRequest) (Mig
 	}
 	if p.Phase == PhasePosition {
 		t0 := time.Now()
-		pos, err := m.b.Position(ctx, p.From, p.To, req.Batch, req.Force)
+		seen := p.Seen
+		if len(seen) != p.From {
+			seen = nil // progress of a release before Seen
+		}
+		pos, err := m.b.Position(ctx, p.From, p.To, req.Batch, req.Force, seen)
 		res.Position = pos
 		if err != nil {
 			return res, err
