@@ -275,14 +275,8 @@ return 0
 // position, so a group that has not applied it yet (a rebuild behind the live group) would take
 // it at its new ID for another copy and drop it. An entry that is not a check-in has none.
 func (m *PartitionMigrator) moveDecision(ctx context.Context, c redis.Scripter, e migrateEntry) *redis.Cmd {
-	f := make(map[string]string, len(e.msg.Values))
-	for k, v := range e.msg.Values {
-		s, _ := v.(string)
-		f[k] = s
-	}
-	ev, err := domain.ParseEvent(f)
-	c0, ok := ev.(domain.CheckinRecorded)
-	if err != nil || !ok {
+	c0, ok := checkinOf(e.msg.Values)
+	if !ok {
 		cmd := redis.NewCmd(ctx)
 		cmd.SetVal(int64(0))
 		return cmd
@@ -295,6 +289,15 @@ func (m *PartitionMigrator) moveDecision(ctx context.Context, c redis.Scripter, 
 // newPartitionOf is the partition of an entry among p: its user's, or 0 for an entry that is
 // not a valid check-in.
 func newPartitionOf(values map[string]any, p int) int {
+	c, ok := checkinOf(values)
+	if !ok {
+		return 0
+	}
+	return PartitionOf(c.UserID, p)
+}
+
+// checkinOf is the check-in a stream entry's values hold (ok false: none, or not valid).
+func checkinOf(values map[string]any) (domain.CheckinRecorded, bool) {
 	f := make(map[string]string, len(values))
 	for k, v := range values {
 		s, _ := v.(string)
@@ -302,13 +305,10 @@ func newPartitionOf(values map[string]any, p int) int {
 	}
 	ev, err := domain.ParseEvent(f)
 	if err != nil {
-		return 0
+		return domain.CheckinRecorded{}, false
 	}
 	c, ok := ev.(domain.CheckinRecorded)
-	if !ok {
-		return 0
-	}
-	return PartitionOf(c.UserID, p)
+	return c, ok
 }
 
 // Copy copies every entry of the partitions of from into those of to (see above), batch

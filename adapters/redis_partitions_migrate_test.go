@@ -37,6 +37,19 @@ func checkinValues(id string, user int64) map[string]any {
 	return out
 }
 
+// twoPartitions is a private key space whose stream has two partitions, and a user whose
+// check-ins go to each.
+func twoPartitions(t *testing.T) (*redis.Client, adapters.KeySpace, adapters.Partitions, int64, int64) {
+	t.Helper()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	k2, err := keys.WithPartitions(2)
+	require.NoError(t, err)
+	require.NoError(t, adapters.EnsurePartitions(context.Background(), client, keys, 2))
+	return client, keys, k2.Partitions(), userOn(0, 2), userOn(1, 2)
+}
+
 // TestMigrateMergesPartitionsExactly: 2 -> 1 where both old partitions hold entry IDs 1-1 and
 // 2-0 (each stream numbers its own), and the live group stood at different places on each.
 // The merged stream holds every entry in ID order, partition 0 first on a tie, the later copy of
@@ -46,18 +59,11 @@ func checkinValues(id string, user int64) map[string]any {
 // entry goes to partition 0.
 func TestMigrateMergesPartitionsExactly(t *testing.T) {
 	t.Parallel()
-	rdb := redistest.Open(t)
-	client := redistest.Client(t, rdb.URL)
+	client, keys, parts, u0, u1 := twoPartitions(t)
 	ctx := context.Background()
-	keys := adapters.KeySpace{Prefix: rdb.Prefix}
-	k2, err := keys.WithPartitions(2)
-	require.NoError(t, err)
-	parts := k2.Partitions()
-	require.NoError(t, adapters.EnsurePartitions(ctx, client, keys, 2))
 	add := func(stream, id string, values map[string]any) {
 		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: stream, ID: id, Values: values}).Err())
 	}
-	u0, u1 := userOn(0, 2), userOn(1, 2)
 	add(parts.Stream(0), "1-1", checkinValues("a", u0))
 	add(parts.Stream(0), "2-0", checkinValues("b", u0))
 	add(parts.Stream(0), "3-0", checkinValues("c", u0))
@@ -130,15 +136,8 @@ func TestMigrateMergesPartitionsExactly(t *testing.T) {
 // group that had applied it sees a redelivery, and a later copy is still a duplicate.
 func TestMigrateMovesTheDecisionOfARenumberedEntry(t *testing.T) {
 	t.Parallel()
-	rdb := redistest.Open(t)
-	client := redistest.Client(t, rdb.URL)
+	client, keys, parts, u0, u1 := twoPartitions(t)
 	ctx := context.Background()
-	keys := adapters.KeySpace{Prefix: rdb.Prefix}
-	k2, err := keys.WithPartitions(2)
-	require.NoError(t, err)
-	parts := k2.Partitions()
-	require.NoError(t, adapters.EnsurePartitions(ctx, client, keys, 2))
-	u0, u1 := userOn(0, 2), userOn(1, 2)
 	d := checkinValues("d", u1)
 	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(0), ID: "5-0", Values: checkinValues("a", u0)}).Err())
 	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(1), ID: "5-0", Values: d}).Err())
@@ -182,17 +181,23 @@ func TestMigrateMovesTheDecisionOfARenumberedEntry(t *testing.T) {
 	}
 }
 
-// lateProducer is the real migrator with a producer that XADDs to the old partitions right
-// after the groups were positioned, as one writing to the stream directly would while the API
-// stands still.
+// lateProducer is the real migrator with a producer that XADDs to the old partitions after the
+// copy, as one writing to the stream directly would while the API stands still: right before
+// the groups are positioned (beforePosition) or right after.
 type lateProducer struct {
 	*adapters.PartitionMigrator
-	add func()
+	beforePosition bool
+	add            func()
 }
 
 func (l lateProducer) Position(ctx context.Context, from, to, batch int, force bool, seen []string) (command.PositionResult, error) {
+	if l.beforePosition {
+		l.add()
+	}
 	r, err := l.PartitionMigrator.Position(ctx, from, to, batch, force, seen)
-	l.add()
+	if !l.beforePosition {
+		l.add()
+	}
 	return r, err
 }
 
@@ -201,15 +206,8 @@ func (l lateProducer) Position(ctx context.Context, from, to, batch int, force b
 // each once, after what the new partition holds.
 func TestMigrateCopiesEntriesAddedAfterTheCopy(t *testing.T) {
 	t.Parallel()
-	rdb := redistest.Open(t)
-	client := redistest.Client(t, rdb.URL)
+	client, keys, old, u0, u1 := twoPartitions(t)
 	ctx := context.Background()
-	keys := adapters.KeySpace{Prefix: rdb.Prefix}
-	k2, err := keys.WithPartitions(2)
-	require.NoError(t, err)
-	old := k2.Partitions()
-	require.NoError(t, adapters.EnsurePartitions(ctx, client, keys, 2))
-	u0, u1 := userOn(0, 2), userOn(1, 2)
 	want := map[string]bool{}
 	add := func(stream, id, checkin string, user int64) {
 		t.Helper()
@@ -220,7 +218,7 @@ func TestMigrateCopiesEntriesAddedAfterTheCopy(t *testing.T) {
 	add(old.Stream(1), "1-0", "b", u1)
 	add(old.Stream(1), "2-0", "c", u1)
 	late := 0
-	lp := lateProducer{adapters.NewPartitionMigrator(client, keys), func() {
+	lp := lateProducer{adapters.NewPartitionMigrator(client, keys), false, func() {
 		add(old.Stream(0), "3-0", "late-a", u0)
 		add(old.Stream(1), "*", "late-b", u1)
 		add(old.Stream(1), "*", "late-c", u1)
@@ -307,32 +305,14 @@ func TestMigrateCleanupRerunAfterAPartialOne(t *testing.T) {
 	assert.Zero(t, client.XLen(ctx, keys.Stream()).Val(), "nothing copied: partition 1 had nothing late")
 }
 
-// earlyLateProducer adds its entries after the copy and before the groups are positioned.
-type earlyLateProducer struct {
-	*adapters.PartitionMigrator
-	add func()
-}
-
-func (l earlyLateProducer) Position(ctx context.Context, from, to, batch int, force bool, seen []string) (command.PositionResult, error) {
-	l.add()
-	return l.PartitionMigrator.Position(ctx, from, to, batch, force, seen)
-}
-
 // TestMigratePositionsOnWhatTheCopyRead: an entry added to an old partition after the copy, with
 // an ID below another partition's (explicit IDs, or masters' clocks apart), does not move where
 // the groups are positioned: a group that had delivered everything stands at the last copied
 // entry with nothing pending, and the late entry comes after it, to be delivered.
 func TestMigratePositionsOnWhatTheCopyRead(t *testing.T) {
 	t.Parallel()
-	rdb := redistest.Open(t)
-	client := redistest.Client(t, rdb.URL)
+	client, keys, old, u0, u1 := twoPartitions(t)
 	ctx := context.Background()
-	keys := adapters.KeySpace{Prefix: rdb.Prefix}
-	k2, err := keys.WithPartitions(2)
-	require.NoError(t, err)
-	old := k2.Partitions()
-	require.NoError(t, adapters.EnsurePartitions(ctx, client, keys, 2))
-	u0, u1 := userOn(0, 2), userOn(1, 2)
 	add := func(stream, id, checkin string, user int64) {
 		t.Helper()
 		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: stream, ID: id, Values: checkinValues(checkin, user)}).Err())
@@ -342,7 +322,7 @@ func TestMigratePositionsOnWhatTheCopyRead(t *testing.T) {
 	add(old.Stream(1), "5-1", "c", u1)
 	require.NoError(t, client.XGroupCreate(ctx, old.Stream(0), "live", "5-0").Err())
 	require.NoError(t, client.XGroupCreate(ctx, old.Stream(1), "live", "5-1").Err())
-	mp, err := command.NewMigratePartitions(earlyLateProducer{adapters.NewPartitionMigrator(client, keys), func() {
+	mp, err := command.NewMigratePartitions(lateProducer{adapters.NewPartitionMigrator(client, keys), true, func() {
 		add(old.Stream(0), "5-1", "late", u0)
 	}})
 	require.NoError(t, err)
