@@ -8,6 +8,8 @@ import (
 	"syscall"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/domain"
 )
 
 // Redis failures that say nothing about the event or the request at hand: the server cannot
@@ -41,6 +43,11 @@ func TransientReason(err error) (reason string, ok bool) {
 		if redis.HasErrorPrefix(err, p.prefix) {
 			return p.reason, true
 		}
+	}
+	// Written, but not yet on as many replicas as required (RequireReplicas): they catch up, or
+	// one takes over from its master.
+	if errors.Is(err, domain.ErrNotReplicated) {
+		return "redis replicas behind", true
 	}
 	// A script that failed because of a command inside it reports that command's error after
 	// its own prefix ("ERR Error running script ... OOM ..."); older servers do this.

@@ -385,6 +385,36 @@ func NewProjectionApplier(client redis.UniversalClient, keys KeySpace, window ti
 		touched: map[string]map[string]struct{}{}, decided: map[int64]struct{}{}}, nil
 }
 
+// RequireReplicas makes the applier's updates count only once n replicas have them: each
+// pipeline of its script calls gets `WAIT n <timeout>` appended, on the same connection (see
+// RequireReplicas), and when fewer replicas confirm in time the calls fail with an error
+// wrapping domain.ErrNotReplicated, a transient failure: the projector does not acknowledge the
+// entries and delivers them again, to find them applied once the replicas answer, or to apply
+// them on the replica promoted in its master's place. A call delivered again that finds its
+// work done (its markers, or its decision, in place) writes nothing, and its WAIT still covers
+// what the failed call wrote: Redis takes a connection's replication offset for WAIT after each
+// of its commands, reads included, as the master's whole offset. Without it a master that dies with a
+// lagging replica takes updates of entries already acknowledged with it, and the read models
+// fall short for good. Call it before the applier's first command, on a client of its own: it
+// hooks the client.
+func (a *ProjectionApplier) RequireReplicas(n int, timeout time.Duration) error {
+	applySHA, decideSHA := applyLua.Hash(), decideLua.Hash()
+	match := func(c redis.Cmder) bool {
+		args := c.Args()
+		if len(args) < 2 {
+			return false
+		}
+		switch strings.ToLower(c.Name()) {
+		case "evalsha":
+			return args[1] == applySHA || args[1] == decideSHA
+		case "eval": // a call sent again with the source (NOSCRIPT)
+			return args[1] == applyScript || args[1] == decideScript
+		}
+		return false
+	}
+	return requireReplicas(a.client, n, timeout, match, "ProjectionApplier.RequireReplicas")
+}
+
 // Registry is the dedupe registry key of a user.
 func (k KeySpace) Registry(userID int64) string {
 	return k.Prefix + ":dedupe:{user:" + strconv.FormatInt(userID, 10) + "}"

@@ -26,7 +26,8 @@ import (
 // (It relies on the replica having received what the master acknowledged: the test WAITs for it
 // right before the kill. Without that, a replica lagging behind lost acknowledged writes with
 // its master, here up to three quarters of some users' counts with every test of the package
-// running beside it; across a network too, only WAIT prevents it.)
+// running beside it; across a network too, only WAIT prevents it: ProjectionApplier.RequireReplicas,
+// see TestApplierRequireReplicasOnOneServer and the service's TestClusterProjectionMinReplicas.)
 func TestApplySurvivesAMasterCrash(t *testing.T) {
 	t.Parallel()
 	cl := redistest.StartCluster(t, redistest.ClusterOptions{Replicas: 1})

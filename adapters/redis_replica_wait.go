@@ -3,6 +3,7 @@ package adapters
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,16 +22,24 @@ import (
 // command): go-redis splits a pipeline by node, and WAIT, which names no key, must reach the node
 // that took the XADD, on the connection that carried it.
 func RequireReplicas(client redis.UniversalClient, n int, timeout time.Duration) error {
+	return requireReplicas(client, n, timeout, isXAdd, "RequireReplicas")
+}
+
+// requireReplicas hooks a WAIT onto every pipeline of client holding a command that matches.
+func requireReplicas(client redis.UniversalClient, n int, timeout time.Duration, match func(redis.Cmder) bool, what string) error {
 	if n < 1 || timeout <= 0 {
-		return fmt.Errorf("adapters: RequireReplicas needs n >= 1 and a positive timeout, got %d and %s", n, timeout)
+		return fmt.Errorf("adapters: %s needs n >= 1 and a positive timeout, got %d and %s", what, n, timeout)
+	}
+	hook := func(node *redis.Client) *replicaWait {
+		return &replicaWait{node: node, n: int64(n), timeout: timeout, match: match}
 	}
 	switch c := client.(type) {
 	case *redis.Client:
-		c.AddHook(&replicaWait{node: c, n: int64(n), timeout: timeout})
+		c.AddHook(hook(c))
 	case *redis.ClusterClient:
-		c.OnNewNode(func(node *redis.Client) { node.AddHook(&replicaWait{node: node, n: int64(n), timeout: timeout}) })
+		c.OnNewNode(func(node *redis.Client) { node.AddHook(hook(node)) })
 	default:
-		return fmt.Errorf("adapters: RequireReplicas: unsupported client %T", client)
+		return fmt.Errorf("adapters: %s: unsupported client %T", what, client)
 	}
 	return nil
 }
@@ -39,6 +48,7 @@ type replicaWait struct {
 	node    *redis.Client
 	n       int64
 	timeout time.Duration
+	match   func(redis.Cmder) bool // the commands that count only once replicated
 }
 
 func isXAdd(c redis.Cmder) bool { return strings.EqualFold(c.Name(), "xadd") }
@@ -47,7 +57,7 @@ func (h *replicaWait) DialHook(next redis.DialHook) redis.DialHook { return next
 
 func (h *replicaWait) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if !isXAdd(cmd) {
+		if !h.match(cmd) {
 			return next(ctx, cmd)
 		}
 		pipe := h.node.Pipeline()
@@ -59,13 +69,7 @@ func (h *replicaWait) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (h *replicaWait) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		adds := 0
-		for _, c := range cmds {
-			if isXAdd(c) {
-				adds++
-			}
-		}
-		if adds == 0 {
+		if !slices.ContainsFunc(cmds, h.match) {
 			return next(ctx, cmds)
 		}
 		wait := redis.NewIntCmd(ctx, "wait", h.n, h.timeout.Milliseconds())
@@ -79,7 +83,7 @@ func (h *replicaWait) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 			reason = fmt.Errorf("%w: WAIT %d %d: %w", domain.ErrNotReplicated, h.n, h.timeout.Milliseconds(), werr)
 		}
 		for _, c := range cmds {
-			if isXAdd(c) && c.Err() == nil {
+			if h.match(c) && c.Err() == nil {
 				c.SetErr(reason)
 			}
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/domain"
 )
 
@@ -116,4 +117,77 @@ func TestRequireReplicasOnACluster(t *testing.T) {
 	assert.NoError(t, onOther.Err(), "another master's XADD, confirmed by its own replica")
 	assert.ErrorIs(t, client.XAdd(ctx, &redis.XAddArgs{Stream: lagging, Values: []any{"k", "v"}}).Err(), domain.ErrNotReplicated)
 	assert.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: other, Values: []any{"k", "v"}}).Err())
+}
+
+// TestApplierRequireReplicasOnOneServer: with RequireReplicas the applier's calls succeed while
+// the replica keeps up and fail, as a transient failure, while it lags, and so does the same
+// work delivered again to another consumer: finding its markers (or its decision) in place
+// writes nothing, and its WAIT must still wait for what the first attempt wrote, not only for
+// that consumer's own last write, replicated long ago. Once the replica is back the work is
+// found applied.
+func TestApplierRequireReplicasOnOneServer(t *testing.T) {
+	t.Parallel()
+	master := redistest.Start(t, redistest.Options{})
+	replica := redistest.Start(t, redistest.Options{Args: []string{"--replicaof", "127.0.0.1", strings.TrimPrefix(master.Addr(), "127.0.0.1:")}})
+	mc := redistest.Client(t, master.URL())
+	require.Eventually(t, func() bool {
+		info, _ := mc.Info(context.Background(), "replication").Result()
+		return strings.Contains(info, "connected_slaves:1") && strings.Contains(info, "state=online")
+	}, 10*time.Second, 20*time.Millisecond)
+	ctx := context.Background()
+	keys := adapters.KeySpace{Prefix: "durable"}
+	newApplier := func() *adapters.ProjectionApplier {
+		// One connection: the WAIT of each call is on the connection of its consumer's last write.
+		c, err := adapters.NewRedisClient(adapters.ClientOptions{URL: master.URL(), PoolSize: 1})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		a, err := adapters.NewProjectionApplier(c, keys, 0)
+		require.NoError(t, err)
+		require.NoError(t, a.RequireReplicas(1, 200*time.Millisecond))
+		return a
+	}
+	first, second := newApplier(), newApplier()
+	works := func(ev domain.CheckinRecorded, entryID string) []projection.Work {
+		var ws []projection.Work
+		for _, p := range []projection.Projection{projection.UserStats{}, projection.LocationStats{}} {
+			us, err := projection.Updates(ctx, p, ev)
+			require.NoError(t, err)
+			ws = append(ws, projection.Work{Group: "g", Projection: p.Name(), Version: 1, Event: projection.RefOf(ev, entryID), Updates: us})
+		}
+		return ws
+	}
+	early, late := recorded("ck-early", 1, 1, 4, 1_700_000_000_000), recorded("ck-late", 2, 1, 2, 1_700_000_000_500)
+	out, err := second.Apply(ctx, works(early, entry(1_700_000_000_001)), nil)
+	require.NoError(t, err, "the replica keeps up")
+	assert.Equal(t, []projection.Outcome{projection.Applied, projection.Applied}, out)
+	_, err = second.Decide(ctx, []projection.EventRef{projection.RefOf(early, entry(1_700_000_000_001))})
+	require.NoError(t, err)
+
+	// Paused, with its link kept: it acknowledges nothing from now on, yet still counts as a
+	// connected replica, one that has what each consumer wrote before.
+	require.NoError(t, replica.Signal(syscall.SIGSTOP))
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			_ = replica.Signal(syscall.SIGCONT)
+		}
+	})
+	_, err = first.Apply(ctx, works(late, entry(1_700_000_000_501)), nil)
+	require.ErrorIs(t, err, domain.ErrNotReplicated, "the updates are on the master only")
+	assert.True(t, adapters.IsTransient(err), "a lagging replica is not the event's fault: never parked")
+	_, err = second.Apply(ctx, works(late, entry(1_700_000_000_501)), nil)
+	require.ErrorIs(t, err, domain.ErrNotReplicated, "delivered again to another consumer: the markers are in place, but not on the replica")
+	_, err = first.Decide(ctx, []projection.EventRef{projection.RefOf(late, entry(1_700_000_000_501))})
+	require.ErrorIs(t, err, domain.ErrNotReplicated)
+	_, err = second.Decide(ctx, []projection.EventRef{projection.RefOf(late, entry(1_700_000_000_501))})
+	require.ErrorIs(t, err, domain.ErrNotReplicated, "the counted copy decided again: its decision is not on the replica")
+
+	require.NoError(t, replica.Signal(syscall.SIGCONT))
+	resumed = true
+	require.Eventually(t, func() bool {
+		out, err = second.Apply(ctx, works(late, entry(1_700_000_000_501)), nil)
+		return err == nil
+	}, 20*time.Second, 100*time.Millisecond, "the replica is back: the work is confirmed")
+	assert.Equal(t, []projection.Outcome{projection.AlreadyApplied, projection.AlreadyApplied}, out, "applied once, by the first attempt")
+	assert.Error(t, first.RequireReplicas(0, time.Second))
 }

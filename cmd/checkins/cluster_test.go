@@ -651,9 +651,10 @@ func testClusterMasterCrash(t *testing.T, streamMaster bool) {
 		slot = adapters.KeySlot(keys.Registry(int64(i)))
 	}
 	// Replication is asynchronous: what the victim acknowledged and its replica had not received
-	// yet is lost with it (INGEST_MIN_REPLICAS covers the check-ins, see TestClusterIngestMinReplicas;
-	// nothing covers the projections' writes). The replica catches up first, the load goes on up
-	// to the kill.
+	// yet is lost with it (INGEST_MIN_REPLICAS covers the check-ins, see TestClusterIngestMinReplicas,
+	// and PROJECTION_MIN_REPLICAS the projections' writes, see TestClusterProjectionMinReplicas;
+	// this test runs with the defaults). The replica catches up first, the load goes on up to the
+	// kill.
 	require.NoError(t, redistest.Client(t, "redis://"+cl.Addrs()[victim]).Do(context.Background(), "WAIT", 1, 5000).Err())
 	before, _, _, _ := l.stats()
 	killed := time.Now()
@@ -779,6 +780,92 @@ func TestClusterIngestMinReplicas(t *testing.T) {
 			assert.GreaterOrEqual(t, total, 200)
 		})
 	}
+}
+
+// TestClusterProjectionMinReplicas: `serve` on 3 masters + 3 replicas takes a steady load with
+// INGEST_MIN_REPLICAS=1; a master is killed while its replica lags (SIGSTOP and its replication
+// link dropped, SIGCONT once the master is dead: the replica is promoted without what it
+// missed), and the dead master comes back as the new master's replica. With
+// PROJECTION_MIN_REPLICAS=1 every read model equals an independent computation from the
+// check-ins that got a 2xx once the projectors caught up: a batch whose updates reached no
+// replica was not acknowledged, and was applied again on the promoted replica. Without it the
+// updates the dead master took while its replica lagged are lost with it, for entries already
+// acknowledged on the other masters: the read models fall short.
+func TestClusterProjectionMinReplicas(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		replicas string
+		wantLoss bool
+	}{{"1", false}, {"0", true}} {
+		t.Run("PROJECTION_MIN_REPLICAS="+tc.replicas, func(t *testing.T) { // one cluster at a time
+			cl := redistest.StartCluster(t, redistest.ClusterOptions{Replicas: 1,
+				Args: []string{"--cluster-replica-validity-factor", "0"}}) // promoted however far behind (see TestClusterIngestMinReplicas)
+			keys, err := adapters.NewKeySpace("durable", true)
+			require.NoError(t, err)
+			keys, err = keys.WithPartitions(adapters.DefaultClusterPartitions)
+			require.NoError(t, err)
+			svc := startSvc(t, "serve", map[string]string{"REDIS_URL": cl.URL(), "KEY_PREFIX": keys.Prefix,
+				"INGEST_MIN_REPLICAS": "1", "INGEST_REPLICA_TIMEOUT": "200ms", "RATE_LIMIT_USER": "off",
+				"PROJECTION_MIN_REPLICAS": tc.replicas, "PROJECTION_REPLICA_TIMEOUT": "200ms",
+				"CLAIM_IDLE": "2s", "CLAIM_INTERVAL": "500ms"})
+			cc := redistest.ClusterClient(t, cl.URL())
+			l := newLedger()
+			ctx, stop := context.WithCancel(context.Background())
+			defer stop()
+			wait := l.load(ctx, 4, "dur", func() string { return svc.base }, 10*time.Second)
+			l.waitFor(t, 300)
+
+			victim := cl.Masters(t)[0]
+			replica := cl.ReplicaOf(t, victim)
+			require.NotEqual(t, -1, replica, "the victim has a replica")
+			slot := -1 // a slot the victim serves, to see the promotion
+			for i := int64(0); slot < 0 || cl.MasterOf(t, slot) != victim; i++ {
+				slot = adapters.KeySlot(keys.Registry(i))
+			}
+			require.NoError(t, cl.SignalNode(replica, syscall.SIGSTOP))
+			require.NoError(t, cl.NodeClient(t, victim).Do(context.Background(), "CLIENT", "KILL", "TYPE", "replica").Err())
+			lagFrom, _, _, _ := l.stats()
+			l.waitFor(t, lagFrom+300) // the other masters' users and partitions go on
+			cl.KillNode(victim)
+			require.NoError(t, cl.SignalNode(replica, syscall.SIGCONT))
+			require.Eventually(t, func() bool { return cl.MasterOf(t, slot) == replica }, 30*time.Second, 50*time.Millisecond,
+				"the replica is promoted")
+			cl.RestartNode(t, victim) // back as the new master's replica: WAITs there can succeed again
+			cl.WaitHealthy(t, 30*time.Second)
+			stop()
+			wait()
+			l.resolve(t, svc.base)
+			ok, codes, _, _ := l.stats()
+			t.Logf("%d check-ins got a 2xx; answers %v", ok, codes)
+			l.inStream(t, cc, keys)
+			if !tc.wantLoss {
+				l.verifyAll(t, cl.URL(), keys)
+				return
+			}
+			require.Eventually(t, func() bool { return groupsCaughtUp(cc, keys) }, 60*time.Second, 100*time.Millisecond,
+				"the projectors catch up")
+			exact, detail := l.verifyOnce(t, cl.URL(), keys)
+			assert.False(t, exact, "without WAIT, updates the master took while its replica lagged are lost with it")
+			t.Logf("read models after the failover: %s", detail)
+		})
+	}
+}
+
+// groupsCaughtUp: every consumer group on every partition has delivered every entry and has nothing
+// pending.
+func groupsCaughtUp(rdb redis.UniversalClient, keys adapters.KeySpace) bool {
+	for _, stream := range keys.Partitions().Streams() {
+		gs, err := rdb.XInfoGroups(context.Background(), stream).Result()
+		if err != nil {
+			return false
+		}
+		for _, g := range gs {
+			if g.Lag != 0 || g.Pending != 0 {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // TestClusterNodeSilentAtStart: in auto mode a single address that does not answer at start is

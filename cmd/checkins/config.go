@@ -46,7 +46,12 @@ type Config struct {
 	// XADD (WAIT), within IngestReplicaTimeout.
 	IngestMinReplicas    int
 	IngestReplicaTimeout time.Duration
-	DedupeWindow         time.Duration
+	// ProjectionMinReplicas > 0: a batch of projection updates counts as applied (and its
+	// entries are acknowledged) only once that many replicas have it (WAIT), within
+	// ProjectionReplicaTimeout.
+	ProjectionMinReplicas    int
+	ProjectionReplicaTimeout time.Duration
+	DedupeWindow             time.Duration
 
 	// AllowEvictingRedis runs on a Redis whose maxmemory-policy evicts keys (warned about).
 	AllowEvictingRedis bool
@@ -210,6 +215,8 @@ func settings() []setting {
 		{"RETRY_MAX_ATTEMPTS", "retry-max-attempts", "5", "attempts before an event is parked in the poison queue", integer(func(c *Config) *int { return &c.RetryAttempts }, 1)},
 		{"INGEST_MIN_REPLICAS", "ingest-min-replicas", "0", "a check-in is acknowledged only once this many Redis replicas have it (WAIT after the XADD, same round trip); fewer within INGEST_REPLICA_TIMEOUT: 503 not_replicated. 0: as soon as the master has it", integer(func(c *Config) *int { return &c.IngestMinReplicas }, 0)},
 		{"INGEST_REPLICA_TIMEOUT", "ingest-replica-timeout", "500ms", "with INGEST_MIN_REPLICAS: how long a check-in waits for its replicas (below REQUEST_TIMEOUT)", dur(func(c *Config) *time.Duration { return &c.IngestReplicaTimeout }, time.Millisecond)},
+		{"PROJECTION_MIN_REPLICAS", "projection-min-replicas", "0", "projection updates count as applied, and their events are acknowledged, only once this many Redis replicas have them (WAIT after each batch's script calls, same round trip); fewer within PROJECTION_REPLICA_TIMEOUT: the batch is delivered again. 0: as soon as the master has them", integer(func(c *Config) *int { return &c.ProjectionMinReplicas }, 0)},
+		{"PROJECTION_REPLICA_TIMEOUT", "projection-replica-timeout", "1s", "with PROJECTION_MIN_REPLICAS: how long a batch waits for its replicas (below HANDLER_TIMEOUT)", dur(func(c *Config) *time.Duration { return &c.ProjectionReplicaTimeout }, time.Millisecond)},
 		{"IDEMPOTENCY_TTL", "idempotency-ttl", "24h", "how long a checkinId is remembered for safe retries and 409 on reuse", dur(func(c *Config) *time.Duration { return &c.IdempotencyTTL }, time.Second)},
 		{"DEDUPE_WINDOW", "dedupe-window", "48h", "projections count another copy of a check-in (same checkinId and content) recorded this close to the counted one as a duplicate; at least IDEMPOTENCY_TTL", dur(func(c *Config) *time.Duration { return &c.DedupeWindow }, time.Second)},
 		{"LEADERBOARD_MIN_CHECKINS", "leaderboard-min-checkins", "5", "check-ins a location needs to enter the rating leaderboard (changing it takes a rebuild of leaderboards)", func(c *Config, v string) error {
@@ -276,6 +283,9 @@ func parseConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (C
 	}
 	if c.IngestMinReplicas > 0 && c.IngestReplicaTimeout >= c.RequestTimeout {
 		return Config{}, nil, fmt.Errorf("invalid INGEST_REPLICA_TIMEOUT: %s must be below REQUEST_TIMEOUT %s, or a request could end before its replicas answer", c.IngestReplicaTimeout, c.RequestTimeout)
+	}
+	if c.ProjectionMinReplicas > 0 && c.ProjectionReplicaTimeout >= c.HandlerTimeout {
+		return Config{}, nil, fmt.Errorf("invalid PROJECTION_REPLICA_TIMEOUT: %s must be below HANDLER_TIMEOUT %s, or a batch could time out before its replicas answer", c.ProjectionReplicaTimeout, c.HandlerTimeout)
 	}
 	if c.RetryMax < c.RetryInitial {
 		return Config{}, nil, fmt.Errorf("invalid RETRY_MAX_INTERVAL: %s is below RETRY_INITIAL_INTERVAL %s", c.RetryMax, c.RetryInitial)

@@ -92,7 +92,9 @@ func TestExampleProjectionIsTheDocumentedOne(t *testing.T) {
 func testOps(t *testing.T, client redis.UniversalClient, keys adapters.KeySpace, projs []projection.Projection, cfg Config) app.Application {
 	t.Helper()
 	var a app.Application
-	require.NoError(t, addOps(&a, client, keys, cfg, projs, slog.New(slog.DiscardHandler)))
+	closeOps, err := addOps(&a, client, keys, cfg, projs, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = closeOps() })
 	return a
 }
 

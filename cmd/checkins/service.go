@@ -146,9 +146,11 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		Locations: app.LocationQueries{Reader: adapters.NewProjectionReader(s.client, s.keys, "locations")},
 	}
 	s.projectionQueries(&application.Queries)
-	if err := addOps(&application, s.client, s.keys, cfg, allProjections(cfg), log); err != nil {
+	closeOps, err := addOps(&application, s.client, s.keys, cfg, allProjections(cfg), log)
+	if err != nil {
 		return nil, err
 	}
+	s.closers = append(s.closers, closeOps)
 	if err := s.initProjections(mode, application); err != nil {
 		return nil, err
 	}
@@ -207,13 +209,14 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		}
 		s.closers = append(s.closers, subClient.Close)
 		// Updates go through a pool of their own, so reads and the API never queue behind a
-		// batch of projection writes.
-		storeClient, err := newClient(16)
+		// batch of projection writes. A WAIT holds its pipeline's reply for up to
+		// PROJECTION_REPLICA_TIMEOUT.
+		storeClient, err := newClientRead(16, 3*time.Second+cfg.ProjectionReplicaTimeout)
 		if err != nil {
 			return nil, err
 		}
 		s.closers = append(s.closers, storeClient.Close)
-		applier, err := adapters.NewProjectionApplier(storeClient, s.keys, cfg.DedupeWindow)
+		applier, err := newApplier(storeClient, s.keys, cfg)
 		if err != nil {
 			return nil, err
 		}

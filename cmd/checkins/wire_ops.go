@@ -68,11 +68,12 @@ func connectOps(getenv func(string) string, stderr io.Writer) ports.Connect {
 			level = max(level, slog.LevelWarn)
 		}
 		var a app.Application
-		if err := addOps(&a, client, keys, cfg, allProjections(cfg), newLogger(stderr, level)); err != nil {
+		closeOps, err := addOps(&a, client, keys, cfg, allProjections(cfg), newLogger(stderr, level))
+		if err != nil {
 			_ = client.Close()
 			return nil, err
 		}
-		return &ports.CLISession{App: a, Args: rest, Poll: cfg.ProjectionPoll, Close: func() { _ = client.Close() }}, nil
+		return &ports.CLISession{App: a, Args: rest, Poll: cfg.ProjectionPoll, Close: func() { _ = closeOps(); _ = client.Close() }}, nil
 	}
 }
 
@@ -129,12 +130,41 @@ func connectRedis(fs *flag.FlagSet, args []string, getenv func(string) string, i
 }
 
 // addOps adds the operational commands and queries for projs (every projection the build knows),
-// on client, to a.
-func addOps(a *app.Application, client redis.UniversalClient, keys adapters.KeySpace, cfg Config, projs []projection.Projection, log *slog.Logger) error {
+// on client, to a. With PROJECTION_MIN_REPLICAS the replays of parked events apply through a
+// client of their own, which closeOps closes.
+func addOps(a *app.Application, client redis.UniversalClient, keys adapters.KeySpace, cfg Config, projs []projection.Projection, log *slog.Logger) (closeOps func() error, err error) {
+	closeOps = func() error { return nil }
+	applyClient := client
+	if cfg.ProjectionMinReplicas > 0 {
+		mode := adapters.RedisModeStandalone
+		if keys.Cluster {
+			mode = adapters.RedisModeCluster
+		}
+		if applyClient, err = adapters.NewUniversalRedisClient(context.Background(), adapters.ClientOptions{URL: cfg.RedisURL, Mode: mode,
+			DialTimeout: 2 * time.Second, ReadTimeout: 3*time.Second + cfg.ProjectionReplicaTimeout, WriteTimeout: 3 * time.Second}); err != nil {
+			return closeOps, err
+		}
+		closeOps = applyClient.Close
+	}
+	applier, err := newApplier(applyClient, keys, cfg)
+	if err != nil {
+		return closeOps, errors.Join(err, closeOps())
+	}
+	return closeOps, a.AddOps(app.OpsConfig{Backend: adapters.NewOpsBackend(client, keys), Applier: applier, Projections: projs,
+		RetireGrace: cfg.RetireGrace, StallAfter: cfg.StallAfter, Retention: cfg.Retention, Logger: log})
+}
+
+// newApplier is the projections' applier on client (one of its own when PROJECTION_MIN_REPLICAS
+// is set: the WAIT hook goes on it before its first command).
+func newApplier(client redis.UniversalClient, keys adapters.KeySpace, cfg Config) (*adapters.ProjectionApplier, error) {
 	applier, err := adapters.NewProjectionApplier(client, keys, cfg.DedupeWindow)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return a.AddOps(app.OpsConfig{Backend: adapters.NewOpsBackend(client, keys), Applier: applier, Projections: projs,
-		RetireGrace: cfg.RetireGrace, StallAfter: cfg.StallAfter, Retention: cfg.Retention, Logger: log})
+	if cfg.ProjectionMinReplicas > 0 {
+		if err := applier.RequireReplicas(cfg.ProjectionMinReplicas, cfg.ProjectionReplicaTimeout); err != nil {
+			return nil, err
+		}
+	}
+	return applier, nil
 }

@@ -1,0 +1,38 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestParseConfigReplicaSettings: the replica settings parse, and a replica timeout that the
+// request or the handler attempt would cut short is refused, naming both settings.
+func TestParseConfigReplicaSettings(t *testing.T) {
+	t.Parallel()
+	cfg, err := parseEnv(map[string]string{"PROJECTION_MIN_REPLICAS": "1", "INGEST_MIN_REPLICAS": "2"})
+	require.NoError(t, err)
+	assert.Equal(t, 1, cfg.ProjectionMinReplicas)
+	assert.Equal(t, time.Second, cfg.ProjectionReplicaTimeout, "the default")
+	assert.Equal(t, 2, cfg.IngestMinReplicas)
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"PROJECTION_MIN_REPLICAS": "1", "PROJECTION_REPLICA_TIMEOUT": "10s"},
+			"invalid PROJECTION_REPLICA_TIMEOUT: 10s must be below HANDLER_TIMEOUT 10s"},
+		{map[string]string{"PROJECTION_MIN_REPLICAS": "-1"}, "invalid PROJECTION_MIN_REPLICAS"},
+		{map[string]string{"PROJECTION_MIN_REPLICAS": "one"}, "invalid PROJECTION_MIN_REPLICAS"},
+		{map[string]string{"INGEST_MIN_REPLICAS": "1", "INGEST_REPLICA_TIMEOUT": "5s"},
+			"invalid INGEST_REPLICA_TIMEOUT: 5s must be below REQUEST_TIMEOUT 5s"},
+	} {
+		_, err := parseEnv(tc.env)
+		require.Error(t, err, "%v", tc.env)
+		assert.Contains(t, err.Error(), tc.want, "%v", tc.env)
+	}
+	// Without PROJECTION_MIN_REPLICAS the timeout is not used, so it is not held against HANDLER_TIMEOUT.
+	_, err = parseEnv(map[string]string{"PROJECTION_REPLICA_TIMEOUT": "1m"})
+	assert.NoError(t, err)
+}
