@@ -515,6 +515,14 @@ func (a *ProjectionApplier) Apply(ctx context.Context, works []projection.Work, 
 			}
 		}
 	}
+	var first []int                      // states of the first step on a cluster (nil: none)
+	var rest func(work, update int) bool // the updates the first step left
+	if len(ask) > 0 {
+		var err error
+		if first, rest, ask, err = a.applyInUserSlots(ctx, works, scores, counted, decided, ask, prune); err != nil {
+			return nil, err
+		}
+	}
 	if len(ask) > 0 {
 		sub, subScores := make([]projection.Work, len(ask)), make([]int64, len(ask))
 		for k, i := range ask {
@@ -528,9 +536,14 @@ func (a *ProjectionApplier) Apply(ctx context.Context, works []projection.Work, 
 			counted[i], decided[i] = res[k], true
 		}
 	}
-	states, err := a.apply(ctx, works, scores, counted, decided, prune)
+	states, err := a.apply(ctx, works, scores, counted, decided, prune, rest)
 	if err != nil {
 		return nil, err
+	}
+	for i, st := range first {
+		if st == itemApplied || (st == itemDuplicate && states[i] != itemApplied) {
+			states[i] = st
+		}
 	}
 	for i := range works {
 		switch {
@@ -551,6 +564,49 @@ const (
 	itemApplied   = 1
 	itemDuplicate = 2
 )
+
+// applyInUserSlots is the first step on a cluster: the updates of the works in ask (not decided
+// yet) that are in their event's user slot, the slot of its dedupe registry, are applied in the
+// same calls that decide the events there, as one server decides in the call that applies. Every
+// work of an event decided so is marked decided and counted (or not) for the second step, which
+// applies the rest (left: the updates not applied here); undecided are the works of events with
+// no update in their user's slot (a selection of projections without users or
+// recent_checkins), decided by a call of their own. states are this step's, per work.
+func (a *ProjectionApplier) applyInUserSlots(ctx context.Context, works []projection.Work, scores []int64, counted, decided []bool, ask []int, prune projection.Prune) (states []int, left func(work, update int) bool, undecided []int, err error) {
+	userSlot := make([]string, len(works))
+	inUserSlot := func(i, j int) bool { return userSlot[i] != "" && works[i].Updates[j].Slot == userSlot[i] }
+	some := false
+	for _, i := range ask {
+		userSlot[i] = "user:" + strconv.FormatInt(works[i].Event.UserID, 10)
+		counted[i] = true // decided in the call, which answers 2 for a duplicate
+		if slices.ContainsFunc(works[i].Updates, func(u *projection.Update) bool { return u.Slot == userSlot[i] }) {
+			some = true
+		}
+	}
+	if !some {
+		return nil, nil, ask, nil
+	}
+	if states, err = a.apply(ctx, works, scores, counted, decided, prune, inUserSlot); err != nil {
+		return nil, nil, nil, err
+	}
+	left = func(i, j int) bool { return !inUserSlot(i, j) }
+	decisions := map[decideKey]bool{} // event -> counted
+	for _, i := range ask {
+		if slices.ContainsFunc(works[i].Updates, func(u *projection.Update) bool { return u.Slot == userSlot[i] }) {
+			decisions[decideKey{works[i].Event.Identity, scores[i]}] = states[i] != itemDuplicate
+		}
+	}
+	for _, i := range ask {
+		c, ok := decisions[decideKey{works[i].Event.Identity, scores[i]}]
+		if !ok {
+			counted[i] = false
+			undecided = append(undecided, i)
+			continue
+		}
+		counted[i], decided[i] = c, true
+	}
+	return states, left, undecided, nil
+}
 
 // decideKey identifies one event in a batch: the same event appears once per projection.
 type decideKey struct {
@@ -669,10 +725,11 @@ type item struct {
 
 type updateRef struct{ work, update int }
 
-// apply runs step 2 (with step 1 on a single server, for works not decided yet) for the updates
-// of counted works; it returns each work's item state (the best of its items: applied anywhere
-// counts as applied).
-func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, scores []int64, counted, decided []bool, prune projection.Prune) ([]int, error) {
+// apply runs step 2 (with step 1 for works not decided yet: on a single server in the call of
+// the user's slot, which holds every update; on a cluster only for the updates in that slot, see
+// applyInUserSlots) for the updates of counted works (those only matches, when not nil); it
+// returns each work's item state (the best of its items: applied anywhere counts as applied).
+func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, scores []int64, counted, decided []bool, prune projection.Prune, only func(work, update int) bool) ([]int, error) {
 	type itemKey struct {
 		group, slot string
 		event       decideKey
@@ -721,6 +778,9 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 			}
 		}
 		for j, u := range w.Updates {
+			if only != nil && !only(i, j) {
+				continue
+			}
 			slot := u.Slot
 			if !a.cluster {
 				slot = userSlot

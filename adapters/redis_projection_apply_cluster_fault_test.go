@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/checkins/checkins/adapters"
@@ -111,4 +113,97 @@ func TestApplySurvivesAMasterCrash(t *testing.T) {
 	reader := redistest.ClusterClient(t, cl.URL())
 	env := projEnv{url: cl.URL(), cluster: true, client: reader, keys: keys}
 	env.assertStats(t, expect(evs))
+}
+
+// TestClusterApplyDecidesInTheUserSlotCalls: on a cluster the dedupe decision of an event is made
+// in the script call that applies its updates in the user's slot (the registry's), as one server
+// makes it in its one call, so a batch takes no call of its own per user to decide: with users
+// and locations, a batch of 40 users' check-ins at 5 locations is at most 40 + 5 script calls
+// (a call per user slot, then per location slot), where deciding apart added about 40. The
+// counts are exact, a redelivery and a republished copy included; and a selection with no update
+// in the user's slot (locations alone) still decides, by a call of its own.
+func TestClusterApplyDecidesInTheUserSlotCalls(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, redistest.ClusterOptions{})
+	ctx := context.Background()
+	client := redistest.ClusterClient(t, cl.URL())
+	keys := adapters.KeySpace{Prefix: "decide", Cluster: true}
+	a, err := adapters.NewProjectionApplier(client, keys, 0)
+	require.NoError(t, err)
+	evalshas := func() int {
+		n := 0
+		for _, m := range cl.Masters(t) {
+			n += redistest.CommandCalls(t, cl.NodeClient(t, m), "evalsha")
+		}
+		return n
+	}
+	batch := func(projections []projection.Projection, evs []domain.CheckinRecorded, entries []string) []projection.Work {
+		var works []projection.Work
+		for i, ev := range evs {
+			for _, p := range projections {
+				us, err := projection.Updates(ctx, p, ev)
+				require.NoError(t, err)
+				works = append(works, projection.Work{Group: "live", Projection: p.Name(), Version: 1, Event: projection.RefOf(ev, entries[i]), Updates: us})
+			}
+		}
+		return works
+	}
+	var evs []domain.CheckinRecorded
+	var entries []string
+	for i := range 40 {
+		evs = append(evs, recorded(fmt.Sprintf("ck%02d", i), int64(i+1), int64(i%5+1), i%6, 1_700_000_000_000+int64(i)))
+		entries = append(entries, entry(1_700_000_000_000+int64(i)))
+	}
+	both := []projection.Projection{projection.UserStats{}, projection.LocationStats{}}
+	_, err = a.Apply(ctx, batch(both, evs, entries), nil) // loads the scripts
+	require.NoError(t, err)
+	evs2, entries2 := slices.Clone(evs), make([]string, len(evs))
+	for i := range evs2 {
+		evs2[i].ID += "-b"
+		entries2[i] = entry(1_700_000_001_000 + int64(i))
+	}
+	before := evalshas()
+	out, err := a.Apply(ctx, batch(both, evs2, entries2), nil)
+	require.NoError(t, err)
+	calls := evalshas() - before
+	t.Logf("a batch of 40 users' check-ins at 5 locations: %d script calls", calls)
+	assert.LessOrEqual(t, calls, 45, "one call per user slot and per location slot, none apart to decide")
+	for _, o := range out {
+		assert.Equal(t, projection.Applied, o)
+	}
+	// Delivered again, and republished at later entries: nothing counts twice.
+	out, err = a.Apply(ctx, batch(both, evs2, entries2), nil)
+	require.NoError(t, err)
+	for _, o := range out {
+		assert.Equal(t, projection.AlreadyApplied, o)
+	}
+	later := make([]string, len(evs2))
+	for i := range later {
+		later[i] = entry(1_700_000_002_000 + int64(i))
+	}
+	out, err = a.Apply(ctx, batch(both, evs2, later), nil)
+	require.NoError(t, err)
+	for _, o := range out {
+		assert.Equal(t, projection.Duplicate, o)
+	}
+	env := projEnv{url: cl.URL(), cluster: true, client: client, keys: keys}
+	env.assertStats(t, expect(append(slices.Clone(evs), evs2...)))
+
+	// Locations alone: no update in a user's slot, so the registry is asked by a call of its own.
+	locKeys := adapters.KeySpace{Prefix: "decide-loc", Cluster: true}
+	la, err := adapters.NewProjectionApplier(client, locKeys, 0)
+	require.NoError(t, err)
+	only := []projection.Projection{projection.LocationStats{}}
+	_, err = la.Apply(ctx, batch(only, evs, entries), nil)
+	require.NoError(t, err)
+	out, err = la.Apply(ctx, batch(only, evs, later), nil) // republished copies
+	require.NoError(t, err)
+	for _, o := range out {
+		assert.Equal(t, projection.Duplicate, o)
+	}
+	want := expect(evs)
+	locEnv := projEnv{url: cl.URL(), cluster: true, client: client, keys: locKeys}
+	for id, l := range want.locations {
+		assert.Equal(t, l, locEnv.locationStats(t, id), "location %d", id)
+	}
 }
