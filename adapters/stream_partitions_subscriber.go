@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -26,6 +27,20 @@ type PartitionedSubscriber struct {
 	inner message.Subscriber
 	parts Partitions
 	base  string // the topic that stands for every partition (KeySpace.Stream())
+	// linger: see WithLinger.
+	linger      time.Duration
+	lingerBelow int
+}
+
+// WithLinger makes a joined run of fewer than below messages wait up to d for other partitions'
+// runs before it goes out. Each partition's share of a busy stream is small (about one entry per
+// read at 2,400 check-ins/s over 24 partitions): without it the runs ready at the very same
+// moment were a few entries, and each such batch cost the projections a pipeline of script calls
+// per master, a decode and a router call. d is READ_LINGER, below a quarter of BATCH_SIZE, as
+// each partition's reads linger. 0 joins only what is ready.
+func (s *PartitionedSubscriber) WithLinger(d time.Duration, below int) *PartitionedSubscriber {
+	s.linger, s.lingerBelow = d, below
+	return s
 }
 
 // NewPartitionedSubscriber subscribes inner to every stream of parts when asked for base, the
@@ -80,7 +95,9 @@ func (s *PartitionedSubscriber) Subscribe(ctx context.Context, topic string) (<-
 	out := make(chan *message.Message)
 	go func() {
 		defer close(out)
+		var timer *time.Timer
 		for run := range runs {
+			var expired <-chan time.Time // set once the run has to wait for more
 		join:
 			for len(run) < maxJoinedRun {
 				select {
@@ -89,8 +106,36 @@ func (s *PartitionedSubscriber) Subscribe(ctx context.Context, topic string) (<-
 						break join
 					}
 					run = append(run, more...)
+					continue
 				default:
+				}
+				if s.linger <= 0 || len(run) >= s.lingerBelow {
+					break
+				}
+				if expired == nil {
+					if timer == nil {
+						timer = time.NewTimer(s.linger)
+					} else {
+						timer.Reset(s.linger)
+					}
+					expired = timer.C
+				}
+				select {
+				case more, ok := <-runs:
+					if !ok {
+						break join
+					}
+					run = append(run, more...)
+				case <-expired:
 					break join
+				case <-ctx.Done():
+					break join
+				}
+			}
+			if expired != nil && !timer.Stop() {
+				select { // drained, for the next Reset (a fired timer's value may be pending)
+				case <-timer.C:
+				default:
 				}
 			}
 			for i, m := range run {

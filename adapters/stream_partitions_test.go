@@ -15,6 +15,7 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/batchsub"
+	"github.com/checkins/checkins/adapters/redistest"
 	"github.com/checkins/checkins/domain"
 )
 
@@ -125,3 +126,71 @@ func TestPartitionedPublishAndSubscribe(t *testing.T) {
 }
 
 func parseInt(s string) (int64, error) { return strconv.ParseInt(s, 10, 64) }
+
+// TestPartitionedSubscriberLingersForOtherPartitions: with a linger, a run that is short waits
+// for other partitions' runs and goes out joined with them; without one, what is not ready at
+// once goes out apart.
+func TestPartitionedSubscriberLingersForOtherPartitions(t *testing.T) {
+	t.Parallel()
+	env := projEnv{url: redistest.Open(t).URL}
+	env.client = redistest.Client(t, env.url)
+	for _, tc := range []struct {
+		name   string
+		linger time.Duration
+		joined bool
+	}{{"lingering", 2 * time.Second, true}, {"not lingering", 0, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			env := env
+			env.keys = adapters.KeySpace{Prefix: "linger-" + uuid.NewString()}
+			parts, err := adapters.NewPartitions(env.keys, 4)
+			require.NoError(t, err)
+			pub, err := adapters.NewEventPublisher(env.newClient(t), env.keys, watermill.NopLogger{})
+			require.NoError(t, err)
+			pub.WithPartitions(parts)
+			t.Cleanup(func() { _ = pub.Close() })
+			userIn := func(p int) int64 {
+				for u := int64(1); ; u++ {
+					if parts.StreamOf(u) == parts.Stream(p) {
+						return u
+					}
+				}
+			}
+			inner, err := batchsub.NewSubscriber(batchsub.Config{Client: env.newClient(t), ConsumerGroup: "g", Consumer: "c1",
+				Unmarshaller: adapters.FlatMarshaller{}, BatchSize: 40, BlockTime: 50 * time.Millisecond})
+			require.NoError(t, err)
+			sub := adapters.NewPartitionedSubscriber(inner, parts, env.keys.Stream()).WithLinger(tc.linger, 10)
+			t.Cleanup(func() { _ = sub.Close() })
+			msgs, err := sub.Subscribe(ctx, env.keys.Stream())
+			require.NoError(t, err)
+			time.Sleep(300 * time.Millisecond) // every partition's subscription is reading
+
+			next := func() *message.Message {
+				select {
+				case m := <-msgs:
+					m.Ack()
+					return m
+				case <-ctx.Done():
+					t.Fatal("nothing delivered")
+					return nil
+				}
+			}
+			require.NoError(t, pub.PublishCheckinRecorded(ctx, recorded("first", userIn(0), 1, 1, 1_700_000_000_000), ""))
+			if !tc.joined {
+				assert.Equal(t, "0", next().Metadata.Get(batchsub.MetaQueued), "alone: nothing else was ready")
+			}
+			time.Sleep(100 * time.Millisecond)
+			require.NoError(t, pub.PublishCheckinRecorded(ctx, recorded("second", userIn(1), 1, 1, 1_700_000_000_001), ""))
+			if tc.joined {
+				first := next()
+				assert.Equal(t, "1", first.Metadata.Get(batchsub.MetaQueued), "the short run waited for the other partition's")
+				assert.Equal(t, parts.Stream(0), first.Metadata.Get(adapters.MetaStream))
+			}
+			second := next()
+			assert.Equal(t, "0", second.Metadata.Get(batchsub.MetaQueued))
+			assert.Equal(t, parts.Stream(1), second.Metadata.Get(adapters.MetaStream))
+
+		})
+	}
+}

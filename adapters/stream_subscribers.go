@@ -64,6 +64,7 @@ type Subscribers struct {
 // to 1,000 entries, so that the registries held about 35 times the window's identities after a
 // drain of history.
 func (s Subscribers) New(group string, start func(ctx context.Context, stream string) (string, error)) (message.Subscriber, error) {
+	batch := s.BatchSize
 	if p := s.Parts.Count(); p > 1 {
 		s.MaxInFlight, s.BatchSize = perPartition(s.MaxInFlight, s.BatchSize, p)
 	}
@@ -71,7 +72,11 @@ func (s Subscribers) New(group string, start func(ctx context.Context, stream st
 	if err != nil || s.Parts.Count() < 2 {
 		return sub, err
 	}
-	return NewPartitionedSubscriber(sub, s.Parts, s.Parts.base()), nil
+	ps := NewPartitionedSubscriber(sub, s.Parts, s.Parts.base())
+	if s.Kind != "watermill" { // the stock subscriber delivers one entry at a time: nothing to join
+		ps = ps.WithLinger(s.ReadLinger, int(max(1, batch/4)))
+	}
+	return ps, nil
 }
 
 // perPartition shares maxInFlight (0: the batched subscriber's default) out over p partitions,
