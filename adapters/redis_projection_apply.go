@@ -477,7 +477,8 @@ var opArity = map[projection.OpKind][2]int{
 // Apply applies works: it decides which events count (step 1), then applies their updates with
 // markers (step 2), pruning markers as prune allows. On a single server both steps run in one
 // script call per chunk, and one marker covers an event's updates in every slot; on a cluster
-// a script may touch one slot only, so step 1 runs first, then step 2 per slot. Outcomes are
+// a script may touch one slot only: both steps run for the updates in the user's slot (the
+// registry's), then step 2 for the other slots (applyInUserSlots). Outcomes are
 // per work, in order. An error means some updates may have been applied and others not:
 // calling Apply again with the same works is safe and completes them.
 func (a *ProjectionApplier) Apply(ctx context.Context, works []projection.Work, prune projection.Prune) ([]projection.Outcome, error) {
