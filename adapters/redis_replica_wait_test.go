@@ -26,18 +26,26 @@ func lagReplica(t *testing.T, master *redis.Client, signal func(syscall.Signal) 
 	return func() { require.NoError(t, signal(syscall.SIGCONT)) }
 }
 
+// startReplicated starts a master and its replica, and returns once the replica is online;
+// mc is a client of the master.
+func startReplicated(t *testing.T) (master, replica *redistest.Server, mc *redis.Client) {
+	t.Helper()
+	master = redistest.Start(t, redistest.Options{})
+	replica = redistest.Start(t, redistest.Options{Args: []string{"--replicaof", "127.0.0.1", strings.TrimPrefix(master.Addr(), "127.0.0.1:")}})
+	mc = redistest.Client(t, master.URL())
+	require.Eventually(t, func() bool {
+		info, _ := mc.Info(context.Background(), "replication").Result()
+		return strings.Contains(info, "connected_slaves:1") && strings.Contains(info, "state=online")
+	}, 10*time.Second, 20*time.Millisecond)
+	return master, replica, mc
+}
+
 // TestRequireReplicasOnOneServer: an XADD (alone or in a pipeline) succeeds while the replica
 // keeps up, and fails with domain.ErrNotReplicated while it lags, leaving the pipeline's other
 // commands alone; it succeeds again once the replica is back.
 func TestRequireReplicasOnOneServer(t *testing.T) {
 	t.Parallel()
-	master := redistest.Start(t, redistest.Options{})
-	replica := redistest.Start(t, redistest.Options{Args: []string{"--replicaof", "127.0.0.1", strings.TrimPrefix(master.Addr(), "127.0.0.1:")}})
-	mc := redistest.Client(t, master.URL())
-	require.Eventually(t, func() bool {
-		info, _ := mc.Info(context.Background(), "replication").Result()
-		return strings.Contains(info, "connected_slaves:1") && strings.Contains(info, "state=online")
-	}, 10*time.Second, 20*time.Millisecond)
+	master, replica, mc := startReplicated(t)
 	c, err := adapters.NewRedisClient(adapters.ClientOptions{URL: master.URL()})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
@@ -127,13 +135,7 @@ func TestRequireReplicasOnACluster(t *testing.T) {
 // found applied.
 func TestApplierRequireReplicasOnOneServer(t *testing.T) {
 	t.Parallel()
-	master := redistest.Start(t, redistest.Options{})
-	replica := redistest.Start(t, redistest.Options{Args: []string{"--replicaof", "127.0.0.1", strings.TrimPrefix(master.Addr(), "127.0.0.1:")}})
-	mc := redistest.Client(t, master.URL())
-	require.Eventually(t, func() bool {
-		info, _ := mc.Info(context.Background(), "replication").Result()
-		return strings.Contains(info, "connected_slaves:1") && strings.Contains(info, "state=online")
-	}, 10*time.Second, 20*time.Millisecond)
+	master, replica, _ := startReplicated(t)
 	ctx := context.Background()
 	keys := adapters.KeySpace{Prefix: "durable"}
 	newApplier := func() *adapters.ProjectionApplier {

@@ -19,6 +19,18 @@ import (
 	"github.com/checkins/checkins/domain"
 )
 
+// partitionedPublisher is a publisher on its own client of env, into n partitions of env's keys.
+func partitionedPublisher(t *testing.T, env projEnv, n int) (adapters.Partitions, *adapters.EventPublisher) {
+	t.Helper()
+	parts, err := adapters.NewPartitions(env.keys, n)
+	require.NoError(t, err)
+	pub, err := adapters.NewEventPublisher(env.newClient(t), env.keys, watermill.NopLogger{})
+	require.NoError(t, err)
+	pub.WithPartitions(parts)
+	t.Cleanup(func() { _ = pub.Close() })
+	return parts, pub
+}
+
 // TestPartitionedPublishAndSubscribe: check-ins published with P = 4 land in their user's
 // partition, in order; one merged subscription of the 4 partitions delivers each exactly once,
 // with its partition's stream in the metadata, each user's in order, runs of one partition
@@ -27,12 +39,7 @@ func TestPartitionedPublishAndSubscribe(t *testing.T) {
 	eachEnv(t, func(t *testing.T, env projEnv) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		parts, err := adapters.NewPartitions(env.keys, 4)
-		require.NoError(t, err)
-		pub, err := adapters.NewEventPublisher(env.newClient(t), env.keys, watermill.NopLogger{})
-		require.NoError(t, err)
-		pub.WithPartitions(parts)
-		t.Cleanup(func() { _ = pub.Close() })
+		parts, pub := partitionedPublisher(t, env, 4)
 
 		const users, each = 40, 15
 		var mu sync.Mutex
@@ -144,12 +151,7 @@ func TestPartitionedSubscriberLingersForOtherPartitions(t *testing.T) {
 			defer cancel()
 			env := env
 			env.keys = adapters.KeySpace{Prefix: "linger-" + uuid.NewString()}
-			parts, err := adapters.NewPartitions(env.keys, 4)
-			require.NoError(t, err)
-			pub, err := adapters.NewEventPublisher(env.newClient(t), env.keys, watermill.NopLogger{})
-			require.NoError(t, err)
-			pub.WithPartitions(parts)
-			t.Cleanup(func() { _ = pub.Close() })
+			parts, pub := partitionedPublisher(t, env, 4)
 			userIn := func(p int) int64 {
 				for u := int64(1); ; u++ {
 					if parts.StreamOf(u) == parts.Stream(p) {

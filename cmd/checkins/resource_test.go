@@ -193,10 +193,7 @@ func TestResourceMemoryHoveringAtTheLimitCostsNoCount(t *testing.T) {
 func (l *ledger) verifyAll(t *testing.T, url string, keys adapters.KeySpace) {
 	t.Helper()
 	ctx := context.Background()
-	cfg, _, err := parseConfig(flag.NewFlagSet("test", flag.ContinueOnError), nil, envWith(map[string]string{"REDIS_URL": url, "PROJECTIONS": ""}))
-	require.NoError(t, err)
-	v, err := bench.NewVerifier(ctx, benchHost(), benchConfig(cfg))
-	require.NoError(t, err)
+	v := newVerifier(t, url)
 	defer v.Close()
 	want := l.acceptedCheckins(t)
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
@@ -210,14 +207,21 @@ func (l *ledger) verifyAll(t *testing.T, url string, keys adapters.KeySpace) {
 func (l *ledger) verifyOnce(t *testing.T, url string, keys adapters.KeySpace) (exact bool, detail string) {
 	t.Helper()
 	ctx := context.Background()
-	cfg, _, err := parseConfig(flag.NewFlagSet("test", flag.ContinueOnError), nil, envWith(map[string]string{"REDIS_URL": url, "PROJECTIONS": ""}))
-	require.NoError(t, err)
-	v, err := bench.NewVerifier(ctx, benchHost(), benchConfig(cfg))
-	require.NoError(t, err)
+	v := newVerifier(t, url)
 	defer v.Close()
-	exact, detail, err = v.Verify(ctx, keys, l.acceptedCheckins(t))
+	exact, detail, err := v.Verify(ctx, keys, l.acceptedCheckins(t))
 	require.NoError(t, err)
 	return exact, detail
+}
+
+// newVerifier is the bench's verifier of the read models on url; the caller closes it.
+func newVerifier(t *testing.T, url string) *bench.Verifier {
+	t.Helper()
+	cfg, _, err := parseConfig(flag.NewFlagSet("test", flag.ContinueOnError), nil, envWith(map[string]string{"REDIS_URL": url, "PROJECTIONS": ""}))
+	require.NoError(t, err)
+	v, err := bench.NewVerifier(context.Background(), benchHost(), benchConfig(cfg))
+	require.NoError(t, err)
+	return v
 }
 
 // acceptedCheckins are the check-ins that got a 2xx.
