@@ -347,18 +347,22 @@ func keyOwner(keys adapters.KeySpace, projections map[string]string, k string) (
 	return "other", kind
 }
 
-// usedMemory is INFO memory used_memory less what the connected clients hold (the sum of
-// CLIENT LIST's tot-mem: a connection's query and reply buffers come and go with the traffic,
-// and moved one run's figure by 130 KiB; INFO's mem_clients_normal is only brought up to date
-// by the server's cron, too late for a reading right after a pipeline); on a cluster the
-// masters' sum, so that a difference of two readings is the sum of each master's difference.
+// usedMemory is INFO memory used_memory; on a cluster the masters' sum, so that a difference
+// of two readings is the sum of each master's difference.
 //
-// On a private server each reading first frees the per-command latency histograms (CONFIG
-// RESETSTAT): Redis 7 allocates one of about 25 KiB the first time each command runs, so the
-// first phase to use 30 commands read about 900 KiB more than the same data held (the 100,000
-// events' projections at 1.7 MiB, their keys at 0.96 MiB), and its growth to the next phase
-// went negative. A shared server's statistics are not the bench's to reset: there the figure
-// is the per-key sum anyway.
+// On a private server a reading leaves out what is not the data:
+//   - the per-command latency histograms: Redis 7 allocates one of about 25 KiB the first time
+//     each command runs, so the first phase to use 30 commands read about 900 KiB more than the
+//     same data held (the 100,000 events' projections at 1.7 MiB, their keys at 0.96 MiB), and
+//     its growth to the next phase went negative. CONFIG RESETSTAT first frees them;
+//   - what the connected clients hold (the sum of CLIENT LIST's tot-mem): a connection's query
+//     and reply buffers come and go with the traffic, and moved one run's figure by 130 KiB
+//     (INFO's mem_clients_normal is only brought up to date by the server's cron, too late for
+//     a reading right after a pipeline).
+//
+// A shared server's statistics are not the bench's to reset, its user may lack CONFIG and
+// CLIENT rights, and other clients move used_memory anyway: there the figure is the per-key
+// sum, and this is the plain used_memory.
 func (b *bencher) usedMemory(ctx context.Context) (int64, error) {
 	return sumNodes(ctx, b.admin, func(ctx context.Context, c *redis.Client) (int64, error) {
 		var info, clients *redis.StringCmd
@@ -367,37 +371,48 @@ func (b *bencher) usedMemory(ctx context.Context) (int64, error) {
 				p.ConfigResetStat(ctx)
 			}
 			info = p.Info(ctx, "memory")
-			clients = p.ClientList(ctx)
+			if b.redis.private {
+				clients = p.ClientList(ctx)
+			}
 			return nil
 		})
 		if err != nil {
-			return 0, fmt.Errorf("INFO memory, CLIENT LIST: %w", err)
+			return 0, fmt.Errorf("INFO memory: %w", err)
 		}
 		n, err := strconv.ParseInt(InfoField(info.Val(), "used_memory"), 10, 64)
 		if err != nil {
 			return 0, fmt.Errorf("INFO memory used_memory: %w", err)
 		}
-		return n - clientsMemory(clients.Val()), nil
+		if clients != nil {
+			n -= clientsMemory(clients.Val())
+		}
+		return n, nil
 	})
 }
 
-// settledMemory is usedMemory once two readings 200 ms apart agree (at most 5 s): after keys
-// are deleted Redis shrinks the keyspace's table in its cron, a few steps later.
+// settledMemory is usedMemory once two readings 200 ms apart agree, on a private server (after
+// keys are deleted Redis shrinks the keyspace's table in its cron, a few steps later); after 5 s
+// it takes the last reading and says so. On a shared server other clients keep used_memory
+// moving, and its figure is the per-key sum: one reading.
 func (b *bencher) settledMemory(ctx context.Context) (int64, error) {
 	last, err := b.usedMemory(ctx)
-	for deadline := time.Now().Add(5 * time.Second); err == nil && time.Now().Before(deadline); {
+	if err != nil || !b.redis.private {
+		return last, err
+	}
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
 		select {
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		case <-time.After(200 * time.Millisecond):
 		}
-		var now int64
-		if now, err = b.usedMemory(ctx); err == nil && now == last {
-			return now, nil
+		now, err := b.usedMemory(ctx)
+		if err != nil || now == last {
+			return now, err
 		}
 		last = now
 	}
-	return last, err
+	b.log.Warn("bench: used_memory did not settle within 5s; the memory phase starts from the last reading", "used_memory", last)
+	return last, nil
 }
 
 // clientsMemory sums the tot-mem fields of a CLIENT LIST reply (0 for a server without them).
