@@ -395,24 +395,43 @@ func (b *bencher) usedMemory(ctx context.Context) (int64, error) {
 // it takes the last reading and says so. On a shared server other clients keep used_memory
 // moving, and its figure is the per-key sum: one reading.
 func (b *bencher) settledMemory(ctx context.Context) (int64, error) {
-	last, err := b.usedMemory(ctx)
-	if err != nil || !b.redis.private {
-		return last, err
+	if !b.redis.private {
+		return b.usedMemory(ctx)
 	}
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+	var last int64
+	read := false
+	settled, err := poll(ctx, 5*time.Second, 200*time.Millisecond, func() (bool, error) {
+		now, err := b.usedMemory(ctx)
+		if err != nil {
+			return false, err
+		}
+		same := read && now == last
+		last, read = now, true
+		return same, nil
+	})
+	if err == nil && !settled {
+		b.log.Warn("bench: used_memory did not settle within 5s; the memory phase starts from the last reading", "used_memory", last)
+	}
+	return last, err
+}
+
+// poll calls done until it says true (ok), fails, ctx ends, or timeout has passed (ok false,
+// no error), waiting every between calls.
+func poll(ctx context.Context, timeout, every time.Duration, done func() (bool, error)) (ok bool, err error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		if ok, err := done(); ok || err != nil {
+			return ok, err
+		}
+		if time.Now().After(deadline) {
+			return false, nil
+		}
 		select {
 		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-time.After(200 * time.Millisecond):
+			return false, ctx.Err()
+		case <-time.After(every):
 		}
-		now, err := b.usedMemory(ctx)
-		if err != nil || now == last {
-			return now, err
-		}
-		last = now
 	}
-	b.log.Warn("bench: used_memory did not settle within 5s; the memory phase starts from the last reading", "used_memory", last)
-	return last, nil
 }
 
 // clientsMemory sums the tot-mem fields of a CLIENT LIST reply (0 for a server without them).
@@ -432,8 +451,7 @@ func clientsMemory(list string) int64 {
 // waitLazyFree waits until Redis has freed what UNLINK handed to its background thread, so that
 // used_memory is not still shrinking from an earlier phase.
 func (b *bencher) waitLazyFree(ctx context.Context) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	_, err := poll(ctx, 30*time.Second, 10*time.Millisecond, func() (bool, error) {
 		pending, err := sumNodes(ctx, b.admin, func(ctx context.Context, c *redis.Client) (int64, error) {
 			info, err := c.Info(ctx, "memory").Result()
 			if err != nil {
@@ -442,18 +460,9 @@ func (b *bencher) waitLazyFree(ctx context.Context) error {
 			n, _ := strconv.ParseInt(InfoField(info, "lazyfree_pending_objects"), 10, 64) // "unknown": 0
 			return n, nil
 		})
-		if err != nil {
-			return err
-		}
-		if pending == 0 || time.Now().After(deadline) {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+		return pending == 0, err
+	})
+	return err
 }
 
 func (b *bencher) connectedClients(ctx context.Context) (int64, error) {
@@ -470,21 +479,11 @@ func (b *bencher) connectedClients(ctx context.Context) (int64, error) {
 // waitClients waits (up to 2s: on a shared Redis others come and go) until no more clients are
 // connected than want.
 func (b *bencher) waitClients(ctx context.Context, want int64) error {
-	deadline := time.Now().Add(2 * time.Second)
-	for {
+	_, err := poll(ctx, 2*time.Second, 10*time.Millisecond, func() (bool, error) {
 		n, err := b.connectedClients(ctx)
-		if err != nil {
-			return err
-		}
-		if n <= want || time.Now().After(deadline) {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+		return n <= want, err
+	})
+	return err
 }
 
 // fmtSize is a byte count for people: B, KiB or MiB.
@@ -505,8 +504,7 @@ func fmtSize(n int64) string {
 
 // waitMarkersSwept waits until no marker set of the run holds anything (at most 5s).
 func (b *bencher) waitMarkersSwept(ctx context.Context, keys adapters.KeySpace) error {
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	_, err := poll(ctx, 5*time.Second, 100*time.Millisecond, func() (bool, error) {
 		var total int64
 		err := scanKeys(ctx, b, keys.Prefix+":applied:*", func(ks []string) error {
 			for _, k := range ks {
@@ -518,18 +516,9 @@ func (b *bencher) waitMarkersSwept(ctx context.Context, keys adapters.KeySpace) 
 			}
 			return nil
 		})
-		if err != nil {
-			return err
-		}
-		if total == 0 || time.Now().After(deadline) {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+		return total == 0, err
+	})
+	return err
 }
 
 // partitionRegistries are the registry hashes of every partition.
