@@ -256,8 +256,10 @@ var (
 )
 
 // DefaultDedupeWindow is how long (in stream time) another copy of a counted check-in is still
-// recognised as a duplicate.
-const DefaultDedupeWindow = 48 * time.Hour
+// recognised as a duplicate: IDEMPOTENCY_TTL's default, so a copy the API may let through (a
+// producer's, a retry the API did not recognise) counts once, and the registries hold a day of
+// check-ins.
+const DefaultDedupeWindow = 24 * time.Hour
 
 // scoreOf is e's position as a score.
 func scoreOf(e projection.EventRef) (int64, error) {

@@ -36,3 +36,26 @@ func TestParseConfigReplicaSettings(t *testing.T) {
 	_, err = parseEnv(map[string]string{"PROJECTION_REPLICA_TIMEOUT": "1m"})
 	assert.NoError(t, err)
 }
+
+// TestParseConfigDedupeWindow: the window defaults to IDEMPOTENCY_TTL's default, follows a
+// longer IDEMPOTENCY_TTL when it is not set, and set explicitly below IDEMPOTENCY_TTL it is
+// refused, naming both.
+func TestParseConfigDedupeWindow(t *testing.T) {
+	t.Parallel()
+	cfg, err := parseEnv(nil)
+	require.NoError(t, err)
+	assert.Equal(t, 24*time.Hour, cfg.DedupeWindow)
+	assert.Equal(t, cfg.IdempotencyTTL, cfg.DedupeWindow, "the defaults are one window")
+	cfg, err = parseEnv(map[string]string{"IDEMPOTENCY_TTL": "72h"})
+	require.NoError(t, err)
+	assert.Equal(t, 72*time.Hour, cfg.DedupeWindow, "unset, it follows a longer IDEMPOTENCY_TTL")
+	cfg, err = parseEnv(map[string]string{"IDEMPOTENCY_TTL": "1s"})
+	require.NoError(t, err)
+	assert.Equal(t, 24*time.Hour, cfg.DedupeWindow, "a shorter IDEMPOTENCY_TTL leaves the default")
+	cfg, err = parseEnv(map[string]string{"DEDUPE_WINDOW": "96h"})
+	require.NoError(t, err)
+	assert.Equal(t, 96*time.Hour, cfg.DedupeWindow)
+	_, err = parseEnv(map[string]string{"IDEMPOTENCY_TTL": "72h", "DEDUPE_WINDOW": "48h"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "invalid DEDUPE_WINDOW: 48h0m0s is below IDEMPOTENCY_TTL 72h0m0s")
+}

@@ -23,7 +23,8 @@ const (
 	memoryUsers     = 200
 	memoryLocations = 50
 	memoryHistory   = 30 * 24 * time.Hour
-	// memoryRetryWithin: a republished copy repeats a check-in of at most this long before.
+	// memoryRetryWithin: a republished copy repeats a check-in of at most this long before (or
+	// DEDUPE_WINDOW, when that is shorter).
 	memoryRetryWithin = 24 * time.Hour
 )
 
@@ -203,6 +204,10 @@ func (b *bencher) preloadHistory(ctx context.Context, keys adapters.KeySpace, n 
 	recent := make([]domain.CheckinRecorded, 0, 1000)
 	var lastMs, seq int64
 	fresh := 0 // check-ins written so far, republished copies not counted
+	retryWithin := memoryRetryWithin
+	if w := b.cfg.DedupeWindow; w > 0 && w < retryWithin {
+		retryWithin = w
+	}
 	const batch = 1000
 	for lo := 0; lo < n; lo += batch {
 		pipe := b.admin.Pipeline()
@@ -216,7 +221,7 @@ func (b *bencher) preloadHistory(ctx context.Context, keys adapters.KeySpace, n 
 			var ev domain.CheckinRecorded
 			if i%100 == 99 && len(recent) > 0 {
 				ev = recent[rng.IntN(len(recent))]
-				if ev.RecordedAt < ms-memoryRetryWithin.Milliseconds() {
+				if ev.RecordedAt < ms-retryWithin.Milliseconds() {
 					// A retry comes within a day: with few events over the month the ring reaches
 					// further back (beyond DEDUPE_WINDOW such a copy is a new check-in, not what
 					// this models), so the latest check-in is taken instead.
