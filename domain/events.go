@@ -30,7 +30,8 @@ type CheckinRecorded struct {
 // Identity tells check-ins apart for the projections' dedupe. An event the API recorded is
 // identified by its checkinId and the body the client sent (Fingerprint): a client that sends
 // the same body again, even after IDEMPOTENCY_TTL and without a timestamp of its own (the API
-// then stamps another time), sends the same check-in. An event without a fingerprint (written by
+// then stamps another time), sends the same check-in (a duplicate to the projections while it is
+// within DEDUPE_WINDOW of the counted one). An event without a fingerprint (written by
 // another producer, or before the field existed) is identified by its checkinId and content
 // (Checkin.Identity). Both are the first 63 bits of a SHA-256, a non-negative integer.
 func (e CheckinRecorded) Identity() int64 {
