@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -202,4 +203,83 @@ func TestRetentionAndRebuildWaitForAPartitionMigration(t *testing.T) {
 	assert.Equal(t, int64(90), res.Trimmed)
 	_, err = a.Commands.RebuildProjection.Start(ctx, "users")
 	require.NoError(t, err)
+}
+
+// TestRetentionTrimsEachPartitionBelowItsOwnGroups: with P = 4 partitions each partition is
+// trimmed by itself, below the floor of its own groups (the same group names on each partition),
+// with MaxEntries shared out (each keeps ceil(MaxEntries/P)): a group far behind on one partition
+// holds back that partition only, a partition no group has read yet keeps everything, and the
+// result sums the partitions up (Trimmed in total, the highest cut, the lowest floor).
+func TestRetentionTrimsEachPartitionBelowItsOwnGroups(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := redistest.Open(t)
+	client := redistest.Client(t, env.URL)
+	keys, err := adapters.KeySpace{Prefix: env.Prefix}.WithPartitions(4)
+	require.NoError(t, err)
+	streams := keys.Partitions().Streams()
+	old := time.Now().Add(-48 * time.Hour).UnixMilli()
+	ids := make([][]string, len(streams))
+	for p, s := range streams {
+		for i := range 100 {
+			// Each partition its own IDs, interleaved in time as ingest makes them.
+			id, err := client.XAdd(ctx, &redis.XAddArgs{Stream: s, ID: fmt.Sprintf("%d-0", old+int64(i*len(streams)+p)), Values: map[string]any{"n": i}}).Result()
+			require.NoError(t, err)
+			ids[p] = append(ids[p], id)
+		}
+	}
+	// read[p][g]: how far group g has read (and acked) partition p; -1: no group there yet.
+	read := [][2]int{{100, 100}, {100, 10}, {60, 100}, {-1, -1}}
+	for p, s := range streams {
+		for g, n := range read[p] {
+			if n < 0 {
+				continue
+			}
+			name := fmt.Sprintf("g%d.v1", g)
+			require.NoError(t, client.XGroupCreate(ctx, s, name, "0").Err())
+			if n == 0 {
+				continue
+			}
+			_, err := client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: name, Consumer: "c", Streams: []string{s, ">"}, Count: int64(n)}).Result()
+			require.NoError(t, err)
+			require.NoError(t, client.XAck(ctx, s, name, ids[p][:n]...).Err())
+		}
+	}
+	admin := adapters.NewStreamAdmin(client, keys)
+	length := func(p int) int64 {
+		n, err := client.XLen(ctx, streams[p]).Result()
+		require.NoError(t, err)
+		return n
+	}
+
+	tr, err := command.NewTrimStream(admin, command.RetentionPolicy{MaxEntries: 80}, nil) // 20 per partition
+	require.NoError(t, err)
+	res, err := tr.TrimOnce(ctx)
+	require.NoError(t, err)
+	// Partition 0: both groups are through, it keeps its share. 1: one group acked only 10, so
+	// only those go. 2: the slower group read 60, so 40 stay, more than the share of 20.
+	// 3: no group has read it, nothing goes.
+	want := []int64{20, 90, 40, 100}
+	for p := range streams {
+		assert.Equal(t, want[p], length(p), "partition %d", p)
+	}
+	after := func(id string) string { return strings.TrimSuffix(id, "-0") + "-1" } // the ID after a ms-0 one
+	assert.Equal(t, int64(80+10+60), res.Trimmed, "the sum of the partitions")
+	assert.Equal(t, after(ids[1][9]), res.Floor, "the lowest floor: partition 1's slow group")
+	assert.Equal(t, after(ids[0][79]), res.MinID, "the highest cut: partition 0's")
+	first, err := client.XRange(ctx, streams[2], "-", "+").Result()
+	require.NoError(t, err)
+	assert.Equal(t, ids[2][60], first[0].ID, "partition 2 kept what its slower group has not read")
+
+	// An age policy (every entry is older): each partition goes down to its own floor.
+	tr, err = command.NewTrimStream(admin, command.RetentionPolicy{MaxAge: time.Hour}, nil)
+	require.NoError(t, err)
+	res, err = tr.TrimOnce(ctx)
+	require.NoError(t, err)
+	want = []int64{0, 90, 40, 100}
+	for p := range streams {
+		assert.Equal(t, want[p], length(p), "partition %d", p)
+	}
+	assert.Equal(t, int64(20), res.Trimmed, "only partition 0 had entries below its floor left")
+	assert.Equal(t, after(ids[1][9]), res.Floor)
 }
