@@ -610,7 +610,8 @@ func TestClusterOperations(t *testing.T) {
 // a steady load; a master is killed with SIGKILL: the one of the event stream's slot (every XADD,
 // the consumer groups and the registry), or another (a third of the users' idempotency keys,
 // dedupe registries and read models). Its replica is promoted within seconds, the API answers 503
-// (never a hang, nor another error) only for a few seconds, /readyz comes back by itself, and
+// (never a hang, nor another error) only for a few seconds and only to users whose slot or
+// partition is on the victim, /readyz comes back by itself, and
 // once clients retried what got no 2xx, every read model equals the check-ins that got a 2xx,
 // each counted once, and each of them is in the stream.
 func TestClusterMasterCrash(t *testing.T) {
@@ -656,6 +657,22 @@ func testClusterMasterCrash(t *testing.T, streamMaster bool) {
 	// this test runs with the defaults). The replica catches up first, the load goes on up to the
 	// kill.
 	require.NoError(t, redistest.Client(t, "redis://"+cl.Addrs()[victim]).Do(context.Background(), "WAIT", 1, 5000).Err())
+	// The users whose check-ins touch the victim: a check-in writes its user's slot (the limit
+	// and the idempotency record) and its user's partition. The others' must not see a 503.
+	victimSlots, err := cl.NodeClient(t, victim).ClusterSlots(context.Background()).Result()
+	require.NoError(t, err)
+	onVictim := func(slot int) bool {
+		for _, r := range victimSlots {
+			if slot >= r.Start && slot <= r.End && len(r.Nodes) > 0 && r.Nodes[0].Addr == cl.Addrs()[victim] {
+				return true
+			}
+		}
+		return false
+	}
+	touchesVictim := map[int64]bool{}
+	for u := int64(1); u <= faultUsers; u++ {
+		touchesVictim[u] = onVictim(adapters.KeySlot(keys.Idempotency(u, "x"))) || onVictim(adapters.KeySlot(keys.Partitions().StreamOf(u)))
+	}
 	before, _, _, _ := l.stats()
 	killed := time.Now()
 	cl.KillNode(victim)
@@ -697,6 +714,18 @@ func testClusterMasterCrash(t *testing.T, streamMaster bool) {
 		assert.GreaterOrEqual(t, firstBadAfterKill, time.Duration(0), "no error before the kill")
 		assert.Less(t, window, 20*time.Second, "errors for a few seconds, not until the next minute's slot-map reload")
 	}
+	l.mu.Lock()
+	users503 := maps.Clone(l.users503)
+	l.mu.Unlock()
+	spared := 0
+	for u := int64(1); u <= faultUsers; u++ {
+		if !touchesVictim[u] {
+			spared++
+			assert.Zero(t, users503[u], "user %d's slot and partition are on the other masters: its check-ins never got a 503", u)
+		}
+	}
+	t.Logf("503s by user %v; %d of %d users touch no slot of the victim", users503, spared, faultUsers)
+	require.Positive(t, spared, "some users are on the other masters only, or the check above says nothing")
 
 	l.resolve(t, svc.base)
 	l.verify(t, svc.base)

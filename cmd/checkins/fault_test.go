@@ -164,12 +164,13 @@ type ledger struct {
 	// When the first and the last answer other than 2xx (or none) came.
 	firstBad, lastBad time.Time
 	codes503          map[string]int // 503s by their error code
+	users503          map[int64]int  // 503s by the check-in's user
 	slowest           time.Duration  // the longest a request took to get its answer (or none)
 }
 
 func newLedger() *ledger {
 	return &ledger{ok: map[string]sent{}, accepted: map[string]domain.Checkin{}, unknown: map[string]sent{}, codes: map[int]int{},
-		codes503: map[string]int{}}
+		codes503: map[string]int{}, users503: map[int64]int{}}
 }
 
 func (l *ledger) stats() (ok int, codes map[int]int, errs, timeouts int) {
@@ -237,6 +238,7 @@ func (l *ledger) post(client *http.Client, base, id string, s sent) {
 			}
 			_ = json.Unmarshal(raw, &e)
 			l.codes503[e.Error.Code]++
+			l.users503[s.user]++
 		}
 		l.unknown[id] = s
 	}
