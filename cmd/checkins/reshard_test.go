@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,7 +28,8 @@ import (
 // moved slot while the cluster serves), stream partitions and projection keys among them.
 // Then: every check-in that got a 2xx is in its partition stream, every read model equals an
 // independent computation over the 2xx answers (nothing lost, nothing counted twice), /readyz of
-// every process comes back by itself, nothing was parked in the poison queue (TRYAGAIN of a
+// every process comes back by itself, both projectors handled a share of the events (their
+// metrics), nothing was parked in the poison queue (TRYAGAIN of a
 // script during a slot's migration is transient: retried, not parked), and the errors during
 // the move are few, 503s only, and counted.
 const reshardUsers, reshardLocations = 500, 40
@@ -188,6 +191,19 @@ func TestClusterReshardUnderLoad(t *testing.T) {
 	}
 	assert.Zero(t, n, "nothing parked in the poison queue")
 
+	// The two projectors shared the work: each handled a share of the events (the groups hand an
+	// entry to one consumer only).
+	handled := make([]float64, len(proj))
+	var all float64
+	for i, p := range proj {
+		handled[i] = projectionEventsHandled(t, client, p.base)
+		all += handled[i]
+	}
+	t.Logf("the projectors handled %v events (every projection)", handled)
+	for i, n := range handled {
+		assert.Greater(t, n, all/10, "projector %d took a share of the work", i)
+	}
+
 	// Projection keys live on the new master too.
 	var onNew int
 	var cursor uint64
@@ -202,4 +218,28 @@ func TestClusterReshardUnderLoad(t *testing.T) {
 	}
 	t.Logf("%d projection keys are on the new master", onNew)
 	assert.Positive(t, onNew, "projection keys moved to the new master")
+}
+
+// projectionEventsHandled is the sum of a process's checkins_projection_events_total applied and
+// duplicate outcomes, from its /metrics.
+func projectionEventsHandled(t *testing.T, client *http.Client, base string) float64 {
+	t.Helper()
+	resp, err := client.Get(base + "/metrics")
+	require.NoError(t, err)
+	defer func() { _ = resp.Body.Close() }()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var sum float64
+	for _, line := range strings.Split(string(raw), "\n") {
+		if !strings.HasPrefix(line, "checkins_projection_events_total{") ||
+			!(strings.Contains(line, `outcome="applied"`) || strings.Contains(line, `outcome="duplicate"`)) {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		require.NoError(t, err, line)
+		sum += v
+	}
+	return sum
 }
