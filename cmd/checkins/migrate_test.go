@@ -109,13 +109,28 @@ func pageIDs(p checkinPageJSON) []string {
 // then projects the remaining entries: every read model equals the independent computation over
 // the accepted check-ins (nothing lost, nothing counted twice), a cursor issued before pages as
 // before, a rerun is a no-op, and a start with the old count is refused, naming the command.
+// The same on the shared local cluster of 3 masters, from one stream (STREAM_PARTITIONS=1) to 8
+// partitions on evenly spread slots, with the groups mid-way.
 func TestPartitionMigrateOneToEight(t *testing.T) {
 	t.Parallel()
-	rdb := redistest.Open(t)
-	client := redistest.Client(t, rdb.URL)
+	t.Run("one server", func(t *testing.T) {
+		t.Parallel()
+		rdb := redistest.Open(t)
+		testPartitionMigrateOneToEight(t, rdb.URL, adapters.KeySpace{Prefix: rdb.Prefix}, redistest.Client(t, rdb.URL), nil)
+	})
+	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
+		cl := redistest.OpenCluster(t)
+		keys, err := adapters.NewKeySpace(cl.Prefix, true)
+		require.NoError(t, err)
+		testPartitionMigrateOneToEight(t, cl.URL, keys, redistest.ClusterClient(t, cl.URL), map[string]string{"STREAM_PARTITIONS": "1"})
+	})
+}
+
+func testPartitionMigrateOneToEight(t *testing.T, url string, keys adapters.KeySpace, client redis.UniversalClient, more map[string]string) {
 	ctx := context.Background()
-	keys := adapters.KeySpace{Prefix: rdb.Prefix}
-	env := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "REQUEST_TIMEOUT": "1s"}
+	env := map[string]string{"REDIS_URL": url, "KEY_PREFIX": keys.Prefix, "REQUEST_TIMEOUT": "1s"}
+	maps.Copy(env, more)
 	l := newLedger()
 
 	xaddCheckins(t, client, keys.Stream(), l, "first", 10_000)
@@ -206,11 +221,11 @@ func TestPartitionMigrateOneToEight(t *testing.T) {
 		return c503 == http.StatusServiceUnavailable && strings.Contains(body, "restart it with STREAM_PARTITIONS=8")
 	}, 5*time.Second, 100*time.Millisecond, "an API process of 1 partition refuses the stream of 8")
 
-	env8 := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "STREAM_PARTITIONS": "8"}
+	env8 := map[string]string{"REDIS_URL": url, "KEY_PREFIX": keys.Prefix, "STREAM_PARTITIONS": "8"}
 	svc = startSvc(t, "serve", env8)
 	l.resolve(t, svc.base) // the check-ins refused with 503 migrating, sent again
 	l.verify(t, svc.base)
-	l.verifyAll(t, rdb.URL, parts8)
+	l.verifyAll(t, url, parts8)
 	requireNothingPending(t, client, parts8)
 	assert.Zero(t, svc.logs.count("event parked in poison queue"))
 	again := getPage(t, svc.base, "limit=1000&cursor="+page1.NextCursor)
@@ -219,7 +234,7 @@ func TestPartitionMigrateOneToEight(t *testing.T) {
 	code, out, stderr = runOps(t, env, "partitions", "migrate", "--to", "8")
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, out, "has 8 partitions already: nothing to do")
-	env1 := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "STREAM_PARTITIONS": "1"}
+	env1 := map[string]string{"REDIS_URL": url, "KEY_PREFIX": keys.Prefix, "STREAM_PARTITIONS": "1"}
 	code, _, stderr = runOps(t, env1, "serve")
 	assert.Equal(t, 1, code, stderr)
 	assert.Contains(t, stderr, "has 8 partitions")
