@@ -73,3 +73,45 @@ func TestPartitionStallIsPerPartition(t *testing.T) {
 	assert.True(t, strings.Contains(gs[0].StallCause, parts.Stream(0)) && !strings.Contains(gs[0].StallCause, parts.Stream(1)),
 		"the cause names the stuck partition only: %s", gs[0].StallCause)
 }
+
+// TestPartitionedInfoSumsUp: with three partitions, the stream admin's figures for a group are
+// the partitions' summed up: its pending entries in total, its oldest pending entry the oldest of
+// all the partitions' (here on the last partition, the older of two pending ones), its lag the
+// total of what it has not read.
+func TestPartitionedInfoSumsUp(t *testing.T) {
+	t.Parallel()
+	env := redistest.Open(t)
+	c := redistest.Client(t, env.URL)
+	ctx := context.Background()
+	keys, err := adapters.KeySpace{Prefix: env.Prefix}.WithPartitions(3)
+	require.NoError(t, err)
+	parts := keys.Partitions()
+	admin := adapters.NewStreamAdmin(c, keys)
+	require.NoError(t, admin.CreateGroup(ctx, "g", "0"))
+	add := func(i int, id string) {
+		require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(i), ID: id, Values: map[string]any{"k": "v"}}).Err())
+	}
+	read := func(i int) {
+		_, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c", Streams: []string{parts.Stream(i), ">"}, Count: 1, Block: -1}).Result()
+		require.NoError(t, err)
+	}
+	add(2, "1000-0") // the oldest entry, pending on the last partition
+	add(1, "2000-0") // pending on partition 1
+	add(0, "3000-0") // partition 0: read and acknowledged
+	read(2)
+	read(1)
+	read(0)
+	require.NoError(t, c.XAck(ctx, parts.Stream(0), "g", "3000-0").Err())
+	add(0, "4000-0") // not read yet: lag 1 on partition 0
+	add(1, "5000-0") // and 1 on partition 1
+
+	info, err := admin.Info(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(5), info.Length)
+	g := info.Group("g")
+	require.NotNil(t, g)
+	assert.Equal(t, int64(2), g.Pending, "pending on partitions 1 and 2")
+	assert.Equal(t, "1000-0", g.OldestPendingID, "the oldest pending entry of all the partitions, not the first partition's")
+	assert.Equal(t, int64(2), g.Lag, "unread on partitions 0 and 1")
+	assert.Len(t, g.Parts, 3)
+}
