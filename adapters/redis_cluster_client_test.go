@@ -86,6 +86,54 @@ func TestNewUniversalRedisClient(t *testing.T) {
 	}
 }
 
+// TestClusterWithPassword: a private cluster whose nodes require a password (requirepass and
+// masterauth) is reached with the password in REDIS_URL, in go-redis's cluster URL form or as one
+// seed (auto mode asks that node, with the password, whether it is a cluster node); every master
+// is reached. Without the password, or with a wrong one, the error names the authentication.
+func TestClusterWithPassword(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, redistest.ClusterOptions{Password: "s3cret-pass"})
+	addrs := cl.Addrs()
+	ctx := context.Background()
+	for name, url := range map[string]string{
+		"seeds":                 cl.URL(),
+		"one seed, auto mode":   "redis://:s3cret-pass@" + addrs[1],
+		"a user and a password": "redis://default:s3cret-pass@" + addrs[2] + "?addr=" + addrs[0],
+	} {
+		t.Run(name, func(t *testing.T) {
+			c, err := adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: url, DialTimeout: time.Second})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = c.Close() })
+			cc, ok := c.(*redis.ClusterClient)
+			require.True(t, ok, "%T", c)
+			masters := map[string]bool{}
+			for i := range 40 {
+				k := "pw:" + strconv.Itoa(i)
+				require.NoError(t, c.Set(ctx, k, i, time.Minute).Err())
+				n, err := cc.MasterForKey(ctx, k)
+				require.NoError(t, err)
+				masters[n.Options().Addr] = true
+			}
+			assert.Len(t, masters, 3, "every master answers with the password")
+		})
+	}
+	for name, url := range map[string]string{
+		"no password, auto mode":  "redis://" + addrs[0],
+		"a wrong password, seeds": "redis://:wrong@" + addrs[0] + "?addr=" + addrs[1],
+	} {
+		t.Run(name, func(t *testing.T) {
+			c, err := adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: url, DialTimeout: time.Second})
+			if err == nil {
+				t.Cleanup(func() { _ = c.Close() })
+				err = c.Set(ctx, "pw:x", 1, time.Minute).Err()
+			}
+			require.Error(t, err)
+			t.Logf("%s: %v", name, err)
+			assert.Regexp(t, `NOAUTH|WRONGPASS|invalid password|Authentication required`, err.Error())
+		})
+	}
+}
+
 // TestClusterClientHealsAFailoverInSeconds kills a master of a 3+3 cluster while a client
 // writes to its slots, for each remedy alone: the slot map reloaded every second, or reloaded on
 // connection errors (with the periodic reload an hour away). go-redis alone keeps sending the

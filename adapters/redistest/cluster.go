@@ -95,6 +95,9 @@ type ClusterOptions struct {
 	Replicas   int      // replicas per master (0 or more); the nodes after the masters
 	AppendOnly bool     // AOF on with appendfsync everysec (default off, like Options)
 	Args       []string // more redis-server arguments for every node
+	// Password, when set, is every node's requirepass and masterauth; the helper's own clients,
+	// redis-cli and URL use it.
+	Password string
 }
 
 // Cluster is a local Redis Cluster of redis-server processes on free loopback ports.
@@ -162,7 +165,7 @@ func newCluster(opts ClusterOptions) (*Cluster, error) {
 	}
 	// redis-cli makes the first Masters nodes masters (all on one host, it takes them in the
 	// order given) and the rest their replicas, with an even split of the 16384 slots.
-	args := []string{"--cluster", "create"}
+	args := append(c.cliAuth(), "--cluster", "create")
 	args = append(args, c.Addrs()...)
 	args = append(args, "--cluster-replicas", strconv.Itoa(opts.Replicas), "--cluster-yes")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -232,6 +235,9 @@ func (c *Cluster) spawn(n *clusterNode) error {
 	} else {
 		args = append(args, "--appendonly", "no")
 	}
+	if c.opts.Password != "" {
+		args = append(args, "--requirepass", c.opts.Password, "--masterauth", c.opts.Password)
+	}
 	args = append(args, c.opts.Args...)
 	var cmd *exec.Cmd
 	var err error
@@ -251,7 +257,7 @@ func (c *Cluster) spawn(n *clusterNode) error {
 	n.cmd, n.done = cmd, done
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		rc := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1})
+		rc := c.nodeClient(n.addr())
 		perr := rc.Ping(context.Background()).Err()
 		_ = rc.Close()
 		if perr == nil {
@@ -313,11 +319,28 @@ func (c *Cluster) Addrs() []string {
 	return out
 }
 
-// URL is the go-redis cluster URL with every node as a seed.
+// URL is the go-redis cluster URL with every node as a seed (and the password, if any).
 func (c *Cluster) URL() string {
 	addrs := c.Addrs()
 	q := url.Values{"addr": addrs[1:]}
-	return "redis://" + addrs[0] + "?" + q.Encode()
+	u := url.URL{Scheme: "redis", Host: addrs[0], RawQuery: q.Encode()}
+	if c.opts.Password != "" {
+		u.User = url.UserPassword("", c.opts.Password)
+	}
+	return u.String()
+}
+
+// nodeClient is a plain client of one node, without retries, with the cluster's password.
+func (c *Cluster) nodeClient(addr string) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: addr, Password: c.opts.Password, MaxRetries: -1})
+}
+
+// cliAuth is redis-cli's arguments for the cluster's password (none without one).
+func (c *Cluster) cliAuth() []string {
+	if c.opts.Password == "" {
+		return nil
+	}
+	return []string{"-a", c.opts.Password, "--no-auth-warning"}
 }
 
 // Len is the number of nodes.
@@ -326,7 +349,7 @@ func (c *Cluster) Len() int { return len(c.nodes) }
 // NodeClient is a plain client of node i (to read its INFO, or to act on it alone).
 func (c *Cluster) NodeClient(t testing.TB, i int) *redis.Client {
 	t.Helper()
-	rc := redis.NewClient(&redis.Options{Addr: c.nodes[i].addr(), MaxRetries: -1})
+	rc := c.nodeClient(c.nodes[i].addr())
 	t.Cleanup(func() { _ = rc.Close() })
 	return rc
 }
@@ -383,7 +406,7 @@ func (c *Cluster) healthy() error {
 		if !n.running() {
 			continue
 		}
-		rc := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1})
+		rc := c.nodeClient(n.addr())
 		info, err := rc.ClusterInfo(ctx).Result()
 		var masters []string
 		if err == nil {
@@ -439,7 +462,7 @@ func (c *Cluster) Masters(t testing.TB) []int {
 		if !n.running() {
 			continue
 		}
-		rc := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1})
+		rc := c.nodeClient(n.addr())
 		role, err := rc.Do(context.Background(), "ROLE").Slice()
 		_ = rc.Close()
 		if err != nil {
@@ -459,7 +482,7 @@ func (c *Cluster) MasterOf(t testing.TB, slot int) int {
 		if !n.running() {
 			continue
 		}
-		rc := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1})
+		rc := c.nodeClient(n.addr())
 		slots, err := rc.ClusterSlots(context.Background()).Result()
 		_ = rc.Close()
 		if err != nil {
@@ -508,7 +531,7 @@ func (c *Cluster) ReplicaOf(t testing.TB, m int) int {
 		if i == m || !n.running() {
 			continue
 		}
-		rc := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1})
+		rc := c.nodeClient(n.addr())
 		role, err := rc.Do(context.Background(), "ROLE").Slice()
 		_ = rc.Close()
 		if err != nil {
@@ -550,7 +573,7 @@ func (c *Cluster) AddMaster(t testing.TB) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	// #nosec G204 -- a test helper: addresses of the nodes it started
-	if out, err := exec.CommandContext(ctx, "redis-cli", "--cluster", "add-node", n.addr(), seed).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, "redis-cli", append(c.cliAuth(), "--cluster", "add-node", n.addr(), seed)...).CombinedOutput(); err != nil {
 		t.Fatalf("redistest: redis-cli --cluster add-node: %v\n%s", err, out)
 	}
 	// redis-cli --cluster rebalance refuses to run until every node agrees on the configuration.
@@ -584,7 +607,7 @@ func (c *Cluster) knowEachOther() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	for _, a := range addrs {
-		rc := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
+		rc := c.nodeClient(a)
 		nodes, err := rc.ClusterNodes(ctx).Result()
 		_ = rc.Close()
 		if err != nil {
@@ -621,7 +644,7 @@ func (c *Cluster) Rebalance(t testing.TB) (string, time.Duration) {
 	defer cancel()
 	start := time.Now()
 	// #nosec G204 -- a test helper: an address of a node it started
-	out, err := exec.CommandContext(ctx, "redis-cli", "--cluster", "rebalance", seed, "--cluster-use-empty-masters").CombinedOutput()
+	out, err := exec.CommandContext(ctx, "redis-cli", append(c.cliAuth(), "--cluster", "rebalance", seed, "--cluster-use-empty-masters")...).CombinedOutput()
 	took := time.Since(start)
 	if err != nil || strings.Contains(string(out), "[ERR]") {
 		t.Fatalf("redistest: redis-cli --cluster rebalance: %v\n%s", err, out)
