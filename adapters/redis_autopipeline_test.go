@@ -103,3 +103,50 @@ func TestAutoPipelineHonoursTheCallersDeadline(t *testing.T) {
 		return err == nil
 	}, 10*time.Second, 50*time.Millisecond, "works again once the server answers")
 }
+
+// TestAutoPipelineReloadsLostScripts: after SCRIPT FLUSH (a restart, a promoted replica that
+// never loaded the script) the EVALSHAs of a pipeline answer NOSCRIPT; the pipeline loads the
+// script and sends only those again, so each caller's script runs exactly once and gets its own
+// reply, and the plain commands of the same pipeline are not sent twice.
+func TestAutoPipelineReloadsLostScripts(t *testing.T) {
+	t.Parallel()
+	env := redistest.Open(t)
+	client := redistest.Client(t, env.URL)
+	p := adapters.NewAutoPipeline(client, 64, 1)
+	t.Cleanup(func() { _ = p.Close() })
+	ctx := context.Background()
+	script := redis.NewScript(`return redis.call('INCR', KEYS[1]) * 1000 + tonumber(ARGV[1])`)
+	key, plain := env.Prefix+":runs", env.Prefix+":plain"
+	for round := range 3 {
+		require.NoError(t, client.ScriptFlush(ctx).Err(), "round %d", round)
+		const n = 50
+		var wg sync.WaitGroup
+		replies := make([]int64, n)
+		for i := range n {
+			wg.Go(func() {
+				v, err := p.Run(ctx, script, []string{key}, i)
+				if assert.NoError(t, err) {
+					replies[i] = v.(int64)
+				}
+				_, err = p.Do(ctx, "INCR", plain)
+				assert.NoError(t, err)
+			})
+		}
+		wg.Wait()
+		runs := map[int64]bool{}
+		for i, v := range replies {
+			assert.Equal(t, int64(i), v%1000, "caller %d got its own reply", i)
+			runs[v/1000] = true
+		}
+		assert.Len(t, runs, n, "round %d: every call ran once (distinct INCR results)", round)
+		assert.Equal(t, int64((round+1)*n), mustInt(t, client.Get(ctx, key)), "round %d: the script ran exactly once per call", round)
+		assert.Equal(t, int64((round+1)*n), mustInt(t, client.Get(ctx, plain)), "round %d: no plain command was sent twice", round)
+	}
+}
+
+func mustInt(t *testing.T, c *redis.StringCmd) int64 {
+	t.Helper()
+	n, err := c.Int64()
+	require.NoError(t, err)
+	return n
+}
