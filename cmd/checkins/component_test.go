@@ -179,20 +179,30 @@ func componentCheckinBody(s componentSent) string {
 // user and location read model equals a computation over the check-ins the API accepted (each
 // counted once), and then stops the service: Run must return nil and leave no event pending in
 // any consumer group. Once per subscriber implementation.
+// The same on the shared local cluster of 3 masters, with its default 24 stream partitions.
 func TestComponentProjectionsMatchAcceptedCheckins(t *testing.T) {
 	t.Parallel()
 	for _, subscriber := range []string{"batched", "watermill"} {
 		t.Run("SUBSCRIBER="+subscriber, func(t *testing.T) {
 			t.Parallel()
-			testProjectionsMatchAcceptedCheckins(t, subscriber)
+			rdb := redistest.Open(t)
+			testProjectionsMatchAcceptedCheckins(t, subscriber, rdb.URL, adapters.KeySpace{Prefix: rdb.Prefix}, redistest.Client(t, rdb.URL))
+		})
+		t.Run("cluster/SUBSCRIBER="+subscriber, func(t *testing.T) {
+			t.Parallel()
+			cl := redistest.OpenCluster(t)
+			keys, err := adapters.NewKeySpace(cl.Prefix, true)
+			require.NoError(t, err)
+			keys, err = keys.WithPartitions(adapters.DefaultClusterPartitions)
+			require.NoError(t, err)
+			testProjectionsMatchAcceptedCheckins(t, subscriber, cl.URL, keys, redistest.ClusterClient(t, cl.URL))
 		})
 	}
 }
 
-func testProjectionsMatchAcceptedCheckins(t *testing.T, subscriber string) {
-	rdb := redistest.Open(t)
+func testProjectionsMatchAcceptedCheckins(t *testing.T, subscriber, url string, keys adapters.KeySpace, client redis.UniversalClient) {
 	svc := startInProcess(t, map[string]string{
-		"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "DRAIN_TIMEOUT": "20s", "SUBSCRIBER": subscriber,
+		"REDIS_URL": url, "KEY_PREFIX": keys.Prefix, "DRAIN_TIMEOUT": "20s", "SUBSCRIBER": subscriber,
 	}, Mode{API: true, Projections: true})
 
 	const (
@@ -322,16 +332,18 @@ func testProjectionsMatchAcceptedCheckins(t *testing.T, subscriber string) {
 	require.Len(t, acceptedByID, nValid)
 
 	// A publisher retry after a lost reply writes the same event twice: copy some entries, as
-	// they are, to the end of the stream. They must not be counted again.
-	keys := adapters.KeySpace{Prefix: rdb.Prefix}
-	client := redistest.Client(t, rdb.URL)
+	// they are, to the end of their stream (partition). They must not be counted again.
 	ctx := context.Background()
-	entries, err := client.XRangeN(ctx, keys.Stream(), "-", "+", 40).Result()
-	require.NoError(t, err)
-	require.NotEmpty(t, entries)
-	for i := 0; i < len(entries); i += 4 {
-		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: entries[i].Values}).Err())
+	copied := 0
+	for _, stream := range keys.Partitions().Streams() {
+		entries, err := client.XRangeN(ctx, stream, "-", "+", 40).Result()
+		require.NoError(t, err)
+		for i := 0; i < len(entries); i += 4 {
+			require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: entries[i].Values}).Err())
+			copied++
+		}
 	}
+	require.Positive(t, copied)
 
 	type userWant struct{ num, last, lastLoc int64 }
 	type locWant struct{ num, stars int64 }
@@ -378,12 +390,14 @@ func testProjectionsMatchAcceptedCheckins(t *testing.T, subscriber string) {
 	assert.Equal(t, http.StatusNotFound, status)
 
 	require.NoError(t, svc.stop(t), "a graceful stop returns nil")
-	groups, err := client.XInfoGroups(ctx, keys.Stream()).Result()
-	require.NoError(t, err)
-	require.Len(t, groups, 1, "one consumer group, the live group, feeds every projection")
-	assert.Equal(t, "live", groups[0].Name)
-	for _, g := range groups {
-		assert.Zero(t, g.Pending, "group %s: a clean shutdown acks everything it handled", g.Name)
+	for _, stream := range keys.Partitions().Streams() {
+		groups, err := client.XInfoGroups(ctx, stream).Result()
+		require.NoError(t, err)
+		require.Len(t, groups, 1, "one consumer group, the live group, feeds every projection (%s)", stream)
+		assert.Equal(t, "live", groups[0].Name)
+		for _, g := range groups {
+			assert.Zero(t, g.Pending, "group %s on %s: a clean shutdown acks everything it handled", g.Name, stream)
+		}
 	}
 }
 
