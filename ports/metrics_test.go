@@ -3,6 +3,7 @@ package ports_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -55,11 +56,23 @@ func metricValue(body, series string) (float64, bool) {
 	return 0, false
 }
 
+// With 4 stream partitions the figures of each group are its partitions' summed up, which the
+// P = 4 run checks against XINFO GROUPS of every partition.
 func TestMetricsAndReadinessFollowProgress(t *testing.T) {
 	t.Parallel()
+	for _, p := range []int{1, 4} {
+		t.Run(fmt.Sprintf("P=%d", p), func(t *testing.T) {
+			t.Parallel()
+			testMetricsAndReadinessFollowProgress(t, p)
+		})
+	}
+}
+
+func testMetricsAndReadinessFollowProgress(t *testing.T, partitions int) {
 	env := redistest.Open(t)
 	client := redistest.Client(t, env.URL)
-	keys := adapters.KeySpace{Prefix: env.Prefix}
+	keys, err := adapters.KeySpace{Prefix: env.Prefix}.WithPartitions(partitions)
+	require.NoError(t, err)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx := context.Background()
 
@@ -83,7 +96,7 @@ func TestMetricsAndReadinessFollowProgress(t *testing.T) {
 			Backend: adapters.NewProjectorBackend(client, keys), Applier: testApplier(t, client, keys), Observer: metrics, Logger: log, CloseTimeout: 10 * time.Second,
 			Retry: ports.RetryPolicy{InitialInterval: 5 * time.Millisecond, Multiplier: 1, MaxInterval: 5 * time.Millisecond, MaxAttempts: 2},
 			NewSubscriber: adapters.Subscribers{NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, env.URL), nil },
-				Consumer: "c1", BatchSize: 10, MaxInFlight: 20, BlockTime: 50 * time.Millisecond,
+				Consumer: "c1", Parts: keys.Partitions(), BatchSize: 10, MaxInFlight: 20, BlockTime: 50 * time.Millisecond,
 				DrainTimeout: 5 * time.Second, Logger: watermill.NopLogger{}}.New,
 		})
 		require.NoError(t, err)
@@ -116,22 +129,31 @@ func TestMetricsAndReadinessFollowProgress(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 
-	const events = 60
+	const events, nUsers = 60, 8
+	parts := keys.Partitions()
 	for i := range events {
-		e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "m" + strconv.Itoa(i), UserID: 1, LocationID: 2, StarRating: 3, Timestamp: 1000 + int64(i)}, RecordedAt: 2000}
+		user := int64(1 + i%nUsers) // over every partition
+		e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "m" + strconv.Itoa(i), UserID: user, LocationID: 2, StarRating: 3, Timestamp: 1000 + int64(i)}, RecordedAt: 2000}
 		fields := map[string]any{}
 		for k, v := range e.Fields() {
 			fields[k] = v
 		}
-		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: fields}).Err())
+		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.StreamOf(user), Values: fields}).Err())
 	}
 	// And one entry that is not an event: both projections park it.
-	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: map[string]any{"type": "nonsense"}}).Err())
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(0), Values: map[string]any{"type": "nonsense"}}).Err())
 
 	users := adapters.NewProjectionReader(client, keys, "users")
 	require.Eventually(t, func() bool {
-		v, err := projection.UserStats{}.Get(ctx, users, 1)
-		return err == nil && v.NumCheckins == events
+		var n int64
+		for u := int64(1); u <= nUsers; u++ {
+			v, err := projection.UserStats{}.Get(ctx, users, u)
+			if err != nil {
+				return false
+			}
+			n += v.NumCheckins
+		}
+		return n == events
 	}, 15*time.Second, 20*time.Millisecond)
 
 	status, _ := get("/healthz")
@@ -192,6 +214,34 @@ func TestMetricsAndReadinessFollowProgress(t *testing.T) {
 		v, ok := metricValue(body, series)
 		if assert.True(t, ok, "missing series %s", series) {
 			assert.True(t, check(v), "%s = %v", series, v)
+		}
+	}
+
+	// The gated group's lag and pending entries are its partitions' summed up.
+	var lag, pending int64
+	for _, stream := range parts.Streams() {
+		gs, err := client.XInfoGroups(ctx, stream).Result()
+		require.NoError(t, err)
+		for _, g := range gs {
+			if g.Name == "live:gated" {
+				lag += g.Lag
+				pending += g.Pending
+			}
+		}
+	}
+	for series, want := range map[string]int64{
+		`checkins_projection_lag{group="live:gated",projection="gated",version="1"}`:     lag,
+		`checkins_projection_pending{group="live:gated",projection="gated",version="1"}`: pending,
+	} {
+		v, ok := metricValue(body, series)
+		if assert.True(t, ok, "missing series %s", series) {
+			assert.Equal(t, float64(want), v, "%s: the sum over the %d partitions", series, partitions)
+		}
+	}
+	if partitions > 1 {
+		v, ok := metricValue(body, `checkins_stream_length`)
+		if assert.True(t, ok) {
+			assert.Equal(t, float64(events+1), v, "the stream's length is the partitions' total")
 		}
 	}
 
