@@ -20,14 +20,9 @@ import (
 // partitions up (length, pending) and keeps each one's figures.
 func TestPartitionStallIsPerPartition(t *testing.T) {
 	t.Parallel()
-	env := redistest.Open(t)
-	c := redistest.Client(t, env.URL)
+	c, keys, admin := partitionedGroup(t, 2)
 	ctx := context.Background()
-	keys, err := adapters.KeySpace{Prefix: env.Prefix}.WithPartitions(2)
-	require.NoError(t, err)
 	parts := keys.Partitions()
-	admin := adapters.NewStreamAdmin(c, keys)
-	require.NoError(t, admin.CreateGroup(ctx, "g", "0"))
 	add := func(i int) {
 		require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(i), Values: map[string]any{"k": "v"}}).Err())
 	}
@@ -80,14 +75,9 @@ func TestPartitionStallIsPerPartition(t *testing.T) {
 // total of what it has not read.
 func TestPartitionedInfoSumsUp(t *testing.T) {
 	t.Parallel()
-	env := redistest.Open(t)
-	c := redistest.Client(t, env.URL)
+	c, keys, admin := partitionedGroup(t, 3)
 	ctx := context.Background()
-	keys, err := adapters.KeySpace{Prefix: env.Prefix}.WithPartitions(3)
-	require.NoError(t, err)
 	parts := keys.Partitions()
-	admin := adapters.NewStreamAdmin(c, keys)
-	require.NoError(t, admin.CreateGroup(ctx, "g", "0"))
 	add := func(i int, id string) {
 		require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(i), ID: id, Values: map[string]any{"k": "v"}}).Err())
 	}
@@ -114,4 +104,17 @@ func TestPartitionedInfoSumsUp(t *testing.T) {
 	assert.Equal(t, "1000-0", g.OldestPendingID, "the oldest pending entry of all the partitions, not the first partition's")
 	assert.Equal(t, int64(2), g.Lag, "unread on partitions 0 and 1")
 	assert.Len(t, g.Parts, 3)
+}
+
+// partitionedGroup is a key space of p stream partitions on a private prefix, its stream admin,
+// and the consumer group "g" created on every partition.
+func partitionedGroup(t *testing.T, p int) (*redis.Client, adapters.KeySpace, *adapters.StreamAdmin) {
+	t.Helper()
+	env := redistest.Open(t)
+	c := redistest.Client(t, env.URL)
+	keys, err := adapters.KeySpace{Prefix: env.Prefix}.WithPartitions(p)
+	require.NoError(t, err)
+	admin := adapters.NewStreamAdmin(c, keys)
+	require.NoError(t, admin.CreateGroup(context.Background(), "g", "0"))
+	return c, keys, admin
 }
