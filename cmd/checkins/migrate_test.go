@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os/exec"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -222,9 +223,37 @@ func testPartitionMigrateOneToEight(t *testing.T, url string, keys adapters.KeyS
 	}, 5*time.Second, 100*time.Millisecond, "an API process of 1 partition refuses the stream of 8")
 
 	env8 := map[string]string{"REDIS_URL": url, "KEY_PREFIX": keys.Prefix, "STREAM_PARTITIONS": "8"}
+	l.mu.Lock()
+	var acceptedBefore []string // through the API before the migration: their idempotency records moved with it
+	for id := range l.ok {
+		if strings.HasPrefix(id, "during-") {
+			acceptedBefore = append(acceptedBefore, id)
+		}
+	}
+	sentBefore := maps.Clone(l.ok)
+	acceptedAt := map[string]float64{}
+	for id, c := range l.accepted {
+		acceptedAt[id] = float64(c.Timestamp)
+	}
+	l.mu.Unlock()
+	sort.Strings(acceptedBefore)
+	require.NotEmpty(t, acceptedBefore)
 	svc = startSvc(t, "serve", env8)
 	l.resolve(t, svc.base) // the check-ins refused with 503 migrating, sent again
-	l.verify(t, svc.base)
+	for _, id := range acceptedBefore[:min(20, len(acceptedBefore))] {
+		s := sentBefore[id]
+		// Another body first: were the record not found, this one would be recorded (202).
+		other := fmt.Sprintf(`{"checkinId":%q,"userId":%d,"locationId":%d,"starRating":%d}`, id, s.user, s.location, (s.stars+1)%6)
+		code, body, err := testPostCheckin(svc.base, other, nil)
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusConflict, code, "%s reused with another body after the migration: 409 (%v)", id, body)
+		same := fmt.Sprintf(`{"checkinId":%q,"userId":%d,"locationId":%d,"starRating":%d}`, id, s.user, s.location, s.stars)
+		code, body, err = testPostCheckin(svc.base, same, nil)
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusAccepted, code, "%s sent again after the migration: answered as a retry (%v)", id, body)
+		assert.EqualValues(t, acceptedAt[id], body["timestamp"], "%s: the retry answers with the check-in accepted before (the API stamped its time then)", id)
+	}
+	l.verify(t, svc.base) // and the retries above were not counted again
 	l.verifyAll(t, url, parts8)
 	requireNothingPending(t, client, parts8)
 	assert.Zero(t, svc.logs.count("event parked in poison queue"))
