@@ -170,7 +170,7 @@ func newCluster(opts ClusterOptions) (*Cluster, error) {
 	args = append(args, "--cluster-replicas", strconv.Itoa(opts.Replicas), "--cluster-yes")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil { // #nosec G204 -- a test helper: redis-cli with the cluster's own node addresses and password
 		return nil, fmt.Errorf("redis-cli --cluster create: %v\n%s", err, out)
 	}
 	if err := c.waitHealthy(30 * time.Second); err != nil {
