@@ -263,16 +263,13 @@ func parseConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (C
 	}
 	explicit := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
-	given := map[string]bool{} // env names set by the environment or a flag
 	for _, s := range ss {
 		if v, ok := lookup(getenv, s.env); ok {
-			given[s.env] = true
 			if err := s.set(&c, v); err != nil {
 				return Config{}, nil, fmt.Errorf("invalid %s: %w", s.env, err)
 			}
 		}
 		if explicit[s.flag] {
-			given[s.env] = true
 			if err := s.set(&c, *flagVals[s.flag]); err != nil {
 				return Config{}, nil, fmt.Errorf("invalid --%s (%s): %w", s.flag, s.env, err)
 			}
@@ -281,7 +278,7 @@ func parseConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (C
 	if c.RetireGrace <= c.ProjectionPoll {
 		return Config{}, nil, fmt.Errorf("invalid PROJECTION_RETIRE_GRACE: %s must be above PROJECTION_POLL_INTERVAL %s, or projectors may still write to a version being removed", c.RetireGrace, c.ProjectionPoll)
 	}
-	if !given["DEDUPE_WINDOW"] && c.DedupeWindow < c.IdempotencyTTL {
+	if _, set := lookup(getenv, "DEDUPE_WINDOW"); !set && !explicit["dedupe-window"] && c.DedupeWindow < c.IdempotencyTTL {
 		c.DedupeWindow = c.IdempotencyTTL // the default follows a longer IDEMPOTENCY_TTL
 	}
 	if c.DedupeWindow < c.IdempotencyTTL {

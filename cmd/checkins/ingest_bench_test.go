@@ -129,7 +129,7 @@ func processCPU(b *testing.B) time.Duration {
 }
 
 // redisCPU is used_cpu_sys + used_cpu_user, in seconds, from INFO cpu.
-func redisCPU(b *testing.B, info string) float64 {
+func redisCPU(b testing.TB, info string) float64 {
 	var sum float64
 	for _, line := range strings.Split(info, "\r\n") {
 		k, v, _ := strings.Cut(line, ":")

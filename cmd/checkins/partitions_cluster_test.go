@@ -112,13 +112,9 @@ func mastersCPU(t *testing.T, cl *redistest.Cluster, nodes []int) float64 {
 	t.Helper()
 	var sum float64
 	for _, node := range nodes {
-		info, err := cl.NodeClient(t, node).InfoMap(context.Background(), "cpu").Result()
+		info, err := cl.NodeClient(t, node).Info(context.Background(), "cpu").Result()
 		require.NoError(t, err)
-		for _, f := range []string{"used_cpu_user", "used_cpu_sys"} {
-			v, err := strconv.ParseFloat(info["CPU"][f], 64)
-			require.NoError(t, err, "INFO cpu %s", f)
-			sum += v
-		}
+		sum += redisCPU(t, info)
 	}
 	return sum
 }
