@@ -16,7 +16,9 @@ import (
 )
 
 // ReadStreamInfo reads the stream's length and every group's state. A missing stream is not an
-// error: Exists is false.
+// error: Exists is false. A group destroyed between the reads (a rebuild drops its own group when
+// its backfill ends, and retires the old version's) is left out: the answer is the groups that
+// are there.
 func ReadStreamInfo(ctx context.Context, client redis.UniversalClient, stream string) (ops.StreamInfo, error) {
 	info := ops.StreamInfo{Stream: stream}
 	xs, err := client.XInfoStream(ctx, stream).Result()
@@ -40,6 +42,9 @@ func ReadStreamInfo(ctx context.Context, client redis.UniversalClient, stream st
 			gi.Lag = 0
 		}
 		cs, err := client.XInfoConsumers(ctx, stream, g.Name).Result()
+		if isNoGroup(err) {
+			continue
+		}
 		if err != nil {
 			return info, fmt.Errorf("XINFO CONSUMERS %s %s: %w", stream, g.Name, err)
 		}
@@ -49,12 +54,18 @@ func ReadStreamInfo(ctx context.Context, client redis.UniversalClient, stream st
 		if g.Pending > 0 {
 			// The summary gives the lowest pending ID; the extended form gives its idle time.
 			sum, err := client.XPending(ctx, stream, g.Name).Result()
+			if isNoGroup(err) {
+				continue
+			}
 			if err != nil {
 				return info, fmt.Errorf("XPENDING %s %s: %w", stream, g.Name, err)
 			}
 			gi.Pending = sum.Count
 			if sum.Count > 0 {
 				ext, err := client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: stream, Group: g.Name, Start: sum.Lower, End: sum.Lower, Count: 1}).Result()
+				if isNoGroup(err) {
+					continue
+				}
 				if err != nil {
 					return info, fmt.Errorf("XPENDING %s %s %s: %w", stream, g.Name, sum.Lower, err)
 				}
@@ -108,6 +119,12 @@ func stringFields(values map[string]any) map[string]string {
 		out[k] = fmt.Sprint(v)
 	}
 	return out
+}
+
+// isNoGroup reports Redis's answer for a consumer group that does not exist (XINFO CONSUMERS,
+// XPENDING, XREADGROUP).
+func isNoGroup(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOGROUP")
 }
 
 func isNoSuchKey(err error) bool {

@@ -283,3 +283,59 @@ func TestRetentionTrimsEachPartitionBelowItsOwnGroups(t *testing.T) {
 	assert.Equal(t, int64(20), res.Trimmed, "only partition 0 had entries below its floor left")
 	assert.Equal(t, after(ids[1][9]), res.Floor)
 }
+
+// destroyBefore destroys a group on the real server just before the client sends the first
+// command named cmd that names it: a rebuild dropping the group between two reads.
+type destroyBefore struct {
+	admin       *redis.Client
+	stream, cmd string
+	group       string
+	destroyed   bool
+}
+
+func (h *destroyBefore) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *destroyBefore) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *destroyBefore) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		name := strings.ToLower(fmt.Sprint(cmd.Args()[0]))
+		if len(cmd.Args()) > 1 && name == "xinfo" {
+			name += " " + strings.ToLower(fmt.Sprint(cmd.Args()[1]))
+		}
+		if !h.destroyed && name == h.cmd && strings.Contains(fmt.Sprint(cmd.Args()), h.group) {
+			h.destroyed = true
+			if err := h.admin.XGroupDestroy(ctx, h.stream, h.group).Err(); err != nil {
+				return err
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func TestStreamInfoLeavesOutAGroupDestroyedWhileItReads(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range []string{"xinfo consumers", "xpending"} {
+		t.Run(cmd, func(t *testing.T) {
+			t.Parallel()
+			e := newRetentionEnv(t, 5, 1_000)
+			e.group(t, "users.v1", 5, 1)
+			e.group(t, "users.v2", 3, 0)
+			e.group(t, "users.v3", 2)
+			reader := redis.NewClient(e.client.Options())
+			t.Cleanup(func() { _ = reader.Close() })
+			hook := &destroyBefore{admin: e.client, stream: e.keys.Stream(), cmd: cmd, group: "users.v2"}
+			reader.AddHook(hook)
+			info, err := adapters.ReadStreamInfo(context.Background(), reader, e.keys.Stream())
+			require.NoError(t, err, "a group that went between XINFO GROUPS and its next read is not a storage failure")
+			require.True(t, hook.destroyed, "the group went while the reads ran")
+			var names []string
+			for _, g := range info.Groups {
+				names = append(names, g.Name)
+			}
+			assert.Equal(t, []string{"users.v1", "users.v3"}, names)
+			assert.Equal(t, int64(1), info.Groups[0].Pending)
+			assert.Equal(t, int64(5), info.Length)
+		})
+	}
+}
