@@ -2,6 +2,7 @@ package adapters
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -136,6 +137,24 @@ func newClusterClientWith(o ClientOptions, u *url.URL, reload time.Duration, rel
 	opt.ContextTimeoutEnabled = true
 	opt.Protocol = 2 // as NewRedisClient: no push messages, no peeks for them
 	opt.ClusterStateReloadInterval = reload
+	if opt.TLSConfig != nil || o.TLS != nil {
+		// go-redis gives every node the seed's TLS configuration, the seed's host name included:
+		// each node is verified by the host it is reached at instead (the address it announces),
+		// unless REDIS_TLS_SERVER_NAME fixes one name for all.
+		if o.TLS == nil {
+			o.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		if _, err := o.tlsFor(opt.TLSConfig, opt.Addrs[0]); err != nil {
+			return nil, err
+		}
+		parsed := opt.TLSConfig
+		opt.NewClient = func(no *redis.Options) *redis.Client {
+			if c, err := o.tlsFor(parsed, no.Addr); err == nil {
+				no.TLSConfig = c
+			}
+			return redis.NewClient(no)
+		}
+	}
 	c := redis.NewClusterClient(opt)
 	if !reloadOnErrors {
 		return c, nil

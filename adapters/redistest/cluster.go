@@ -98,6 +98,9 @@ type ClusterOptions struct {
 	// Password, when set, is every node's requirepass and masterauth; the helper's own clients,
 	// redis-cli and URL use it.
 	Password string
+	// TLS, when set, makes every node speak TLS only, its cluster bus and replication included
+	// (URL is rediss://); the helper's clients and redis-cli use the files' client certificate.
+	TLS *TLSFiles
 }
 
 // Cluster is a local Redis Cluster of redis-server processes on free loopback ports.
@@ -222,14 +225,16 @@ func (c *Cluster) startNode(n *clusterNode, first bool) error {
 
 func (c *Cluster) spawn(n *clusterNode) error {
 	logPath := filepath.Join(n.dir, "redis.log")
-	args := []string{
-		"--port", strconv.Itoa(n.port), "--bind", "127.0.0.1", "--dir", n.dir,
+	args := []string{"--port", strconv.Itoa(n.port)}
+	if c.opts.TLS != nil {
+		args = append(c.opts.TLS.serverArgs(n.port), "--tls-cluster", "yes", "--tls-replication", "yes")
+	}
+	args = append(args, "--bind", "127.0.0.1", "--dir", n.dir,
 		"--daemonize", "no", "--logfile", logPath, "--save", "",
 		"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(n.dir, "nodes.conf"),
 		"--cluster-port", strconv.Itoa(n.bus), "--cluster-node-timeout", "1000",
 		// What docs/cluster.md recommends: a dead master costs its own slots only.
-		"--cluster-require-full-coverage", "no",
-	}
+		"--cluster-require-full-coverage", "no")
 	if c.opts.AppendOnly {
 		args = append(args, "--appendonly", "yes", "--appendfsync", "everysec")
 	} else {
@@ -324,6 +329,9 @@ func (c *Cluster) URL() string {
 	addrs := c.Addrs()
 	q := url.Values{"addr": addrs[1:]}
 	u := url.URL{Scheme: "redis", Host: addrs[0], RawQuery: q.Encode()}
+	if c.opts.TLS != nil {
+		u.Scheme = "rediss"
+	}
 	if c.opts.Password != "" {
 		u.User = url.UserPassword("", c.opts.Password)
 	}
@@ -332,15 +340,19 @@ func (c *Cluster) URL() string {
 
 // nodeClient is a plain client of one node, without retries, with the cluster's password.
 func (c *Cluster) nodeClient(addr string) *redis.Client {
-	return redis.NewClient(&redis.Options{Addr: addr, Password: c.opts.Password, MaxRetries: -1})
+	return redis.NewClient(&redis.Options{Addr: addr, Password: c.opts.Password, MaxRetries: -1, TLSConfig: c.opts.TLS.clientConfig()})
 }
 
-// cliAuth is redis-cli's arguments for the cluster's password (none without one).
+// cliAuth is redis-cli's arguments for the cluster's password and TLS (none without them).
 func (c *Cluster) cliAuth() []string {
-	if c.opts.Password == "" {
-		return nil
+	var args []string
+	if c.opts.TLS != nil {
+		args = c.opts.TLS.cliArgs()
 	}
-	return []string{"-a", c.opts.Password, "--no-auth-warning"}
+	if c.opts.Password == "" {
+		return args
+	}
+	return append(args, "-a", c.opts.Password, "--no-auth-warning")
 }
 
 // Len is the number of nodes.

@@ -56,6 +56,9 @@ type Options struct {
 	FSync      string   // appendfsync policy
 	Args       []string // more redis-server arguments ("--maxmemory", "10mb")
 	Env        []string // more environment ("LC_ALL=en_US.UTF-8")
+	// TLS, when set, makes the server speak TLS only (URL is rediss://), requiring a client
+	// certificate signed by the files' CA.
+	TLS *TLSFiles
 }
 
 // Server is a private redis-server process.
@@ -87,18 +90,25 @@ func Start(t testing.TB, opts Options) *Server {
 	return s
 }
 
-// URL is the redis:// address of the server.
-func (s *Server) URL() string { return fmt.Sprintf("redis://127.0.0.1:%d/0", s.port) }
+// URL is the redis:// address of the server (rediss:// with TLS).
+func (s *Server) URL() string {
+	if s.opts.TLS != nil {
+		return fmt.Sprintf("rediss://127.0.0.1:%d/0", s.port)
+	}
+	return fmt.Sprintf("redis://127.0.0.1:%d/0", s.port)
+}
 
 // Addr is host:port.
 func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 
 func (s *Server) start() {
 	s.t.Helper()
-	args := []string{
-		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--dir", s.dir,
-		"--save", "", "--daemonize", "no", "--logfile", filepath.Join(s.dir, "redis.log"),
+	args := []string{"--port", strconv.Itoa(s.port)}
+	if s.opts.TLS != nil {
+		args = s.opts.TLS.serverArgs(s.port)
 	}
+	args = append(args, "--bind", "127.0.0.1", "--dir", s.dir,
+		"--save", "", "--daemonize", "no", "--logfile", filepath.Join(s.dir, "redis.log"))
 	if s.opts.AppendOnly {
 		fsync := s.opts.FSync
 		if fsync == "" {
@@ -132,7 +142,7 @@ func (s *Server) start() {
 	go func() { _ = cmd.Wait(); close(exited) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+		c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, TLSConfig: s.opts.TLS.clientConfig()})
 		err := c.Ping(context.Background()).Err()
 		_ = c.Close()
 		if err == nil {

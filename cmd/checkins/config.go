@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -19,6 +20,9 @@ import (
 type Config struct {
 	RedisURL  string
 	RedisMode adapters.RedisMode // auto | standalone | cluster
+	// RedisTLSFiles are REDIS_TLS_*; RedisTLS is what they load (nil: none given).
+	RedisTLSFiles adapters.RedisTLSFiles
+	RedisTLS      *tls.Config
 	// StreamPartitions is P, the event stream's partitions; 0 (auto): 1 on a single server,
 	// adapters.DefaultClusterPartitions on a cluster.
 	StreamPartitions int
@@ -132,6 +136,22 @@ func settings() []setting {
 				return err
 			}
 			c.RedisMode = m
+			return nil
+		}},
+		{"REDIS_TLS_CA_FILE", "redis-tls-ca-file", "", "with a rediss:// REDIS_URL: PEM file of the CA (bundle) that signed the Redis servers' certificates (empty: the system's CAs)", func(c *Config, v string) error {
+			c.RedisTLSFiles.CAFile = v
+			return nil
+		}},
+		{"REDIS_TLS_CERT_FILE", "redis-tls-cert-file", "", "with a rediss:// REDIS_URL: PEM client certificate (chain) for servers that ask for one (tls-auth-clients, Redis's default), with REDIS_TLS_KEY_FILE", func(c *Config, v string) error {
+			c.RedisTLSFiles.CertFile = v
+			return nil
+		}},
+		{"REDIS_TLS_KEY_FILE", "redis-tls-key-file", "", "PEM private key of REDIS_TLS_CERT_FILE", func(c *Config, v string) error {
+			c.RedisTLSFiles.KeyFile = v
+			return nil
+		}},
+		{"REDIS_TLS_SERVER_NAME", "redis-tls-server-name", "", "with a rediss:// REDIS_URL: the name every Redis server's certificate must carry (empty: each server is verified by the host it is reached at; on a cluster, the address each node announces)", func(c *Config, v string) error {
+			c.RedisTLSFiles.ServerName = v
 			return nil
 		}},
 		{"STREAM_PARTITIONS", "stream-partitions", "auto", fmt.Sprintf("partitions of the event stream, fixed when it is created (a start with another count is refused): auto is 1 on a single server (the one key <prefix>:events) and %d on a cluster; 1 to %d", adapters.DefaultClusterPartitions, adapters.MaxPartitions), func(c *Config, v string) error {
@@ -275,6 +295,9 @@ func parseConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (C
 			}
 		}
 	}
+	if err := c.loadRedisTLS(); err != nil {
+		return Config{}, nil, err
+	}
 	if c.RetireGrace <= c.ProjectionPoll {
 		return Config{}, nil, fmt.Errorf("invalid PROJECTION_RETIRE_GRACE: %s must be above PROJECTION_POLL_INTERVAL %s, or projectors may still write to a version being removed", c.RetireGrace, c.ProjectionPoll)
 	}
@@ -304,6 +327,24 @@ func parseConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (C
 		c.ConsumerName = fmt.Sprintf("%s-%d-%d", host, os.Getpid(), time.Now().UnixNano()%100000)
 	}
 	return c, fs.Args(), nil
+}
+
+// loadRedisTLS reads REDIS_TLS_*'s files once, so a missing or wrong file stops the start with
+// the setting's name; they only make sense with a rediss:// REDIS_URL.
+func (c *Config) loadRedisTLS() error {
+	if !c.RedisTLSFiles.Set() {
+		return nil
+	}
+	if u, err := url.Parse(c.RedisURL); c.RedisURL == "" || err != nil || u.Scheme != "rediss" {
+		what := "REDIS_URL is not set (the embedded Redis speaks no TLS)"
+		if c.RedisURL != "" {
+			what = "REDIS_URL is " + redact(c.RedisURL) + ", plain TCP"
+		}
+		return fmt.Errorf("invalid REDIS_TLS_*: TLS settings are given but %s; use rediss://host:port for TLS", what)
+	}
+	var err error
+	c.RedisTLS, err = adapters.LoadRedisTLS(c.RedisTLSFiles)
+	return err
 }
 
 func lookup(getenv func(string) string, key string) (string, bool) {

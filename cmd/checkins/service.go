@@ -106,7 +106,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		return nil, fmt.Errorf("invalid KEY_PREFIX: %w", err)
 	}
 	newClientRead := func(pool int, read time.Duration) (redis.UniversalClient, error) {
-		return adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: cfg.RedisURL, Mode: redisMode, DialTimeout: 2 * time.Second,
+		return adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: cfg.RedisURL, TLS: cfg.RedisTLS, Mode: redisMode, DialTimeout: 2 * time.Second,
 			ReadTimeout: read, WriteTimeout: 3 * time.Second, PoolSize: pool})
 	}
 	newClient := func(pool int) (redis.UniversalClient, error) { return newClientRead(pool, 3*time.Second) }
@@ -278,7 +278,7 @@ func resolveRedisMode(ctx context.Context, cfg Config, log *slog.Logger) (mode a
 	if cfg.embeddedRedis {
 		return adapters.RedisModeStandalone, false, nil
 	}
-	m, err := adapters.DetectRedisMode(ctx, adapters.ClientOptions{URL: cfg.RedisURL, Mode: cfg.RedisMode, DialTimeout: 2 * time.Second,
+	m, err := adapters.DetectRedisMode(ctx, adapters.ClientOptions{URL: cfg.RedisURL, TLS: cfg.RedisTLS, Mode: cfg.RedisMode, DialTimeout: 2 * time.Second,
 		ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second})
 	if errors.Is(err, adapters.ErrRedisModeUndetected) {
 		log.Warn("redis did not answer whether it is a cluster node: starting in standalone mode; set REDIS_MODE=cluster (or standalone) to decide without asking",

@@ -62,7 +62,7 @@ func benchTokenIssuer(bc bench.Config) (*ports.TokenIssuer, error) {
 }
 
 func benchConfig(cfg Config) bench.Config {
-	return bench.Config{RedisURL: cfg.RedisURL, RedisMode: cfg.RedisMode, StreamPartitions: cfg.StreamPartitions, KeyPrefix: cfg.KeyPrefix, HTTPAddr: cfg.HTTPAddr, ConsumerName: cfg.ConsumerName,
+	return bench.Config{RedisURL: cfg.RedisURL, RedisTLS: cfg.RedisTLS, RedisMode: cfg.RedisMode, StreamPartitions: cfg.StreamPartitions, KeyPrefix: cfg.KeyPrefix, HTTPAddr: cfg.HTTPAddr, ConsumerName: cfg.ConsumerName,
 		LogLevel: cfg.LogLevel, Projections: cfg.Projections, Subscriber: cfg.Subscriber, BatchSize: cfg.BatchSize,
 		MaxInFlight: cfg.MaxInFlight, DedupeWindow: cfg.DedupeWindow, Retention: cfg.Retention,
 		AuthMode: cfg.AuthMode, OpsAddr: cfg.OpsAddr, RateLimitUser: cfg.RateLimitUser, RateLimitIP: cfg.RateLimitIP, Service: cfg}
@@ -71,7 +71,7 @@ func benchConfig(cfg Config) bench.Config {
 // serviceConfig is the configuration bc came from with the bench's changes applied.
 func serviceConfig(bc bench.Config) Config {
 	cfg, _ := bc.Service.(Config)
-	cfg.RedisURL, cfg.KeyPrefix, cfg.HTTPAddr, cfg.ConsumerName = bc.RedisURL, bc.KeyPrefix, bc.HTTPAddr, bc.ConsumerName
+	cfg.RedisURL, cfg.RedisTLS, cfg.KeyPrefix, cfg.HTTPAddr, cfg.ConsumerName = bc.RedisURL, bc.RedisTLS, bc.KeyPrefix, bc.HTTPAddr, bc.ConsumerName
 	cfg.LogLevel, cfg.Projections, cfg.Subscriber, cfg.BatchSize = bc.LogLevel, bc.Projections, bc.Subscriber, bc.BatchSize
 	cfg.MaxInFlight, cfg.DedupeWindow, cfg.Retention = bc.MaxInFlight, bc.DedupeWindow, bc.Retention
 	cfg.AuthMode, cfg.OpsAddr, cfg.RateLimitUser, cfg.RateLimitIP = bc.AuthMode, bc.OpsAddr, bc.RateLimitUser, bc.RateLimitIP

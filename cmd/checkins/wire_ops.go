@@ -109,7 +109,7 @@ func connectRedis(fs *flag.FlagSet, args []string, getenv func(string) string, i
 	if cfg.RedisURL == "" {
 		return Config{}, nil, nil, adapters.KeySpace{}, errors.New("REDIS_URL (or --redis-url) is required")
 	}
-	opts := adapters.ClientOptions{URL: cfg.RedisURL, Mode: cfg.RedisMode, DialTimeout: 2 * time.Second,
+	opts := adapters.ClientOptions{URL: cfg.RedisURL, TLS: cfg.RedisTLS, Mode: cfg.RedisMode, DialTimeout: 2 * time.Second,
 		ReadTimeout: ioTimeout, WriteTimeout: ioTimeout}
 	detectCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	redisMode, err := adapters.DetectRedisMode(detectCtx, opts)
@@ -140,7 +140,7 @@ func addOps(a *app.Application, client redis.UniversalClient, keys adapters.KeyS
 		if keys.Cluster {
 			mode = adapters.RedisModeCluster
 		}
-		if applyClient, err = adapters.NewUniversalRedisClient(context.Background(), adapters.ClientOptions{URL: cfg.RedisURL, Mode: mode,
+		if applyClient, err = adapters.NewUniversalRedisClient(context.Background(), adapters.ClientOptions{URL: cfg.RedisURL, TLS: cfg.RedisTLS, Mode: mode,
 			DialTimeout: 2 * time.Second, ReadTimeout: 3*time.Second + cfg.ProjectionReplicaTimeout, WriteTimeout: 3 * time.Second}); err != nil {
 			return closeOps, err
 		}

@@ -252,7 +252,7 @@ func lastEntryID(ctx context.Context, c redis.UniversalClient, stream string) (s
 // startBaselineConsumers runs k raw readers of one consumer group feeding every projection;
 // stop ends them.
 func (b *bencher) startBaselineConsumers(ctx context.Context, keys adapters.KeySpace, k int, fail chan<- error) (stop func() error) {
-	client, err := adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: b.redis.url, DialTimeout: 2 * time.Second,
+	client, err := adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: b.redis.url, TLS: b.redis.tls, DialTimeout: 2 * time.Second,
 		ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second, PoolSize: 2*k + 4, Mode: b.redisMode()})
 	if err != nil {
 		fail <- err

@@ -285,7 +285,7 @@ func (b *bencher) ingestOurs(ctx context.Context) (*ingestTarget, error) {
 func (b *bencher) ingestBaseline(ctx context.Context) (*ingestTarget, error) {
 	keys := b.keys(b.prefix("ingest-baseline"))
 	// The same client options as the service's publisher.
-	client, err := adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: b.redis.url, DialTimeout: 2 * time.Second,
+	client, err := adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: b.redis.url, TLS: b.redis.tls, DialTimeout: 2 * time.Second,
 		ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second, Mode: b.redisMode()})
 	if err != nil {
 		return nil, err

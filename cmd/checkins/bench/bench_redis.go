@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -20,6 +21,7 @@ import (
 // benchRedis is the Redis the bench runs against: REDIS_URL, or a private server it owns.
 type benchRedis struct {
 	url     string
+	tls     *tls.Config // REDIS_TLS_* for REDIS_URL; nil for the private servers
 	version string
 	private bool
 	cluster bool // a Redis Cluster: REDIS_URL of one, or the private one of --cluster
@@ -40,8 +42,8 @@ type benchNode struct {
 // openBenchRedis uses redisURL when set (one server or a cluster, as REDIS_MODE says);
 // otherwise it starts a private redis-server without persistence, or with cluster a private
 // cluster of 3 masters, so nothing on disk slows the figures down and nothing is left behind.
-func openBenchRedis(ctx context.Context, redisURL string, mode adapters.RedisMode, cluster bool, runID string, log *slog.Logger, redact func(string) string) (*benchRedis, error) {
-	r := &benchRedis{url: redisURL}
+func openBenchRedis(ctx context.Context, redisURL string, tlsConfig *tls.Config, mode adapters.RedisMode, cluster bool, runID string, log *slog.Logger, redact func(string) string) (*benchRedis, error) {
+	r := &benchRedis{url: redisURL, tls: tlsConfig}
 	switch {
 	case redisURL != "" && cluster:
 		return nil, fmt.Errorf("--cluster starts a private cluster: unset REDIS_URL, or leave --cluster out to use the cluster REDIS_URL names")
@@ -56,13 +58,13 @@ func openBenchRedis(ctx context.Context, redisURL string, mode adapters.RedisMod
 		}
 		mode = adapters.RedisModeStandalone
 	}
-	detected, err := adapters.DetectRedisMode(ctx, adapters.ClientOptions{URL: r.url, Mode: mode})
+	detected, err := adapters.DetectRedisMode(ctx, adapters.ClientOptions{URL: r.url, TLS: r.tls, Mode: mode})
 	if err != nil {
 		r.close(log)
 		return nil, err
 	}
 	r.cluster = detected == adapters.RedisModeCluster
-	c, err := adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: r.url, Mode: detected})
+	c, err := adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: r.url, TLS: r.tls, Mode: detected})
 	if err != nil {
 		r.close(log)
 		return nil, err

@@ -143,7 +143,7 @@ func newBencher(ctx context.Context, h Host, cfg Config, opts benchOptions, log 
 	if b.tokens, err = newBenchTokens(h, cfg); err != nil {
 		return nil, err
 	}
-	r, err := openBenchRedis(ctx, cfg.RedisURL, cfg.RedisMode, opts.Cluster, b.runID, log, h.Redact)
+	r, err := openBenchRedis(ctx, cfg.RedisURL, cfg.RedisTLS, cfg.RedisMode, opts.Cluster, b.runID, log, h.Redact)
 	if err != nil {
 		return nil, err
 	}
@@ -153,7 +153,7 @@ func newBencher(ctx context.Context, h Host, cfg Config, opts benchOptions, log 
 	if r.cluster {
 		mode = adapters.RedisModeCluster
 	}
-	opts30s := adapters.ClientOptions{URL: r.url, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, PoolSize: 8, Mode: mode}
+	opts30s := adapters.ClientOptions{URL: r.url, TLS: r.tls, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, PoolSize: 8, Mode: mode}
 	if b.admin, err = adapters.NewUniversalRedisClient(ctx, opts30s); err != nil {
 		r.close(log)
 		return nil, err

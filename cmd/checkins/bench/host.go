@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"io"
 	"log/slog"
@@ -39,6 +40,7 @@ type Host struct {
 type Config struct {
 	RedisURL  string
 	RedisMode adapters.RedisMode
+	RedisTLS  *tls.Config // REDIS_TLS_*, for a rediss:// RedisURL
 	// StreamPartitions is STREAM_PARTITIONS (0: the default, 1 on one server, 24 on a cluster).
 	StreamPartitions int
 	KeyPrefix        string
