@@ -236,6 +236,11 @@ func (s *HTTPServer) toAPIError(c echo.Context, err error) *APIError {
 	switch {
 	case errors.As(err, &ae):
 		return ae
+	case errors.Is(err, context.Canceled) && c.Request().Context().Err() != nil:
+		// The client went away before the answer (a browser that navigated on, htmx replacing a
+		// request): nothing failed here, and nobody reads the status. 499 (nginx's "client
+		// closed request") keeps it out of the 5xx of the logs and the metrics.
+		return apiError(StatusClientClosedRequest, CodeClientClosedRequest, "", "the client closed the request before it was answered")
 	case errors.As(err, &ve):
 		return apiError(http.StatusBadRequest, ve.Code, ve.Field, ve.Error())
 	case errors.Is(err, domain.ErrConflict):
@@ -273,6 +278,13 @@ func (s *HTTPServer) readyz(c echo.Context) error {
 	}
 	return c.JSON(http.StatusOK, map[string]string{"status": "ready"})
 }
+
+// StatusClientClosedRequest is the status logged and counted for a request whose client went away
+// before its answer: not a server error. No client ever reads it.
+const (
+	StatusClientClosedRequest = 499
+	CodeClientClosedRequest   = "client_closed_request"
+)
 
 // CodeMigrating: the event stream is being moved to another partition count.
 const CodeMigrating = "migrating"
