@@ -2,11 +2,15 @@ package adapters
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/domain"
 )
 
 // QuiesceWatch tells a running process, within QuiescePoll, that it must stand still: a
@@ -18,6 +22,24 @@ type QuiesceWatch struct {
 	keys   KeySpace
 	p      int
 	state  atomic.Pointer[string] // nil or "": go on
+	// startCheck, until it has passed (verified), is the partition guard a start could not run.
+	startCheck func(context.Context) error
+	verified   atomic.Bool
+}
+
+// notVerified is the reason a process stands still until its start check has passed.
+const notVerified = "the event stream's partition count has not been checked yet (Redis was unreachable at start)"
+
+// WithStartCheck makes the process stand still until check passes: the partition guard a start
+// runs against <prefix>:meta (EnsurePartitions), when Redis did not answer at start. Until then
+// the API would otherwise write check-ins to the partitions of a count the stream may not have,
+// where no projection reads them. Check runs check on each poll until it passes; a mismatch is
+// the reason given, naming the migration.
+func (w *QuiesceWatch) WithStartCheck(check func(context.Context) error) *QuiesceWatch {
+	w.startCheck = check
+	r := notVerified
+	w.state.Store(&r)
+	return w
 }
 
 // NewQuiesceWatch watches keys' stream for a process running with keys' partitions.
@@ -34,8 +56,31 @@ func (w *QuiesceWatch) Quiesced() (string, bool) {
 	return *s, true
 }
 
-// Check reads the flag once.
+// Err is Quiesced as an error (nil: go on). While the start check has not passed, it wraps
+// domain.ErrUnavailable: Redis has not answered yet, nothing is being migrated.
+func (w *QuiesceWatch) Err() error {
+	why, ok := w.Quiesced()
+	switch {
+	case !ok:
+		return nil
+	case why == notVerified:
+		return fmt.Errorf("%w: %s", domain.ErrUnavailable, why)
+	}
+	return errors.New(why)
+}
+
+// Check reads the flag once (after the start check, while that has not passed).
 func (w *QuiesceWatch) Check(ctx context.Context) error {
+	if w.startCheck != nil && !w.verified.Load() {
+		if err := w.startCheck(ctx); err != nil {
+			if errors.Is(err, ErrPartitionMismatch) {
+				r := err.Error()
+				w.state.Store(&r)
+			}
+			return err
+		}
+		w.verified.Store(true)
+	}
 	vals, err := w.client.HMGet(ctx, w.keys.Meta(), metaQuiesce, metaPartitions).Result()
 	if err != nil {
 		return err // keep the last state: Redis trouble is reported elsewhere

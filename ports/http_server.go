@@ -47,9 +47,11 @@ type HTTPConfig struct {
 	Observe echo.MiddlewareFunc
 	// CORSAllowedOrigins are the browser origins allowed to call the API; none: CORS is off.
 	CORSAllowedOrigins []string
-	// Quiesced, when set, says why the event stream must not be touched now (a partition
-	// migration runs, or changed the partition count): /checkins routes answer 503 migrating.
-	Quiesced func() (string, bool)
+	// Quiesced, when set, says why the event stream must not be touched now (nil: it may): a
+	// partition migration runs, or changed the partition count, and /checkins routes answer 503
+	// migrating; or (an error wrapping domain.ErrUnavailable) the process has not yet been able
+	// to check the stream's partition count, and they answer 503 unavailable.
+	Quiesced func() error
 }
 
 // HTTPServer is the REST API on the public listener, and operations (/ops, /metrics) on a
@@ -300,11 +302,14 @@ func (s *HTTPServer) quiesce(next echo.HandlerFunc) echo.HandlerFunc {
 		if p != "/checkins" && !strings.HasPrefix(p, "/checkins/") {
 			return next(c)
 		}
-		why, ok := s.cfg.Quiesced()
-		if !ok {
+		why := s.cfg.Quiesced()
+		if why == nil {
 			return next(c)
 		}
 		c.Response().Header().Set("Retry-After", strconv.Itoa(MigratingRetryAfter))
-		return apiError(http.StatusServiceUnavailable, CodeMigrating, "", why+"; retry later")
+		if errors.Is(why, domain.ErrUnavailable) {
+			return apiError(http.StatusServiceUnavailable, domain.CodeUnavailable, "", why.Error()+"; retry later")
+		}
+		return apiError(http.StatusServiceUnavailable, CodeMigrating, "", why.Error()+"; retry later")
 	}
 }

@@ -115,10 +115,21 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 	}
 	s.closers = append(s.closers, s.client.Close)
 	parts := streamPartitions(cfg, s.keys.Cluster)
+	var startCheck func(context.Context) error
 	if err := s.client.Ping(pingCtx).Err(); err != nil {
 		// Not fatal: the service starts, answers 503 and /readyz says why, and recovers by itself.
-		// The partition count cannot be checked against the recorded one then.
+		// The partition count is checked against the recorded one once Redis answers: until
+		// then the API and the projectors stand still (QuiesceWatch.WithStartCheck).
 		log.Warn("redis is not reachable yet", "redis_url", redact(cfg.RedisURL), "error", err, "stream_partitions", parts)
+		unpartitioned := s.keys
+		var told atomic.Bool
+		startCheck = func(ctx context.Context) error {
+			_, err := withPartitions(ctx, s.client, unpartitioned, parts)
+			if errors.Is(err, adapters.ErrPartitionMismatch) && !told.Swap(true) {
+				log.Error("the event stream's partition count differs from this process's: it answers 503 and reads nothing until restarted", "error", err)
+			}
+			return err
+		}
 		if s.keys, err = s.keys.WithPartitions(parts); err != nil {
 			s.close()
 			return nil, err
@@ -129,6 +140,9 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		return nil, err
 	}
 	s.quiesce = adapters.NewQuiesceWatch(s.client, s.keys)
+	if startCheck != nil {
+		s.quiesce.WithStartCheck(startCheck)
+	}
 	_ = s.quiesce.Check(pingCtx) // unreachable: Run looks again
 	if !cfg.embeddedRedis {
 		s.guard = newEvictionGuard(s.client, cfg.AllowEvictingRedis, log)
@@ -258,7 +272,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		return nil, err
 	}
 	httpCfg.CORSAllowedOrigins = cfg.HTTP.CORSOrigins
-	httpCfg.Quiesced = s.quiesce.Quiesced
+	httpCfg.Quiesced = s.quiesce.Err
 	s.app = application
 	s.http = ports.NewHTTPServer(application, s, httpCfg, log)
 	if err := s.wireProjections(); err != nil {
