@@ -1,6 +1,7 @@
 package adapters
 
 import (
+	"cmp"
 	"context"
 	"time"
 
@@ -45,8 +46,10 @@ type Subscribers struct {
 	// ConsumerIdleRemove: a consumer idle this long with nothing pending leaves the group (0:
 	// the subscriber's default).
 	ConsumerIdleRemove time.Duration
-	// Paused, when set and true, makes the batched subscriber stop reading and claiming (a
-	// partition migration runs); the stock subscriber does not look at it.
+	// Paused, when set and true, makes the subscribers stop reading new entries (a partition
+	// migration runs): the batched one asks it before each read; the stock one's own client
+	// holds back its XREADGROUPs of new entries (pausedReads). Both still deliver and acknowledge
+	// what they hold and take over a crashed consumer's entries.
 	Paused func() bool
 
 	Logger watermill.LoggerAdapter
@@ -111,7 +114,13 @@ func (s Subscribers) newOne(group string, start func(ctx context.Context, stream
 		cfg := redisstream.SubscriberConfig{
 			Client: own, Unmarshaller: FlatMarshaller{}, Consumer: s.Consumer, ConsumerGroup: group,
 			OldestId: "0", NackResendSleep: s.NackDelay, ClaimInterval: s.ClaimInterval, MaxIdleTime: s.ClaimIdle,
-			BlockTime: s.BlockTime, DisableIndefiniteInitialBlock: s.BlockTime > 0,
+			BlockTime: s.BlockTime,
+			// A first read blocking without end, issued before a pause, would still take what a
+			// producer adds during it; with the pause every read ends within BlockTime.
+			DisableIndefiniteInitialBlock: s.BlockTime > 0 || s.Paused != nil,
+		}
+		if s.Paused != nil {
+			own.AddHook(pausedReads{paused: s.Paused, wait: cmp.Or(s.BlockTime, redisstream.DefaultBlockTime)})
 		}
 		if s.ConsumerIdleRemove > 0 {
 			cfg.CheckConsumersInterval, cfg.ConsumerTimeout = s.ClaimInterval, s.ConsumerIdleRemove
@@ -139,4 +148,47 @@ func (s Subscribers) newOne(group string, start func(ctx context.Context, stream
 		ClaimInterval: s.ClaimInterval, ClaimMinIdle: s.ClaimIdle, NackDelay: s.NackDelay,
 		DrainTimeout: s.DrainTimeout, ConsumerIdleRemove: s.ConsumerIdleRemove, Paused: s.Paused, Logger: s.Logger,
 	})
+}
+
+// pausedReads is a go-redis hook for the stock subscriber's own client, which reads with
+// XREADGROUP ... STREAMS <stream> ">" and takes redis.Nil for a BLOCK that timed out: while
+// paused() is true such a read of new entries is not sent; after wait (or when ctx ends) it
+// answers redis.Nil, so the subscriber reads nothing new and asks again. Its other commands (the
+// XPENDING and XCLAIM of the takeover of a crashed consumer's entries, its XACKs) go through.
+type pausedReads struct {
+	paused func() bool
+	wait   time.Duration
+}
+
+func (pausedReads) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (pausedReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h pausedReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !readsNewEntries(cmd) || !h.paused() {
+			return next(ctx, cmd)
+		}
+		t := time.NewTimer(h.wait)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		cmd.SetErr(redis.Nil)
+		return redis.Nil
+	}
+}
+
+// readsNewEntries: cmd is an XREADGROUP whose last stream ID is ">" (the stock subscriber reads
+// one stream).
+func readsNewEntries(cmd redis.Cmder) bool {
+	if cmd.Name() != "xreadgroup" {
+		return false
+	}
+	args := cmd.Args()
+	last, _ := args[len(args)-1].(string)
+	return last == ">"
 }

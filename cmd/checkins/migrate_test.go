@@ -406,14 +406,26 @@ func TestPartitionMigrateStandaloneToCluster(t *testing.T) {
 
 // TestQuiesceFlagStopsProjectorsAndIngest: with the migration's flag set in <prefix>:meta, a
 // running serve answers 503 migrating on /checkins within a poll and its projectors read
-// nothing new (entries XADDed meanwhile stay unread); cleared, both resume by themselves.
+// nothing new (entries XADDed meanwhile stay unread); cleared, both resume by themselves. With
+// the batched subscriber and the stock one alike.
 func TestQuiesceFlagStopsProjectorsAndIngest(t *testing.T) {
 	t.Parallel()
+	for _, sub := range []string{adapters.SubscriberBatched, adapters.SubscriberWatermill} {
+		t.Run(sub, func(t *testing.T) {
+			t.Parallel()
+			testQuiesceFlagStopsProjectorsAndIngest(t, sub)
+		})
+	}
+}
+
+// testQuiesceFlagStopsProjectorsAndIngest: with the subscriber sub (SUBSCRIBER), the quiesce
+// flag stops ingest and the reading of new entries, and both resume when it is cleared.
+func testQuiesceFlagStopsProjectorsAndIngest(t *testing.T, sub string) {
 	rdb := redistest.Open(t)
 	client := redistest.Client(t, rdb.URL)
 	ctx := context.Background()
 	keys := adapters.KeySpace{Prefix: rdb.Prefix}
-	svc := startSvc(t, "serve", map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix})
+	svc := startSvc(t, "serve", map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "SUBSCRIBER": sub})
 	l := newLedger()
 	xaddCheckins(t, client, keys.Stream(), l, "before", 100)
 	l.verify(t, svc.base)
