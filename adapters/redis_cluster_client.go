@@ -2,7 +2,6 @@ package adapters
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -137,18 +136,21 @@ func newClusterClientWith(o ClientOptions, u *url.URL, reload time.Duration, rel
 	opt.ContextTimeoutEnabled = true
 	opt.Protocol = 2 // as NewRedisClient: no push messages, no peeks for them
 	opt.ClusterStateReloadInterval = reload
-	if opt.TLSConfig != nil || o.TLS != nil {
-		// go-redis gives every node the seed's TLS configuration, the seed's host name included:
-		// each node is verified by the host it is reached at instead (the address it announces),
-		// unless REDIS_TLS_SERVER_NAME fixes one name for all.
-		if o.TLS == nil {
-			o.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
-		}
-		if _, err := o.tlsFor(opt.TLSConfig, opt.Addrs[0]); err != nil {
+	if o.TLS != nil {
+		// go-redis gives every node the seed's TLS configuration, the seed's host name included.
+		// With REDIS_TLS_* files (a private CA, whose certificates name each node) each node is
+		// verified by the host it is reached at instead (the address it announces; go-redis puts
+		// the seed's host in place of a loopback one), unless REDIS_TLS_SERVER_NAME fixes one name
+		// for all. A plain rediss:// URL keeps go-redis's behaviour: a certificate that names the
+		// seed (or a wildcard) holds for every node.
+		seed, err := o.tlsFor(opt.TLSConfig, opt.Addrs[0])
+		if err != nil {
 			return nil, err
 		}
 		parsed := opt.TLSConfig
+		opt.TLSConfig = seed
 		opt.NewClient = func(no *redis.Options) *redis.Client {
+			no.TLSConfig = seed
 			if c, err := o.tlsFor(parsed, no.Addr); err == nil {
 				no.TLSConfig = c
 			}

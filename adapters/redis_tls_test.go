@@ -1,6 +1,7 @@
 package adapters_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"strconv"
@@ -87,6 +88,13 @@ func TestClusterOverTLS(t *testing.T) {
 			t.Cleanup(func() { _ = c.Close() })
 			cc, ok := c.(*redis.ClusterClient)
 			require.True(t, ok, "auto mode found a cluster over TLS: %T", c)
+			// The nodes here announce 127.0.0.1, which every certificate of the test CA names:
+			// what a node announcing another address is verified by is read off the client
+			// built for it.
+			want := cmp.Or(serverName, "10.1.2.3")
+			probe := cc.Options().NewClient(&redis.Options{Addr: "10.1.2.3:7000"})
+			assert.Equal(t, want, probe.Options().TLSConfig.ServerName, "a node at 10.1.2.3 is verified by that name")
+			_ = probe.Close()
 			masters := map[string]bool{}
 			for i := range 40 {
 				k := "tls:{" + strconv.Itoa(i) + "}"

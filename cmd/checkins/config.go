@@ -150,7 +150,7 @@ func settings() []setting {
 			c.RedisTLSFiles.KeyFile = v
 			return nil
 		}},
-		{"REDIS_TLS_SERVER_NAME", "redis-tls-server-name", "", "with a rediss:// REDIS_URL: the name every Redis server's certificate must carry (empty: each server is verified by the host it is reached at; on a cluster, the address each node announces)", func(c *Config, v string) error {
+		{"REDIS_TLS_SERVER_NAME", "redis-tls-server-name", "", "with a rediss:// REDIS_URL: the name every Redis server's certificate must carry (empty: each server is verified by the host it is reached at; on a cluster with REDIS_TLS_CA_FILE or a client certificate, the address each node announces, else the seed's)", func(c *Config, v string) error {
 			c.RedisTLSFiles.ServerName = v
 			return nil
 		}},
