@@ -18,7 +18,8 @@ import (
 // ReadStreamInfo reads the stream's length and every group's state. A missing stream is not an
 // error: Exists is false. A group destroyed between the reads (a rebuild drops its own group when
 // its backfill ends, and retires the old version's) is left out: the answer is the groups that
-// are there.
+// are there; so is a stream deleted between them (a partition migration deletes the old
+// partitions): its groups are left out, or it reads as missing.
 func ReadStreamInfo(ctx context.Context, client redis.UniversalClient, stream string) (ops.StreamInfo, error) {
 	info := ops.StreamInfo{Stream: stream}
 	xs, err := client.XInfoStream(ctx, stream).Result()
@@ -30,6 +31,9 @@ func ReadStreamInfo(ctx context.Context, client redis.UniversalClient, stream st
 	}
 	info.Exists, info.Length, info.LastEntryID = true, xs.Length, xs.LastGeneratedID
 	groups, err := client.XInfoGroups(ctx, stream).Result()
+	if isNoSuchKey(err) { // deleted meanwhile (a partition migration's cleanup)
+		return ops.StreamInfo{Stream: stream}, nil
+	}
 	if err != nil {
 		return info, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
 	}
@@ -42,7 +46,7 @@ func ReadStreamInfo(ctx context.Context, client redis.UniversalClient, stream st
 			gi.Lag = 0
 		}
 		cs, err := client.XInfoConsumers(ctx, stream, g.Name).Result()
-		if isNoGroup(err) {
+		if isNoGroup(err) || isNoSuchKey(err) {
 			continue
 		}
 		if err != nil {
@@ -54,7 +58,7 @@ func ReadStreamInfo(ctx context.Context, client redis.UniversalClient, stream st
 		if g.Pending > 0 {
 			// The summary gives the lowest pending ID; the extended form gives its idle time.
 			sum, err := client.XPending(ctx, stream, g.Name).Result()
-			if isNoGroup(err) {
+			if isNoGroup(err) || isNoSuchKey(err) {
 				continue
 			}
 			if err != nil {
@@ -63,7 +67,7 @@ func ReadStreamInfo(ctx context.Context, client redis.UniversalClient, stream st
 			gi.Pending = sum.Count
 			if sum.Count > 0 {
 				ext, err := client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: stream, Group: g.Name, Start: sum.Lower, End: sum.Lower, Count: 1}).Result()
-				if isNoGroup(err) {
+				if isNoGroup(err) || isNoSuchKey(err) {
 					continue
 				}
 				if err != nil {

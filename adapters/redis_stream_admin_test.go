@@ -291,6 +291,7 @@ type destroyBefore struct {
 	stream, cmd string
 	group       string
 	destroyed   bool
+	wholeStream bool // delete the stream instead of the group
 }
 
 func (h *destroyBefore) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -305,11 +306,53 @@ func (h *destroyBefore) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		if !h.destroyed && name == h.cmd && strings.Contains(fmt.Sprint(cmd.Args()), h.group) {
 			h.destroyed = true
-			if err := h.admin.XGroupDestroy(ctx, h.stream, h.group).Err(); err != nil {
+			if h.wholeStream {
+				if err := h.admin.Del(ctx, h.stream).Err(); err != nil {
+					return err
+				}
+			} else if err := h.admin.XGroupDestroy(ctx, h.stream, h.group).Err(); err != nil {
 				return err
 			}
 		}
 		return next(ctx, cmd)
+	}
+}
+
+// TestStreamInfoOfAStreamDeletedWhileItReads: a stream deleted between ReadStreamInfo's reads (a
+// partition migration's cleanup deletes the old partitions while `status` reads them) answers
+// "no such key"; that is no storage failure either: the stream reads as missing, or with the
+// groups read before it went.
+func TestStreamInfoOfAStreamDeletedWhileItReads(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cmd, group string
+		exists     bool
+		groups     []string
+	}{
+		{"xinfo groups", "", false, nil},
+		{"xinfo consumers", "users.v2", true, []string{"users.v1"}},
+		{"xpending", "users.v2", true, []string{"users.v1"}},
+	} {
+		t.Run(tc.cmd, func(t *testing.T) {
+			t.Parallel()
+			e := newRetentionEnv(t, 5, 1_000)
+			e.group(t, "users.v1", 5, 1)
+			e.group(t, "users.v2", 3, 0)
+			e.group(t, "users.v3", 2)
+			reader := redis.NewClient(e.client.Options())
+			t.Cleanup(func() { _ = reader.Close() })
+			hook := &destroyBefore{admin: e.client, stream: e.keys.Stream(), cmd: tc.cmd, group: tc.group, wholeStream: true}
+			reader.AddHook(hook)
+			info, err := adapters.ReadStreamInfo(context.Background(), reader, e.keys.Stream())
+			require.NoError(t, err)
+			require.True(t, hook.destroyed, "the stream went while the reads ran")
+			assert.Equal(t, tc.exists, info.Exists)
+			var names []string
+			for _, g := range info.Groups {
+				names = append(names, g.Name)
+			}
+			assert.Equal(t, tc.groups, names)
+		})
 	}
 }
 

@@ -238,7 +238,9 @@ func (s *HTTPServer) toAPIError(c echo.Context, err error) *APIError {
 	switch {
 	case errors.As(err, &ae):
 		return ae
-	case errors.Is(err, context.Canceled) && c.Request().Context().Err() != nil:
+	case errors.Is(err, context.Canceled) && errors.Is(c.Request().Context().Err(), context.Canceled):
+		// (Not REQUEST_TIMEOUT's deadline: that ctx ends with DeadlineExceeded, and the client
+		// still waits for its 503.)
 		// The client went away before the answer (a browser that navigated on, htmx replacing a
 		// request): nothing failed here, and nobody reads the status. 499 (nginx's "client
 		// closed request") keeps it out of the 5xx of the logs and the metrics.
