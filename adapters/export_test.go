@@ -40,3 +40,9 @@ func EncodeRecordJSON(state byte, rec command.IdempotencyRecord) ([]byte, error)
 	}
 	return append([]byte{state}, b...), nil
 }
+
+// WithClock makes the store read the time from now.
+func (s *IdempotencyStore) WithClock(now func() time.Time) *IdempotencyStore {
+	s.now = now
+	return s
+}

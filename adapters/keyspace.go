@@ -21,6 +21,22 @@ type KeySpace struct {
 	Cluster bool
 	// parts is the event stream's partitions (WithPartitions); nil: one stream.
 	parts *Partitions
+	// userSlotRecords keeps the idempotency records and limit state in the users' slots on a
+	// cluster with partitions too (WithRecordsInUserSlots).
+	userSlotRecords bool
+}
+
+// WithRecordsInUserSlots is k with the users' idempotency records and rate-limit state in the
+// users' slots (IdemLayoutUser) even on a cluster with stream partitions: what INGEST_MIN_REPLICAS
+// needs. Its XADD is followed by WAIT and the API answers 503 when no replica confirms; the entry
+// may still be read and projected before a failover loses it. A record in another slot (another
+// master) survives that failover, so a retry takes it over and publishes the original check-in;
+// in the partition's slot it would be lost with the entry, and a retry whose body leaves the
+// timestamp to the server would be recorded anew, with another timestamp than the one the read
+// models took (TestClusterProjectionMinReplicas).
+func (k KeySpace) WithRecordsInUserSlots() KeySpace {
+	k.userSlotRecords = true
+	return k
 }
 
 // WithPartitions is k with the event stream split into p partitions (adapters/partitions.go):
@@ -75,10 +91,64 @@ func (k KeySpace) Stream() string { return k.Prefix + ":events" }
 func (k KeySpace) PoisonStream() string { return k.Stream() + ":poison" }
 
 // Idempotency is the record of a checkinId accepted by the API for a user. Keys are scoped by
-// the user, so one user can neither replay nor block another user's checkinId; the hash tag is
-// the one of the user's dedupe registry.
+// the user, so one user can neither replay nor block another user's checkinId. Their slot is the
+// one of the user's rate-limit state (IdempotencyLayout): on a cluster with stream partitions, the
+// slot of the user's partition, so that the limit, the reservation and the XADD are one script
+// (ReservingPublisher).
 func (k KeySpace) Idempotency(userID int64, checkinID string) string {
-	return k.IdempotencyPrefix() + "{user:" + strconv.FormatInt(userID, 10) + "}:" + checkinID
+	key, _ := k.IdempotencyIn(k.IdempotencyLayout(), userID, checkinID)
+	return key
+}
+
+// Idempotency layouts (IdempotencyLayout): where a user's record and limit state live.
+const (
+	// IdemLayoutUser: in the user's slot, <prefix>:idem:{user:<id>}:<checkinId> (a single
+	// server, or a cluster with one stream; every version before 2026-12-03).
+	IdemLayoutUser = "user"
+	// idemLayoutPartitions + P: in the slot of the user's partition among P,
+	// <prefix>:idem:{<tag>}:<userId>:<checkinId>.
+	idemLayoutPartitions = "p"
+)
+
+// IdempotencyLayout is the layout this keyspace writes: IdemLayoutUser, or "p<P>" on a cluster
+// with P > 1 stream partitions. A partition migration on a cluster changes it (records of the
+// old one are still looked up for IDEMPOTENCY_TTL, see IdempotencyStore).
+func (k KeySpace) IdempotencyLayout() string {
+	if k.Cluster && k.parts != nil && !k.userSlotRecords {
+		return idemLayoutPartitions + strconv.Itoa(k.parts.Count())
+	}
+	return IdemLayoutUser
+}
+
+// IdempotencyIn is the key of a user's record of checkinID in layout.
+func (k KeySpace) IdempotencyIn(layout string, userID int64, checkinID string) (string, error) {
+	uid := strconv.FormatInt(userID, 10)
+	if layout == IdemLayoutUser {
+		return k.IdempotencyPrefix() + "{user:" + uid + "}:" + checkinID, nil
+	}
+	tag, err := k.partitionTagIn(layout, userID)
+	if err != nil {
+		return "", err
+	}
+	return k.IdempotencyPrefix() + "{" + tag + "}:" + uid + ":" + checkinID, nil
+}
+
+// partitionTagIn is the tag of the user's partition in a "p<P>" layout.
+func (k KeySpace) partitionTagIn(layout string, userID int64) (string, error) {
+	n, err := strconv.Atoi(strings.TrimPrefix(layout, idemLayoutPartitions))
+	if err != nil || !strings.HasPrefix(layout, idemLayoutPartitions) || n < 2 || n > MaxPartitions {
+		return "", fmt.Errorf("unknown idempotency layout %q", layout)
+	}
+	if k.parts != nil && k.parts.Count() == n {
+		return k.parts.tagOf(userID), nil
+	}
+	return PartitionTags(n)[PartitionOf(userID, n)], nil
+}
+
+// IngestInOneSlot tells whether a user's rate-limit state, idempotency records and stream
+// partition share a slot (or a server), as ReservingPublisher's one script needs.
+func (k KeySpace) IngestInOneSlot() bool {
+	return !k.Cluster || k.IdempotencyLayout() != IdemLayoutUser
 }
 
 // IdempotencyPrefix starts every idempotency key, scoped or legacy.
@@ -94,11 +164,17 @@ func (k KeySpace) LegacyIdempotency(checkinID string) string {
 // idempotency keys; "0" when it had no event stream then, so no legacy key can exist.
 func (k KeySpace) IdempotencyScopedSince() string { return k.Prefix + ":idem-scoped-since" }
 
-// RateLimitUser is the per-user rate-limit state. (Until the limiter was our own script,
-// go-redis/redis_rate put "rate:" in front, outside KEY_PREFIX, where a Redis ACL limited to the
-// prefix refused it; a budget lives at most its window, so the move costs one window's state.)
+// RateLimitUser is the per-user rate-limit state, in the slot of the user's idempotency
+// records. (Until the limiter was our own script, go-redis/redis_rate put "rate:" in front,
+// outside KEY_PREFIX, where a Redis ACL limited to the prefix refused it; a budget lives at most
+// its window, so a move, as also a partition migration on a cluster, costs one window's state.)
 func (k KeySpace) RateLimitUser(userID int64) string {
-	return k.Prefix + ":ratelimit:{user:" + strconv.FormatInt(userID, 10) + "}"
+	uid := strconv.FormatInt(userID, 10)
+	if layout := k.IdempotencyLayout(); layout != IdemLayoutUser {
+		tag, _ := k.partitionTagIn(layout, userID)
+		return k.Prefix + ":ratelimit:{" + tag + "}:" + uid
+	}
+	return k.Prefix + ":ratelimit:{user:" + uid + "}"
 }
 
 // Projections is the hash of projection name -> version serving reads (and rebuild state), live

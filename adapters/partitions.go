@@ -46,6 +46,7 @@ type Partitions struct {
 	// partition's slot: <prefix>:projections with one stream (the projections registry itself),
 	// <prefix>:projections:<i>:{<tag i>} with more.
 	registries []string
+	tags       []string // the partitions' hash tags (nil with one stream)
 }
 
 // NewPartitions lays out p partitions under keys' prefix.
@@ -65,7 +66,7 @@ func NewPartitions(keys KeySpace, p int) (Partitions, error) {
 		streams[i] = keys.Stream() + ":" + strconv.Itoa(i) + ":{" + tag + "}"
 		registries[i] = keys.Prefix + ":projections:" + strconv.Itoa(i) + ":{" + tag + "}"
 	}
-	return Partitions{streams: streams, registries: registries}, nil
+	return Partitions{streams: streams, registries: registries, tags: tags}, nil
 }
 
 // Registry is the hash of partition i's live groups and acknowledged positions, in the slot of
@@ -104,6 +105,14 @@ func (p Partitions) Streams() []string { return append([]string(nil), p.streams.
 // StreamOf is the stream of a user's check-ins.
 func (p Partitions) StreamOf(userID int64) string {
 	return p.streams[PartitionOf(userID, len(p.streams))]
+}
+
+// tagOf is the hash tag of a user's partition ("" with one stream).
+func (p Partitions) tagOf(userID int64) string {
+	if len(p.tags) == 0 {
+		return ""
+	}
+	return p.tags[PartitionOf(userID, len(p.tags))]
 }
 
 // PartitionOf is the partition of a user's check-ins among p: FNV-1a 64 of the decimal userId,

@@ -1,11 +1,14 @@
 package adapters
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,12 +23,20 @@ import (
 // reservation also names its owner and when it was taken (fields older records lack: they read
 // as reserved at their RecordedAt by no owner in particular).
 //
-// Keys are scoped by the check-in's user (KeySpace.Idempotency). Records written before that
-// (KeySpace.LegacyIdempotency, one per checkinId) still answer for their own user while they can
-// exist: for IDEMPOTENCY_TTL after this keyspace first ran with scoped keys (recorded in Redis,
-// KeySpace.IdempotencyScopedSince). A reservation then first looks for a legacy record of the
-// same checkinId; one of the same user is copied to the scoped key (with its remaining TTL) and
-// decides as before, a retry or a 409; one of another user is ignored, as scoping wants.
+// Keys are scoped by the check-in's user (KeySpace.Idempotency), in the layout of the keyspace
+// (KeySpace.IdempotencyLayout: the user's slot, or on a cluster with stream partitions the slot
+// of the user's partition). Records written in another layout still answer for their own user
+// while they can exist, for IDEMPOTENCY_TTL after the layout was left:
+//   - records from before keys were scoped (KeySpace.LegacyIdempotency, one per checkinId), after
+//     this keyspace first ran with scoped keys (KeySpace.IdempotencyScopedSince);
+//   - records of an earlier layout (the user's slot before a cluster's records moved to the
+//     partitions' slots, or another partition count before a `partitions migrate`): the first
+//     process of a layout records, in <prefix>:meta, when the one before it was left
+//     (idem-retired:<layout>) and which is in use (idem-layout).
+//
+// A reservation then first looks for such a record of the same checkinId; one of the same user
+// is copied to the current key (with its remaining TTL) and decides as before, a retry or a 409;
+// a pre-scoped one of another user is ignored, as scoping wants.
 type IdempotencyStore struct {
 	client   redis.UniversalClient
 	pipeline *AutoPipeline // nil: one round trip per call
@@ -34,8 +45,15 @@ type IdempotencyStore struct {
 	now      func() time.Time
 
 	legacyMu    sync.Mutex
-	legacyKnown bool  // legacyUntil was read from Redis
-	legacyUntil int64 // ms since epoch: legacy records may exist until then
+	legacyKnown bool         // lookups was read from Redis
+	lookups     []idemLookup // where records of other layouts may exist, and until when
+}
+
+// idemLookup: records of layout (a KeySpace.IdempotencyLayout, or "" for the pre-scoped keys of
+// LegacyIdempotency) may exist until until (ms since epoch).
+type idemLookup struct {
+	layout string
+	until  int64
 }
 
 // NewIdempotencyStore keeps records for ttl (a retry later than that is still counted once by the
@@ -178,10 +196,34 @@ func (s *IdempotencyStore) Reserve(ctx context.Context, rec command.IdempotencyR
 	return decodeRecord(id, v)
 }
 
-// legacyRecord returns the raw legacy record of c's checkinId and its remaining TTL in ms, when
-// one exists for c's user ("" otherwise).
+// legacyRecord returns the raw record of c's checkinId in an earlier layout and its remaining
+// TTL in ms, when one exists for c's user ("" otherwise), the most recent layout first.
 func (s *IdempotencyStore) legacyRecord(ctx context.Context, c domain.Checkin) (string, int64, error) {
-	key := s.keys.LegacyIdempotency(c.ID)
+	lookups, err := s.loadLookups(ctx)
+	if err != nil {
+		return "", 0, err
+	}
+	now := s.now().UnixMilli()
+	for _, l := range lookups {
+		if now >= l.until {
+			continue
+		}
+		key := s.keys.LegacyIdempotency(c.ID)
+		if l.layout != "" {
+			if key, err = s.keys.IdempotencyIn(l.layout, c.UserID, c.ID); err != nil {
+				continue // a layout a later version wrote: none of its keys is known here
+			}
+		}
+		v, ms, err := s.recordAt(ctx, key, c)
+		if v != "" || err != nil {
+			return v, ms, err
+		}
+	}
+	return "", 0, nil
+}
+
+// recordAt reads the record at key, if it is one of c's user, and its remaining TTL in ms.
+func (s *IdempotencyStore) recordAt(ctx context.Context, key string, c domain.Checkin) (string, int64, error) {
 	v, err := s.do(ctx, "GET", key)
 	if errors.Is(err, redis.Nil) {
 		return "", 0, nil
@@ -207,37 +249,132 @@ func (s *IdempotencyStore) legacyRecord(ctx context.Context, c domain.Checkin) (
 	return v.(string), ms, nil
 }
 
-// legacyLookups tells whether legacy records may still exist. The answer is read from Redis once
-// (and marked there by the first process to ask); when Redis cannot tell, it looks them up.
+// legacyLookups tells whether records of other layouts may still exist. The answer is read from
+// Redis once (and marked there by the first process to ask); when Redis cannot tell, it looks
+// them up.
 func (s *IdempotencyStore) legacyLookups(ctx context.Context) bool {
-	s.legacyMu.Lock()
-	known, until := s.legacyKnown, s.legacyUntil
-	s.legacyMu.Unlock()
-	if !known {
-		since, err := s.scopedSince(ctx)
-		if err != nil {
+	lookups, err := s.loadLookups(ctx)
+	if err != nil {
+		return true
+	}
+	now := s.now().UnixMilli()
+	for _, l := range lookups {
+		if now < l.until {
 			return true
 		}
-		until = 0
-		if since > 0 {
-			until = since + s.ttl.Milliseconds()
-		}
-		s.legacyMu.Lock()
-		s.legacyKnown, s.legacyUntil = true, until
-		s.legacyMu.Unlock()
 	}
-	return s.now().UnixMilli() < until
+	return false
+}
+
+// loadLookups reads (once) where records of other layouts may still exist.
+func (s *IdempotencyStore) loadLookups(ctx context.Context) ([]idemLookup, error) {
+	s.legacyMu.Lock()
+	known, lookups := s.legacyKnown, s.lookups
+	s.legacyMu.Unlock()
+	if known {
+		return lookups, nil
+	}
+	since, err := s.scopedSince(ctx)
+	if err != nil {
+		return nil, err
+	}
+	retired, err := s.recordLayout(ctx)
+	if err != nil {
+		return nil, err
+	}
+	lookups = nil
+	for layout, at := range retired {
+		lookups = append(lookups, idemLookup{layout: layout, until: at + s.ttl.Milliseconds()})
+	}
+	slices.SortFunc(lookups, func(a, b idemLookup) int { return cmp.Compare(b.until, a.until) })
+	if since > 0 {
+		lookups = append(lookups, idemLookup{until: since + s.ttl.Milliseconds()})
+	}
+	s.legacyMu.Lock()
+	s.legacyKnown, s.lookups = true, lookups
+	s.legacyMu.Unlock()
+	return lookups, nil
+}
+
+// Fields of <prefix>:meta about the idempotency layouts.
+const (
+	metaIdemLayout  = "idem-layout"   // the layout in use
+	metaIdemRetired = "idem-retired:" // + layout: when it was left, ms since epoch
+)
+
+// recordLayoutLua: KEYS[1] the meta hash; ARGV: this keyspace's layout, now (ms), '1' when no
+// layout is recorded and an earlier version may have written records (in ARGV[4]'s layout).
+// When the recorded layout is another, it records that one as left now and this one as in use.
+// Returns the hash.
+var recordLayoutLua = redis.NewScript(`
+local cur = redis.call('HGET', KEYS[1], '` + metaIdemLayout + `')
+if not cur and ARGV[3] == '1' then cur = ARGV[4] end
+if cur and cur ~= ARGV[1] then redis.call('HSET', KEYS[1], '` + metaIdemRetired + `' .. cur, ARGV[2]) end
+if cur ~= ARGV[1] then redis.call('HSET', KEYS[1], '` + metaIdemLayout + `', ARGV[1]) end
+return redis.call('HGETALL', KEYS[1])
+`)
+
+// recordLayout records this keyspace's layout in <prefix>:meta and returns when each other
+// layout was left.
+func (s *IdempotencyStore) recordLayout(ctx context.Context) (map[string]int64, error) {
+	cur := s.keys.IdempotencyLayout()
+	earlier := "0"
+	_, err := s.client.HGet(ctx, s.keys.Meta(), metaIdemLayout).Result()
+	switch {
+	case errors.Is(err, redis.Nil) && cur == IdemLayoutUser:
+		// The layout of every version before layouts were recorded: nothing to look up or to
+		// record (a single server's keys stay those of before).
+		return nil, nil
+	case errors.Is(err, redis.Nil):
+		// Versions before layouts were recorded wrote IdemLayoutUser; they ran here if a
+		// partition of the stream ever held an entry.
+		for _, st := range s.keys.Partitions().Streams() {
+			used, err := everUsed(ctx, s.client, st)
+			if err != nil {
+				return nil, err
+			}
+			if used {
+				earlier = "1"
+				break
+			}
+		}
+	case err != nil:
+		return nil, fmt.Errorf("HGET %s %s: %w", s.keys.Meta(), metaIdemLayout, err)
+	}
+	v, err := recordLayoutLua.Run(ctx, s.client, []string{s.keys.Meta()}, cur, s.now().UnixMilli(), earlier, IdemLayoutUser).Result()
+	if err != nil {
+		return nil, fmt.Errorf("recording the idempotency layout in %s: %w", s.keys.Meta(), err)
+	}
+	fields, _ := v.([]any)
+	out := map[string]int64{}
+	for i := 0; i+1 < len(fields); i += 2 {
+		name, _ := fields[i].(string)
+		layout, ok := strings.CutPrefix(name, metaIdemRetired)
+		if !ok || layout == cur {
+			continue
+		}
+		val, _ := fields[i+1].(string)
+		if at, err := strconv.ParseInt(val, 10, 64); err == nil {
+			out[layout] = at
+		}
+	}
+	return out, nil
 }
 
 // streamEverUsed tells whether the event stream ever got an entry (its last generated ID is not
 // 0-0; trimming does not reset it).
 func (s *IdempotencyStore) streamEverUsed(ctx context.Context) (bool, error) {
-	xs, err := s.client.XInfoStream(ctx, s.keys.Stream()).Result()
+	return everUsed(ctx, s.client, s.keys.Stream())
+}
+
+// everUsed tells whether stream ever got an entry.
+func everUsed(ctx context.Context, client redis.UniversalClient, stream string) (bool, error) {
+	xs, err := client.XInfoStream(ctx, stream).Result()
 	switch {
 	case isNoSuchKey(err):
 		return false, nil
 	case err != nil:
-		return false, fmt.Errorf("XINFO STREAM %s: %w", s.keys.Stream(), err)
+		return false, fmt.Errorf("XINFO STREAM %s: %w", stream, err)
 	}
 	return xs.LastGeneratedID != "0-0", nil
 }

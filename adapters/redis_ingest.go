@@ -18,10 +18,12 @@ import (
 // the mark after the answer are one command; the XADD is the one Watermill's publisher makes,
 // sent inside the script by the auto-pipeline's hook (xaddScript).
 //
-// The reservation's key and the stream must be on one server, so it is for a single Redis only
-// (a cluster puts them in different slots); and not with INGEST_MIN_REPLICAS, whose WAIT
-// follows a plain XADD (a record stored as published before the replicas confirm would answer
-// a retry as recorded while the entry may still be lost in a failover).
+// The reservation's key and the stream must be on one server, and on a cluster in one slot: so
+// it runs on a single Redis, and on a cluster with stream partitions, where a user's records and
+// limit state live in the slot of the user's partition (KeySpace.IngestInOneSlot); not with one
+// stream on a cluster. And not with INGEST_MIN_REPLICAS, whose WAIT follows a plain XADD (a
+// record stored as published before the replicas confirm would answer a retry as recorded while
+// the entry may still be lost in a failover).
 type ReservingPublisher struct {
 	pub     *EventPublisher
 	idem    *IdempotencyStore
@@ -38,8 +40,8 @@ func NewReservingPublisher(pub *EventPublisher, p *AutoPipeline, idem *Idempoten
 	case pub.pipeline != p:
 		return nil, errors.New("adapters: ReservingPublisher: the publisher does not send its XADDs through this auto-pipeline (NewPipelinedEventPublisher)")
 	}
-	if _, cluster := p.client.(*redis.ClusterClient); cluster {
-		return nil, errors.New("adapters: ReservingPublisher runs on a single Redis only: on a cluster the reservation and the stream are in different slots")
+	if _, cluster := p.client.(*redis.ClusterClient); cluster && !idem.keys.IngestInOneSlot() {
+		return nil, errors.New("adapters: ReservingPublisher: on this cluster keyspace (one stream) the reservation and the stream are in different slots")
 	}
 	return &ReservingPublisher{pub: pub, idem: idem, limiter: limiter}, nil
 }

@@ -224,7 +224,7 @@ func testPartitionMigrateOneToEight(t *testing.T, url string, keys adapters.KeyS
 
 	env8 := map[string]string{"REDIS_URL": url, "KEY_PREFIX": keys.Prefix, "STREAM_PARTITIONS": "8"}
 	l.mu.Lock()
-	var acceptedBefore []string // through the API before the migration: their idempotency records moved with it
+	var acceptedBefore []string // through the API before the migration: their idempotency records still answer after it
 	for id := range l.ok {
 		if strings.HasPrefix(id, "during-") {
 			acceptedBefore = append(acceptedBefore, id)

@@ -139,6 +139,9 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		s.close()
 		return nil, err
 	}
+	if cfg.IngestMinReplicas > 0 {
+		s.keys = s.keys.WithRecordsInUserSlots()
+	}
 	s.quiesce = adapters.NewQuiesceWatch(s.client, s.keys)
 	if startCheck != nil {
 		s.quiesce.WithStartCheck(startCheck)

@@ -72,10 +72,11 @@ func (s *Service) httpConfig(ctx context.Context) (ports.HTTPConfig, error) {
 		s.recordCheckin.WithUserLimit(limiter)
 		hc.UserLimit = cfg.RateLimitUser
 	}
-	// On a single Redis without INGEST_MIN_REPLICAS a check-in is recorded in one script call:
-	// the limit, the reservation and Watermill's XADD (adapters.ReservingPublisher).
+	// Without INGEST_MIN_REPLICAS, on a single Redis or a cluster with stream partitions, a
+	// check-in is recorded in one script call: the limit, the reservation and Watermill's XADD
+	// (adapters.ReservingPublisher).
 	if s.recordCheckin != nil && cfg.IngestMinReplicas == 0 {
-		if _, cluster := s.client.(*redis.ClusterClient); !cluster {
+		if _, cluster := s.client.(*redis.ClusterClient); !cluster || s.keys.IngestInOneSlot() {
 			rp, err := adapters.NewReservingPublisher(s.pub, s.apiPipeline, s.idem, limiter)
 			if err != nil {
 				return hc, err

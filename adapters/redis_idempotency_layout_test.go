@@ -1,0 +1,136 @@
+package adapters_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/domain"
+)
+
+// TestIdempotencyRecordsOfAnEarlierLayoutStillAnswer: a cluster keyspace with partitions keeps
+// its records in the partitions' slots ("p<P>"). Records in the layout it replaced still decide
+// for IDEMPOTENCY_TTL after the switch: those an earlier version wrote in the users' slots, and
+// after a `partitions migrate` those of the old partition count. A retry of such a check-in
+// finds its record (and the record moves to the current key with its remaining TTL), another
+// user is not bound by it, and the one-script path stands aside meanwhile. A new keyspace looks
+// nothing up. (Key names only: one server holds them here.)
+func TestIdempotencyRecordsOfAnEarlierLayoutStillAnswer(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	ctx := context.Background()
+	const old = `P{"f":"fp-old","id":"%s","u":7,"l":2,"s":3,"t":10,"r":11}`
+	clusterKeys := func(prefix string, p int) adapters.KeySpace {
+		k, err := adapters.NewKeySpace(prefix, true)
+		require.NoError(t, err)
+		k, err = k.WithPartitions(p)
+		require.NoError(t, err)
+		return k
+	}
+	meta := func(k adapters.KeySpace) map[string]string {
+		m, err := env.client.HGetAll(ctx, k.Meta()).Result()
+		require.NoError(t, err)
+		return m
+	}
+	retry := func(id string, user int64) command.IdempotencyRecord {
+		return command.IdempotencyRecord{Fingerprint: "fp-new", Owner: "o", Checkin: domain.Checkin{ID: id, UserID: user}}
+	}
+	answers := func(store *adapters.IdempotencyStore, k adapters.KeySpace, id string) {
+		t.Helper()
+		got, err := store.Reserve(ctx, retry(id, 8))
+		require.NoError(t, err)
+		assert.Nil(t, got, "user 8 is not bound by user 7's record")
+		got, err = store.Reserve(ctx, retry(id, 7))
+		require.NoError(t, err)
+		require.NotNil(t, got, "user 7's record of the earlier layout answers")
+		assert.Equal(t, "fp-old", got.Fingerprint)
+		ttl, err := env.client.PTTL(ctx, k.Idempotency(7, id)).Result()
+		require.NoError(t, err)
+		assert.Greater(t, ttl, time.Duration(0))
+		assert.LessOrEqual(t, ttl, time.Hour, "moved with its remaining TTL")
+	}
+
+	// An earlier version on a cluster with 24 partitions: entries, and records in users' slots.
+	k24 := clusterKeys(env.keys.Prefix+"up", 24)
+	require.NoError(t, env.client.XAdd(ctx, &redis.XAddArgs{Stream: k24.Partitions().StreamOf(7), Values: map[string]any{"x": "y"}}).Err())
+	userKey, err := k24.IdempotencyIn(adapters.IdemLayoutUser, 7, "c-old")
+	require.NoError(t, err)
+	require.NoError(t, env.client.Set(ctx, userKey, fmt.Sprintf(old, "c-old"), time.Hour).Err())
+	store := adapters.NewIdempotencyStore(env.client, k24, 2*time.Hour)
+	answers(store, k24, "c-old")
+	m := meta(k24)
+	assert.Equal(t, "p24", m["idem-layout"])
+	left, err := strconv.ParseInt(m["idem-retired:user"], 10, 64)
+	require.NoError(t, err, "when the users' slots were left: %v", m)
+	assert.InDelta(t, time.Now().UnixMilli(), left, 60_000)
+	assert.Len(t, m, 2, "the layout in use and the one left")
+
+	// The one-script path stands aside while such records may exist, and takes over after.
+	pipe := adapters.NewAutoPipeline(redistest.Client(t, env.url), 8, 1)
+	t.Cleanup(func() { _ = pipe.Close() })
+	pub, err := adapters.NewPipelinedEventPublisher(redistest.Client(t, env.url), pipe, k24, watermill.NopLogger{})
+	require.NoError(t, err)
+	rp, err := adapters.NewReservingPublisher(pub, pipe, store, nil)
+	require.NoError(t, err)
+	_, _, ok, err := rp.ReserveAndPublish(ctx, ingestRecord(9, "a", 1), "", false)
+	require.NoError(t, err)
+	assert.False(t, ok, "records of the users' slots may exist: the two-step path looks them up")
+	later := adapters.NewIdempotencyStore(env.client, k24, 2*time.Hour).WithClock(func() time.Time { return time.Now().Add(3 * time.Hour) })
+	rpLater, err := adapters.NewReservingPublisher(pub, pipe, later, nil)
+	require.NoError(t, err)
+	_, _, ok, err = rpLater.ReserveAndPublish(ctx, ingestRecord(9, "b", 1), "", false)
+	require.NoError(t, err)
+	assert.True(t, ok, "IDEMPOTENCY_TTL after the switch: one script")
+
+	// `partitions migrate --to 8`: records of the 24 partitions' slots answer on 8.
+	p24Key := k24.Idempotency(7, "c-mig")
+	require.NoError(t, env.client.Set(ctx, p24Key, fmt.Sprintf(old, "c-mig"), time.Hour).Err())
+	k8 := clusterKeys(env.keys.Prefix+"up", 8)
+	require.NotEqual(t, p24Key, k8.Idempotency(7, "c-mig"))
+	answers(adapters.NewIdempotencyStore(env.client, k8, 2*time.Hour), k8, "c-mig")
+	m = meta(k8)
+	assert.Equal(t, "p8", m["idem-layout"])
+	assert.NotEmpty(t, m["idem-retired:p24"])
+	// Both earlier layouts are looked up: user 7's record in the users' slots, moved to the 24
+	// partitions' slots above, answers on 8 too; and so does the reservation user 8 made there.
+	store8 := adapters.NewIdempotencyStore(env.client, k8, 2*time.Hour)
+	for _, user := range []int64{7, 8} {
+		got, err := store8.Reserve(ctx, retry("c-old", user))
+		require.NoError(t, err)
+		require.NotNil(t, got, "user %d's record answers after the migration", user)
+		assert.Equal(t, user, got.Checkin.UserID)
+	}
+
+	// A new cluster keyspace (its partitions exist, empty, as serve's projectors create them).
+	fresh := clusterKeys(env.keys.Prefix+"fresh", 24)
+	for _, st := range fresh.Partitions().Streams() {
+		require.NoError(t, env.client.XGroupCreateMkStream(ctx, st, "g", "0").Err())
+	}
+	freshStore := adapters.NewIdempotencyStore(env.client, fresh, 2*time.Hour)
+	freshPub, err := adapters.NewPipelinedEventPublisher(redistest.Client(t, env.url), pipe, fresh, watermill.NopLogger{})
+	require.NoError(t, err)
+	rpFresh, err := adapters.NewReservingPublisher(freshPub, pipe, freshStore, nil)
+	require.NoError(t, err)
+	_, _, ok, err = rpFresh.ReserveAndPublish(ctx, ingestRecord(9, "a", 1), "", false)
+	require.NoError(t, err)
+	assert.True(t, ok, "nothing to look up: one script from the start")
+	assert.Equal(t, map[string]string{"idem-layout": "p24"}, meta(fresh))
+
+	// A single server (and one stream on a cluster) writes nothing to <prefix>:meta.
+	single := adapters.KeySpace{Prefix: env.keys.Prefix + "single"}
+	_, err = adapters.NewIdempotencyStore(env.client, single, time.Hour).Reserve(ctx, retry("s", 1))
+	require.NoError(t, err)
+	n, err := env.client.Exists(ctx, single.Meta()).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n)
+}
