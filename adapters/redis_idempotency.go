@@ -44,6 +44,7 @@ type IdempotencyStore struct {
 	ttl      time.Duration
 	now      func() time.Time
 
+	loadMu      sync.Mutex // one load of lookups at a time
 	legacyMu    sync.Mutex
 	legacyKnown bool         // lookups was read from Redis
 	lookups     []idemLookup // where records of other layouts may exist, and until when
@@ -266,10 +267,20 @@ func (s *IdempotencyStore) legacyLookups(ctx context.Context) bool {
 	return false
 }
 
-// loadLookups reads (once) where records of other layouts may still exist.
+// loadLookups reads (once) where records of other layouts may still exist. Requests that find it
+// not read yet wait for one load rather than each running their own; a failed load is tried
+// again by the next request.
 func (s *IdempotencyStore) loadLookups(ctx context.Context) ([]idemLookup, error) {
 	s.legacyMu.Lock()
 	known, lookups := s.legacyKnown, s.lookups
+	s.legacyMu.Unlock()
+	if known {
+		return lookups, nil
+	}
+	s.loadMu.Lock()
+	defer s.loadMu.Unlock()
+	s.legacyMu.Lock()
+	known, lookups = s.legacyKnown, s.lookups
 	s.legacyMu.Unlock()
 	if known {
 		return lookups, nil
