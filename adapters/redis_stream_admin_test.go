@@ -18,6 +18,7 @@ import (
 	"github.com/checkins/checkins/adapters/redistest"
 	"github.com/checkins/checkins/app"
 	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/domain"
 )
@@ -318,6 +319,32 @@ func (h *destroyBefore) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
+// readInfoWhile runs ReadStreamInfo on a stream of 5 entries with groups users.v1 (1 pending),
+// v2 and v3, through a client whose hook h (its admin and stream filled in) deletes before its
+// command.
+func readInfoWhile(t *testing.T, h destroyBefore) (ops.StreamInfo, *destroyBefore, error) {
+	t.Helper()
+	e := newRetentionEnv(t, 5, 1_000)
+	e.group(t, "users.v1", 5, 1)
+	e.group(t, "users.v2", 3, 0)
+	e.group(t, "users.v3", 2)
+	reader := redis.NewClient(e.client.Options())
+	t.Cleanup(func() { _ = reader.Close() })
+	h.admin, h.stream = e.client, e.keys.Stream()
+	reader.AddHook(&h)
+	info, err := adapters.ReadStreamInfo(context.Background(), reader, e.keys.Stream())
+	return info, &h, err
+}
+
+// groupNames are info's groups' names, in order.
+func groupNames(info ops.StreamInfo) []string {
+	var names []string
+	for _, g := range info.Groups {
+		names = append(names, g.Name)
+	}
+	return names
+}
+
 // TestStreamInfoOfAStreamDeletedWhileItReads: a stream deleted between ReadStreamInfo's reads (a
 // partition migration's cleanup deletes the old partitions while `status` reads them) answers
 // "no such key"; that is no storage failure either: the stream reads as missing, or with the
@@ -335,23 +362,11 @@ func TestStreamInfoOfAStreamDeletedWhileItReads(t *testing.T) {
 	} {
 		t.Run(tc.cmd, func(t *testing.T) {
 			t.Parallel()
-			e := newRetentionEnv(t, 5, 1_000)
-			e.group(t, "users.v1", 5, 1)
-			e.group(t, "users.v2", 3, 0)
-			e.group(t, "users.v3", 2)
-			reader := redis.NewClient(e.client.Options())
-			t.Cleanup(func() { _ = reader.Close() })
-			hook := &destroyBefore{admin: e.client, stream: e.keys.Stream(), cmd: tc.cmd, group: tc.group, wholeStream: true}
-			reader.AddHook(hook)
-			info, err := adapters.ReadStreamInfo(context.Background(), reader, e.keys.Stream())
+			info, hook, err := readInfoWhile(t, destroyBefore{cmd: tc.cmd, group: tc.group, wholeStream: true})
 			require.NoError(t, err)
 			require.True(t, hook.destroyed, "the stream went while the reads ran")
 			assert.Equal(t, tc.exists, info.Exists)
-			var names []string
-			for _, g := range info.Groups {
-				names = append(names, g.Name)
-			}
-			assert.Equal(t, tc.groups, names)
+			assert.Equal(t, tc.groups, groupNames(info))
 		})
 	}
 }
@@ -361,22 +376,10 @@ func TestStreamInfoLeavesOutAGroupDestroyedWhileItReads(t *testing.T) {
 	for _, cmd := range []string{"xinfo consumers", "xpending"} {
 		t.Run(cmd, func(t *testing.T) {
 			t.Parallel()
-			e := newRetentionEnv(t, 5, 1_000)
-			e.group(t, "users.v1", 5, 1)
-			e.group(t, "users.v2", 3, 0)
-			e.group(t, "users.v3", 2)
-			reader := redis.NewClient(e.client.Options())
-			t.Cleanup(func() { _ = reader.Close() })
-			hook := &destroyBefore{admin: e.client, stream: e.keys.Stream(), cmd: cmd, group: "users.v2"}
-			reader.AddHook(hook)
-			info, err := adapters.ReadStreamInfo(context.Background(), reader, e.keys.Stream())
+			info, hook, err := readInfoWhile(t, destroyBefore{cmd: cmd, group: "users.v2"})
 			require.NoError(t, err, "a group that went between XINFO GROUPS and its next read is not a storage failure")
 			require.True(t, hook.destroyed, "the group went while the reads ran")
-			var names []string
-			for _, g := range info.Groups {
-				names = append(names, g.Name)
-			}
-			assert.Equal(t, []string{"users.v1", "users.v3"}, names)
+			assert.Equal(t, []string{"users.v1", "users.v3"}, groupNames(info))
 			assert.Equal(t, int64(1), info.Groups[0].Pending)
 			assert.Equal(t, int64(5), info.Length)
 		})
