@@ -46,3 +46,9 @@ func (s *IdempotencyStore) WithClock(now func() time.Time) *IdempotencyStore {
 	s.now = now
 	return s
 }
+
+// WithLayoutRefresh makes the store read the layouts again after d.
+func (s *IdempotencyStore) WithLayoutRefresh(d time.Duration) *IdempotencyStore {
+	s.refresh = d
+	return s
+}

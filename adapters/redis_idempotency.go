@@ -48,6 +48,8 @@ type IdempotencyStore struct {
 	legacyMu    sync.Mutex
 	legacyKnown bool         // lookups was read from Redis
 	lookups     []idemLookup // where records of other layouts may exist, and until when
+	loadedAt    time.Time    // when lookups was read
+	refresh     time.Duration
 }
 
 // idemLookup: records of layout (a KeySpace.IdempotencyLayout, or "" for the pre-scoped keys of
@@ -60,7 +62,7 @@ type idemLookup struct {
 // NewIdempotencyStore keeps records for ttl (a retry later than that is still counted once by the
 // projections, but answers as a new check-in).
 func NewIdempotencyStore(client redis.UniversalClient, keys KeySpace, ttl time.Duration) *IdempotencyStore {
-	return &IdempotencyStore{client: client, keys: keys, ttl: ttl, now: time.Now}
+	return &IdempotencyStore{client: client, keys: keys, ttl: ttl, now: time.Now, refresh: layoutRefresh}
 }
 
 // WithAutoPipeline sends the store's commands through p: under load the reservations and marks
@@ -250,9 +252,8 @@ func (s *IdempotencyStore) recordAt(ctx context.Context, key string, c domain.Ch
 	return v.(string), ms, nil
 }
 
-// legacyLookups tells whether records of other layouts may still exist. The answer is read from
-// Redis once (and marked there by the first process to ask); when Redis cannot tell, it looks
-// them up.
+// legacyLookups tells whether records of other layouts may still exist (loadLookups); when
+// Redis cannot tell, it looks them up.
 func (s *IdempotencyStore) legacyLookups(ctx context.Context) bool {
 	lookups, err := s.loadLookups(ctx)
 	if err != nil {
@@ -267,24 +268,46 @@ func (s *IdempotencyStore) legacyLookups(ctx context.Context) bool {
 	return false
 }
 
-// loadLookups reads (once) where records of other layouts may still exist. Requests that find it
-// not read yet wait for one load rather than each running their own; a failed load is tried
-// again by the next request.
+// layoutRefresh is how often a store reads the layouts again (and records its own as in use when
+// another process recorded another): while processes of two layouts run side by side (a rolling
+// change of INGEST_MIN_REPLICAS), each records the other's as left again and again, so each keeps
+// looking up the other's records.
+const layoutRefresh = time.Minute
+
+// loadLookups reads where records of other layouts may still exist, at the first call and then
+// every layoutRefresh. Requests that find it due wait for one load rather than each running
+// their own. A failed first load fails the request (and is tried again by the next); a failed
+// refresh keeps what was read before.
 func (s *IdempotencyStore) loadLookups(ctx context.Context) ([]idemLookup, error) {
-	s.legacyMu.Lock()
-	known, lookups := s.legacyKnown, s.lookups
-	s.legacyMu.Unlock()
-	if known {
+	fresh := func() (bool, []idemLookup) {
+		s.legacyMu.Lock()
+		defer s.legacyMu.Unlock()
+		return s.legacyKnown && s.now().Sub(s.loadedAt) < s.refresh, s.lookups
+	}
+	if ok, lookups := fresh(); ok {
 		return lookups, nil
 	}
 	s.loadMu.Lock()
 	defer s.loadMu.Unlock()
-	s.legacyMu.Lock()
-	known, lookups = s.legacyKnown, s.lookups
-	s.legacyMu.Unlock()
-	if known {
+	if ok, lookups := fresh(); ok {
 		return lookups, nil
 	}
+	lookups, err := s.readLookups(ctx)
+	s.legacyMu.Lock()
+	defer s.legacyMu.Unlock()
+	if err != nil {
+		if s.legacyKnown {
+			return s.lookups, nil
+		}
+		return nil, err
+	}
+	s.legacyKnown, s.lookups, s.loadedAt = true, lookups, s.now()
+	return lookups, nil
+}
+
+// readLookups reads where records of other layouts may still exist, recording this store's
+// layout as in use.
+func (s *IdempotencyStore) readLookups(ctx context.Context) ([]idemLookup, error) {
 	since, err := s.scopedSince(ctx)
 	if err != nil {
 		return nil, err
@@ -293,7 +316,7 @@ func (s *IdempotencyStore) loadLookups(ctx context.Context) ([]idemLookup, error
 	if err != nil {
 		return nil, err
 	}
-	lookups = nil
+	var lookups []idemLookup
 	for layout, at := range retired {
 		lookups = append(lookups, idemLookup{layout: layout, until: at + s.ttl.Milliseconds()})
 	}
@@ -301,9 +324,6 @@ func (s *IdempotencyStore) loadLookups(ctx context.Context) ([]idemLookup, error
 	if since > 0 {
 		lookups = append(lookups, idemLookup{until: since + s.ttl.Milliseconds()})
 	}
-	s.legacyMu.Lock()
-	s.legacyKnown, s.lookups = true, lookups
-	s.legacyMu.Unlock()
 	return lookups, nil
 }
 

@@ -134,3 +134,48 @@ func TestIdempotencyRecordsOfAnEarlierLayoutStillAnswer(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, n)
 }
+
+// TestIdempotencyLayoutsSideBySide: while API processes of two layouts run at once (a rolling
+// change of INGEST_MIN_REPLICAS on a cluster with partitions: the users' slots with it, the
+// partitions' without), each finds the records the other writes, because each reads the layouts
+// again every refresh and records the other's as left. Without the refresh the one that started
+// first never learns of the other layout.
+func TestIdempotencyLayoutsSideBySide(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	ctx := context.Background()
+	rec := func(id string) command.IdempotencyRecord {
+		return command.IdempotencyRecord{Fingerprint: "fp-" + id, Owner: "o", Checkin: domain.Checkin{ID: id, UserID: 7}}
+	}
+	for _, refresh := range []time.Duration{10 * time.Millisecond, time.Hour} {
+		t.Run(refresh.String(), func(t *testing.T) {
+			k, err := adapters.NewKeySpace(env.keys.Prefix+"mixed"+refresh.String(), true)
+			require.NoError(t, err)
+			k, err = k.WithPartitions(24)
+			require.NoError(t, err)
+			durable := k.WithRecordsInUserSlots()
+			require.NotEqual(t, k.Idempotency(7, "x"), durable.Idempotency(7, "x"))
+			id := "c-" + refresh.String()
+			fast := adapters.NewIdempotencyStore(env.client, k, time.Hour).WithLayoutRefresh(refresh)
+			got, err := fast.Reserve(ctx, rec("warm-"+id)) // reads the layouts first
+			require.NoError(t, err)
+			require.Nil(t, got)
+			slow := adapters.NewIdempotencyStore(env.client, durable, time.Hour).WithLayoutRefresh(refresh)
+			got, err = slow.Reserve(ctx, rec(id)) // the other layout starts, and records it
+			require.NoError(t, err)
+			require.Nil(t, got)
+			time.Sleep(50 * time.Millisecond)
+			got, err = fast.Reserve(ctx, rec(id))
+			require.NoError(t, err)
+			if refresh == time.Hour {
+				assert.Nil(t, got, "without a refresh the first store never looks in the other layout")
+				return
+			}
+			require.NotNil(t, got, "the first store finds the record the other layout wrote")
+			assert.Equal(t, "fp-"+id, got.Fingerprint)
+			got, err = slow.Reserve(ctx, rec("warm-"+id))
+			require.NoError(t, err)
+			require.NotNil(t, got, "and the other finds the first's")
+		})
+	}
+}
