@@ -275,21 +275,29 @@ func (s *IdempotencyStore) legacyLookups(ctx context.Context) bool {
 const layoutRefresh = time.Minute
 
 // loadLookups reads where records of other layouts may still exist, at the first call and then
-// every layoutRefresh. Requests that find it due wait for one load rather than each running
-// their own. A failed first load fails the request (and is tried again by the next); a failed
-// refresh keeps what was read before.
+// every layoutRefresh. Requests that find no layouts read yet wait for one load rather than each
+// running their own; while one request refreshes them the others go on with what was read before.
+// A failed first load fails the request (and is tried again by the next); a failed refresh keeps
+// what was read before.
 func (s *IdempotencyStore) loadLookups(ctx context.Context) ([]idemLookup, error) {
-	fresh := func() (bool, []idemLookup) {
+	fresh := func() (bool, bool, []idemLookup) {
 		s.legacyMu.Lock()
 		defer s.legacyMu.Unlock()
-		return s.legacyKnown && s.now().Sub(s.loadedAt) < s.refresh, s.lookups
+		return s.legacyKnown, s.now().Sub(s.loadedAt) < s.refresh, s.lookups
 	}
-	if ok, lookups := fresh(); ok {
+	known, ok, lookups := fresh()
+	switch {
+	case known && ok:
 		return lookups, nil
+	case known:
+		if !s.loadMu.TryLock() {
+			return lookups, nil // another request refreshes them: no request waits for a refresh
+		}
+	default:
+		s.loadMu.Lock()
 	}
-	s.loadMu.Lock()
 	defer s.loadMu.Unlock()
-	if ok, lookups := fresh(); ok {
+	if known, ok, lookups := fresh(); known && ok {
 		return lookups, nil
 	}
 	lookups, err := s.readLookups(ctx)
