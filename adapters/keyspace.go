@@ -96,8 +96,28 @@ func (k KeySpace) PoisonStream() string { return k.Stream() + ":poison" }
 // slot of the user's partition, so that the limit, the reservation and the XADD are one script
 // (ReservingPublisher).
 func (k KeySpace) Idempotency(userID int64, checkinID string) string {
-	key, _ := k.IdempotencyIn(k.IdempotencyLayout(), userID, checkinID)
-	return key
+	return k.idemKey(k.recordsTag(userID), userID, checkinID)
+}
+
+// recordsTag is the partition tag a user's records and limit state carry, "" when they are in
+// the user's slot (IdemLayoutUser).
+func (k KeySpace) recordsTag(userID int64) string {
+	if k.partitionedRecords() {
+		return k.parts.tagOf(userID)
+	}
+	return ""
+}
+
+// partitionedRecords: the records are in the partitions' slots (layout "p<P>").
+func (k KeySpace) partitionedRecords() bool { return k.Cluster && k.parts != nil && !k.userSlotRecords }
+
+// idemKey is a user's record of checkinID under partitionTag ("": in the user's slot).
+func (k KeySpace) idemKey(partitionTag string, userID int64, checkinID string) string {
+	uid := strconv.FormatInt(userID, 10)
+	if partitionTag == "" {
+		return k.IdempotencyPrefix() + "{user:" + uid + "}:" + checkinID
+	}
+	return k.IdempotencyPrefix() + "{" + partitionTag + "}:" + uid + ":" + checkinID
 }
 
 // Idempotency layouts (IdempotencyLayout): where a user's record and limit state live.
@@ -114,7 +134,7 @@ const (
 // with P > 1 stream partitions. A partition migration on a cluster changes it (records of the
 // old one are still looked up for IDEMPOTENCY_TTL, see IdempotencyStore).
 func (k KeySpace) IdempotencyLayout() string {
-	if k.Cluster && k.parts != nil && !k.userSlotRecords {
+	if k.partitionedRecords() {
 		return idemLayoutPartitions + strconv.Itoa(k.parts.Count())
 	}
 	return IdemLayoutUser
@@ -122,15 +142,14 @@ func (k KeySpace) IdempotencyLayout() string {
 
 // IdempotencyIn is the key of a user's record of checkinID in layout.
 func (k KeySpace) IdempotencyIn(layout string, userID int64, checkinID string) (string, error) {
-	uid := strconv.FormatInt(userID, 10)
 	if layout == IdemLayoutUser {
-		return k.IdempotencyPrefix() + "{user:" + uid + "}:" + checkinID, nil
+		return k.idemKey("", userID, checkinID), nil
 	}
 	tag, err := k.partitionTagIn(layout, userID)
 	if err != nil {
 		return "", err
 	}
-	return k.IdempotencyPrefix() + "{" + tag + "}:" + uid + ":" + checkinID, nil
+	return k.idemKey(tag, userID, checkinID), nil
 }
 
 // partitionTagIn is the tag of the user's partition in a "p<P>" layout.
@@ -148,7 +167,7 @@ func (k KeySpace) partitionTagIn(layout string, userID int64) (string, error) {
 // IngestInOneSlot tells whether a user's rate-limit state, idempotency records and stream
 // partition share a slot (or a server), as ReservingPublisher's one script needs.
 func (k KeySpace) IngestInOneSlot() bool {
-	return !k.Cluster || k.IdempotencyLayout() != IdemLayoutUser
+	return !k.Cluster || k.partitionedRecords()
 }
 
 // IdempotencyPrefix starts every idempotency key, scoped or legacy.
@@ -170,8 +189,7 @@ func (k KeySpace) IdempotencyScopedSince() string { return k.Prefix + ":idem-sco
 // its window, so a move, as also a partition migration on a cluster, costs one window's state.)
 func (k KeySpace) RateLimitUser(userID int64) string {
 	uid := strconv.FormatInt(userID, 10)
-	if layout := k.IdempotencyLayout(); layout != IdemLayoutUser {
-		tag, _ := k.partitionTagIn(layout, userID)
+	if tag := k.recordsTag(userID); tag != "" {
 		return k.Prefix + ":ratelimit:{" + tag + "}:" + uid
 	}
 	return k.Prefix + ":ratelimit:{user:" + uid + "}"

@@ -50,6 +50,8 @@ type IdempotencyStore struct {
 	lookups     []idemLookup // where records of other layouts may exist, and until when
 	loadedAt    time.Time    // when lookups was read
 	refresh     time.Duration
+	since       int64 // scopedSince, once sinceKnown (read under loadMu)
+	sinceKnown  bool
 }
 
 // idemLookup: records of layout (a KeySpace.IdempotencyLayout, or "" for the pre-scoped keys of
@@ -316,10 +318,14 @@ func (s *IdempotencyStore) loadLookups(ctx context.Context) ([]idemLookup, error
 // readLookups reads where records of other layouts may still exist, recording this store's
 // layout as in use.
 func (s *IdempotencyStore) readLookups(ctx context.Context) ([]idemLookup, error) {
-	since, err := s.scopedSince(ctx)
-	if err != nil {
-		return nil, err
+	if !s.sinceKnown { // fixed once set: read at the first load only
+		since, err := s.scopedSince(ctx)
+		if err != nil {
+			return nil, err
+		}
+		s.since, s.sinceKnown = since, true
 	}
+	since := s.since
 	retired, err := s.recordLayout(ctx)
 	if err != nil {
 		return nil, err

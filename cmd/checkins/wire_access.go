@@ -9,8 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/ports"
 )
@@ -75,14 +73,12 @@ func (s *Service) httpConfig(ctx context.Context) (ports.HTTPConfig, error) {
 	// Without INGEST_MIN_REPLICAS, on a single Redis or a cluster with stream partitions, a
 	// check-in is recorded in one script call: the limit, the reservation and Watermill's XADD
 	// (adapters.ReservingPublisher).
-	if s.recordCheckin != nil && cfg.IngestMinReplicas == 0 {
-		if _, cluster := s.client.(*redis.ClusterClient); !cluster || s.keys.IngestInOneSlot() {
-			rp, err := adapters.NewReservingPublisher(s.pub, s.apiPipeline, s.idem, limiter)
-			if err != nil {
-				return hc, err
-			}
-			s.recordCheckin.WithReservingPublisher(rp)
+	if s.recordCheckin != nil && cfg.IngestMinReplicas == 0 && s.keys.IngestInOneSlot() {
+		rp, err := adapters.NewReservingPublisher(s.pub, s.apiPipeline, s.idem, limiter)
+		if err != nil {
+			return hc, err
 		}
+		s.recordCheckin.WithReservingPublisher(rp)
 	}
 	return hc, nil
 }
