@@ -138,6 +138,11 @@ local function before(a, b)
   end
   return #a < #b
 end
+-- Memoized conversions of the small argument strings that repeat (key indexes, counts): a table
+-- hit on an interned string costs far less than tonumber's strtod or a number's sprintf.
+local N = setmetatable({}, {__index = function(t, s) local v = tonumber(s); rawset(t, s, v); return v end})
+local K = setmetatable({}, {__index = function(t, s) local v = KEYS[tonumber(s)]; rawset(t, s, v); return v end})
+local T = setmetatable({}, {__index = function(t, s) local v = tostring(-(tonumber(s) + 1)); rawset(t, s, v); return v end})
 local w, nb = tonumber(ARGV[1]), tonumber(ARGV[2])
 local stale = {}
 local i = 3
@@ -151,7 +156,7 @@ local ni = tonumber(ARGV[i])
 i = i + 1
 local out = {}
 for it = 1, ni do
-  local rk, mki, id, s, nu = tonumber(ARGV[i]), tonumber(ARGV[i+1]), ARGV[i+2], ARGV[i+3], tonumber(ARGV[i+4])
+  local rk, mki, id, s, nu = N[ARGV[i]], N[ARGV[i+1]], ARGV[i+2], ARGV[i+3], N[ARGV[i+4]]
   i = i + 5
   local state = 1
   if rk > 0 and redis.call('ZADD', KEYS[rk], 'NX', s, id) == 0 then
@@ -175,7 +180,7 @@ for it = 1, ni do
   out[it] = state
   for _ = 1, nu do
     local apply = state == 1
-    local lk = tonumber(ARGV[i])
+    local lk = N[ARGV[i]]
     i = i + 1
     if lk > 0 then
       if apply and redis.call('SISMEMBER', KEYS[lk], ARGV[i]) == 1 then
@@ -183,22 +188,37 @@ for it = 1, ni do
       end
       i = i + 1
     end
-    local n = tonumber(ARGV[i])
+    local n = N[ARGV[i]]
     i = i + 1
-    local incr = {}
+    local incr -- I: the results of the increments a later op of this update reads
     for _ = 1, n do
       local kind, ki = ARGV[i], ARGV[i+1]
-      local k = KEYS[tonumber(ki)]
       if kind == 'i' then
-        if apply then incr[ki .. ' ' .. ARGV[i+2]] = redis.call('HINCRBY', k, ARGV[i+2], ARGV[i+3]) end
+        if apply then redis.call('HINCRBY', K[ki], ARGV[i+2], ARGV[i+3]) end
+        i = i + 4
+      elseif kind == 'z' then
+        if apply then redis.call('ZINCRBY', K[ki], ARGV[i+2], ARGV[i+3]) end
+        i = i + 4
+      elseif kind == 'a' then
+        if apply then redis.call('ZADD', K[ki], ARGV[i+2], ARGV[i+3]) end
+        i = i + 4
+      elseif kind == 't' then
+        if apply then redis.call('ZREMRANGEBYRANK', K[ki], 0, T[ARGV[i+2]]) end
+        i = i + 3
+      elseif kind == 'I' then
+        if apply then
+          incr = incr or {}
+          incr[ki .. ' ' .. ARGV[i+2]] = redis.call('HINCRBY', K[ki], ARGV[i+2], ARGV[i+3])
+        end
         i = i + 4
       elseif kind == 's' then
-        if apply then redis.call('HSET', k, ARGV[i+2], ARGV[i+3]) end
+        if apply then redis.call('HSET', K[ki], ARGV[i+2], ARGV[i+3]) end
         i = i + 4
       elseif kind == 'm' then
-        local na = 4 + 2 * tonumber(ARGV[i+2])
+        local na = 4 + 2 * N[ARGV[i+2]]
         local a = i + 3
         if apply then
+          local k = K[ki]
           local cur = redis.call('HMGET', k, ARGV[a], ARGV[a+2])
           local v, c = tonumber(ARGV[a+1]), tonumber(cur[1])
           if c == nil or v > c or (v == c and (not cur[2] or before(cur[2], ARGV[a+3]))) then
@@ -211,28 +231,19 @@ for it = 1, ni do
         local hki, a = ki, i + 2
         if kind == 'q' then hki, a = ARGV[i+2], i + 3 end
         if apply then
-          local hk = KEYS[tonumber(hki)]
-          local num, den = incr[hki .. ' ' .. ARGV[a+1]], incr[hki .. ' ' .. ARGV[a+2]]
+          local num, den
+          if incr then num, den = incr[hki .. ' ' .. ARGV[a+1]], incr[hki .. ' ' .. ARGV[a+2]] end
           if num == nil or den == nil then
-            local cur = redis.call('HMGET', hk, ARGV[a+1], ARGV[a+2])
+            local cur = redis.call('HMGET', K[hki], ARGV[a+1], ARGV[a+2])
             num, den = tonumber(cur[1]) or 0, tonumber(cur[2]) or 0
           end
           if kind == 'r' then
-            if den > 0 then redis.call('HSET', k, ARGV[a], math.floor(num / den + 0.5)) end
-          elseif den > 0 and den >= tonumber(ARGV[a+3]) then
-            redis.call('ZADD', k, num / den, ARGV[a])
+            if den > 0 then redis.call('HSET', K[ki], ARGV[a], math.floor(num / den + 0.5)) end
+          elseif den > 0 and den >= N[ARGV[a+3]] then
+            redis.call('ZADD', K[ki], num / den, ARGV[a])
           end
         end
         if kind == 'r' then i = a + 3 else i = a + 4 end
-      elseif kind == 'a' then
-        if apply then redis.call('ZADD', k, ARGV[i+2], ARGV[i+3]) end
-        i = i + 4
-      elseif kind == 'z' then
-        if apply then redis.call('ZINCRBY', k, ARGV[i+2], ARGV[i+3]) end
-        i = i + 4
-      elseif kind == 't' then
-        if apply then redis.call('ZREMRANGEBYRANK', k, 0, -(tonumber(ARGV[i+2]) + 1)) end
-        i = i + 3
       else
         return redis.error_reply('unknown op ' .. tostring(kind))
       end
@@ -248,6 +259,24 @@ return out
 var opCode = map[projection.OpKind]any{ // boxed once, not per argument
 	projection.OpHIncrBy: "i", projection.OpHSet: "s", projection.OpHMaxBy: "m", projection.OpHRound: "r",
 	projection.OpZAdd: "a", projection.OpZIncrBy: "z", projection.OpZKeepTop: "t", projection.OpZRatioAtMin: "q",
+}
+
+// incrKept is the code of an increment whose result a later op of its update reads (hround,
+// zratioatmin): only those results are kept, which saves the script a string per increment.
+var incrKept any = "I"
+
+// readByRatios is the hash fields (key name, field) the ratio ops of u read, nil when it has none.
+func readByRatios(u *projection.Update) [][2]string {
+	var read [][2]string
+	for _, op := range u.Ops {
+		switch op.Kind {
+		case projection.OpHRound: // key dst num den
+			read = append(read, [2]string{op.Keys[0], op.Args[1]}, [2]string{op.Keys[0], op.Args[2]})
+		case projection.OpZRatioAtMin: // zkey hkey; member num den min
+			read = append(read, [2]string{op.Keys[1], op.Args[1]}, [2]string{op.Keys[1], op.Args[2]})
+		}
+	}
+	return read
 }
 
 var (
@@ -956,8 +985,13 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 					args = append(args, 0)
 				}
 				args = append(args, len(u.Ops))
+				read := readByRatios(u)
 				for _, op := range u.Ops {
-					args = append(args, opCode[op.Kind])
+					code := opCode[op.Kind]
+					if op.Kind == projection.OpHIncrBy && read != nil && slices.Contains(read, [2]string{op.Keys[0], op.Args[0]}) {
+						code = incrKept
+					}
+					args = append(args, code)
 					for _, k := range op.Keys {
 						args = append(args, nameIndex(sk, so, k))
 					}
