@@ -323,6 +323,35 @@ type ProjectionApplier struct {
 	mu      sync.Mutex
 	touched map[string]map[string]struct{}
 	decided map[int64]struct{}
+	// pruned: the bound each user's registry was last pruned below by this applier (see
+	// prunesRegistry).
+	pruned map[int64]int64
+}
+
+// registryPruneStep is how far (a fraction of the window) a user's registry bound must have
+// moved since this applier last pruned the registry before a call prunes it again. Pruning on
+// every call cost a ZREMRANGEBYSCORE per event in a live service, where a user's bound moves a
+// few milliseconds between two check-ins and finds nothing to remove; with the step a registry
+// holds at most a sixteenth of the window more, and a drain of history, whose bound moves fast,
+// still prunes nearly every call.
+const registryPruneStep = 16
+
+// prunesRegistry reports whether a call should prune user's registry below bound, and if so
+// records it. What it forgets (past maxSweepKeys users) is pruned again, which is only a command.
+func (a *ProjectionApplier) prunesRegistry(user, bound int64) bool {
+	if a.pruneEvery == 1 {
+		return true
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if last, ok := a.pruned[user]; ok && bound >= last && bound-last < a.window/registryPruneStep {
+		return false
+	}
+	if len(a.pruned) >= maxSweepKeys {
+		clear(a.pruned)
+	}
+	a.pruned[user] = bound
+	return true
 }
 
 // DefaultPruneEvery: a marker set is pruned in one of this many calls that touch it; pruning is
@@ -335,8 +364,9 @@ type ProjectionApplier struct {
 // Redis CPU per event (36.4 vs 36.7 us, medians of three drains of 100k events).
 const DefaultPruneEvery = 4
 
-// PruneEvery sets how often a marker set is pruned (1: in every call; 0: never, registries
-// neither, which only tests want: correctness never depends on pruning).
+// PruneEvery sets how often a marker set is pruned (1: in every call, and every registry too,
+// however little its bound moved; 0: never, registries neither, which only tests want:
+// correctness never depends on pruning).
 func (a *ProjectionApplier) PruneEvery(n int) *ProjectionApplier {
 	a.pruneEvery = n
 	return a
@@ -413,7 +443,7 @@ func NewProjectionApplier(client redis.UniversalClient, keys KeySpace, window ti
 	}
 	_, cluster := client.(*redis.ClusterClient)
 	return &ProjectionApplier{client: client, keys: keys, window: window.Milliseconds() * scorePerMs, chunk: defaultChunk, cluster: cluster, pruneEvery: DefaultPruneEvery,
-		touched: map[string]map[string]struct{}{}, decided: map[int64]struct{}{}}, nil
+		touched: map[string]map[string]struct{}{}, decided: map[int64]struct{}{}, pruned: map[int64]int64{}}, nil
 }
 
 // RequireReplicas makes the applier's updates count only once n replicas have them: each
@@ -932,7 +962,7 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 		decided := slices.Sorted(maps.Keys(users))
 		a.touchDecided(decided)
 		for _, u := range decided {
-			if bound, ok := a.registryBound(u); ok && a.pruneEvery > 0 {
+			if bound, ok := a.registryBound(u); ok && a.pruneEvery > 0 && a.prunesRegistry(u, bound) {
 				args = append(args, registryIndex(u), bound, 1)
 				bounds++
 			}

@@ -1293,3 +1293,49 @@ func userWork(t testing.TB, group string, ev domain.CheckinRecorded, id string) 
 
 // noPrune is a Prune that knows no position yet: no marker may go.
 func noPrune(string) (string, bool) { return "", false }
+
+// TestRegistryPrunedOnceItsBoundMovedAStep: with the default pruning a call prunes a user's
+// registry only when the bound (the window before the floor) moved by a sixteenth of the window
+// since this applier last pruned it; PruneEvery(1) prunes on every call.
+func TestRegistryPrunedOnceItsBoundMovedAStep(t *testing.T) {
+	t.Parallel()
+	eachEnv(t, testRegistryPrunedOnceItsBoundMovedAStep)
+}
+
+func testRegistryPrunedOnceItsBoundMovedAStep(t *testing.T, env projEnv) {
+	a, err := adapters.NewProjectionApplier(env.client, env.keys, time.Hour)
+	require.NoError(t, err)
+	ctx := context.Background()
+	const t0 = 1_700_000_000_000
+	n := 0
+	apply := func(at int64) {
+		n++
+		ev := recorded("ck-"+strconv.Itoa(n), 1, 1, 3, 1_000)
+		us, err := projection.Updates(ctx, projection.UserStats{}, ev)
+		require.NoError(t, err)
+		out, err := a.Apply(ctx, []projection.Work{{Group: "g", Projection: "users", Version: 1, Event: projection.RefOf(ev, entry(at)), Updates: us}}, nil)
+		require.NoError(t, err)
+		require.Equal(t, projection.Applied, out[0])
+	}
+	// old puts an identity below the bound of floor straight into the registry, as an earlier
+	// copy would have left it, and reports whether it is still there after a call.
+	registry := env.keys.Registry(1)
+	oldKept := func(floor int64) bool {
+		require.NoError(t, a.SetRegistryFloor(entry(floor)))
+		s, _ := adapters.ScoreOfEntry(entry(floor - 3_600_000 - 1))
+		require.NoError(t, env.client.ZAdd(ctx, registry, redis.Z{Score: float64(s), Member: "old"}).Err())
+		apply(floor + 1)
+		_, err := env.client.ZScore(ctx, registry, "old").Result()
+		if errors.Is(err, redis.Nil) {
+			return false
+		}
+		require.NoError(t, err)
+		return true
+	}
+	floor := int64(t0 + 10*3_600_000)
+	assert.False(t, oldKept(floor), "the first call with a floor prunes")
+	assert.True(t, oldKept(floor+60_000), "a minute later (under a sixteenth of the hour) the call leaves the registry")
+	assert.False(t, oldKept(floor+225_000), "once the bound moved 3.75 minutes it prunes again")
+	a.PruneEvery(1)
+	assert.False(t, oldKept(floor+226_000), "PruneEvery(1) prunes every call")
+}
