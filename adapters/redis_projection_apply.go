@@ -356,8 +356,8 @@ func (a *ProjectionApplier) prunesRegistry(user, bound int64) bool {
 
 // DefaultPruneEvery: a marker set is pruned in one of this many calls that touch it; pruning is
 // a command per set, and the sets stay as small as what a few calls add, never depending on
-// history. A registry is pruned by every call that decides one of its user's check-ins: left to
-// chance, a busy drain grows one past Redis's compact encoding (zset-max-listpack-entries),
+// history. A registry is pruned by the calls that decide one of its user's check-ins, whenever its
+// bound moved a step (registryPruneStep): left to chance, a busy drain grows one past Redis's compact encoding (zset-max-listpack-entries),
 // which it never returns to. Measured with the bench's memory phase (a month of 200 users): the
 // dedupe registries took 296 KiB after 100k events and 1.6 MiB after 200k when pruned by chance,
 // so the projections' memory grew 53% from N to 2N; pruned every time, 9%, for no measurable
@@ -1292,7 +1292,7 @@ const registryCompactUpTo = 128
 
 // SweepRegistries prunes, below the window before the current floors (SetRegistryFloors), the
 // registries written since the last call, and writes those left small in Redis's compact
-// encoding again. Every call that decides a user's check-in prunes that user's registry, but
+// encoding again. The calls that decide a user's check-in prune that user's registry, but
 // with the floor of that moment, which trails a drain by a checkpoint: a user's registry kept
 // what the drain's last checkpoint interval added besides the window, and, grown past the
 // compact encoding during the drain, stayed a skiplist (the bench's memory phase at 2N: 562 KiB
