@@ -988,9 +988,9 @@ func testApplySweepCompactsWhatItLeaves(t *testing.T, env projEnv) {
 	assert.Equal(t, projection.AlreadyApplied, out[0])
 }
 
-// TestRegistryIsPrunedByEveryCallThatTouchesIt: with the default settings, every script call
-// that decides a user's check-in also lets go of her registry's copies older than the window
-// before the floor. Left to chance, a busy drain could grow a registry past Redis's compact
+// TestRegistryIsPrunedByEveryCallThatTouchesIt: with the default settings, a script call that
+// decides a user's check-in also lets go of her registry's copies older than the window before
+// the floor (here the floor moves past the pruning step between any two calls). Left to chance, a busy drain could grow a registry past Redis's compact
 // encoding (zset-max-listpack-entries, 128 by default), which it never returns to: the memory of
 // the dedupe state would then depend on the drain's luck, not on the window alone.
 func TestRegistryIsPrunedByEveryCallThatTouchesIt(t *testing.T) {
@@ -1310,10 +1310,7 @@ func testRegistryPrunedOnceItsBoundMovedAStep(t *testing.T, env projEnv) {
 	n := 0
 	apply := func(at int64) {
 		n++
-		ev := recorded("ck-"+strconv.Itoa(n), 1, 1, 3, 1_000)
-		us, err := projection.Updates(ctx, projection.UserStats{}, ev)
-		require.NoError(t, err)
-		out, err := a.Apply(ctx, []projection.Work{{Group: "g", Projection: "users", Version: 1, Event: projection.RefOf(ev, entry(at)), Updates: us}}, nil)
+		out, err := a.Apply(ctx, []projection.Work{userWork(t, "g", recorded("ck-"+strconv.Itoa(n), 1, 1, 3, 1_000), entry(at))}, noPrune)
 		require.NoError(t, err)
 		require.Equal(t, projection.Applied, out[0])
 	}
