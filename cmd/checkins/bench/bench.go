@@ -45,7 +45,8 @@ Measures, in one run and one process, against raw go-redis baselines:
                    from the first timed request until every consumer group on the stream has
                    delivered its last entry with nothing pending, i.e. fully projected
                    check-ins/s, with the backlog left when the load stopped and how long it took
-                   to drain; the ratio is over ingest-baseline
+                   to drain; the ratio is over ingest-baseline, and after the table over
+                   1/(1/ingest + 1/drain) of the same run (recording, then projecting)
   drain            N preloaded events consumed by K projector instances (every selected
                    projection), for each K of --consumers, until every group has delivered the
                    last entry and has nothing pending

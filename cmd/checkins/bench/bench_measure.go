@@ -232,6 +232,11 @@ func printBenchTable(w io.Writer, res BenchResult) {
 	fmt.Fprintln(w, "stream on a private server, sum of MEMORY USAGE on a shared one). CPU: cores used on average during the")
 	fmt.Fprintln(w, "phase by this process (service, load generator and baseline alike) and by redis-server. RSS/heap: peaks")
 	fmt.Fprintln(w, "of this process.")
+	if e := res.Serial; e != nil {
+		fmt.Fprintf(w, "sustained: %.0f/s is %.2fx of %.0f/s = 1/(1/ingest + 1/drain) = 1/(1/%.0f + 1/%.0f (%d consumers)), what one\n",
+			e.Sustained, e.Ratio, e.Estimate, e.Ingest, e.Drain, e.DrainConsumers)
+		fmt.Fprintln(w, "  process recording then projecting each check-in would take on these cores")
+	}
 	for _, r := range res.Phases {
 		if r.PostLatency != nil {
 			fmt.Fprintf(w, "%s: POST latency p50 %s p99 %s max %s\n", r.Phase, fmtMs(r.PostLatency.P50), fmtMs(r.PostLatency.P99), fmtMs(r.PostLatency.Max))

@@ -129,3 +129,29 @@ func TestBenchVerifyFindsDifferences(t *testing.T) {
 		})
 	}
 }
+
+// TestSerialEstimate: sustained is held against 1/(1/ingest + 1/drain) with the faster drain,
+// and only when all three ran.
+func TestSerialEstimate(t *testing.T) {
+	t.Parallel()
+	res := BenchResult{Phases: []PhaseResult{
+		{Phase: PhaseIngest, Throughput: 18000},
+		{Phase: PhaseIngestBaseline, Throughput: 29000},
+		{Phase: PhaseSustained, Throughput: 9000},
+		{Phase: PhaseDrain, Consumers: 1, Throughput: 18000},
+		{Phase: PhaseDrainBaseline, Consumers: 1, Throughput: 90000},
+		{Phase: PhaseDrain, Consumers: 4, Throughput: 36000},
+	}}
+	e := serialEstimate(res)
+	require.NotNil(t, e)
+	assert.InDelta(t, 12000, e.Estimate, 1e-6, "1/(1/18000 + 1/36000)")
+	assert.Equal(t, 4, e.DrainConsumers)
+	assert.InDelta(t, 0.75, e.Ratio, 1e-9)
+	var out strings.Builder
+	res.Serial = e
+	printBenchTable(&out, res)
+	assert.Contains(t, out.String(), "sustained: 9000/s is 0.75x of 12000/s = 1/(1/ingest + 1/drain) = 1/(1/18000 + 1/36000 (4 consumers))")
+
+	assert.Nil(t, serialEstimate(BenchResult{Phases: res.Phases[:3]}), "no drain ran")
+	assert.Nil(t, serialEstimate(BenchResult{Phases: res.Phases[1:]}), "no ingest ran")
+}
