@@ -126,6 +126,32 @@ func TestIdempotencyRecordsOfAnEarlierLayoutStillAnswer(t *testing.T) {
 	assert.True(t, ok, "nothing to look up: one script from the start")
 	assert.Equal(t, map[string]string{"idem-layout": "p24"}, meta(fresh))
 
+	// A stream moved from a single server (README, From a single Redis to a cluster): its
+	// partitions hold entries and no layout is recorded, which looks like an upgrade; the
+	// `HSET <prefix>:meta idem-layout p24` of the move's last step makes the first process
+	// record nothing and take the one-script path at once. Without it, it records the users'
+	// slots as left now and looks there for IDEMPOTENCY_TTL.
+	for _, hset := range []bool{true, false} {
+		moved := clusterKeys(fmt.Sprintf("%smoved-%t", env.keys.Prefix, hset), 24)
+		require.NoError(t, env.client.XAdd(ctx, &redis.XAddArgs{Stream: moved.Partitions().StreamOf(3), Values: map[string]any{"x": "y"}}).Err())
+		if hset {
+			require.NoError(t, env.client.HSet(ctx, moved.Meta(), "idem-layout", "p24").Err())
+		}
+		movedPub, err := adapters.NewPipelinedEventPublisher(redistest.Client(t, env.url), pipe, moved, watermill.NopLogger{})
+		require.NoError(t, err)
+		rpMoved, err := adapters.NewReservingPublisher(movedPub, pipe, adapters.NewIdempotencyStore(env.client, moved, 2*time.Hour), nil)
+		require.NoError(t, err)
+		_, _, ok, err = rpMoved.ReserveAndPublish(ctx, ingestRecord(9, "a", 1), "", false)
+		require.NoError(t, err)
+		if hset {
+			assert.True(t, ok, "with the layout recorded by hand: one script from the start")
+			assert.Equal(t, map[string]string{"idem-layout": "p24"}, meta(moved))
+		} else {
+			assert.False(t, ok, "without it: the two-step path, looking in the users' slots")
+			assert.Contains(t, meta(moved), "idem-retired:user")
+		}
+	}
+
 	// A single server (and one stream on a cluster) writes nothing to <prefix>:meta.
 	single := adapters.KeySpace{Prefix: env.keys.Prefix + "single"}
 	_, err = adapters.NewIdempotencyStore(env.client, single, time.Hour).Reserve(ctx, retry("s", 1))
