@@ -356,12 +356,13 @@ func (a *ProjectionApplier) prunesRegistry(user, bound int64) bool {
 
 // DefaultPruneEvery: a marker set is pruned in one of this many calls that touch it; pruning is
 // a command per set, and the sets stay as small as what a few calls add, never depending on
-// history. A registry is pruned by the calls that decide one of its user's check-ins, whenever its
-// bound moved a step (registryPruneStep): left to chance, a busy drain grows one past Redis's compact encoding (zset-max-listpack-entries),
-// which it never returns to. Measured with the bench's memory phase (a month of 200 users): the
-// dedupe registries took 296 KiB after 100k events and 1.6 MiB after 200k when pruned by chance,
-// so the projections' memory grew 53% from N to 2N; pruned every time, 9%, for no measurable
-// Redis CPU per event (36.4 vs 36.7 us, medians of three drains of 100k events).
+// history. A registry is pruned by the calls that decide one of its user's check-ins, whenever
+// its bound moved a step (registryPruneStep): left to chance, a busy drain grows one past
+// Redis's compact encoding (zset-max-listpack-entries), which it never returns to. Measured with
+// the bench's memory phase (a month of 200 users): the dedupe registries took 296 KiB after 100k
+// events and 1.6 MiB after 200k when pruned by chance, so the projections' memory grew 53% from
+// N to 2N; pruned every time, 9%, for no measurable Redis CPU per event (36.4 vs 36.7 us,
+// medians of three drains of 100k events).
 const DefaultPruneEvery = 4
 
 // PruneEvery sets how often a marker set is pruned (1: in every call, and every registry too,
