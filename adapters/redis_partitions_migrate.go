@@ -338,7 +338,7 @@ func (m *PartitionMigrator) Copy(ctx context.Context, from, to, batch int, pause
 		}
 		_, err := m.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, e := range pending {
-				p.XAdd(ctx, &redis.XAddArgs{Stream: dst.Stream(e.to), ID: e.newID.String(), Values: e.msg.Values})
+				p.XAdd(ctx, &redis.XAddArgs{Stream: dst.Stream(e.to), ID: e.newID.String(), Values: SortedXAddValues(e.msg.Values)})
 			}
 			for _, e := range pending {
 				if e.newID != e.id {

@@ -126,6 +126,7 @@ func poisonValues(e ops.PoisonEntry) []any {
 	if e.Decision != "" {
 		values = append(values, PoisonFieldDecision, e.Decision)
 	}
+	sortPairs(values) // the stream's order (SortedXAddValues)
 	return values
 }
 

@@ -31,6 +31,11 @@ type EventPublisher struct {
 // The stream is never trimmed here: MAXLEN ignores consumer groups and could delete events no
 // projection has processed yet.
 func NewEventPublisher(client redis.UniversalClient, keys KeySpace, logger watermill.LoggerAdapter) (*EventPublisher, error) {
+	client.AddHook(fieldOrderHook{})
+	return newEventPublisher(client, keys, logger)
+}
+
+func newEventPublisher(client redis.UniversalClient, keys KeySpace, logger watermill.LoggerAdapter) (*EventPublisher, error) {
 	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{
 		Client:     client,
 		Marshaller: FlatMarshaller{},
@@ -46,8 +51,9 @@ func NewEventPublisher(client redis.UniversalClient, keys KeySpace, logger water
 // p (AutoPipeline.Hook): the XADDs of concurrent check-ins share round trips, and a
 // ReservingPublisher can run them inside its script.
 func NewPipelinedEventPublisher(client redis.UniversalClient, p *AutoPipeline, keys KeySpace, logger watermill.LoggerAdapter) (*EventPublisher, error) {
+	client.AddHook(fieldOrderHook{}) // first: the pipeline's hook sends the XADD itself
 	client.AddHook(p.Hook())
-	pub, err := NewEventPublisher(client, keys, logger)
+	pub, err := newEventPublisher(client, keys, logger)
 	if err != nil {
 		return nil, err
 	}

@@ -73,7 +73,7 @@ func (b *bencher) preload(ctx context.Context) (*drainData, error) {
 			if err != nil {
 				return nil, err
 			}
-			last[pi] = pipe.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(pi), Values: values})
+			last[pi] = pipe.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(pi), Values: adapters.SortedXAddValues(values)})
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
 			return nil, fmt.Errorf("XADD to %s: %w", keys.Stream(), err)

@@ -252,7 +252,7 @@ func (b *bencher) preloadHistory(ctx context.Context, keys adapters.KeySpace, n 
 			}
 			// IDs grow over the whole run, so over each partition too.
 			d.lastIDs[pi] = strconv.FormatInt(ms, 10) + "-" + strconv.FormatInt(seq, 10)
-			pipe.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(pi), ID: d.lastIDs[pi], Values: values})
+			pipe.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(pi), ID: d.lastIDs[pi], Values: adapters.SortedXAddValues(values)})
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
 			return nil, fmt.Errorf("XADD to %s: %w", keys.Stream(), err)
