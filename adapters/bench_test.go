@@ -98,9 +98,9 @@ func BenchmarkProjectionApply(b *testing.B) {
 }
 
 func benchApply(b *testing.B, batch int) {
-	srv := redistest.Start(b, redistest.Options{})
-	c := redistest.Client(b, srv.URL())
-	a, err := adapters.NewProjectionApplier(c, adapters.KeySpace{Prefix: "bench"}, 0)
+	env := redistest.Open(b) // REDIS_URL, e.g. a server run under callgrind, or a private one
+	c := redistest.Client(b, env.URL)
+	a, err := adapters.NewProjectionApplier(c, adapters.KeySpace{Prefix: env.Prefix}, 0)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -113,21 +113,27 @@ return out
 `
 
 // applyScript is step 2, and on a single server step 1 as well. KEYS: registry, marker and op
-// keys. ARGV[1]: window (score units); ARGV[2]: number of bounds, then per bound: key index, the
-// score below which the set's members are no longer needed (for a marker set: entries its
-// group will not deliver again), 1 to prune them now; then the number of items, and per item
-// (the updates one group made for one event, in one slot on a cluster): registry key index (0:
-// decided already), marker key index, identity, score, update count; per update: legacy key
-// index (0: none) and, if not 0, the legacy member; op count; per op a one-letter kind and its
-// arguments, a fixed number per kind (see opCode), keys as indexes. Returns per item 1 (applied),
-// 0 (had been applied: a marker says so) or 2 (a duplicate: another copy was counted).
+// keys. ARGV[1] packs the call's numbers (see scriptArgs: key indexes, counts, op kinds, and
+// the ARGV index of every string); ARGV[2...] are the call's strings, each once. In that order:
+// the window (score units, a string); the number of bounds, then per bound: key index, the score
+// below which the set's members are no longer needed (a string; for a marker set: entries its
+// group will not deliver again), 1 to prune them now (else 0); then the number of items, and per
+// item (the updates one group made for one event, in one slot on a cluster): registry key index
+// (0: decided already), marker key index, identity, score, update count; per update: legacy key
+// index (0: none) and, if not 0, the legacy member; op count; per op its kind (opKindCode), its
+// key indexes, for hmaxby the number of extra field/value pairs, and its args. Returns per item
+// 1 (applied), 0 (had been applied: a marker says so) or 2 (a duplicate: another copy was
+// counted).
 //
 // A stale marker counts as absent, so a copy the registry counts again (beyond the window) is
 // applied whether or not its marker was pruned yet: pruning is only about memory, and a call
 // prunes only some sets (each prune is a command of its own).
 //
-// It walks ARGV in place rather than building tables per op: Redis's single thread running these
-// scripts is what bounds the drain rate.
+// Why the numbers are packed: Redis's single thread running these scripts is what bounds the
+// drain rate, and each argument of a script call costs it about 850 instructions (read, made a
+// Redis string, then a Lua string, then freed), as much as a tenth of a redis.call. An event of
+// the five shipped projections was about 70 arguments, most of them small numbers and names
+// repeated in every event; packed and shared it is about ten.
 const applyScript = `
 local function before(a, b)
   -- Byte order, whatever locale redis-server runs in (Lua's < on strings follows strcoll).
@@ -138,26 +144,52 @@ local function before(a, b)
   end
   return #a < #b
 end
--- Memoized conversions of the small argument strings that repeat (key indexes, counts): a table
--- hit on an interned string costs far less than tonumber's strtod or a number's sprintf.
-local N = setmetatable({}, {__index = function(t, s) local v = tonumber(s); rawset(t, s, v); return v end})
-local K = setmetatable({}, {__index = function(t, s) local v = KEYS[tonumber(s)]; rawset(t, s, v); return v end})
-local T = setmetatable({}, {__index = function(t, s) local v = tostring(-(tonumber(s) + 1)); rawset(t, s, v); return v end})
-local w, nb = tonumber(ARGV[1]), tonumber(ARGV[2])
-local stale = {}
-local i = 3
-for _ = 1, nb do
-  local k = tonumber(ARGV[i])
-  stale[k] = tonumber(ARGV[i+1])
-  if ARGV[i+2] == '1' then redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', '(' .. ARGV[i+1]) end
-  i = i + 3
+local S = ARGV
+local P = ARGV[1]
+local B, np = {}, #P -- B: the bytes of P
+if np <= 4000 then
+  B = {string.byte(P, 1, np)}
+else
+  for o = 1, np, 4000 do
+    local t = {string.byte(P, o, math.min(o + 3999, np))}
+    for j = 1, #t do B[o + j - 1] = t[j] end
+  end
 end
-local ni = tonumber(ARGV[i])
-i = i + 1
+local p = 1
+-- num reads the next packed number: one byte below 128, two below 16384, else three. Each read
+-- is a statement of its own, in the order of the arguments (see scriptArgs). (Decoding every
+-- number into a table first measured about 2% more instructions than these calls.)
+local function num()
+  local b = B[p]
+  if b < 128 then
+    p = p + 1
+    return b
+  elseif b < 192 then
+    p = p + 2
+    return (b - 128) * 256 + B[p-1]
+  end
+  p = p + 3
+  return (b - 192) * 65536 + B[p-2] * 256 + B[p-1]
+end
+-- Memoized conversions of the strings that repeat (trim ranks, minimums).
+local N = setmetatable({}, {__index = function(t, s) local v = tonumber(s); rawset(t, s, v); return v end})
+local T = setmetatable({}, {__index = function(t, s) local v = -(tonumber(s) + 1); rawset(t, s, v); return v end})
+local w = tonumber(S[num()])
+local stale = {}
+for _ = 1, num() do
+  local k = num()
+  local b = S[num()]
+  local now = num()
+  stale[k] = tonumber(b)
+  if now == 1 then redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', '(' .. b) end
+end
 local out = {}
-for it = 1, ni do
-  local rk, mki, id, s, nu = N[ARGV[i]], N[ARGV[i+1]], ARGV[i+2], ARGV[i+3], N[ARGV[i+4]]
-  i = i + 5
+for it = 1, num() do
+  local rk = num()
+  local mki = num()
+  local id = S[num()]
+  local s = S[num()]
+  local nu = num()
   local state = 1
   if rk > 0 and redis.call('ZADD', KEYS[rk], 'NX', s, id) == 0 then
     local cur, sn = tonumber(redis.call('ZSCORE', KEYS[rk], id)), tonumber(s)
@@ -180,70 +212,78 @@ for it = 1, ni do
   out[it] = state
   for _ = 1, nu do
     local apply = state == 1
-    local lk = N[ARGV[i]]
-    i = i + 1
+    local lk = num()
     if lk > 0 then
-      if apply and redis.call('SISMEMBER', KEYS[lk], ARGV[i]) == 1 then
+      local lm = S[num()]
+      if apply and redis.call('SISMEMBER', KEYS[lk], lm) == 1 then
         apply = false -- applied before this version of the service, under its dedupe set
       end
-      i = i + 1
     end
-    local n = N[ARGV[i]]
-    i = i + 1
-    local incr -- I: the results of the increments a later op of this update reads
-    for _ = 1, n do
-      local kind, ki = ARGV[i], ARGV[i+1]
-      if kind == 'i' then
-        if apply then redis.call('HINCRBY', K[ki], ARGV[i+2], ARGV[i+3]) end
-        i = i + 4
-      elseif kind == 'z' then
-        if apply then redis.call('ZINCRBY', K[ki], ARGV[i+2], ARGV[i+3]) end
-        i = i + 4
-      elseif kind == 'a' then
-        if apply then redis.call('ZADD', K[ki], ARGV[i+2], ARGV[i+3]) end
-        i = i + 4
-      elseif kind == 't' then
-        if apply then redis.call('ZREMRANGEBYRANK', K[ki], 0, T[ARGV[i+2]]) end
-        i = i + 3
-      elseif kind == 'I' then
+    local incr -- the results of the increments a later op of this update reads, per key
+    for _ = 1, num() do
+      local kind = num()
+      local ki = num()
+      if kind == 1 then -- hincrby key field delta
+        local f = S[num()]
+        local d = S[num()]
+        if apply then redis.call('HINCRBY', KEYS[ki], f, d) end
+      elseif kind == 2 then -- hincrby whose result a ratio reads
+        local f = S[num()]
+        local d = S[num()]
         if apply then
           incr = incr or {}
-          incr[ki .. ' ' .. ARGV[i+2]] = redis.call('HINCRBY', K[ki], ARGV[i+2], ARGV[i+3])
+          incr[ki] = incr[ki] or {}
+          incr[ki][f] = redis.call('HINCRBY', KEYS[ki], f, d)
         end
-        i = i + 4
-      elseif kind == 's' then
-        if apply then redis.call('HSET', K[ki], ARGV[i+2], ARGV[i+3]) end
-        i = i + 4
-      elseif kind == 'm' then
-        local na = 4 + 2 * N[ARGV[i+2]]
-        local a = i + 3
+      elseif kind == 3 then -- zincrby key delta member
+        local d = S[num()]
+        local m = S[num()]
+        if apply then redis.call('ZINCRBY', KEYS[ki], d, m) end
+      elseif kind == 4 then -- zadd key score member
+        local sc = S[num()]
+        local m = S[num()]
+        if apply then redis.call('ZADD', KEYS[ki], sc, m) end
+      elseif kind == 5 then -- zkeeptop key n
+        local r = T[S[num()]]
+        if apply then redis.call('ZREMRANGEBYRANK', KEYS[ki], 0, r) end
+      elseif kind == 6 then -- hset key field value
+        local f = S[num()]
+        local v = S[num()]
+        if apply then redis.call('HSET', KEYS[ki], f, v) end
+      elseif kind == 7 then -- hmaxby key field value tiefield tie [field value]...
+        local na = 4 + 2 * num()
+        local a = {}
+        for j = 1, na do a[j] = S[num()] end
         if apply then
-          local k = K[ki]
-          local cur = redis.call('HMGET', k, ARGV[a], ARGV[a+2])
-          local v, c = tonumber(ARGV[a+1]), tonumber(cur[1])
-          if c == nil or v > c or (v == c and (not cur[2] or before(cur[2], ARGV[a+3]))) then
-            redis.call('HSET', k, unpack(ARGV, a, a + na - 1))
+          local k = KEYS[ki]
+          local cur = redis.call('HMGET', k, a[1], a[3])
+          local v, c = tonumber(a[2]), tonumber(cur[1])
+          if c == nil or v > c or (v == c and (not cur[2] or before(cur[2], a[4]))) then
+            redis.call('HSET', k, unpack(a, 1, na))
           end
         end
-        i = a + na
-      elseif kind == 'r' or kind == 'q' then
-        -- r: hround k dst num den; q: zratioatmin zk hk member num den min
-        local hki, a = ki, i + 2
-        if kind == 'q' then hki, a = ARGV[i+2], i + 3 end
+      elseif kind == 8 or kind == 9 then
+        -- 8: hround key dst num den; 9: zratioatmin zkey hkey member num den min
+        local hki = ki
+        if kind == 9 then hki = num() end
+        local dst = S[num()]
+        local nf = S[num()]
+        local df = S[num()]
+        local mn
+        if kind == 9 then mn = N[S[num()]] end
         if apply then
-          local num, den
-          if incr then num, den = incr[hki .. ' ' .. ARGV[a+1]], incr[hki .. ' ' .. ARGV[a+2]] end
-          if num == nil or den == nil then
-            local cur = redis.call('HMGET', K[hki], ARGV[a+1], ARGV[a+2])
-            num, den = tonumber(cur[1]) or 0, tonumber(cur[2]) or 0
+          local nv, dv
+          if incr and incr[hki] then nv, dv = incr[hki][nf], incr[hki][df] end
+          if nv == nil or dv == nil then
+            local cur = redis.call('HMGET', KEYS[hki], nf, df)
+            nv, dv = tonumber(cur[1]) or 0, tonumber(cur[2]) or 0
           end
-          if kind == 'r' then
-            if den > 0 then redis.call('HSET', K[ki], ARGV[a], math.floor(num / den + 0.5)) end
-          elseif den > 0 and den >= N[ARGV[a+3]] then
-            redis.call('ZADD', K[ki], num / den, ARGV[a])
+          if kind == 8 then
+            if dv > 0 then redis.call('HSET', KEYS[ki], dst, math.floor(nv / dv + 0.5)) end
+          elseif dv > 0 and dv >= mn then
+            redis.call('ZADD', KEYS[ki], nv / dv, dst)
           end
         end
-        if kind == 'r' then i = a + 3 else i = a + 4 end
       else
         return redis.error_reply('unknown op ' .. tostring(kind))
       end
@@ -253,17 +293,66 @@ end
 return out
 `
 
-// opCode is each op's letter in applyScript's arguments. After the letter come the op's key
-// indexes and its args as projection.Update holds them, except hmaxby, which says how many
-// extra field/value pairs follow.
-var opCode = map[projection.OpKind]any{ // boxed once, not per argument
-	projection.OpHIncrBy: "i", projection.OpHSet: "s", projection.OpHMaxBy: "m", projection.OpHRound: "r",
-	projection.OpZAdd: "a", projection.OpZIncrBy: "z", projection.OpZKeepTop: "t", projection.OpZRatioAtMin: "q",
+// opKindCode is each op's kind in applyScript's packed numbers. After it come the op's key
+// indexes, for hmaxby the number of extra field/value pairs, and its args as projection.Update
+// holds them (opArity's count, hmaxby's all).
+var opKindCode = map[projection.OpKind]int{
+	projection.OpHIncrBy: 1, projection.OpZIncrBy: 3, projection.OpZAdd: 4, projection.OpZKeepTop: 5,
+	projection.OpHSet: 6, projection.OpHMaxBy: 7, projection.OpHRound: 8, projection.OpZRatioAtMin: 9,
 }
 
 // incrKept is the code of an increment whose result a later op of its update reads (hround,
-// zratioatmin): only those results are kept, which saves the script a string per increment.
-var incrKept any = "I"
+// zratioatmin): only those results are kept, which saves the script a table entry per increment.
+const incrKept = 2
+
+// maxPacked bounds applyScript's packed numbers (three bytes: 22 bits).
+const maxPacked = 1<<22 - 1
+
+// scriptArgs are the arguments of one applyScript call: numbers packed into ARGV[1] (one byte
+// below 128, two below 16384, three below maxPacked), strings each once in ARGV[2...], named
+// by their ARGV index.
+type scriptArgs struct {
+	args []any          // args[0] is ARGV[1], set by packed
+	at   map[string]int // string -> its ARGV index
+	over bool           // a number did not fit
+}
+
+func newScriptArgs(n int) *scriptArgs {
+	return &scriptArgs{args: make([]any, 1, 1+n), at: make(map[string]int, n)}
+}
+
+// ref is the ARGV index of s, added on its first use.
+func (s *scriptArgs) ref(v string) int {
+	if i, ok := s.at[v]; ok {
+		return i
+	}
+	s.args = append(s.args, v)
+	s.at[v] = len(s.args)
+	return len(s.args)
+}
+
+// put appends v to the packed numbers b.
+func (s *scriptArgs) put(b []byte, v int) []byte {
+	switch {
+	case v < 0 || v > maxPacked:
+		s.over = true
+		return append(b, 0)
+	case v < 128:
+		return append(b, byte(v))
+	case v < 16384:
+		return append(b, byte(128+v>>8), byte(v))
+	}
+	return append(b, byte(192+v>>16), byte(v>>8), byte(v))
+}
+
+// finish sets ARGV[1] to the packed numbers and returns the call's ARGV.
+func (s *scriptArgs) finish(packed []byte) ([]any, error) {
+	if s.over {
+		return nil, fmt.Errorf("apply projection updates: a script call needs a number above %d (too many keys or strings in one call)", maxPacked)
+	}
+	s.args[0] = packed
+	return s.args, nil
+}
 
 // readByRatios is the hash fields (key name, field) the ratio ops of u read, nil when it has none.
 func readByRatios(u *projection.Update) [][2]string {
@@ -887,6 +976,7 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 	prefixes := map[versionOf]string{} // each projection version's key prefix, made once
 	type markerOf struct{ group, slot string }
 	markers := make([]string, len(items)) // each item's marker key
+	windowArg := strconv.FormatInt(a.window, 10)
 	pipe := a.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
 	for c, idx := range calls {
@@ -950,8 +1040,9 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 			}
 			return ki
 		}
-		args := make([]any, 2, 4+24*len(idx))
-		args[0] = a.window
+		sa := newScriptArgs(8 * len(idx))
+		// Bounds first (registries, then markers), then the items; their counts precede them.
+		var bnd []byte
 		bounds := 0
 		// Registries: copies older than the window before the floor may go.
 		users := map[int64]bool{}
@@ -964,7 +1055,9 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 		a.touchDecided(decided)
 		for _, u := range decided {
 			if bound, ok := a.registryBound(u); ok && a.pruneEvery > 0 && a.prunesRegistry(u, bound) {
-				args = append(args, registryIndex(u), bound, 1)
+				bnd = sa.put(bnd, registryIndex(u))
+				bnd = sa.put(bnd, sa.ref(strconv.FormatInt(bound, 10)))
+				bnd = sa.put(bnd, 1)
 				bounds++
 			}
 		}
@@ -987,13 +1080,18 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 					if a.pruneNow() {
 						now = 1
 					}
-					args = append(args, mk, sc, now)
+					bnd = sa.put(bnd, mk)
+					bnd = sa.put(bnd, sa.ref(strconv.FormatInt(sc, 10)))
+					bnd = sa.put(bnd, now)
 					bounds++
 				}
 			}
 		}
-		args[1] = bounds
-		args = append(args, len(idx))
+		packed := make([]byte, 0, 8+len(bnd)+48*len(idx))
+		packed = sa.put(packed, sa.ref(windowArg))
+		packed = sa.put(packed, bounds)
+		packed = append(packed, bnd...)
+		packed = sa.put(packed, len(idx))
 		for _, n := range idx {
 			it := items[n]
 			w := works[it.work]
@@ -1001,7 +1099,11 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 			if it.decide {
 				rk = registryIndex(w.Event.UserID)
 			}
-			args = append(args, rk, markerIndex(n), w.Event.Identity, scores[it.work], len(it.refs))
+			packed = sa.put(packed, rk)
+			packed = sa.put(packed, markerIndex(n))
+			packed = sa.put(packed, sa.ref(strconv.FormatInt(w.Event.Identity, 10)))
+			packed = sa.put(packed, sa.ref(strconv.FormatInt(scores[it.work], 10)))
+			packed = sa.put(packed, len(it.refs))
 			for _, r := range it.refs {
 				w, u := works[r.work], works[r.work].Updates[r.update]
 				so := slotOf{versionOf{w.Projection, w.Version}, u.Slot}
@@ -1011,29 +1113,37 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 					slotted[so] = sk
 				}
 				if w.Event.LegacyID != "" {
-					args = append(args, nameIndex(sk, so, legacyKeyName), w.Event.LegacyID)
+					packed = sa.put(packed, nameIndex(sk, so, legacyKeyName))
+					packed = sa.put(packed, sa.ref(w.Event.LegacyID))
 				} else {
-					args = append(args, 0)
+					packed = sa.put(packed, 0)
 				}
-				args = append(args, len(u.Ops))
+				packed = sa.put(packed, len(u.Ops))
 				read := readByRatios(u)
 				for _, op := range u.Ops {
-					code := opCode[op.Kind]
+					code := opKindCode[op.Kind]
 					if op.Kind == projection.OpHIncrBy && read != nil && slices.Contains(read, [2]string{op.Keys[0], op.Args[0]}) {
 						code = incrKept
 					}
-					args = append(args, code)
+					packed = sa.put(packed, code)
 					for _, k := range op.Keys {
-						args = append(args, nameIndex(sk, so, k))
+						packed = sa.put(packed, nameIndex(sk, so, k))
 					}
+					opArgs := op.Args
 					if op.Kind == projection.OpHMaxBy {
-						args = append(args, (len(op.Args)-4)/2)
+						packed = sa.put(packed, (len(op.Args)-4)/2)
+					} else {
+						opArgs = opArgs[:opArity[op.Kind][1]]
 					}
-					for _, s := range op.Args {
-						args = append(args, s)
+					for _, s := range opArgs {
+						packed = sa.put(packed, sa.ref(s))
 					}
 				}
 			}
+		}
+		args, err := sa.finish(packed)
+		if err != nil {
+			return nil, err
 		}
 		cmds[c] = applyLua.EvalSha(ctx, pipe, keys, args...)
 	}

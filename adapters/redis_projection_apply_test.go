@@ -1336,3 +1336,55 @@ func testRegistryPrunedOnceItsBoundMovedAStep(t *testing.T, env projEnv) {
 	a.PruneEvery(1)
 	assert.False(t, oldKept(floor+226_000), "PruneEvery(1) prunes every call")
 }
+
+// TestApplyOneHugeCall: the updates of one user are never split over script calls, so a batch
+// of one busy user's check-ins is one call with thousands of keys and strings: its packed
+// numbers take all three widths and more than one string.byte slice in the script. Every
+// check-in counts once, republished copies not at all, and the same batch again changes nothing.
+func TestApplyOneHugeCall(t *testing.T) {
+	t.Parallel()
+	eachEnv(t, testApplyOneHugeCall)
+}
+
+func testApplyOneHugeCall(t *testing.T, env projEnv) {
+	ctx := context.Background()
+	a := env.applier(t, env.client)
+	projs := []projection.Projection{projection.UserStats{}, projection.LocationStats{}, projection.RecentCheckins{},
+		projection.DailyCheckins{}, projection.Leaderboards{MinCheckins: 2}}
+	var works []projection.Work
+	var all []domain.CheckinRecorded
+	const n = 4000 // about 10 strings a check-in: string indexes past 16384 need three bytes
+	for i := range n {
+		ev := recorded(fmt.Sprintf("huge-%05d", i), 7, int64(i%900+1), i%6, 1_600_000_000_000+int64(i)*86_400_000/7)
+		entryID := entry(1_700_000_000_000 + int64(i))
+		if i%10 == 9 { // a copy of an earlier check-in, republished
+			ev = all[i-5]
+		}
+		all = append(all, ev)
+		for _, p := range projs {
+			us, err := projection.Updates(ctx, p, ev)
+			require.NoError(t, err)
+			works = append(works, projection.Work{Group: "live", Projection: p.Name(), Version: 1, Event: projection.RefOf(ev, entryID), Updates: us})
+		}
+	}
+	out, err := a.Apply(ctx, works, nil)
+	require.NoError(t, err)
+	counts := map[projection.Outcome]int{}
+	for _, o := range out {
+		counts[o]++
+	}
+	assert.Equal(t, map[projection.Outcome]int{projection.Applied: len(projs) * n * 9 / 10, projection.Duplicate: len(projs) * n / 10}, counts)
+	want := expect(all)
+	env.assertStats(t, want)
+
+	again, err := a.Apply(ctx, works, nil)
+	require.NoError(t, err)
+	for i, o := range again {
+		require.NotEqual(t, projection.Applied, o, "work %d applied twice", i)
+	}
+	env.assertStats(t, want)
+	recent, err := projection.RecentCheckins{}.Get(ctx, adapters.NewProjectionReader(env.client, env.keys, "recent_checkins"), 7)
+	require.NoError(t, err)
+	require.Len(t, recent.Checkins, projection.RecentCheckinsKept)
+	assert.Equal(t, "huge-03998", recent.Checkins[0].CheckinID, "the latest check-in first")
+}
