@@ -340,9 +340,9 @@ func (s *scriptArgs) put(b []byte, v int) []byte {
 	case v < 128:
 		return append(b, byte(v))
 	case v < 16384:
-		return append(b, byte(128+v>>8), byte(v))
+		return append(b, byte(128+v>>8), byte(v)) // #nosec G115 -- v < 16384: 128+v>>8 < 192; byte(v) keeps the low byte on purpose
 	}
-	return append(b, byte(192+v>>16), byte(v>>8), byte(v))
+	return append(b, byte(192+v>>16), byte(v>>8), byte(v)) // #nosec G115 -- v <= maxPacked: 192+v>>16 < 256; the others keep one byte each on purpose
 }
 
 // finish sets ARGV[1] to the packed numbers and returns the call's ARGV.

@@ -12,7 +12,7 @@ import (
 // stream in listpacks whose first entry's field names serve the entries after it: an entry with
 // the same fields in the same order stores only its values. Watermill's publisher hands go-redis
 // a map, whose order changes from one XADD to the next, so every entry carried its ten field
-// names again: about 130 of its bytes (the bench's memory phase: 328 -> 200 B per entry in the
+// names again: about 130 of its bytes (the bench's memory phase: 328 -> 192 B per entry in the
 // stream; see the README's Redis memory).
 
 // SortedXAddValues is values as XAddArgs.Values with the fields in the stream's order (sorted by
