@@ -312,7 +312,7 @@ const maxPacked = 1<<22 - 1
 // below 128, two below 16384, three below maxPacked), strings each once in ARGV[2...], named
 // by their ARGV index.
 type scriptArgs struct {
-	args []any          // args[0] is ARGV[1], set by packed
+	args []any          // args[0] is ARGV[1], set by finish
 	at   map[string]int // string -> its ARGV index
 	over bool           // a number did not fit
 }
