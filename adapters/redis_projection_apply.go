@@ -87,9 +87,10 @@ const (
 // ARGV[1]: window (score units), then per event: key index, identity, score. Returns 1 (count
 // it) or 0 (a duplicate) per event. Pruning is only about memory (the window is judged on
 // scores), so a call prunes some keys, not all: each prune is a command of its own.
+//
+// It prunes last, as applyScript does (see there why).
 const decideScript = `
 local w, np = tonumber(ARGV[1]), tonumber(ARGV[2])
-for k = 1, np do redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', '(' .. ARGV[3]) end
 local out = {}
 local e, i = 0, 4
 while i <= #ARGV do
@@ -109,6 +110,7 @@ while i <= #ARGV do
   end
   out[e] = count
 end
+for k = 1, np do redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', '(' .. ARGV[3]) end
 return out
 `
 
@@ -117,13 +119,22 @@ return out
 // the ARGV index of every string); ARGV[2...] are the call's strings, each once. In that order:
 // the window (score units, a string); the number of bounds, then per bound: key index, the score
 // below which the set's members are no longer needed (a string; for a marker set: entries its
-// group will not deliver again), 1 to prune them now (else 0); then the number of items, and per
-// item (the updates one group made for one event, in one slot on a cluster): registry key index
+// group will not deliver again), 1 to prune them in this call, last (else 0); then the number of
+// items, and per item (the updates one group made for one event, in one slot on a cluster):
+// registry key index
 // (0: decided already), marker key index, identity, score, update count; per update: legacy key
 // index (0: none) and, if not 0, the legacy member; op count; per op its kind (opKindCode), its
 // key indexes, for hmaxby the number of extra field/value pairs, and its args. Returns per item
 // 1 (applied), 0 (had been applied: a marker says so) or 2 (a duplicate: another copy was
 // counted).
+//
+// The sets are pruned last, after everything else the script does. A prune can empty a set,
+// which deletes its key, and on a cluster a script that then touches a key that does not exist,
+// in a slot that is migrating to another node, fails half-way with "Script attempted to access
+// a non local key": Redis checks each command of a script as it checks a client's, and the key
+// may have moved already. That error is about the script, not a transient one, so the event was
+// parked and its updates in that slot were missing from the read models (a `redis-cli --cluster
+// rebalance` under load lost a user's count that way). A set pruned last is not touched again.
 //
 // A stale marker counts as absent, so a copy the registry counts again (beyond the window) is
 // applied whether or not its marker was pruned yet: pruning is only about memory, and a call
@@ -175,13 +186,13 @@ end
 local N = setmetatable({}, {__index = function(t, s) local v = tonumber(s); rawset(t, s, v); return v end})
 local T = setmetatable({}, {__index = function(t, s) local v = -(tonumber(s) + 1); rawset(t, s, v); return v end})
 local w = tonumber(S[num()])
-local stale = {}
+local stale, prune = {}, {}
 for _ = 1, num() do
   local k = num()
   local b = S[num()]
   local now = num()
   stale[k] = tonumber(b)
-  if now == 1 then redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', '(' .. b) end
+  if now == 1 then prune[#prune + 1] = {k, b} end
 end
 local out = {}
 for it = 1, num() do
@@ -290,6 +301,7 @@ for it = 1, num() do
     end
   end
 end
+for _, kb in ipairs(prune) do redis.call('ZREMRANGEBYSCORE', KEYS[kb[1]], '-inf', '(' .. kb[2]) end
 return out
 `
 
@@ -615,6 +627,11 @@ func Validate(name string, u *projection.Update) error {
 		if want := opArity[op.Kind]; len(op.Keys) != want[0] || len(op.Args) < want[1] {
 			return fmt.Errorf("projection %s: op %s needs %d keys and at least %d args, got %d and %d", name, op.Kind,
 				want[0], want[1], len(op.Keys), len(op.Args))
+		}
+		// Keeping no member would delete the set, and a later op of the same script on it would
+		// fail in a slot that is migrating (see applyScript).
+		if n, err := strconv.Atoi(op.Args[0]); op.Kind == projection.OpZKeepTop && (err != nil || n < 1) {
+			return fmt.Errorf("projection %s: zkeeptop of %s needs a count of at least 1, got %q", name, op.Keys[0], op.Args[0])
 		}
 	}
 	return nil
@@ -1323,21 +1340,23 @@ func (a *ProjectionApplier) touchDecided(users []int64) {
 // a checkpoint interval.
 const maxSweepKeys = 1 << 16
 
-// sweepScript prunes one marker set (or dedupe registry) below ARGV[1] and, if what is left is at most ARGV[2]
-// members in Redis's large encoding, writes it again (the same members and scores, in one
-// script: nothing in between sees it otherwise) so that it is compact again. A set that once
+// sweepScript prunes one marker set (or dedupe registry) below ARGV[1] and, if what is left is
+// at most ARGV[2] members in Redis's large encoding, writes it again compact (ZRANGESTORE of the
+// set onto itself: a new set, in the compact encoding when it is small enough). A set that once
 // grew past zset-max-listpack-entries stays a skiplist, which Redis never converts back: on a
 // cluster, where a group's markers are pruned below its slowest partition, the few markers a
 // drain left in a location's or a leaderboard shard's set kept about 7 KiB each, against about
 // 160 B compact (the bench's memory phase, 24 partitions on 3 masters). OBJECT ENCODING goes
 // through pcall: a server without it (miniredis, behind the embedded quick start) only prunes.
+//
+// No command touches the set once a prune may have emptied it (and so deleted it): in a slot
+// that is migrating, that fails half-way (see applyScript). The script used to delete the set
+// and add its members again, which in such a slot deleted the set and failed at the first add,
+// losing what the set held.
 const sweepScript = `
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-local n = redis.call('ZCARD', KEYS[1])
+local n = redis.call('ZCARD', KEYS[1]) - redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 if n > 0 and n <= tonumber(ARGV[2]) and redis.pcall('OBJECT', 'ENCODING', KEYS[1]) == 'skiplist' then
-  local m = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-  redis.call('DEL', KEYS[1])
-  for j = 1, #m, 2 do redis.call('ZADD', KEYS[1], m[j+1], m[j]) end
+  redis.call('ZRANGESTORE', KEYS[1], KEYS[1], 0, -1)
 end
 return n
 `

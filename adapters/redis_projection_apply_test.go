@@ -745,6 +745,9 @@ func testApplyRejectsBeforeAnyWrite(t *testing.T, env projEnv) {
 		"reserved after valid":   valid().HSet("stats", "a", "b").HRound("seen", "d", "n", "m"),
 		"missing args of an op":  {Slot: "user:1", Ops: []projection.Op{{Kind: projection.OpHIncrBy, Keys: []string{"stats"}, Args: []string{"n"}}}},
 		"unknown op after valid": {Slot: "user:1", Ops: []projection.Op{valid().Ops[0], {Kind: "del", Keys: []string{"stats"}}}},
+		"keep the top 0":         valid().ZKeepTop("recent", 0),
+		"keep the top -1":        valid().ZKeepTop("recent", -1),
+		"keep the top x":         {Slot: "user:1", Ops: []projection.Op{{Kind: projection.OpZKeepTop, Keys: []string{"recent"}, Args: []string{"x"}}}},
 	}
 	ev := recorded("ck-1", 1, 1, 1, 1)
 	for name, u := range tests {

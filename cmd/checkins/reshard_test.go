@@ -177,11 +177,18 @@ func TestClusterReshardUnderLoad(t *testing.T) {
 	}
 	l.mu.Unlock()
 	day := time.Now().UTC().Format(time.DateOnly)
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
+	if !assert.EventuallyWithT(t, func(c *assert.CollectT) {
 		answers, err := readAnswers(t, api.base, reshardUsers, reshardLocations, day, day)
 		require.NoError(c, err)
 		checkAgainstComputation(c, answers, accepted)
-	}, 60*time.Second, time.Second, "every read model equals the %d check-ins that got a 2xx, each counted once", len(accepted))
+	}, 60*time.Second, time.Second, "every read model equals the %d check-ins that got a 2xx, each counted once", len(accepted)) {
+		// A count short is most often an event parked in the poison queue: say why it was.
+		parked, _ := cc.XRange(ctx, keys.PoisonStream(), "-", "+").Result()
+		for _, m := range parked {
+			t.Logf("parked %s: %v", m.ID, m.Values)
+		}
+		t.FailNow()
+	}
 	missing, total := l.missingFromStream(t, cc, keys)
 	assert.Zero(t, missing, "check-ins that got a 2xx but are in no partition stream (of %d)", total)
 	requireNothingPending(t, cc, keys)
