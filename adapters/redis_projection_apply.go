@@ -121,12 +121,11 @@ return out
 // below which the set's members are no longer needed (a string; for a marker set: entries its
 // group will not deliver again), 1 to prune them in this call, last (else 0); then the number of
 // items, and per item (the updates one group made for one event, in one slot on a cluster):
-// registry key index
-// (0: decided already), marker key index, identity, score, update count; per update: legacy key
-// index (0: none) and, if not 0, the legacy member; op count; per op its kind (opKindCode), its
-// key indexes, for hmaxby the number of extra field/value pairs, and its args. Returns per item
-// 1 (applied), 0 (had been applied: a marker says so) or 2 (a duplicate: another copy was
-// counted).
+// registry key index (0: decided already), marker key index, identity, score, update count; per
+// update: legacy key index (0: none) and, if not 0, the legacy member; op count; per op its kind
+// (opKindCode), its key indexes, for hmaxby the number of extra field/value pairs, and its args.
+// Returns per item 1 (applied), 0 (had been applied: a marker says so) or 2 (a duplicate:
+// another copy was counted).
 //
 // The sets are pruned last, after everything else the script does. A prune can empty a set,
 // which deletes its key, and on a cluster a script that then touches a key that does not exist,
@@ -192,7 +191,7 @@ for _ = 1, num() do
   local b = S[num()]
   local now = num()
   stale[k] = tonumber(b)
-  if now == 1 then prune[#prune + 1] = {k, b} end
+  if now == 1 then prune[#prune + 1] = k; prune[#prune + 1] = b end
 end
 local out = {}
 for it = 1, num() do
@@ -301,7 +300,7 @@ for it = 1, num() do
     end
   end
 end
-for _, kb in ipairs(prune) do redis.call('ZREMRANGEBYSCORE', KEYS[kb[1]], '-inf', '(' .. kb[2]) end
+for j = 1, #prune, 2 do redis.call('ZREMRANGEBYSCORE', KEYS[prune[j]], '-inf', '(' .. prune[j+1]) end
 return out
 `
 

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -30,6 +29,7 @@ func TestApplyInAMigratingSlot(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.ClusterClient(t, cl.URL())
 	keys := adapters.KeySpace{Prefix: "mig"}
+	env := projEnv{url: cl.URL(), cluster: true, client: client, keys: keys}
 	const user, loc = 7, 3
 	t0 := int64(1_700_000_000_000)
 
@@ -89,7 +89,7 @@ func TestApplyInAMigratingSlot(t *testing.T) {
 	require.NoError(t, a.SetRegistryFloor(entry(t1)))
 	out := apply(works("live", "ck-1", t1), func(string) (string, bool) { return entry(t1), true })
 	assert.Equal(t, []projection.Outcome{projection.Applied, projection.Applied}, out)
-	assert.EqualValues(t, 152, userStatsOn(t, client, keys, user).NumCheckins, "ck-1 counted in the migrating slot")
+	assert.EqualValues(t, 152, env.userStats(t, user).NumCheckins, "ck-1 counted in the migrating slot")
 	for _, k := range []string{keys.Registry(user), keys.MarkerKey("live", "user:7")} {
 		members, err := srcNode.ZRange(ctx, k, 0, -1).Result()
 		require.NoError(t, err)
@@ -98,7 +98,7 @@ func TestApplyInAMigratingSlot(t *testing.T) {
 	// Delivered again: a marker says it landed.
 	out = apply(works("live", "ck-1", t1), func(string) (string, bool) { return entry(t1), true })
 	assert.Equal(t, []projection.Outcome{projection.AlreadyApplied, projection.AlreadyApplied}, out)
-	assert.EqualValues(t, 152, userStatsOn(t, client, keys, user).NumCheckins)
+	assert.EqualValues(t, 152, env.userStats(t, user).NumCheckins)
 
 	// A check-in with no update in the user's slot is decided by a call of its own
 	// (decideScript), which prunes the registry too.
@@ -127,11 +127,4 @@ func TestApplyInAMigratingSlot(t *testing.T) {
 	enc, err = srcNode.ObjectEncoding(ctx, marker).Result()
 	require.NoError(t, err)
 	assert.Equal(t, "listpack", enc, "written again compact")
-}
-
-func userStatsOn(t testing.TB, c redis.UniversalClient, keys adapters.KeySpace, id int64) projection.UserStatsView {
-	t.Helper()
-	v, err := projection.UserStats{}.Get(context.Background(), adapters.NewProjectionReader(c, keys, "users"), id)
-	require.NoError(t, err)
-	return v
 }
