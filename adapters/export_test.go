@@ -52,3 +52,13 @@ func (s *IdempotencyStore) WithLayoutRefresh(d time.Duration) *IdempotencyStore 
 	s.refresh = d
 	return s
 }
+
+// PackNumbers is ARGV[1] of an applyScript call whose numbers are vs.
+func PackNumbers(vs []int) any {
+	sa := newScriptArgs(0)
+	var b []byte
+	for _, v := range vs {
+		b = sa.put(b, v)
+	}
+	return sa.finish(b)[0]
+}

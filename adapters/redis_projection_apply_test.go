@@ -243,6 +243,41 @@ func TestNewProjectionApplierValidates(t *testing.T) {
 	assert.Error(t, err)
 }
 
+// TestPackedNumbersDecodeInRedis: applyScript's numbers, as the applier packs them, are what
+// Redis's cmsgpack.unpack gives back, at every width of a number (fixint, uint8, 16 and 32) and
+// of the array's header (fixarray, array 16 and 32).
+func TestPackedNumbersDecodeInRedis(t *testing.T) {
+	t.Parallel()
+	env := redistest.Open(t)
+	c := redistest.Client(t, env.URL)
+	ctx := context.Background()
+	edges := []int{0, 1, 127, 128, 255, 256, 65535, 65536, 1 << 22, 1<<32 - 1}
+	decode := `local t = cmsgpack.unpack(ARGV[1])
+local sum = 0
+for i = 1, #t do sum = sum + t[i] * (i % 7 + 1) end
+if #t <= 16 then return {#t, sum, unpack(t)} end
+return {#t, sum}`
+	for _, n := range []int{0, 1, 10, 15, 16, 65535, 65536, 70000} {
+		vs := make([]int, n)
+		want := int64(0)
+		for i := range vs {
+			vs[i] = edges[i%len(edges)]
+			if i%3 == 2 {
+				vs[i] = i
+			}
+			want += int64(vs[i]) * int64((i+1)%7+1)
+		}
+		got, err := c.Eval(ctx, decode, nil, adapters.PackNumbers(vs)).Int64Slice()
+		require.NoError(t, err, "n=%d", n)
+		require.Equal(t, []int64{int64(n), want}, got[:2], "n=%d: count and weighted sum", n)
+		if n <= 16 {
+			for i, v := range vs {
+				assert.Equal(t, int64(v), got[2+i], "n=%d, number %d", n, i)
+			}
+		}
+	}
+}
+
 func TestApplyCountsEachCheckinOnce(t *testing.T) {
 	t.Parallel()
 	eachEnv(t, testApplyCountsEachCheckinOnce)
@@ -1341,8 +1376,8 @@ func testRegistryPrunedOnceItsBoundMovedAStep(t *testing.T, env projEnv) {
 }
 
 // TestApplyOneHugeCall: the updates of one user are never split over script calls, so a batch
-// of one busy user's check-ins is one call with thousands of keys and strings: its packed
-// numbers take all three widths and more than one string.byte slice in the script. Every
+// of one busy user's check-ins is one call with thousands of keys and strings: its numbers take
+// one-, two- and three-byte encodings under an array header of 32 bits. Every
 // check-in counts once, republished copies not at all, and the same batch again changes nothing.
 func TestApplyOneHugeCall(t *testing.T) {
 	t.Parallel()
@@ -1356,7 +1391,7 @@ func testApplyOneHugeCall(t *testing.T, env projEnv) {
 		projection.DailyCheckins{}, projection.Leaderboards{MinCheckins: 2}}
 	var works []projection.Work
 	var all []domain.CheckinRecorded
-	const n = 4000 // about 10 strings a check-in: string indexes past 16384 need three bytes
+	const n = 4000 // about 10 strings a check-in: string indexes past 255 take uint16
 	for i := range n {
 		ev := recorded(fmt.Sprintf("huge-%05d", i), 7, int64(i%900+1), i%6, 1_600_000_000_000+int64(i)*86_400_000/7)
 		entryID := entry(1_700_000_000_000 + int64(i))
