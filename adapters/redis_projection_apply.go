@@ -163,9 +163,9 @@ local S = ARGV
 -- They are read inline, Q[q] then q advanced, in the order of the arguments: a Lua function
 -- call per number cost Redis about 580 instructions, a table read about 65.
 local Q, q = cmsgpack.unpack(ARGV[1]), 1
--- Memoized conversions of the strings that repeat (trim ranks, minimums).
+-- Memoized conversions of the strings that repeat (trim ranks, as strings again; minimums).
 local N = setmetatable({}, {__index = function(t, s) local v = tonumber(s); rawset(t, s, v); return v end})
-local T = setmetatable({}, {__index = function(t, s) local v = -(tonumber(s) + 1); rawset(t, s, v); return v end})
+local T = setmetatable({}, {__index = function(t, s) local v = tostring(-(tonumber(s) + 1)); rawset(t, s, v); return v end})
 local w = tonumber(S[Q[1]])
 local stale, prune = {}, {}
 q = 3
@@ -241,7 +241,7 @@ for it = 1, ni do
       elseif kind == 5 then -- zkeeptop key n
         local r = T[S[Q[q]]]
         q = q + 1
-        if apply then redis.call('ZREMRANGEBYRANK', KEYS[ki], 0, r) end
+        if apply then redis.call('ZREMRANGEBYRANK', KEYS[ki], '0', r) end -- strings: a number argument is printed by Redis
       elseif kind == 6 then -- hset key field value
         local f, v = S[Q[q]], S[Q[q+1]]
         q = q + 2
