@@ -2,9 +2,11 @@ package adapters
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -333,21 +335,21 @@ func (s *scriptArgs) ref(v string) int {
 // put appends v (never negative) to the numbers b, MessagePack-encoded: a positive fixint below
 // 128, else uint8, uint16 or uint32.
 func (s *scriptArgs) put(b []byte, v int) []byte {
-	switch u := uint32(v); { // #nosec G115 -- key and string indexes and counts: far below 2^32
+	u := uint32(v) // #nosec G115 -- key and string indexes and counts: never negative, far below 2^32
+	switch {
 	case u < 128:
-		return append(b, byte(u))
-	case u < 1<<8:
-		return append(b, 0xcc, byte(u))
-	case u < 1<<16:
-		return append(b, 0xcd, byte(u>>8), byte(u))
-	default:
-		return append(b, 0xce, byte(u>>24), byte(u>>16), byte(u>>8), byte(u))
+		return append(b, uint8(u))
+	case u <= math.MaxUint8:
+		return append(b, 0xcc, uint8(u))
+	case u <= math.MaxUint16:
+		return binary.BigEndian.AppendUint16(append(b, 0xcd), uint16(u))
 	}
+	return binary.BigEndian.AppendUint32(append(b, 0xce), u)
 }
 
 // finish sets ARGV[1] to the numbers b, under their array's header, and returns the call's ARGV.
 func (s *scriptArgs) finish(b []byte) []any {
-	n := 0
+	var n uint32
 	for i := 0; i < len(b); n++ {
 		switch b[i] {
 		case 0xcc:
@@ -361,12 +363,13 @@ func (s *scriptArgs) finish(b []byte) []any {
 		}
 	}
 	var h []byte
-	if n < 16 {
-		h = []byte{0x90 | byte(n)}
-	} else if n < 1<<16 {
-		h = []byte{0xdc, byte(n >> 8), byte(n)}
-	} else {
-		h = []byte{0xdd, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)} // #nosec G115 -- n fits: a call's numbers are far below 2^32
+	switch {
+	case n < 16:
+		h = []byte{0x90 + uint8(n)}
+	case n <= math.MaxUint16:
+		h = binary.BigEndian.AppendUint16([]byte{0xdc}, uint16(n))
+	default:
+		h = binary.BigEndian.AppendUint32([]byte{0xdd}, n)
 	}
 	s.args[0] = append(h, b...)
 	return s.args
