@@ -62,3 +62,6 @@ func PackNumbers(vs []int) any {
 	}
 	return sa.finish(b)[0]
 }
+
+// UnpackNumbersLua is unpackNumbersLua: applyScript's decoder of its numbers without cmsgpack.
+const UnpackNumbersLua = unpackNumbersLua

@@ -150,7 +150,7 @@ return out
 // (a varint decoder) cost Redis about 580 instructions a number, some 76 numbers an event,
 // and a table read costs about 65 (callgrind; 270k -> 240k instructions per check-in of
 // BenchmarkProjectionApply/batch=500).
-const applyScript = `
+const applyScript = unpackNumbersLua + `
 local function before(a, b)
   -- Byte order, whatever locale redis-server runs in (Lua's < on strings follows strcoll).
   local n = math.min(#a, #b)
@@ -163,8 +163,12 @@ end
 local S = ARGV
 -- Q: the call's numbers, one MessagePack array decoded in C (see scriptArgs); q is the next.
 -- They are read inline, Q[q] then q advanced, in the order of the arguments: a Lua function
--- call per number cost Redis about 580 instructions, a table read about 65.
-local Q, q = cmsgpack.unpack(ARGV[1]), 1
+-- call per number cost Redis about 580 instructions, a table read about 65. A server without
+-- cmsgpack (miniredis, behind the embedded quick start) decodes the array in Lua.
+local Q, q
+local hasmp, mp = pcall(function() return cmsgpack end)
+if hasmp and mp then Q = mp.unpack(ARGV[1]) else Q = unpackNumbers(ARGV[1]) end
+q = 1
 -- Memoized conversions of the strings that repeat (trim ranks, as strings again; minimums).
 local N = setmetatable({}, {__index = function(t, s) local v = tonumber(s); rawset(t, s, v); return v end})
 local T = setmetatable({}, {__index = function(t, s) local v = tostring(-(tonumber(s) + 1)); rawset(t, s, v); return v end})
@@ -309,6 +313,38 @@ var opKindCode = map[projection.OpKind]int{
 // incrKept is the code of an increment whose result a later op of its update reads (hround,
 // zratioatmin): only those results are kept, which saves the script a table entry per increment.
 const incrKept = 2
+
+// unpackNumbersLua defines unpackNumbers(P): the array of numbers scriptArgs writes, decoded in
+// Lua, for a server whose Lua has no cmsgpack (miniredis). It knows what put and finish write:
+// positive fixints, uint8, uint16 and uint32 under a fixarray, array 16 or array 32 header.
+const unpackNumbersLua = `
+local function unpackNumbers(P)
+  local out, n = {}, 0
+  local h = string.byte(P, 1)
+  local i = 2
+  if h == 0xdc then i = 4 elseif h == 0xdd then i = 6 end
+  while i <= #P do
+    local b = string.byte(P, i)
+    n = n + 1
+    if b < 128 then
+      out[n] = b
+      i = i + 1
+    elseif b == 0xcc then
+      out[n] = string.byte(P, i + 1)
+      i = i + 2
+    elseif b == 0xcd then
+      local x, y = string.byte(P, i + 1, i + 2)
+      out[n] = x * 256 + y
+      i = i + 3
+    else
+      local w, x, y, z = string.byte(P, i + 1, i + 4)
+      out[n] = ((w * 256 + x) * 256 + y) * 256 + z
+      i = i + 5
+    end
+  end
+  return out
+end
+`
 
 // scriptArgs are the arguments of one applyScript call: the numbers in ARGV[1], one MessagePack
 // array of unsigned integers (the script decodes it with cmsgpack, in C, and reads it inline),

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -244,19 +245,27 @@ func TestNewProjectionApplierValidates(t *testing.T) {
 }
 
 // TestPackedNumbersDecodeInRedis: applyScript's numbers, as the applier packs them, are what
-// Redis's cmsgpack.unpack gives back, at every width of a number (fixint, uint8, 16 and 32) and
-// of the array's header (fixarray, array 16 and 32).
+// Redis's cmsgpack.unpack gives back, and what the script's own decoder (for a server without
+// cmsgpack) gives back on Redis and on miniredis (the embedded quick start's server), at every
+// width of a number (fixint, uint8, 16 and 32) and of the array's header (fixarray, array 16 and
+// 32).
 func TestPackedNumbersDecodeInRedis(t *testing.T) {
 	t.Parallel()
 	env := redistest.Open(t)
-	c := redistest.Client(t, env.URL)
+	mini := miniredis.RunT(t)
+	servers := map[string]redis.UniversalClient{"redis": redistest.Client(t, env.URL),
+		"miniredis": redis.NewClient(&redis.Options{Addr: mini.Addr()})}
 	ctx := context.Background()
 	edges := []int{0, 1, 127, 128, 255, 256, 65535, 65536, 1 << 22, 1<<32 - 1}
-	decode := `local t = cmsgpack.unpack(ARGV[1])
+	check := `
 local sum = 0
 for i = 1, #t do sum = sum + t[i] * (i % 7 + 1) end
 if #t <= 16 then return {#t, sum, unpack(t)} end
 return {#t, sum}`
+	decoders := map[string]string{
+		"cmsgpack":      "local t = cmsgpack.unpack(ARGV[1])" + check,
+		"unpackNumbers": adapters.UnpackNumbersLua + "local t = unpackNumbers(ARGV[1])" + check,
+	}
 	for _, n := range []int{0, 1, 10, 15, 16, 65535, 65536, 70000} {
 		vs := make([]int, n)
 		want := int64(0)
@@ -267,12 +276,19 @@ return {#t, sum}`
 			}
 			want += int64(vs[i]) * int64((i+1)%7+1)
 		}
-		got, err := c.Eval(ctx, decode, nil, adapters.PackNumbers(vs)).Int64Slice()
-		require.NoError(t, err, "n=%d", n)
-		require.Equal(t, []int64{int64(n), want}, got[:2], "n=%d: count and weighted sum", n)
-		if n <= 16 {
-			for i, v := range vs {
-				assert.Equal(t, int64(v), got[2+i], "n=%d, number %d", n, i)
+		for server, c := range servers {
+			for name, script := range decoders {
+				if server == "miniredis" && name == "cmsgpack" {
+					continue // miniredis's Lua has no cmsgpack: why the script has its own decoder
+				}
+				got, err := c.Eval(ctx, script, nil, adapters.PackNumbers(vs)).Int64Slice()
+				require.NoError(t, err, "%s on %s, n=%d", name, server, n)
+				require.Equal(t, []int64{int64(n), want}, got[:2], "%s on %s, n=%d: count and weighted sum", name, server, n)
+				if n <= 16 {
+					for i, v := range vs {
+						assert.Equal(t, int64(v), got[2+i], "%s on %s, n=%d, number %d", name, server, n, i)
+					}
+				}
 			}
 		}
 	}
