@@ -27,27 +27,14 @@ func TestTryAgainDuringSlotMigrationIsTransient(t *testing.T) {
 	require.NoError(t, cc.Set(ctx, a, "1", 0).Err())
 	require.NoError(t, cc.Set(ctx, b, "1", 0).Err())
 	slot := adapters.KeySlot(a)
-	src := cl.MasterOf(t, slot)
-	dst := -1
-	for _, m := range cl.Masters(t) {
-		if m != src {
-			dst = m
-			break
-		}
-	}
-	srcC, dstC := cl.NodeClient(t, src), cl.NodeClient(t, dst)
-	srcID, err := srcC.Do(ctx, "CLUSTER", "MYID").Text()
-	require.NoError(t, err)
-	dstID, err := dstC.Do(ctx, "CLUSTER", "MYID").Text()
-	require.NoError(t, err)
-	require.NoError(t, dstC.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
-	require.NoError(t, srcC.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
-	host, port, _ := strings.Cut(cl.Addrs()[dst], ":")
+	mig := cl.StartSlotMigration(t, slot)
+	srcC := mig.SrcNode
+	host, port, _ := strings.Cut(cl.Addrs()[mig.Dst], ":")
 	p, _ := strconv.Atoi(port)
 	require.NoError(t, srcC.Migrate(ctx, host, strconv.Itoa(p), a, 0, 5e9).Err())
 
 	script := redis.NewScript(`return redis.call('INCR', KEYS[1]) + redis.call('INCR', KEYS[2])`)
-	err = script.Run(ctx, cc, []string{a, b}).Err()
+	err := script.Run(ctx, cc, []string{a, b}).Err()
 	require.Error(t, err, "one key moved, the other not: the slot is being migrated")
 	assert.True(t, redis.HasErrorPrefix(err, "TRYAGAIN"), "a real TRYAGAIN: %v", err)
 	reason, ok := adapters.TransientReason(err)
@@ -57,7 +44,7 @@ func TestTryAgainDuringSlotMigrationIsTransient(t *testing.T) {
 	// The move completes: the same call succeeds (each key incremented once).
 	require.NoError(t, srcC.Migrate(ctx, host, strconv.Itoa(p), b, 0, 5e9).Err())
 	for _, m := range cl.Masters(t) {
-		require.NoError(t, cl.NodeClient(t, m).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID).Err())
+		require.NoError(t, cl.NodeClient(t, m).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", mig.DstID).Err())
 	}
 	n, err := script.Run(ctx, cc, []string{a, b}).Int()
 	require.NoError(t, err)
@@ -90,13 +77,7 @@ func TestRedirectionIsTransient(t *testing.T) {
 	assert.Equal(t, "redis cluster moving keys", reason)
 
 	// ASK: the slot is migrating and the key is not on its old master any more.
-	src, dst := cl.NodeClient(t, owner), cl.NodeClient(t, other)
-	dstID, err := dst.Do(ctx, "CLUSTER", "MYID").Text()
-	require.NoError(t, err)
-	srcID, err := src.Do(ctx, "CLUSTER", "MYID").Text()
-	require.NoError(t, err)
-	require.NoError(t, dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
-	require.NoError(t, src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
+	src := cl.StartSlotMigration(t, slot).SrcNode
 	err = src.Get(ctx, key).Err()
 	require.Error(t, err)
 	assert.True(t, redis.HasErrorPrefix(err, "ASK"), "a real ASK: %v", err)

@@ -165,16 +165,15 @@ local S = ARGV
 -- They are read inline, Q[q] then q advanced, in the order of the arguments: a Lua function
 -- call per number cost Redis about 580 instructions, a table read about 65. A server without
 -- cmsgpack (miniredis, behind the embedded quick start) decodes the array in Lua.
-local Q, q
+local Q
 local hasmp, mp = pcall(function() return cmsgpack end)
 if hasmp and mp then Q = mp.unpack(ARGV[1]) else Q = unpackNumbers(ARGV[1]) end
-q = 1
 -- Memoized conversions of the strings that repeat (trim ranks, as strings again; minimums).
 local N = setmetatable({}, {__index = function(t, s) local v = tonumber(s); rawset(t, s, v); return v end})
 local T = setmetatable({}, {__index = function(t, s) local v = tostring(-(tonumber(s) + 1)); rawset(t, s, v); return v end})
 local w = tonumber(S[Q[1]])
 local stale, prune = {}, {}
-q = 3
+local q = 3 -- Q[1] and Q[2] are the window's string and the number of bounds
 for _ = 1, Q[2] do
   local k, b, now = Q[q], S[Q[q+1]], Q[q+2]
   q = q + 3

@@ -64,15 +64,8 @@ func TestApplyInAMigratingSlot(t *testing.T) {
 
 	slot := adapters.KeySlot(keys.Registry(user))
 	require.Equal(t, slot, adapters.KeySlot(keys.MarkerKey("live", "user:7")), "the registry and the markers share the user's slot")
-	src := cl.MasterOf(t, slot)
-	dst := (src + 1) % 3
-	srcNode, dstNode := cl.NodeClient(t, src), cl.NodeClient(t, dst)
-	srcID, err := srcNode.ClusterMyID(ctx).Result()
-	require.NoError(t, err)
-	dstID, err := dstNode.ClusterMyID(ctx).Result()
-	require.NoError(t, err)
-	require.NoError(t, dstNode.Do(ctx, "cluster", "setslot", slot, "importing", srcID).Err())
-	require.NoError(t, srcNode.Do(ctx, "cluster", "setslot", slot, "migrating", dstID).Err())
+	mig := cl.StartSlotMigration(t, slot)
+	srcNode, dstNode := mig.SrcNode, mig.DstNode
 	t.Cleanup(func() {
 		_ = srcNode.Do(context.Background(), "cluster", "setslot", slot, "stable").Err()
 		_ = dstNode.Do(context.Background(), "cluster", "setslot", slot, "stable").Err()

@@ -515,6 +515,45 @@ func (c *Cluster) MasterOf(t testing.TB, slot int) int {
 	return -1
 }
 
+// SlotMigration is a slot marked as moving from one master to another, its keys not moved yet.
+type SlotMigration struct {
+	Src, Dst         int // node indexes: the slot's master, and the master it moves to
+	SrcID, DstID     string
+	SrcNode, DstNode *redis.Client
+}
+
+// StartSlotMigration marks slot IMPORTING on another master and MIGRATING on its own, as
+// `redis-cli --cluster` does before it moves the slot's keys (with MIGRATE, left to the test).
+func (c *Cluster) StartSlotMigration(t testing.TB, slot int) SlotMigration {
+	t.Helper()
+	ctx := context.Background()
+	m := SlotMigration{Src: c.MasterOf(t, slot), Dst: -1}
+	for _, i := range c.Masters(t) {
+		if i != m.Src {
+			m.Dst = i
+			break
+		}
+	}
+	if m.Dst < 0 {
+		t.Fatalf("redistest: no other master to move slot %d to", slot)
+	}
+	m.SrcNode, m.DstNode = c.NodeClient(t, m.Src), c.NodeClient(t, m.Dst)
+	var err error
+	if m.SrcID, err = m.SrcNode.ClusterMyID(ctx).Result(); err != nil {
+		t.Fatalf("redistest: CLUSTER MYID: %v", err)
+	}
+	if m.DstID, err = m.DstNode.ClusterMyID(ctx).Result(); err != nil {
+		t.Fatalf("redistest: CLUSTER MYID: %v", err)
+	}
+	if err := m.DstNode.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", m.SrcID).Err(); err != nil {
+		t.Fatalf("redistest: CLUSTER SETSLOT %d IMPORTING: %v", slot, err)
+	}
+	if err := m.SrcNode.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", m.DstID).Err(); err != nil {
+		t.Fatalf("redistest: CLUSTER SETSLOT %d MIGRATING: %v", slot, err)
+	}
+	return m
+}
+
 func freePortErr() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
