@@ -136,13 +136,36 @@ func (h pipelineHook) ProcessHook(redis.ProcessHook) redis.ProcessHook {
 
 // xaddScript, as a context value of an XADD sent through the hook, has the XADD run inside a
 // script instead: EVALSHA script with keys then the XADD's stream as KEYS, and args then the
-// XADD's arguments after the stream as ARGV. The script's reply is a table whose last element
-// is the XADD's reply (nil when the script decided not to add): it is kept in reply.
+// XADD's arguments after the stream as ARGV. With fields, the script holds those field names
+// itself: an XADD of `* f1 v1 f2 v2 ...` with exactly these fields in this order is sent as '1'
+// and its values after args, any other as '0' and its arguments after the stream. The script's
+// reply is a table whose last element is the XADD's reply (nil when the script decided not to
+// add): it is kept in reply.
 type xaddScript struct {
 	script *redis.Script
 	keys   []string
 	args   []any
+	fields []string
 	reply  []any // set once the script ran
+}
+
+// xaddArgs appends the XADD's arguments after the stream (xadd) to args, as x's script takes them.
+func (x *xaddScript) xaddArgs(args, xadd []any) []any {
+	if x.fields == nil {
+		return append(args, xadd...)
+	}
+	if len(xadd) == 1+2*len(x.fields) && xadd[0] == "*" {
+		n := len(args)
+		args = append(args, "1")
+		for j, f := range x.fields {
+			if xadd[1+2*j] != f {
+				return append(append(args[:n], "0"), xadd...)
+			}
+			args = append(args, xadd[2+2*j])
+		}
+		return args
+	}
+	return append(append(args, "0"), xadd...)
 }
 
 type xaddScriptKey struct{}
@@ -160,7 +183,7 @@ func (p *AutoPipeline) xaddInScript(ctx context.Context, x *xaddScript, cmd redi
 	}
 	stream, _ := a[1].(string)
 	keys := append(x.keys[:len(x.keys):len(x.keys)], stream)
-	v, err := p.Run(ctx, x.script, keys, append(x.args[:len(x.args):len(x.args)], a[2:]...)...)
+	v, err := p.Run(ctx, x.script, keys, x.xaddArgs(x.args[:len(x.args):len(x.args)], a[2:])...)
 	if err != nil {
 		cmd.SetErr(err)
 		return err

@@ -4,6 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -28,6 +33,7 @@ type ReservingPublisher struct {
 	pub     *EventPublisher
 	idem    *IdempotencyStore
 	limiter *RedisRateLimiter // nil: no per-user limit
+	script  *redis.Script     // ingestScript of limiter's policy and idem's TTL
 }
 
 // NewReservingPublisher publishes through pub, which must send its XADDs through p's hook
@@ -43,33 +49,71 @@ func NewReservingPublisher(pub *EventPublisher, p *AutoPipeline, idem *Idempoten
 	if _, cluster := p.client.(*redis.ClusterClient); cluster && !idem.keys.IngestInOneSlot() {
 		return nil, errors.New("adapters: ReservingPublisher: on this cluster keyspace (one stream) the reservation and the stream are in different slots")
 	}
-	return &ReservingPublisher{pub: pub, idem: idem, limiter: limiter}, nil
+	var l *command.RateLimit
+	if limiter != nil {
+		l = &limiter.limit
+	}
+	return &ReservingPublisher{pub: pub, idem: idem, limiter: limiter, script: ingestScript(l, idem.ttl)}, nil
 }
 
-// ingestLua: KEYS are the user's rate key when ARGV[1] is '1' (then ARGV[2..4]: burst, rate,
-// period), the reservation's key, and the stream; after the limit's arguments come the record
-// (stored as published) and its PX, then the XADD's arguments after the stream. It counts the
-// request (a refused one writes nothing and returns gcra's four values, false, false), then SET NX GET the
-// record: a taken key returns the limit's values and what it holds. Otherwise it adds the
-// entry and returns the limit's values, false and the entry's ID. Should the XADD fail, the
-// record is deleted again and the error is the reply: the checkinId stays free.
-var ingestLua = redis.NewScript(gcraLua + `
-local allowed, remaining, retry, reset = 1, -1, '-1', '-1'
-local k, i = 1, 2
-if ARGV[1] == '1' then
-  allowed, remaining, retry, reset = gcra(KEYS[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]))
-  if allowed == 0 then return {allowed, remaining, retry, reset, false, false} end
-  k, i = 2, 5
+// ingestScript is the script of one ReservingPublisher: the rate policy (l, nil: none) and the
+// reservation's PX are in its text. KEYS are the user's rate key when ARGV[1] is '1', the
+// reservation's key, and the stream; ARGV[2] is the record (stored as published), then come
+// the XADD's: '1' and the values of ingestEntryFields (the entry the API publishes: the script
+// holds its field names), or '0' and the XADD's arguments after the stream. It counts the
+// request (a refused one writes nothing and returns gcra's four values, false, false), then
+// SET NX GET the record: a taken key returns the limit's values and what it holds. Otherwise it
+// adds the entry and returns the limit's values, false and the entry's ID. Should the XADD
+// fail, the record is deleted again and the error is the reply: the checkinId stays free.
+//
+// What a request sends is what varies: the policy, the PX and the ten field names were 15 of
+// its 30 arguments, and each argument costs Redis about 1,500 instructions (read, made a Redis
+// string, then a Lua string, then a Redis string again for the XADD).
+func ingestScript(l *command.RateLimit, px time.Duration) *redis.Script {
+	var b strings.Builder
+	b.WriteString(gcraLua)
+	b.WriteString("local allowed, remaining, retry, reset = 1, -1, -1, -1\nlocal k = 1\n")
+	if l != nil {
+		fmt.Fprintf(&b, "if ARGV[1] == '1' then\n  allowed, remaining, retry, reset = gcra(KEYS[1], %d, %d, %s, '%d')\n",
+			l.Burst, l.Rate, strconv.FormatFloat(l.Period.Seconds(), 'g', -1, 64), gcraTTL(*l))
+		b.WriteString("  if allowed == 0 then return {allowed, remaining, retry, reset, false, false} end\n  k = 2\nend\n")
+	}
+	fmt.Fprintf(&b, "local old = redis.call('SET', KEYS[k], ARGV[2], 'NX', 'GET', 'PX', '%d')\n", px.Milliseconds())
+	b.WriteString("if old then return {allowed, remaining, retry, reset, old, false} end\nlocal id\nif ARGV[3] == '1' then\n  id = redis.pcall('XADD', KEYS[k+1], '*'")
+	for j, f := range ingestEntryFields {
+		fmt.Fprintf(&b, ", '%s', ARGV[%d]", f, 4+j)
+	}
+	b.WriteString(`)
+else
+  id = redis.pcall('XADD', KEYS[k+1], unpack(ARGV, 4))
 end
-local old = redis.call('SET', KEYS[k], ARGV[i], 'NX', 'GET', 'PX', ARGV[i+1])
-if old then return {allowed, remaining, retry, reset, old, false} end
-local id = redis.pcall('XADD', KEYS[k+1], unpack(ARGV, i+2))
 if type(id) == 'table' and id.err then
   redis.call('DEL', KEYS[k])
   return id
 end
 return {allowed, remaining, retry, reset, false, id}
 `)
+	return redis.NewScript(b.String())
+}
+
+// ingestEntryFields are the fields of the entry the API publishes for a check-in (the event's
+// own, with its fingerprint, the correlation ID and Watermill's UUID), in the stream's order:
+// what FlatMarshaller writes for NewCheckinRecordedMessage.
+var ingestEntryFields = func() []string {
+	ev := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "c", UserID: 1, LocationID: 1, Timestamp: 1},
+		RecordedAt: 1, Fingerprint: "f"}
+	values, err := FlatMarshaller{}.Marshal("", NewCheckinRecordedMessage(ev, "correlation"))
+	if err != nil {
+		panic(err)
+	}
+	fields := slices.Sorted(maps.Keys(values))
+	for _, f := range fields {
+		if strings.ContainsFunc(f, func(r rune) bool { return r == '\'' || r == '\\' || r < ' ' }) {
+			panic("adapters: entry field " + strconv.Quote(f) + " cannot be a Lua literal")
+		}
+	}
+	return fields
+}()
 
 // ReserveAndPublish implements command.ReservingPublisher. It declines (ok false) while legacy
 // idempotency records may exist (their lookup is a round trip of its own), and when asked to
@@ -84,16 +128,15 @@ func (r *ReservingPublisher) ReserveAndPublish(ctx context.Context, rec command.
 		return none, nil, true, err
 	}
 	c := rec.Checkin
-	x := &xaddScript{script: ingestLua}
+	x := &xaddScript{script: r.script, fields: ingestEntryFields}
 	if limit {
-		key, args := r.limiter.gcraArgs(c.UserID)
-		x.keys = append(x.keys, key)
-		x.args = append(append(x.args, "1"), args...)
+		x.keys = append(x.keys, r.limiter.keys.RateLimitUser(c.UserID))
+		x.args = append(x.args, "1")
 	} else {
 		x.args = append(x.args, "0")
 	}
 	x.keys = append(x.keys, r.idem.key(c))
-	x.args = append(x.args, b, r.idem.ttl.Milliseconds())
+	x.args = append(x.args, b)
 	ev := domain.CheckinRecorded{Checkin: c, RecordedAt: rec.RecordedAt, Fingerprint: rec.Fingerprint}
 	perr := r.pub.PublishCheckinRecorded(context.WithValue(ctx, xaddScriptKey{}, x), ev, correlationID)
 	if x.reply == nil {

@@ -2,6 +2,8 @@ package adapters_test
 
 import (
 	"context"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +26,33 @@ type ingestEnv struct {
 	pub   *adapters.EventPublisher
 	idem  *adapters.IdempotencyStore
 	hook  *countingHook // on the auto-pipeline's client: the commands that reach Redis
+	sent  *argsHook     // the same commands' arguments
+}
+
+// argsHook keeps the arguments of the last pipeline a client sent.
+type argsHook struct {
+	mu   sync.Mutex
+	last [][]any
+}
+
+func (h *argsHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *argsHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *argsHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.mu.Lock()
+		h.last = h.last[:0]
+		for _, c := range cmds {
+			h.last = append(h.last, c.Args())
+		}
+		h.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+func (h *argsHook) lastArgs() [][]any {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.last)
 }
 
 func newIngestEnv(t *testing.T, prefix string) ingestEnv {
@@ -35,9 +64,10 @@ func newIngestEnv(t *testing.T, prefix string) ingestEnv {
 		t.Cleanup(func() { _ = c.Close() })
 		return c
 	}
-	e := ingestEnv{keys: adapters.KeySpace{Prefix: prefix}, check: redistest.Client(t, srv.URL()), hook: &countingHook{}}
+	e := ingestEnv{keys: adapters.KeySpace{Prefix: prefix}, check: redistest.Client(t, srv.URL()), hook: &countingHook{}, sent: &argsHook{}}
 	pipeClient := newClient()
 	pipeClient.AddHook(e.hook)
+	pipeClient.AddHook(e.sent)
 	e.pipe = adapters.NewAutoPipeline(pipeClient, 64, 2)
 	t.Cleanup(func() { _ = e.pipe.Close() })
 	var err error
@@ -81,6 +111,16 @@ func TestReservingPublisherRecordsInOneCommand(t *testing.T) {
 	assert.Equal(t, 1, d.Remaining, "two of the burst of 3 are spent")
 	assert.Nil(t, existing, "a new checkinId")
 	assert.Equal(t, int64(1), e.hook.n.Load(), "limit, reservation and XADD in one command")
+	assert.InDelta(t, (2 * time.Minute).Seconds(), d.ResetAfter.Seconds(), 5, "the burst is back after two periods")
+	rateTTL, err := e.check.TTL(ctx, e.keys.RateLimitUser(7)).Result()
+	require.NoError(t, err)
+	assert.True(t, rateTTL > 170*time.Second && rateTTL <= 3*time.Minute,
+		"the rate key lives the policy's window (3 min), which every reset after is within: %v", rateTTL)
+	sent := e.sent.lastArgs()
+	require.Len(t, sent, 1)
+	for _, name := range []string{redisstream.UUIDHeaderKey, domain.FieldCheckinID, domain.FieldUserID, "*", "60"} {
+		assert.NotContains(t, sent[0][3:], name, "the script holds the entry's field names and the policy: the request sends values (%v)", sent[0])
+	}
 	v, err := e.check.Get(ctx, e.keys.Idempotency(7, "a")).Result()
 	require.NoError(t, err)
 	assert.Equal(t, byte('P'), v[0], "stored as published: no mark follows")
@@ -142,6 +182,24 @@ func TestReservingPublisherRecordsInOneCommand(t *testing.T) {
 	_, _, ok, err = free.ReserveAndPublish(ctx, ingestRecord(7, "d", 3), "", true)
 	require.NoError(t, err)
 	assert.False(t, ok, "asked to limit without a limiter: declined, nothing done")
+
+	// An entry with other fields than the API's (here no fingerprint) goes with its field names.
+	plain := ingestRecord(7, "e", 4)
+	plain.Fingerprint = ""
+	_, existing, ok, err = free.ReserveAndPublish(ctx, plain, "corr-e", false)
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Nil(t, existing)
+	entries, err = e.check.XRange(ctx, e.keys.Stream(), "-", "+").Result()
+	require.NoError(t, err)
+	require.Len(t, entries, 4)
+	f = entries[3].Values
+	assert.Equal(t, "e", f[domain.FieldCheckinID])
+	assert.Equal(t, "4", f[domain.FieldLocationID])
+	assert.Equal(t, "corr-e", f[adapters.MetaFieldPrefix+adapters.MetaCorrelationID])
+	assert.NotContains(t, f, domain.FieldFingerprint)
+	assert.Len(t, f, len(entries[1].Values)-1, "every other field of the entry")
+	assert.Contains(t, e.sent.lastArgs()[0], redisstream.UUIDHeaderKey, "sent with its field names")
 }
 
 // TestReservingPublisherLeavesTheCheckinIdFreeWhenTheXAddFails: an XADD refused inside the script

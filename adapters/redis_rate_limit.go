@@ -2,9 +2,8 @@ package adapters
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strconv"
+	"math"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -44,12 +43,16 @@ func (r *RedisRateLimiter) WithReservations(idem *IdempotencyStore) *RedisRateLi
 	return r
 }
 
-// gcraLua defines gcra(key, burst, rate, period): GCRA, the algorithm and state of redis_rate's
-// allowN for one request. It returns allowed (1 or 0), remaining, retry after and reset after
-// (seconds, as strings; retry after is '-1' when allowed); a refused request writes nothing.
-// TIME needs effects replication, the default since Redis 5.
+// gcraLua defines gcra(key, burst, rate, period, ttl): GCRA, the algorithm and state of
+// redis_rate's allowN for one request, with the key's TTL (seconds, as a string) the policy's
+// window rounded up (gcraTTL), which every reset after is within. It returns allowed (1 or 0),
+// remaining, retry after and reset after (microseconds; retry after is -1 when allowed); a
+// refused request writes nothing. The durations come back as integers and the TTL goes in as a
+// string because Redis prints every other number of a script with snprintf ("%.17g"): three
+// prints cost a request about 7,500 of Redis's instructions. TIME needs effects replication,
+// the default since Redis 5.
 const gcraLua = `
-local function gcra(key, burst, rate, period)
+local function gcra(key, burst, rate, period, ttl)
   local interval = period / rate
   local t = redis.call('TIME')
   local now = (t[1] - 1483228800) + (t[2] / 1000000)
@@ -58,23 +61,28 @@ local function gcra(key, burst, rate, period)
   local new_tat = tat + interval
   local diff = now - (new_tat - interval * burst)
   if diff < 0 then
-    return 0, 0, tostring(-diff), tostring(tat - now)
+    return 0, 0, math.ceil(-diff * 1000000), math.ceil((tat - now) * 1000000)
   end
-  local reset_after = new_tat - now
-  redis.call('SET', key, new_tat, 'EX', math.ceil(reset_after))
-  return 1, math.floor(diff / interval), '-1', tostring(reset_after)
+  redis.call('SET', key, new_tat, 'EX', ttl)
+  return 1, math.floor(diff / interval), -1, math.ceil((new_tat - now) * 1000000)
 end
 `
 
-// rateLua is gcra on KEYS[1] (ARGV[1..3]: burst, rate, period) and, with a second key, a
-// reservation when the request is allowed: SET KEYS[2] ARGV[4] NX GET PX ARGV[5], whose reply
+// gcraTTL is the TTL of a user's rate key under l: its window in whole seconds, rounded up.
+// After an allowed request the theoretical arrival time is at most a window ahead.
+func gcraTTL(l command.RateLimit) int64 {
+	return max(1, int64(math.Ceil(l.Window().Seconds())))
+}
+
+// rateLua is gcra on KEYS[1] (ARGV[1..4]: burst, rate, period, ttl) and, with a second key, a
+// reservation when the request is allowed: SET KEYS[2] ARGV[5] NX GET PX ARGV[6], whose reply
 // comes fifth.
 var rateLua = redis.NewScript(gcraLua + `
-local allowed, remaining, retry, reset = gcra(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
+local allowed, remaining, retry, reset = gcra(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4])
 if allowed == 0 or #KEYS == 1 then
   return {allowed, remaining, retry, reset}
 end
-return {allowed, remaining, retry, reset, redis.call('SET', KEYS[2], ARGV[4], 'NX', 'GET', 'PX', ARGV[5])}
+return {allowed, remaining, retry, reset, redis.call('SET', KEYS[2], ARGV[5], 'NX', 'GET', 'PX', ARGV[6])}
 `)
 
 // Allow counts one request of user.
@@ -127,9 +135,9 @@ func (r *RedisRateLimiter) call(ctx context.Context, user int64, reserve []any) 
 	return decisionOf(user, v)
 }
 
-// gcraArgs are gcra's key and arguments (burst, rate, period) for user.
+// gcraArgs are gcra's key and arguments (burst, rate, period, ttl) for user.
 func (r *RedisRateLimiter) gcraArgs(user int64) (string, []any) {
-	return r.keys.RateLimitUser(user), []any{r.limit.Burst, r.limit.Rate, r.limit.Period.Seconds()}
+	return r.keys.RateLimitUser(user), []any{r.limit.Burst, r.limit.Rate, r.limit.Period.Seconds(), gcraTTL(r.limit)}
 }
 
 // decisionOf reads a reply of gcra's four values (and the reservation's GET, fifth, when there
@@ -141,27 +149,22 @@ func decisionOf(user int64, v any) (d command.RateDecision, old any, err error) 
 	}
 	allowed, _ := vals[0].(int64)
 	remaining, _ := vals[1].(int64)
-	retry, err1 := seconds(vals[2])
-	reset, err2 := seconds(vals[3])
-	if err := errors.Join(err1, err2); err != nil {
-		return d, nil, fmt.Errorf("rate limit of user %d: unexpected reply %v: %w", user, v, err)
+	retry, ok1 := vals[2].(int64)
+	reset, ok2 := vals[3].(int64)
+	if !ok1 || !ok2 {
+		return d, nil, fmt.Errorf("rate limit of user %d: unexpected reply %v", user, v)
 	}
-	d = command.RateDecision{Allowed: allowed == 1, Remaining: int(remaining), RetryAfter: retry, ResetAfter: reset}
+	d = command.RateDecision{Allowed: allowed == 1, Remaining: int(remaining), RetryAfter: micros(retry), ResetAfter: micros(reset)}
 	if len(vals) > 4 {
 		old = vals[4]
 	}
 	return d, old, nil
 }
 
-// seconds reads the script's decimal seconds; "-1" (not refused) is -1, as redis_rate has it.
-func seconds(v any) (time.Duration, error) {
-	s, _ := v.(string)
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil {
-		return 0, err
+// micros reads the script's microseconds; -1 (not refused) is -1, as redis_rate has it.
+func micros(us int64) time.Duration {
+	if us == -1 {
+		return -1
 	}
-	if f == -1 {
-		return -1, nil
-	}
-	return time.Duration(f * float64(time.Second)), nil
+	return time.Duration(us) * time.Microsecond
 }
