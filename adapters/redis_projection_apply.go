@@ -351,6 +351,7 @@ end
 type scriptArgs struct {
 	args []any          // args[0] is ARGV[1], set by finish
 	at   map[string]int // string -> its ARGV index
+	n    uint32         // the numbers put so far: the array's length
 }
 
 func newScriptArgs(n int) *scriptArgs {
@@ -368,8 +369,9 @@ func (s *scriptArgs) ref(v string) int {
 }
 
 // put appends v (never negative) to the numbers b, MessagePack-encoded: a positive fixint below
-// 128, else uint8, uint16 or uint32.
+// 128, else uint8, uint16 or uint32. Every number put goes into the array finish is given.
 func (s *scriptArgs) put(b []byte, v int) []byte {
+	s.n++
 	u := uint32(v) // #nosec G115 -- key and string indexes and counts: never negative, far below 2^32
 	switch {
 	case u < 128:
@@ -384,19 +386,7 @@ func (s *scriptArgs) put(b []byte, v int) []byte {
 
 // finish sets ARGV[1] to the numbers b, under their array's header, and returns the call's ARGV.
 func (s *scriptArgs) finish(b []byte) []any {
-	var n uint32
-	for i := 0; i < len(b); n++ {
-		switch b[i] {
-		case 0xcc:
-			i += 2
-		case 0xcd:
-			i += 3
-		case 0xce:
-			i += 5
-		default:
-			i++
-		}
-	}
+	n := s.n
 	var h []byte
 	switch {
 	case n < 16:
