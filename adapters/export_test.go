@@ -65,3 +65,6 @@ func PackNumbers(vs []int) any {
 
 // UnpackNumbersLua is unpackNumbersLua: applyScript's decoder of its numbers without cmsgpack.
 const UnpackNumbersLua = unpackNumbersLua
+
+// RatioScaleLua is the scale applyScript multiplies a zscaledratioatmin ratio by.
+const RatioScaleLua = ratioScaleLua

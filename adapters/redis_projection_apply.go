@@ -239,6 +239,14 @@ for it = 1, ni do
         local d, m = S[Q[q]], S[Q[q+1]]
         q = q + 2
         if apply then redis.call('ZINCRBY', KEYS[ki], d, m) end
+      elseif kind == 11 then -- zincrby whose result a ratio reads
+        local d, m = S[Q[q]], S[Q[q+1]]
+        q = q + 2
+        if apply then
+          incr = incr or {}
+          incr[ki] = incr[ki] or {}
+          incr[ki][m] = tonumber(redis.call('ZINCRBY', KEYS[ki], d, m))
+        end
       elseif kind == 4 then -- zadd key score member
         local sc, m = S[Q[q]], S[Q[q+1]]
         q = q + 2
@@ -291,6 +299,24 @@ for it = 1, ni do
             redis.call('ZADD', KEYS[ki], nv / dv, dst)
           end
         end
+      elseif kind == 10 then -- zscaledratioatmin zkey hkey dkey member num den min
+        local hki, dki = Q[q], Q[q+1]
+        local dst, nf, dm, mn = S[Q[q+2]], S[Q[q+3]], S[Q[q+4]], N[S[Q[q+5]]]
+        q = q + 6
+        if apply then
+          local nv, dv
+          if incr then
+            nv = incr[hki] and incr[hki][nf]
+            dv = incr[dki] and incr[dki][dm]
+          end
+          if nv == nil then nv = tonumber(redis.call('HGET', KEYS[hki], nf)) or 0 end
+          if dv == nil then dv = tonumber(redis.call('ZSCORE', KEYS[dki], dm)) or 0 end
+          if dv > 0 and dv >= mn then
+            -- An integer below 2^52 (RatioScale): Redis prints it as one and a small sorted set
+            -- keeps it as one, where a fraction is text parsed with strtod on every scan.
+            redis.call('ZADD', KEYS[ki], math.floor(nv / dv * ` + ratioScaleLua + `), dst)
+          end
+        end
       else
         return redis.error_reply('unknown op ' .. tostring(kind))
       end
@@ -301,17 +327,25 @@ for j = 1, #prune, 2 do redis.call('ZREMRANGEBYSCORE', KEYS[prune[j]], '-inf', '
 return out
 `
 
+// ratioScaleLua is projection.RatioScale as applyScript writes it (a test holds them equal).
+const ratioScaleLua = "562949953421312"
+
 // opKindCode is each op's kind in applyScript's packed numbers. After it come the op's key
 // indexes, for hmaxby the number of extra field/value pairs, and its args as projection.Update
 // holds them (opArity's count, hmaxby's all).
 var opKindCode = map[projection.OpKind]int{
 	projection.OpHIncrBy: 1, projection.OpZIncrBy: 3, projection.OpZAdd: 4, projection.OpZKeepTop: 5,
 	projection.OpHSet: 6, projection.OpHMaxBy: 7, projection.OpHRound: 8, projection.OpZRatioAtMin: 9,
+	projection.OpZScaledRatioAtMin: 10,
 }
 
-// incrKept is the code of an increment whose result a later op of its update reads (hround,
-// zratioatmin): only those results are kept, which saves the script a table entry per increment.
-const incrKept = 2
+// incrKept and zincrKept are the codes of an increment (hincrby, zincrby) whose result a later
+// op of its update reads (hround, zratioatmin, zscaledratioatmin): only those results are kept,
+// which saves the script a table entry per increment.
+const (
+	incrKept  = 2
+	zincrKept = 11
+)
 
 // unpackNumbersLua defines unpackNumbers(P): the array of numbers scriptArgs writes, decoded in
 // Lua, for a server whose Lua has no cmsgpack (miniredis). It knows what put and finish write:
@@ -400,7 +434,8 @@ func (s *scriptArgs) finish(b []byte) []any {
 	return s.args
 }
 
-// readByRatios is the hash fields (key name, field) the ratio ops of u read, nil when it has none.
+// readByRatios is the hash fields and sorted-set members (key name, field or member) the ratio
+// ops of u read, nil when it has none.
 func readByRatios(u *projection.Update) [][2]string {
 	var read [][2]string
 	for _, op := range u.Ops {
@@ -409,6 +444,8 @@ func readByRatios(u *projection.Update) [][2]string {
 			read = append(read, [2]string{op.Keys[0], op.Args[1]}, [2]string{op.Keys[0], op.Args[2]})
 		case projection.OpZRatioAtMin: // zkey hkey; member num den min
 			read = append(read, [2]string{op.Keys[1], op.Args[1]}, [2]string{op.Keys[1], op.Args[2]})
+		case projection.OpZScaledRatioAtMin: // zkey hkey dkey; member num den min
+			read = append(read, [2]string{op.Keys[1], op.Args[1]}, [2]string{op.Keys[2], op.Args[2]})
 		}
 	}
 	return read
@@ -636,6 +673,7 @@ func IsBookkeeping(key string) bool { return key == legacyKeyName || key == "app
 var knownOps = map[projection.OpKind]bool{
 	projection.OpHIncrBy: true, projection.OpHSet: true, projection.OpHMaxBy: true, projection.OpHRound: true,
 	projection.OpZAdd: true, projection.OpZIncrBy: true, projection.OpZKeepTop: true, projection.OpZRatioAtMin: true,
+	projection.OpZScaledRatioAtMin: true,
 }
 
 // Validate checks what Apply would refuse, so a bad update is caught before anything is sent.
@@ -674,6 +712,7 @@ func Validate(name string, u *projection.Update) error {
 var opArity = map[projection.OpKind][2]int{
 	projection.OpHIncrBy: {1, 2}, projection.OpHSet: {1, 2}, projection.OpHMaxBy: {1, 4}, projection.OpHRound: {1, 3},
 	projection.OpZAdd: {1, 2}, projection.OpZIncrBy: {1, 2}, projection.OpZKeepTop: {1, 1}, projection.OpZRatioAtMin: {2, 4},
+	projection.OpZScaledRatioAtMin: {3, 4},
 }
 
 // Apply applies works: it decides which events count (step 1), then applies their updates with
@@ -1173,8 +1212,12 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 				read := readByRatios(u)
 				for _, op := range u.Ops {
 					code := opKindCode[op.Kind]
-					if op.Kind == projection.OpHIncrBy && read != nil && slices.Contains(read, [2]string{op.Keys[0], op.Args[0]}) {
+					switch {
+					case read == nil:
+					case op.Kind == projection.OpHIncrBy && slices.Contains(read, [2]string{op.Keys[0], op.Args[0]}):
 						code = incrKept
+					case op.Kind == projection.OpZIncrBy && slices.Contains(read, [2]string{op.Keys[0], op.Args[1]}):
+						code = zincrKept
 					}
 					packed = sa.put(packed, code)
 					for _, k := range op.Keys {

@@ -110,6 +110,31 @@ func (r *ProjectionReader) ZRevRanges(ctx context.Context, reads []projection.Ra
 	return out, nil
 }
 
+// ZScores implements projection.Reader: one pipeline of ZMSCOREs, against the version serving
+// when it starts.
+func (r *ProjectionReader) ZScores(ctx context.Context, reads []projection.MembersRead) ([][]float64, error) {
+	if len(reads) == 0 {
+		return nil, nil
+	}
+	v, err := r.versions.Current(ctx, r.name)
+	if err != nil {
+		return nil, err
+	}
+	pipe := r.client.Pipeline()
+	cmds := make([]*redis.FloatSliceCmd, len(reads))
+	for i, rd := range reads {
+		cmds[i] = pipe.ZMScore(ctx, r.keys.ProjectionKey(r.name, v, rd.Slot, rd.Key), rd.Members...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	out := make([][]float64, len(reads))
+	for i, c := range cmds {
+		out[i] = c.Val() // go-redis reads a missing member's nil as 0
+	}
+	return out, nil
+}
+
 // HMGets implements projection.Reader: one pipeline, against the version serving when it starts.
 func (r *ProjectionReader) HMGets(ctx context.Context, reads []projection.FieldsRead) ([][]string, error) {
 	if len(reads) == 0 {

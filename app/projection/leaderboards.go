@@ -31,8 +31,14 @@ const (
 	// LeaderboardsSharded shards every board over LeaderboardShards slots: the location boards
 	// and counts by locationId, the user board by userId.
 	LeaderboardsSharded = 2
+	// LeaderboardsBoardCounts is the sharded layout with two writes fewer per check-in for Redis:
+	// a location's count is its score on the check-ins board (no "<id>:n" field beside it), and
+	// its rating score is an integer, floor(stars / count * RatioScale), which a small sorted set
+	// keeps as an integer instead of text it parses on every insert. The order is the exact
+	// ratings' for locations below 2^24 check-ins each.
+	LeaderboardsBoardCounts = 3
 	// LeaderboardsLayout is the layout new versions are built in.
-	LeaderboardsLayout = LeaderboardsSharded
+	LeaderboardsLayout = LeaderboardsBoardCounts
 )
 
 // LeaderboardShards is S, the shards of each board in the sharded layout. A read asks every
@@ -49,8 +55,8 @@ const leaderboardSlot = "all"
 // Keys of a leaderboards slot (in the sharded layout each shard has its own of each).
 const (
 	lbLocationCheckins = "locations_by_checkins" // zset locationId -> check-ins
-	lbLocationRating   = "locations_by_rating"   // zset locationId -> exact average stars, once qualified
-	lbLocationCounts   = "location_counts"       // hash "<id>:n" and "<id>:stars"
+	lbLocationRating   = "locations_by_rating"   // zset locationId -> average stars (scaled in LeaderboardsBoardCounts), once qualified
+	lbLocationCounts   = "location_counts"       // hash "<id>:stars", and "<id>:n" before LeaderboardsBoardCounts
 	lbUserCheckins     = "users_by_checkins"     // zset userId -> check-ins
 )
 
@@ -119,8 +125,8 @@ func (Leaderboards) CurrentLayout() int { return LeaderboardsLayout }
 
 // AtLayout implements Layouts.
 func (l Leaderboards) AtLayout(layout int) (Projection, error) {
-	if layout != LeaderboardsSingleSlot && layout != LeaderboardsSharded {
-		return nil, fmt.Errorf("leaderboards: unknown layout %d (this build knows %d and %d)", layout, LeaderboardsSingleSlot, LeaderboardsSharded)
+	if layout < LeaderboardsSingleSlot || layout > LeaderboardsBoardCounts {
+		return nil, fmt.Errorf("leaderboards: unknown layout %d (this build knows %d to %d)", layout, LeaderboardsSingleSlot, LeaderboardsBoardCounts)
 	}
 	l.Layout = layout
 	return l, nil
@@ -148,11 +154,15 @@ func (Leaderboards) Name() string { return "leaderboards" }
 // MinCheckins, sets its rating score from the counts the same script just updated.
 func (l Leaderboards) OnCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, s Store) error {
 	loc, user := strconv.FormatInt(e.LocationID, 10), strconv.FormatInt(e.UserID, 10)
-	locUpdate := NewUpdate(l.slotOf(e.LocationID)).
-		ZIncrBy(lbLocationCheckins, 1, loc).
-		HIncrBy(lbLocationCounts, loc+":n", 1).
-		HIncrBy(lbLocationCounts, loc+":stars", int64(e.StarRating)).
-		ZRatioAtMin(lbLocationRating, loc, lbLocationCounts, loc+":stars", loc+":n", max(l.MinCheckins, 1))
+	locUpdate := NewUpdate(l.slotOf(e.LocationID)).ZIncrBy(lbLocationCheckins, 1, loc)
+	if l.layout() == LeaderboardsBoardCounts {
+		locUpdate.HIncrBy(lbLocationCounts, loc+":stars", int64(e.StarRating)).
+			ZScaledRatioAtMin(lbLocationRating, loc, lbLocationCounts, loc+":stars", lbLocationCheckins, loc, max(l.MinCheckins, 1))
+	} else {
+		locUpdate.HIncrBy(lbLocationCounts, loc+":n", 1).
+			HIncrBy(lbLocationCounts, loc+":stars", int64(e.StarRating)).
+			ZRatioAtMin(lbLocationRating, loc, lbLocationCounts, loc+":stars", loc+":n", max(l.MinCheckins, 1))
+	}
 	if l.layout() == LeaderboardsSingleSlot {
 		return s.Apply(ctx, locUpdate.ZIncrBy(lbUserCheckins, 1, user))
 	}
@@ -198,10 +208,14 @@ func (l Leaderboards) TopLocations(ctx context.Context, r Reader, by string, lim
 	if len(zs) == 0 {
 		return out, nil
 	}
-	// The counts of the merged top, one HMGET per shard it came from, in one round trip.
+	// The counts of the merged top, one HMGET per shard it came from, in one round trip. In
+	// LeaderboardsBoardCounts a count is the location's score on the check-ins board: the row's
+	// own score there, or read from it (one ZMSCORE per shard, in parallel) for the rating board.
+	onBoard := l.layout() == LeaderboardsBoardCounts
 	ids := make([]int64, len(zs))
 	var reads []FieldsRead
-	readOf := map[string]int{}    // slot -> its read
+	var scoreReads []MembersRead
+	readOf := map[string]int{}    // slot -> its read (the same index in both)
 	at := make([][2]int, len(zs)) // row -> its read and the index of its first field there
 	for i, z := range zs {
 		id, err := strconv.ParseInt(z.Member, 10, 64)
@@ -215,22 +229,48 @@ func (l Leaderboards) TopLocations(ctx context.Context, r Reader, by string, lim
 			n = len(reads)
 			readOf[slot] = n
 			reads = append(reads, FieldsRead{Slot: slot, Key: lbLocationCounts})
+			scoreReads = append(scoreReads, MembersRead{Slot: slot, Key: lbLocationCheckins})
 		}
-		at[i] = [2]int{n, len(reads[n].Fields)}
-		reads[n].Fields = append(reads[n].Fields, z.Member+":n", z.Member+":stars")
+		if onBoard {
+			at[i] = [2]int{n, len(reads[n].Fields)}
+			reads[n].Fields = append(reads[n].Fields, z.Member+":stars")
+			scoreReads[n].Members = append(scoreReads[n].Members, z.Member)
+		} else {
+			at[i] = [2]int{n, len(reads[n].Fields)}
+			reads[n].Fields = append(reads[n].Fields, z.Member+":n", z.Member+":stars")
+		}
+	}
+	// The rating board's check-ins are read at the same time, in a round trip of their own.
+	var boardCounts [][]float64
+	var boardErr error
+	var wg sync.WaitGroup
+	if onBoard && key != lbLocationCheckins {
+		wg.Go(func() { boardCounts, boardErr = r.ZScores(ctx, scoreReads) })
 	}
 	counts, err := r.HMGets(ctx, reads)
+	wg.Wait()
 	if err != nil {
 		return nil, err
 	}
+	if boardErr != nil {
+		return nil, boardErr
+	}
 	for i, id := range ids {
 		f := counts[at[i][0]][at[i][1]:]
-		n, err := ParseInt(f[0])
-		if err != nil {
-			return nil, fmt.Errorf("location %d count: %w", id, err)
+		var n, stars int64
+		var err error
+		switch {
+		case !onBoard:
+			if n, err = ParseInt(f[0]); err != nil {
+				return nil, fmt.Errorf("location %d count: %w", id, err)
+			}
+			f = f[1:]
+		case boardCounts == nil:
+			n = int64(zs[i].Score)
+		default:
+			n = int64(boardCounts[at[i][0]][at[i][1]])
 		}
-		stars, err := ParseInt(f[1])
-		if err != nil {
+		if stars, err = ParseInt(f[0]); err != nil {
 			return nil, fmt.Errorf("location %d stars: %w", id, err)
 		}
 		row := LeaderboardLocation{Rank: i + 1, LocationID: id, NumCheckins: n}

@@ -83,18 +83,24 @@ func unsharded(t *testing.T, c redis.UniversalClient, prefix string, events []do
 // TestShardedLeaderboardsEqualUnsharded: the boards, sharded over LeaderboardShards slots and
 // merged at read time, answer exactly what ZREVRANGE of one unsharded sorted set of the same
 // events answers (members, order among ties, scores, ranks), for every limit, on a single
-// server and on a 3-master cluster.
+// server and on a 3-master cluster, in both sharded layouts (LeaderboardsBoardCounts keeps
+// the counts on the board and the ratings as scaled integers: the same answers).
 func TestShardedLeaderboardsEqualUnsharded(t *testing.T) {
 	t.Parallel()
-	for _, kind := range []string{"standalone", "cluster"} {
-		t.Run(kind, func(t *testing.T) {
+	for _, tc := range []struct {
+		kind   string
+		layout int
+	}{{"standalone", projection.LeaderboardsSharded}, {"standalone", projection.LeaderboardsBoardCounts},
+		{"cluster", projection.LeaderboardsSharded}, {"cluster", projection.LeaderboardsBoardCounts}} {
+		kind := tc.kind
+		t.Run(fmt.Sprintf("%s/layout=%d", kind, tc.layout), func(t *testing.T) {
 			t.Parallel()
 			p := newProjTest(t)
 			if kind == "cluster" {
 				p = newClusterProjTest(t)
 			}
 			const minCheckins = 3
-			lb := projection.Leaderboards{MinCheckins: minCheckins}
+			lb := projection.Leaderboards{MinCheckins: minCheckins, Layout: tc.layout}
 			events := tiedHistory(1500, 21)
 			p.applyAll(t, lb, events, 5)
 			byCheckins, byRating, users := unsharded(t, p.client, p.keys.Prefix, events, minCheckins)
@@ -228,7 +234,7 @@ func BenchmarkLeaderboardRead(b *testing.B) {
 		events[i] = domain.CheckinRecorded{Checkin: domain.Checkin{ID: "b-" + strconv.Itoa(i), UserID: 1 + rng.Int64N(10_000),
 			LocationID: 1 + rng.Int64N(5_000), StarRating: rng.IntN(6), Timestamp: 1_700_000_000_000 + int64(i)}, RecordedAt: 1_700_000_000_000}
 	}
-	for _, layout := range []int{projection.LeaderboardsSingleSlot, projection.LeaderboardsSharded} {
+	for _, layout := range []int{projection.LeaderboardsSingleSlot, projection.LeaderboardsSharded, projection.LeaderboardsBoardCounts} {
 		keys := adapters.KeySpace{Prefix: env.Prefix + "-" + strconv.Itoa(layout)}
 		at, err := projection.Leaderboards{MinCheckins: 5}.AtLayout(layout)
 		require.NoError(b, err)
@@ -247,11 +253,33 @@ func BenchmarkLeaderboardRead(b *testing.B) {
 			require.NoError(b, err)
 		}
 		r := adapters.NewProjectionReader(client, keys, lb.Name())
-		name := map[int]string{projection.LeaderboardsSingleSlot: "single-slot", projection.LeaderboardsSharded: "sharded"}[layout]
+		name := map[int]string{projection.LeaderboardsSingleSlot: "single-slot", projection.LeaderboardsSharded: "sharded",
+			projection.LeaderboardsBoardCounts: "board-counts"}[layout]
+		// What the boards hold: MEMORY USAGE of the read-model keys (not the bookkeeping).
+		var bytes int64
+		ks, err := client.Keys(ctx, keys.ProjectionPrefix(lb.Name(), 1)+"*").Result()
+		require.NoError(b, err)
+		for _, k := range ks {
+			if adapters.IsBookkeeping(k[strings.LastIndexByte(k, ':')+1:]) {
+				continue
+			}
+			n, err := client.MemoryUsage(ctx, k, 0).Result()
+			require.NoError(b, err)
+			bytes += n
+		}
+		b.Logf("%s: %d keys, %.2f MiB after %d check-ins of 5,000 locations and 10,000 users", name, len(ks), float64(bytes)/(1<<20), len(events))
 		for _, limit := range []int{10, 100} {
 			b.Run(fmt.Sprintf("%s/locations/limit=%d", name, limit), func(b *testing.B) {
 				for b.Loop() {
 					rows, err := lb.TopLocations(ctx, r, projection.ByCheckins, limit)
+					if err != nil || len(rows) != limit {
+						b.Fatal(err, len(rows))
+					}
+				}
+			})
+			b.Run(fmt.Sprintf("%s/rating/limit=%d", name, limit), func(b *testing.B) {
+				for b.Loop() {
+					rows, err := lb.TopLocations(ctx, r, projection.ByRating, limit)
 					if err != nil || len(rows) != limit {
 						b.Fatal(err, len(rows))
 					}

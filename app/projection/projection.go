@@ -80,6 +80,15 @@ type Reader interface {
 	ZRevRanges(ctx context.Context, reads []RangeRead) ([][]Scored, error)
 	// HMGets is HMGet of several hashes, of any slots, in one round trip.
 	HMGets(ctx context.Context, reads []FieldsRead) ([][]string, error)
+	// ZScores is the scores of some members of several sorted sets, of any slots, in one round
+	// trip; 0 for a member that is not there.
+	ZScores(ctx context.Context, reads []MembersRead) ([][]float64, error)
+}
+
+// MembersRead is some members of one sorted set.
+type MembersRead struct {
+	Slot, Key string
+	Members   []string
 }
 
 // RangeRead is one sorted set's ranks start..stop, read from the highest score down.
@@ -114,7 +123,16 @@ const (
 	OpZIncrBy     OpKind = "zincrby"     // key delta member
 	OpZKeepTop    OpKind = "zkeeptop"    // key n: keep the n highest-scored members
 	OpZRatioAtMin OpKind = "zratioatmin" // zkey member hkey num den min: zkey[member] = num/den when den >= min
+	// zkey hkey dkey; member num den min: zkey[member] = floor(hkey.num / dkey[den] * RatioScale)
+	// when dkey[den] >= min
+	OpZScaledRatioAtMin OpKind = "zscaledratioatmin"
 )
+
+// RatioScale is what OpZScaledRatioAtMin multiplies a ratio by before it drops the fraction:
+// 2^49, so a ratio up to 8 gives an integer below 2^52, which Redis keeps in a small sorted set
+// as an integer (a fraction is kept as text and parsed with strtod whenever the set is
+// scanned). Two ratios of counts below 2^24 that differ get different scores.
+const RatioScale = 1 << 49
 
 // Op is one primitive with its logical key (a name within the update's slot) and arguments.
 type Op struct {
@@ -183,6 +201,12 @@ func (u *Update) ZKeepTop(key string, n int) *Update {
 // ZRatioAtMin sets zkey[member] = hkey.num / hkey.den once hkey.den >= min.
 func (u *Update) ZRatioAtMin(zkey, member, hkey, num, den string, min int64) *Update {
 	return u.add(OpZRatioAtMin, []string{zkey, hkey}, member, num, den, strconv.FormatInt(min, 10))
+}
+
+// ZScaledRatioAtMin sets zkey[member] = floor(hkey.num / dkey[den] * RatioScale) once
+// dkey[den] (a sorted set member's score) >= min: the ratio as an integer score.
+func (u *Update) ZScaledRatioAtMin(zkey, member, hkey, num, dkey, den string, min int64) *Update {
+	return u.add(OpZScaledRatioAtMin, []string{zkey, hkey, dkey}, member, num, den, strconv.FormatInt(min, 10))
 }
 
 // ParseInt reads a stored integer field; "" is 0.

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -247,6 +249,18 @@ func TestUpgradeRebuildsTheLeaderboardsInShards(t *testing.T) {
 		}
 		require.NoError(t, c.Del(ctx, k).Err())
 	}
+	// That release kept each location's count beside its stars and its rating as a fraction.
+	zs, err := c.ZRangeWithScores(ctx, v1+"{all}:locations_by_checkins", 0, -1).Result()
+	require.NoError(t, err)
+	for _, z := range zs {
+		loc := z.Member.(string)
+		require.NoError(t, c.HSet(ctx, v1+"{all}:location_counts", loc+":n", int64(z.Score)).Err())
+		stars, err := c.HGet(ctx, v1+"{all}:location_counts", loc+":stars").Int64()
+		require.NoError(t, err)
+		if err := c.ZScore(ctx, v1+"{all}:locations_by_rating", loc).Err(); err == nil {
+			require.NoError(t, c.ZAdd(ctx, v1+"{all}:locations_by_rating", redis.Z{Score: float64(stars) / z.Score, Member: loc}).Err())
+		}
+	}
 	require.NoError(t, c.HDel(ctx, keys.Projections(), "leaderboards.layout").Err())
 	l.verifyAll(t, srv.URL(), keys) // the reads find the earlier layout
 
@@ -294,6 +308,81 @@ func TestUpgradeRebuildsTheLeaderboardsInShards(t *testing.T) {
 	l.verifyAll(t, srv.URL(), keys)
 	code, body := faultGet(t, p.base+"/readyz")
 	assert.Equal(t, http.StatusOK, code, body)
+	assert.Zero(t, poisonLen(t, c, keys))
+}
+
+// TestUpgradeRebuildsTheLeaderboardsWithCountsOnTheBoard: a deployment of the release before
+// LeaderboardsBoardCounts (leaderboards v1 sharded, each location's count in location_counts
+// beside its stars, ratings as fractions) gets this binary. v1 keeps serving exact boards in its
+// own layout until v2, whose counts are the check-ins board's scores and whose ratings are
+// integers, has caught up; then reads switch to v2 and v1's keys go.
+func TestUpgradeRebuildsTheLeaderboardsWithCountsOnTheBoard(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	c := redistest.Client(t, srv.URL())
+	ctx := context.Background()
+	keys := adapters.KeySpace{Prefix: "checkins"}
+	env := map[string]string{"REDIS_URL": srv.URL(), "PROJECTION_POLL_INTERVAL": "200ms", "PROJECTION_RETIRE_GRACE": "1s"}
+	l := newLedger()
+	client := authedClient(5 * time.Second)
+	p := startSvc(t, "serve", env)
+	for i := range 200 {
+		l.post(client, p.base, fmt.Sprintf("before-%d", i), sent{user: 1 + int64(i%17), location: 1 + int64(i%11), stars: int64(i % 6)})
+	}
+	l.resolve(t, p.base)
+	l.verifyAll(t, srv.URL(), keys)
+	require.Zero(t, p.exit(t, syscall.SIGTERM))
+	reg, err := c.HGetAll(ctx, keys.Projections()).Result()
+	require.NoError(t, err)
+	require.Equal(t, strconv.Itoa(projection.LeaderboardsBoardCounts), reg["leaderboards.layout"], "a new deployment starts in the current layout")
+
+	// What the earlier release left, shard by shard: "<id>:n" beside "<id>:stars", and the
+	// ratings as fractions; layout 2 in the registry.
+	v1 := keys.Prefix + ":p:leaderboards:v1:"
+	boards, err := c.Keys(ctx, v1+"*:locations_by_checkins").Result()
+	require.NoError(t, err)
+	require.Greater(t, len(boards), 4)
+	rated := 0
+	for _, board := range boards {
+		shard := strings.TrimSuffix(board, "locations_by_checkins")
+		zs, err := c.ZRangeWithScores(ctx, board, 0, -1).Result()
+		require.NoError(t, err)
+		for _, z := range zs {
+			loc := z.Member.(string)
+			require.NoError(t, c.HSet(ctx, shard+"location_counts", loc+":n", int64(z.Score)).Err())
+			stars, err := c.HGet(ctx, shard+"location_counts", loc+":stars").Int64()
+			require.NoError(t, err)
+			scaled, err := c.ZScore(ctx, shard+"locations_by_rating", loc).Result()
+			if errors.Is(err, redis.Nil) {
+				continue
+			}
+			require.NoError(t, err)
+			require.Equal(t, math.Floor(float64(stars)/z.Score*projection.RatioScale), scaled, "location %s: the rating, scaled", loc)
+			require.NoError(t, c.ZAdd(ctx, shard+"locations_by_rating", redis.Z{Score: float64(stars) / z.Score, Member: loc}).Err())
+			rated++
+		}
+	}
+	require.Equal(t, 11, rated, "every location is on the rating board")
+	require.NoError(t, c.HSet(ctx, keys.Projections(), "leaderboards.layout", projection.LeaderboardsSharded).Err())
+	l.verifyAll(t, srv.URL(), keys) // the reads find the earlier layout
+
+	p = restartForLayout(t, srv.URL(), keys, env, l, client, "leaderboards", projection.LeaderboardsLayout,
+		func(i int) sent { return sent{user: 1 + int64(i%23), location: 1 + int64(i%13), stars: int64(i % 5)} })
+	counts, err := c.Keys(ctx, keys.Prefix+":p:leaderboards:v2:*:location_counts").Result()
+	require.NoError(t, err)
+	require.NotEmpty(t, counts)
+	for _, k := range counts {
+		fields, err := c.HKeys(ctx, k).Result()
+		require.NoError(t, err)
+		for _, f := range fields {
+			assert.True(t, strings.HasSuffix(f, ":stars"), "%s holds %s: v2 keeps the counts on the board", k, f)
+		}
+	}
+	for i := range 50 {
+		l.post(client, p.base, fmt.Sprintf("later-%d", i), sent{user: 1 + int64(i%7), location: 1 + int64(i%5), stars: 5})
+	}
+	l.resolve(t, p.base)
+	l.verifyAll(t, srv.URL(), keys)
 	assert.Zero(t, poisonLen(t, c, keys))
 }
 
