@@ -1089,7 +1089,11 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 			names [4]string
 			at    [4]int
 		}
-		slotted := make(map[slotOf]*slotKeys, 2*len(idx))
+		nrefs := 0 // the call's updates: at most that many projection version and slot pairs
+		for _, n := range idx {
+			nrefs += len(items[n].refs)
+		}
+		slotted := make(map[slotOf]*slotKeys, nrefs)
 		nameIndex := func(sk *slotKeys, so slotOf, name string) int {
 			for i, n := range sk.names[:sk.n] {
 				if n == name {
@@ -1109,7 +1113,7 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 			sk.n++
 			return ki
 		}
-		markerAt := map[markerOf]int{}
+		markerAt := make(map[markerOf]int, len(idx))
 		markerIndex := func(n int) int {
 			it := items[n]
 			mo := markerOf{it.group, it.slot}
@@ -1121,7 +1125,7 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 			markers[n] = keys[ki-1]
 			return ki
 		}
-		registryAt := map[int64]int{}
+		registryAt := make(map[int64]int, len(idx))
 		registryIndex := func(u int64) int {
 			ki, ok := registryAt[u]
 			if !ok {
@@ -1135,7 +1139,7 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 		var bnd []byte
 		bounds := 0
 		// Registries: copies older than the window before the floor may go.
-		users := map[int64]bool{}
+		users := make(map[int64]bool, len(idx))
 		for _, n := range idx {
 			if it := items[n]; it.decide {
 				users[works[it.work].Event.UserID] = true
