@@ -58,7 +58,7 @@ func (f *feed) units(b *batch, ms ops.Membership) ([]unit, map[string]memberRef,
 		if !ok {
 			return nil, nil, fmt.Errorf("live group %s: member %q is not <projection>.v<N>", f.group, name)
 		}
-		p, ok := f.r.projs[pname]
+		p, ok := f.r.projectionOf(name, pname)
 		if !ok {
 			return nil, nil, fmt.Errorf("%w: %s (in %s)", ErrForeignMember, name, f.group)
 		}

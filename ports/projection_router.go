@@ -109,7 +109,12 @@ type ProjectionRouter struct {
 	backend ProjectorBackend
 	projs   map[string]projection.Projection
 	running atomic.Bool
-	log     *slog.Logger
+	// atVersion is each member (<name>.v<N>) SetTargets was given, as its version writes: the
+	// projection at the layout the registry records for that version. During a rebuild into a
+	// new layout the serving version is still written in its own (projection.Layouts).
+	atMu      sync.RWMutex
+	atVersion map[string]projection.Projection
+	log       *slog.Logger
 
 	// Handlers by consumer group; mu guards them, once the router runs. runCtx is Run's context,
 	// which handlers added later run under.
@@ -169,7 +174,8 @@ func NewProjectionRouter(cfg ProjectionRouterConfig) (*ProjectionRouter, error) 
 	if err != nil {
 		return nil, err
 	}
-	r := &ProjectionRouter{cfg: cfg, router: router, backend: cfg.Backend, projs: map[string]projection.Projection{}, log: cfg.Logger,
+	r := &ProjectionRouter{cfg: cfg, router: router, backend: cfg.Backend, projs: map[string]projection.Projection{},
+		atVersion: map[string]projection.Projection{}, log: cfg.Logger,
 		handlers: map[string]*runningHandler{}, retired: map[string]bool{}, stopped: make(chan string, 64),
 		joined: map[string]bool{}, acked: map[string]string{}, lastDelivered: map[string]string{},
 		problem: map[string]string{}}
@@ -354,6 +360,9 @@ func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.Project
 		if err := r.join(ctx, ops.MemberName(t.Projection.Name(), t.Version)); err != nil {
 			return nil, nil, err
 		}
+		r.atMu.Lock()
+		r.atVersion[ops.MemberName(t.Projection.Name(), t.Version)] = t.Projection
+		r.atMu.Unlock()
 	}
 	ms, err := r.backend.Read(ctx, r.cfg.LiveGroup)
 	if err != nil {
@@ -382,6 +391,20 @@ func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.Project
 		r.log.Info("projection handler stopped", "group", rt.group)
 	}
 	return added, removed, err
+}
+
+// projectionOf is member (pname at some version) as it writes: as SetTargets was given it, else
+// pname as this process runs it (a version of the live group it was not asked to feed, written
+// in the current layout).
+func (r *ProjectionRouter) projectionOf(member, pname string) (projection.Projection, bool) {
+	r.atMu.RLock()
+	p, ok := r.atVersion[member]
+	r.atMu.RUnlock()
+	if ok {
+		return p, true
+	}
+	p, ok = r.projs[pname]
+	return p, ok
 }
 
 // join makes member part of the live group unless it already is; a member of another live

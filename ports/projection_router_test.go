@@ -129,6 +129,7 @@ type harnessOptions struct {
 	handlerTimeout time.Duration
 	nackDelay      time.Duration
 	applier        func(redis.UniversalClient, adapters.KeySpace) *adapters.ProjectionApplier // nil: the router's default
+	targets        []ops.ProjectionTarget                                                     // nil: p as version 1
 }
 
 const testGroup = "live"
@@ -165,8 +166,12 @@ func startHarness(t *testing.T, p *faultyProjection, o harnessOptions) *harness 
 	if o.applier != nil {
 		applier = o.applier(h.client, h.keys)
 	}
+	targets := o.targets
+	if targets == nil {
+		targets = []ops.ProjectionTarget{{Projection: p, Version: 1}}
+	}
 	r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-		Targets: []ops.ProjectionTarget{{Projection: p, Version: 1}}, Backend: adapters.NewProjectorBackend(h.client, h.keys), Applier: applier,
+		Targets: targets, Backend: adapters.NewProjectorBackend(h.client, h.keys), Applier: applier,
 		NewSubscriber: newSub, Retry: o.retry, HandlerTimeout: o.handlerTimeout, CloseTimeout: 10 * time.Second, Logger: log,
 	})
 	require.NoError(t, err)

@@ -97,6 +97,9 @@ func TestRebuildMatchesIncrementalProcessing(t *testing.T) {
 
 	history := genCheckins(rng, "h", 1500)
 	publishWithDuplicates(t, pub, rng, history[:700], 4)
+	// As a projector starts: a version without a recorded layout is decided first (here, a
+	// deployment nothing fed yet: the current layout), then fed in it.
+	require.NoError(t, rebuild.UpgradeLayouts(ctx, projs))
 	targets, err := versions.Targets(ctx, projs)
 	require.NoError(t, err)
 	router := testProjector(t, srv.URL(), keys, targets)
