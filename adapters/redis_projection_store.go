@@ -110,9 +110,21 @@ func (r *ProjectionReader) ZRevRanges(ctx context.Context, reads []projection.Ra
 	return out, nil
 }
 
-// ZScores implements projection.Reader: one pipeline of ZMSCOREs, against the version serving
-// when it starts.
-func (r *ProjectionReader) ZScores(ctx context.Context, reads []projection.MembersRead) ([][]float64, error) {
+// readSlotScript reads KEYS[1]'s fields ARGV[2..1+ARGV[1]] and, with KEYS[2], the scores of the
+// members after them: one script, so at one moment of the slot both keys are in.
+const readSlotScript = `
+local nf = tonumber(ARGV[1])
+local fields, scores = {}, {}
+if nf > 0 then fields = redis.call('HMGET', KEYS[1], unpack(ARGV, 2, 1 + nf)) end
+if #ARGV > 1 + nf then scores = redis.call('ZMSCORE', KEYS[2], unpack(ARGV, 2 + nf, #ARGV)) end
+return {fields, scores}
+`
+
+// ReadSlots implements projection.Reader: one script call per read, pipelined (one round trip;
+// on a cluster one per master, in parallel), against the version serving when it starts. A
+// script runs at one moment of its slot: a MULTI/EXEC would do on one server, but a cluster
+// client's transaction is of one slot only.
+func (r *ProjectionReader) ReadSlots(ctx context.Context, reads []projection.SlotRead) ([]projection.SlotValues, error) {
 	if len(reads) == 0 {
 		return nil, nil
 	}
@@ -121,16 +133,54 @@ func (r *ProjectionReader) ZScores(ctx context.Context, reads []projection.Membe
 		return nil, err
 	}
 	pipe := r.client.Pipeline()
-	cmds := make([]*redis.FloatSliceCmd, len(reads))
+	cmds := make([]*redis.Cmd, len(reads))
 	for i, rd := range reads {
-		cmds[i] = pipe.ZMScore(ctx, r.keys.ProjectionKey(r.name, v, rd.Slot, rd.Key), rd.Members...)
+		keys := []string{r.keys.ProjectionKey(r.name, v, rd.Slot, rd.Hash)}
+		if len(rd.Members) > 0 {
+			keys = append(keys, r.keys.ProjectionKey(r.name, v, rd.Slot, rd.SortedSet))
+		}
+		args := make([]any, 0, 1+len(rd.Fields)+len(rd.Members))
+		args = append(args, len(rd.Fields))
+		for _, f := range rd.Fields {
+			args = append(args, f)
+		}
+		for _, m := range rd.Members {
+			args = append(args, m)
+		}
+		cmds[i] = pipe.Eval(ctx, readSlotScript, keys, args...)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, err
 	}
-	out := make([][]float64, len(reads))
+	out := make([]projection.SlotValues, len(reads))
 	for i, c := range cmds {
-		out[i] = c.Val() // go-redis reads a missing member's nil as 0
+		both, err := c.Slice()
+		if err != nil {
+			return nil, err
+		}
+		if len(both) != 2 {
+			return nil, fmt.Errorf("read of slot %s: %d parts in the answer, want 2", reads[i].Slot, len(both))
+		}
+		fields, _ := both[0].([]any)
+		scores, _ := both[1].([]any)
+		if len(fields) != len(reads[i].Fields) || len(scores) != len(reads[i].Members) {
+			return nil, fmt.Errorf("read of slot %s: %d fields and %d scores in the answer, want %d and %d",
+				reads[i].Slot, len(fields), len(scores), len(reads[i].Fields), len(reads[i].Members))
+		}
+		out[i].Fields = make([]string, len(fields))
+		for j, f := range fields {
+			out[i].Fields[j], _ = f.(string) // nil: missing
+		}
+		out[i].Scores = make([]float64, len(scores))
+		for j, sc := range scores {
+			str, ok := sc.(string)
+			if !ok {
+				continue // nil: not a member
+			}
+			if out[i].Scores[j], err = strconv.ParseFloat(str, 64); err != nil {
+				return nil, fmt.Errorf("read of slot %s: score %q of %s: %w", reads[i].Slot, str, reads[i].Members[j], err)
+			}
+		}
 	}
 	return out, nil
 }

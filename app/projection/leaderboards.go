@@ -208,14 +208,14 @@ func (l Leaderboards) TopLocations(ctx context.Context, r Reader, by string, lim
 	if len(zs) == 0 {
 		return out, nil
 	}
-	// The counts of the merged top, one HMGET per shard it came from, in one round trip. In
-	// LeaderboardsBoardCounts a count is the location's score on the check-ins board: the row's
-	// own score there, or read from it (one ZMSCORE per shard, in parallel) for the rating board.
+	// The counts of the merged top, one read per shard it came from, in one round trip. Before
+	// LeaderboardsBoardCounts both are fields of one hash (one HMGET); since, a location's count
+	// is its score on the check-ins board, read with its stars in one transaction of the shard,
+	// so a check-in applied meanwhile is in both numbers or in neither.
 	onBoard := l.layout() == LeaderboardsBoardCounts
 	ids := make([]int64, len(zs))
-	var reads []FieldsRead
-	var scoreReads []MembersRead
-	readOf := map[string]int{}    // slot -> its read (the same index in both)
+	var reads []SlotRead
+	readOf := map[string]int{}    // slot -> its read
 	at := make([][2]int, len(zs)) // row -> its read and the index of its first field there
 	for i, z := range zs {
 		id, err := strconv.ParseInt(z.Member, 10, 64)
@@ -228,47 +228,35 @@ func (l Leaderboards) TopLocations(ctx context.Context, r Reader, by string, lim
 		if !ok {
 			n = len(reads)
 			readOf[slot] = n
-			reads = append(reads, FieldsRead{Slot: slot, Key: lbLocationCounts})
-			scoreReads = append(scoreReads, MembersRead{Slot: slot, Key: lbLocationCheckins})
+			reads = append(reads, SlotRead{Slot: slot, Hash: lbLocationCounts})
+			if onBoard {
+				reads[n].SortedSet = lbLocationCheckins
+			}
 		}
+		at[i] = [2]int{n, len(reads[n].Fields)}
 		if onBoard {
-			at[i] = [2]int{n, len(reads[n].Fields)}
 			reads[n].Fields = append(reads[n].Fields, z.Member+":stars")
-			scoreReads[n].Members = append(scoreReads[n].Members, z.Member)
+			reads[n].Members = append(reads[n].Members, z.Member)
 		} else {
-			at[i] = [2]int{n, len(reads[n].Fields)}
 			reads[n].Fields = append(reads[n].Fields, z.Member+":n", z.Member+":stars")
 		}
 	}
-	// The rating board's check-ins are read at the same time, in a round trip of their own.
-	var boardCounts [][]float64
-	var boardErr error
-	var wg sync.WaitGroup
-	if onBoard && key != lbLocationCheckins {
-		wg.Go(func() { boardCounts, boardErr = r.ZScores(ctx, scoreReads) })
-	}
-	counts, err := r.HMGets(ctx, reads)
-	wg.Wait()
+	vals, err := r.ReadSlots(ctx, reads)
 	if err != nil {
 		return nil, err
 	}
-	if boardErr != nil {
-		return nil, boardErr
-	}
 	for i, id := range ids {
-		f := counts[at[i][0]][at[i][1]:]
+		v := vals[at[i][0]]
+		f := v.Fields[at[i][1]:]
 		var n, stars int64
 		var err error
-		switch {
-		case !onBoard:
+		if onBoard {
+			n = int64(v.Scores[at[i][1]])
+		} else {
 			if n, err = ParseInt(f[0]); err != nil {
 				return nil, fmt.Errorf("location %d count: %w", id, err)
 			}
 			f = f[1:]
-		case boardCounts == nil:
-			n = int64(zs[i].Score)
-		default:
-			n = int64(boardCounts[at[i][0]][at[i][1]])
 		}
 		if stars, err = ParseInt(f[0]); err != nil {
 			return nil, fmt.Errorf("location %d stars: %w", id, err)

@@ -195,3 +195,57 @@ func TestLeaderboardsRejectBadInput(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, rows, "no check-ins yet: an empty board, not an error")
 }
+
+// TestLeaderboardRowIsReadAtOneMoment: a location's check-ins and stars are read together, so
+// a row never mixes a count from before a check-in with stars from after it. Every check-in
+// here has five stars while the boards are read over and over: each row must say exactly 5.
+// (Read apart, the count from the board and the stars a round trip later, rows said 20 stars
+// over 3 check-ins.)
+func TestLeaderboardRowIsReadAtOneMoment(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []string{"standalone", "cluster"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			p := newProjTest(t)
+			if kind == "cluster" {
+				p = newClusterProjTest(t)
+			}
+			lb := projection.Leaderboards{MinCheckins: 1}
+			applier, err := adapters.NewProjectionApplier(p.client, p.keys, 0)
+			require.NoError(t, err)
+			ctx := context.Background()
+			done := make(chan error, 1)
+			go func() {
+				for i := range 1500 {
+					e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "five-" + strconv.Itoa(i), UserID: 1 + int64(i%50), LocationID: 7,
+						StarRating: 5, Timestamp: 1_700_000_000_000 + int64(i)}, RecordedAt: 1_700_000_000_000 + int64(i)}
+					if _, err := applier.ApplyEvent(ctx, "test", lb, 1, e, ""); err != nil {
+						done <- err
+						return
+					}
+				}
+				done <- nil
+			}()
+			r := p.reader(lb.Name())
+			reads := 0
+			for {
+				select {
+				case err := <-done:
+					require.NoError(t, err)
+					t.Logf("%d reads while the check-ins were applied", reads)
+					require.Greater(t, reads, 20)
+					return
+				default:
+				}
+				for _, by := range []string{projection.ByCheckins, projection.ByRating} {
+					rows, err := lb.TopLocations(ctx, r, by, 1)
+					require.NoError(t, err)
+					for _, row := range rows {
+						require.Equal(t, 5.0, row.AverageRating, "by %s after %d check-ins: a count and stars of different moments", by, row.NumCheckins)
+					}
+					reads++
+				}
+			}
+		})
+	}
+}

@@ -80,15 +80,26 @@ type Reader interface {
 	ZRevRanges(ctx context.Context, reads []RangeRead) ([][]Scored, error)
 	// HMGets is HMGet of several hashes, of any slots, in one round trip.
 	HMGets(ctx context.Context, reads []FieldsRead) ([][]string, error)
-	// ZScores is the scores of some members of several sorted sets, of any slots, in one round
-	// trip; 0 for a member that is not there.
-	ZScores(ctx context.Context, reads []MembersRead) ([][]float64, error)
+	// ReadSlots reads, for each read, some fields of a hash and the scores of some members of a
+	// sorted set of one slot at one moment (a transaction per slot), all in one round trip: how
+	// numbers kept in two keys are read without a write between them.
+	ReadSlots(ctx context.Context, reads []SlotRead) ([]SlotValues, error)
 }
 
-// MembersRead is some members of one sorted set.
-type MembersRead struct {
-	Slot, Key string
+// SlotRead is some fields of a hash and some members of a sorted set, in one slot.
+type SlotRead struct {
+	Slot      string
+	Hash      string
+	Fields    []string
+	SortedSet string
 	Members   []string
+}
+
+// SlotValues answer a SlotRead: the fields ("" for a missing one) and the members' scores (0
+// for a missing one), in the order asked.
+type SlotValues struct {
+	Fields []string
+	Scores []float64
 }
 
 // RangeRead is one sorted set's ranks start..stop, read from the highest score down.

@@ -168,11 +168,11 @@ func (r *slotRecorder) HMGets(ctx context.Context, reads []projection.FieldsRead
 	return r.Reader.HMGets(ctx, reads)
 }
 
-func (r *slotRecorder) ZScores(ctx context.Context, reads []projection.MembersRead) ([][]float64, error) {
+func (r *slotRecorder) ReadSlots(ctx context.Context, reads []projection.SlotRead) ([]projection.SlotValues, error) {
 	for _, rd := range reads {
 		r.note(rd.Slot)
 	}
-	return r.Reader.ZScores(ctx, reads)
+	return r.Reader.ReadSlots(ctx, reads)
 }
 
 // verifyWorkers is how many reads the checks keep in flight; b.reads pipelines them.
