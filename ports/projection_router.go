@@ -357,12 +357,13 @@ func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.Project
 		if _, ok := r.projs[t.Projection.Name()]; !ok {
 			return nil, nil, fmt.Errorf("projection %s is not run by this router", t.Projection.Name())
 		}
-		if err := r.join(ctx, ops.MemberName(t.Projection.Name(), t.Version)); err != nil {
-			return nil, nil, err
-		}
+		// Its layout first: a handler feeding the live group sees the member once it joined.
 		r.atMu.Lock()
 		r.atVersion[ops.MemberName(t.Projection.Name(), t.Version)] = t.Projection
 		r.atMu.Unlock()
+		if err := r.join(ctx, ops.MemberName(t.Projection.Name(), t.Version)); err != nil {
+			return nil, nil, err
+		}
 	}
 	ms, err := r.backend.Read(ctx, r.cfg.LiveGroup)
 	if err != nil {
@@ -394,8 +395,9 @@ func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.Project
 }
 
 // projectionOf is member (pname at some version) as it writes: as SetTargets was given it, else
-// pname as this process runs it (a version of the live group it was not asked to feed, written
-// in the current layout).
+// pname as this process runs it (a version of the live group it was not asked to feed: one
+// retiring, or one a process of a newer build started, which is why a layout change needs every
+// projector upgraded; see the README's "Changing a projection: rebuild").
 func (r *ProjectionRouter) projectionOf(member, pname string) (projection.Projection, bool) {
 	r.atMu.RLock()
 	p, ok := r.atVersion[member]
