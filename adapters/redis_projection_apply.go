@@ -227,26 +227,24 @@ for it = 1, ni do
         local f, d = S[Q[q]], S[Q[q+1]]
         q = q + 2
         if apply then redis.call('HINCRBY', KEYS[ki], f, d) end
-      elseif kind == 2 then -- hincrby whose result a ratio reads
-        local f, d = S[Q[q]], S[Q[q+1]]
+      elseif kind == 2 or kind == 11 then
+        -- 2: hincrby key field delta, 11: zincrby key delta member; a ratio reads the result,
+        -- kept under the field or the member
+        local a, b = S[Q[q]], S[Q[q+1]]
         q = q + 2
         if apply then
           incr = incr or {}
           incr[ki] = incr[ki] or {}
-          incr[ki][f] = redis.call('HINCRBY', KEYS[ki], f, d)
+          if kind == 2 then
+            incr[ki][a] = redis.call('HINCRBY', KEYS[ki], a, b)
+          else
+            incr[ki][b] = tonumber(redis.call('ZINCRBY', KEYS[ki], a, b))
+          end
         end
       elseif kind == 3 then -- zincrby key delta member
         local d, m = S[Q[q]], S[Q[q+1]]
         q = q + 2
         if apply then redis.call('ZINCRBY', KEYS[ki], d, m) end
-      elseif kind == 11 then -- zincrby whose result a ratio reads
-        local d, m = S[Q[q]], S[Q[q+1]]
-        q = q + 2
-        if apply then
-          incr = incr or {}
-          incr[ki] = incr[ki] or {}
-          incr[ki][m] = tonumber(redis.call('ZINCRBY', KEYS[ki], d, m))
-        end
       elseif kind == 4 then -- zadd key score member
         local sc, m = S[Q[q]], S[Q[q+1]]
         q = q + 2

@@ -185,36 +185,6 @@ func (r *ProjectionReader) ReadSlots(ctx context.Context, reads []projection.Slo
 	return out, nil
 }
 
-// HMGets implements projection.Reader: one pipeline, against the version serving when it starts.
-func (r *ProjectionReader) HMGets(ctx context.Context, reads []projection.FieldsRead) ([][]string, error) {
-	if len(reads) == 0 {
-		return nil, nil
-	}
-	v, err := r.versions.Current(ctx, r.name)
-	if err != nil {
-		return nil, err
-	}
-	pipe := r.client.Pipeline()
-	cmds := make([]*redis.SliceCmd, len(reads))
-	for i, rd := range reads {
-		cmds[i] = pipe.HMGet(ctx, r.keys.ProjectionKey(r.name, v, rd.Slot, rd.Key), rd.Fields...)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return nil, err
-	}
-	out := make([][]string, len(reads))
-	for i, c := range cmds {
-		vals := c.Val()
-		out[i] = make([]string, len(vals))
-		for j, v := range vals {
-			if s, ok := v.(string); ok {
-				out[i][j] = s
-			}
-		}
-	}
-	return out, nil
-}
-
 // ProjectionVersions tracks which version of each projection serves reads.
 type ProjectionVersions struct {
 	client redis.UniversalClient

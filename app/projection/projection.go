@@ -78,8 +78,6 @@ type Reader interface {
 	// ZRevRanges is ZRevRange of several sorted sets, of any slots, in one round trip (on a
 	// cluster, one per master, in parallel): how a sharded read model is read at once.
 	ZRevRanges(ctx context.Context, reads []RangeRead) ([][]Scored, error)
-	// HMGets is HMGet of several hashes, of any slots, in one round trip.
-	HMGets(ctx context.Context, reads []FieldsRead) ([][]string, error)
 	// ReadSlots reads, for each read, some fields of a hash and the scores of some members of a
 	// sorted set of one slot at one moment (a transaction per slot), all in one round trip: how
 	// numbers kept in two keys are read without a write between them.
@@ -106,12 +104,6 @@ type SlotValues struct {
 type RangeRead struct {
 	Slot, Key   string
 	Start, Stop int64
-}
-
-// FieldsRead is some fields of one hash.
-type FieldsRead struct {
-	Slot, Key string
-	Fields    []string
 }
 
 // Scored is one sorted-set member.

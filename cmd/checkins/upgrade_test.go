@@ -207,24 +207,11 @@ func TestUpgradeRebuildsTheLeaderboardsInShards(t *testing.T) {
 	t.Parallel()
 	cfg, _, err := parseConfig(flag.NewFlagSet("test", flag.ContinueOnError), nil, envWith(nil))
 	require.NoError(t, err)
-	srv := redistest.Start(t, redistest.Options{})
-	c := redistest.Client(t, srv.URL())
-	ctx := context.Background()
-	keys := adapters.KeySpace{Prefix: "checkins"}
-	env := map[string]string{"REDIS_URL": srv.URL(), "PROJECTION_POLL_INTERVAL": "200ms", "PROJECTION_RETIRE_GRACE": "1s"}
-	l := newLedger()
-	client := authedClient(5 * time.Second)
-	p := startSvc(t, "serve", env)
-	for i := range 200 {
-		l.post(client, p.base, fmt.Sprintf("before-%d", i), sent{user: 1 + int64(i%17), location: 1 + int64(i%11), stars: int64(i % 6)})
-	}
-	l.resolve(t, p.base)
-	l.verifyAll(t, srv.URL(), keys)
-	require.Zero(t, p.exit(t, syscall.SIGTERM))
-	reg, err := c.HGetAll(ctx, keys.Projections()).Result()
-	require.NoError(t, err)
-	require.Equal(t, strconv.Itoa(projection.LeaderboardsLayout), reg["leaderboards.layout"], "a new deployment starts in the current layout")
-	require.Empty(t, reg["leaderboards.building"], "and needs no rebuild")
+	d := newLayoutDeployment(t, "leaderboards", projection.LeaderboardsLayout, func(i int) sent {
+		return sent{user: 1 + int64(i%17), location: 1 + int64(i%11), stars: int64(i % 6)}
+	})
+	c, ctx, keys, env, l, client := d.c, context.Background(), d.keys, d.env, d.l, d.client
+	require.Empty(t, d.reg["leaderboards.building"], "and needs no rebuild")
 
 	// What the earlier release left: the same boards in {all}, and no layout recorded.
 	v1 := keys.Prefix + ":p:leaderboards:v1:"
@@ -262,7 +249,7 @@ func TestUpgradeRebuildsTheLeaderboardsInShards(t *testing.T) {
 		}
 	}
 	require.NoError(t, c.HDel(ctx, keys.Projections(), "leaderboards.layout").Err())
-	l.verifyAll(t, srv.URL(), keys) // the reads find the earlier layout
+	l.verifyAll(t, d.url, keys) // the reads find the earlier layout
 
 	// And the earlier release parked one check-in of the leaderboards (the other projections
 	// counted it): taken out of the {all} boards and parked. Its replay, run before any projector
@@ -285,12 +272,12 @@ func TestUpgradeRebuildsTheLeaderboardsInShards(t *testing.T) {
 	pid, err := adapters.NewPoisonQueue(c, keys).Park(ctx, ops.PoisonEntry{Stream: keys.Stream(), EntryID: parked.ID, Projection: "leaderboards",
 		Group: "live", Version: 1, Error: "handler bug", Attempts: 5, FailedAt: time.Now(), Fields: entryFields(parked.Values), Decision: ops.DecisionCounted})
 	require.NoError(t, err)
-	code, out, stderr := runOps(t, map[string]string{"REDIS_URL": srv.URL()}, "poison", "replay", pid)
+	code, out, stderr := runOps(t, map[string]string{"REDIS_URL": d.url}, "poison", "replay", pid)
 	require.Equal(t, 0, code, "stdout %s stderr %s", out, stderr)
 	assert.Contains(t, out, "applied: true")
-	l.verifyAll(t, srv.URL(), keys) // counted once more, in {all}
+	l.verifyAll(t, d.url, keys) // counted once more, in {all}
 
-	p = restartForLayout(t, srv.URL(), keys, env, l, client, "leaderboards", projection.LeaderboardsLayout,
+	p := restartForLayout(t, d.url, keys, env, l, client, "leaderboards", projection.LeaderboardsLayout,
 		func(i int) sent { return sent{user: 1 + int64(i%23), location: 1 + int64(i%13), stars: int64(i % 5)} })
 	v2, err := c.Keys(ctx, keys.Prefix+":p:leaderboards:v2:*_by_checkins").Result()
 	require.NoError(t, err)
@@ -300,12 +287,12 @@ func TestUpgradeRebuildsTheLeaderboardsInShards(t *testing.T) {
 		slots[projection.KeySlot(k)] = true
 	}
 	assert.Greater(t, len(slots), 4, "the boards are spread over the shards' slots: %v", slots)
-	l.verifyAll(t, srv.URL(), keys)
+	l.verifyAll(t, d.url, keys)
 	for i := range 50 {
 		l.post(client, p.base, fmt.Sprintf("later-%d", i), sent{user: 1 + int64(i%7), location: 1 + int64(i%5), stars: 5})
 	}
 	l.resolve(t, p.base)
-	l.verifyAll(t, srv.URL(), keys)
+	l.verifyAll(t, d.url, keys)
 	code, body := faultGet(t, p.base+"/readyz")
 	assert.Equal(t, http.StatusOK, code, body)
 	assert.Zero(t, poisonLen(t, c, keys))
@@ -318,23 +305,10 @@ func TestUpgradeRebuildsTheLeaderboardsInShards(t *testing.T) {
 // integers, has caught up; then reads switch to v2 and v1's keys go.
 func TestUpgradeRebuildsTheLeaderboardsWithCountsOnTheBoard(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t, redistest.Options{})
-	c := redistest.Client(t, srv.URL())
-	ctx := context.Background()
-	keys := adapters.KeySpace{Prefix: "checkins"}
-	env := map[string]string{"REDIS_URL": srv.URL(), "PROJECTION_POLL_INTERVAL": "200ms", "PROJECTION_RETIRE_GRACE": "1s"}
-	l := newLedger()
-	client := authedClient(5 * time.Second)
-	p := startSvc(t, "serve", env)
-	for i := range 200 {
-		l.post(client, p.base, fmt.Sprintf("before-%d", i), sent{user: 1 + int64(i%17), location: 1 + int64(i%11), stars: int64(i % 6)})
-	}
-	l.resolve(t, p.base)
-	l.verifyAll(t, srv.URL(), keys)
-	require.Zero(t, p.exit(t, syscall.SIGTERM))
-	reg, err := c.HGetAll(ctx, keys.Projections()).Result()
-	require.NoError(t, err)
-	require.Equal(t, strconv.Itoa(projection.LeaderboardsBoardCounts), reg["leaderboards.layout"], "a new deployment starts in the current layout")
+	d := newLayoutDeployment(t, "leaderboards", projection.LeaderboardsBoardCounts, func(i int) sent {
+		return sent{user: 1 + int64(i%17), location: 1 + int64(i%11), stars: int64(i % 6)}
+	})
+	c, ctx, keys, env, l, client := d.c, context.Background(), d.keys, d.env, d.l, d.client
 
 	// What the earlier release left, shard by shard: "<id>:n" beside "<id>:stars", and the
 	// ratings as fractions; layout 2 in the registry.
@@ -364,9 +338,9 @@ func TestUpgradeRebuildsTheLeaderboardsWithCountsOnTheBoard(t *testing.T) {
 	}
 	require.Equal(t, 11, rated, "every location is on the rating board")
 	require.NoError(t, c.HSet(ctx, keys.Projections(), "leaderboards.layout", projection.LeaderboardsSharded).Err())
-	l.verifyAll(t, srv.URL(), keys) // the reads find the earlier layout
+	l.verifyAll(t, d.url, keys) // the reads find the earlier layout
 
-	p = restartForLayout(t, srv.URL(), keys, env, l, client, "leaderboards", projection.LeaderboardsLayout,
+	p := restartForLayout(t, d.url, keys, env, l, client, "leaderboards", projection.LeaderboardsLayout,
 		func(i int) sent { return sent{user: 1 + int64(i%23), location: 1 + int64(i%13), stars: int64(i % 5)} })
 	counts, err := c.Keys(ctx, keys.Prefix+":p:leaderboards:v2:*:location_counts").Result()
 	require.NoError(t, err)
@@ -382,8 +356,43 @@ func TestUpgradeRebuildsTheLeaderboardsWithCountsOnTheBoard(t *testing.T) {
 		l.post(client, p.base, fmt.Sprintf("later-%d", i), sent{user: 1 + int64(i%7), location: 1 + int64(i%5), stars: 5})
 	}
 	l.resolve(t, p.base)
-	l.verifyAll(t, srv.URL(), keys)
+	l.verifyAll(t, d.url, keys)
 	assert.Zero(t, poisonLen(t, c, keys))
+}
+
+// layoutDeployment is a deployment this binary started on a private Redis, fed 200 check-ins
+// (the i-th as before(i) says, kept in l) and stopped, every read model exact: what a layout
+// upgrade test turns back into the state an earlier release left.
+type layoutDeployment struct {
+	url    string
+	c      *redis.Client
+	keys   adapters.KeySpace
+	env    map[string]string // serve's, with short registry polls and retire grace
+	l      *ledger
+	client *http.Client
+	reg    map[string]string // the registry when it stopped
+}
+
+// newLayoutDeployment makes a layoutDeployment, and checks that the registry records projection
+// name at layout (the current one: a new deployment needs no rebuild).
+func newLayoutDeployment(t *testing.T, name string, layout int, before func(i int) sent) layoutDeployment {
+	t.Helper()
+	srv := redistest.Start(t, redistest.Options{})
+	d := layoutDeployment{url: srv.URL(), c: redistest.Client(t, srv.URL()), keys: adapters.KeySpace{Prefix: "checkins"},
+		env: map[string]string{"REDIS_URL": srv.URL(), "PROJECTION_POLL_INTERVAL": "200ms", "PROJECTION_RETIRE_GRACE": "1s"},
+		l:   newLedger(), client: authedClient(5 * time.Second)}
+	p := startSvc(t, "serve", d.env)
+	for i := range 200 {
+		d.l.post(d.client, p.base, fmt.Sprintf("before-%d", i), before(i))
+	}
+	d.l.resolve(t, p.base)
+	d.l.verifyAll(t, d.url, d.keys)
+	require.Zero(t, p.exit(t, syscall.SIGTERM))
+	reg, err := d.c.HGetAll(context.Background(), d.keys.Projections()).Result()
+	require.NoError(t, err)
+	require.Equal(t, strconv.Itoa(layout), reg[name+".layout"], "a new deployment starts in the current layout")
+	d.reg = reg
+	return d
 }
 
 // restartForLayout starts serve on a deployment whose projection name serves v1 in an earlier
@@ -433,23 +442,10 @@ func entryFields(values map[string]any) map[string]string {
 // set a listpack), has caught up; then reads switch to v2 and v1's keys go.
 func TestUpgradeRebuildsRecentCheckinsCompact(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t, redistest.Options{})
-	c := redistest.Client(t, srv.URL())
-	ctx := context.Background()
-	keys := adapters.KeySpace{Prefix: "checkins"}
-	env := map[string]string{"REDIS_URL": srv.URL(), "PROJECTION_POLL_INTERVAL": "200ms", "PROJECTION_RETIRE_GRACE": "1s"}
-	l := newLedger()
-	client := authedClient(5 * time.Second)
-	p := startSvc(t, "serve", env)
-	for i := range 200 {
-		l.post(client, p.base, fmt.Sprintf("before-%d", i), sent{user: 1 + int64(i%7), location: 1 + int64(i%11), stars: int64(i % 6)})
-	}
-	l.resolve(t, p.base)
-	l.verifyAll(t, srv.URL(), keys)
-	require.Zero(t, p.exit(t, syscall.SIGTERM))
-	reg, err := c.HGetAll(ctx, keys.Projections()).Result()
-	require.NoError(t, err)
-	require.Equal(t, strconv.Itoa(projection.RecentCheckinsLayout), reg["recent_checkins.layout"], "a new deployment starts in the current layout")
+	d := newLayoutDeployment(t, "recent_checkins", projection.RecentCheckinsLayout, func(i int) sent {
+		return sent{user: 1 + int64(i%7), location: 1 + int64(i%11), stars: int64(i % 6)}
+	})
+	c, ctx, keys, env, l, client := d.c, context.Background(), d.keys, d.env, d.l, d.client
 
 	// What the earlier release left: JSON members, and no layout recorded.
 	v1 := keys.Prefix + ":p:recent_checkins:v1:"
@@ -475,9 +471,9 @@ func TestUpgradeRebuildsRecentCheckinsCompact(t *testing.T) {
 		require.NoError(t, c.ZAdd(ctx, k, old...).Err())
 	}
 	require.NoError(t, c.HDel(ctx, keys.Projections(), "recent_checkins.layout").Err())
-	l.verifyAll(t, srv.URL(), keys) // the reads decode the earlier members
+	l.verifyAll(t, d.url, keys) // the reads decode the earlier members
 
-	p = restartForLayout(t, srv.URL(), keys, env, l, client, "recent_checkins", projection.RecentCheckinsLayout,
+	p := restartForLayout(t, d.url, keys, env, l, client, "recent_checkins", projection.RecentCheckinsLayout,
 		func(i int) sent { return sent{user: 1 + int64(i%9), location: 1 + int64(i%13), stars: int64(i % 5)} })
 	v2, err := c.Keys(ctx, keys.Prefix+":p:recent_checkins:v2:*:recent").Result()
 	require.NoError(t, err)
@@ -490,7 +486,7 @@ func TestUpgradeRebuildsRecentCheckinsCompact(t *testing.T) {
 		require.NoError(t, err)
 		assert.NotContains(t, m[0], "{", "a compact member")
 	}
-	l.verifyAll(t, srv.URL(), keys)
+	l.verifyAll(t, d.url, keys)
 	code, body := faultGet(t, p.base+"/readyz")
 	assert.Equal(t, http.StatusOK, code, body)
 	assert.Zero(t, poisonLen(t, c, keys))

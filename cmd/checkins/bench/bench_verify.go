@@ -161,13 +161,6 @@ func (r *slotRecorder) ZRevRanges(ctx context.Context, reads []projection.RangeR
 	return r.Reader.ZRevRanges(ctx, reads)
 }
 
-func (r *slotRecorder) HMGets(ctx context.Context, reads []projection.FieldsRead) ([][]string, error) {
-	for _, rd := range reads {
-		r.note(rd.Slot)
-	}
-	return r.Reader.HMGets(ctx, reads)
-}
-
 func (r *slotRecorder) ReadSlots(ctx context.Context, reads []projection.SlotRead) ([]projection.SlotValues, error) {
 	for _, rd := range reads {
 		r.note(rd.Slot)
