@@ -700,8 +700,10 @@ func Validate(name string, u *projection.Update) error {
 		}
 		// Keeping no member would delete the set, and a later op of the same script on it would
 		// fail in a slot that is migrating (see applyScript).
-		if n, err := strconv.Atoi(op.Args[0]); op.Kind == projection.OpZKeepTop && (err != nil || n < 1) {
-			return fmt.Errorf("projection %s: zkeeptop of %s needs a count of at least 1, got %q", name, op.Keys[0], op.Args[0])
+		if op.Kind == projection.OpZKeepTop {
+			if n, err := strconv.Atoi(op.Args[0]); err != nil || n < 1 {
+				return fmt.Errorf("projection %s: zkeeptop of %s needs a count of at least 1, got %q", name, op.Keys[0], op.Args[0])
+			}
 		}
 	}
 	return nil

@@ -232,6 +232,21 @@ func (e projEnv) assertStats(t testing.TB, want expectedStats) {
 	}
 }
 
+// TestValidateAllocatesNothing: Validate runs on every update of every event before it is
+// applied; a valid update costs it no allocation (it parsed every op's first argument as a
+// count, making an error, with its message, for each op that was not zkeeptop).
+func TestValidateAllocatesNothing(t *testing.T) {
+	u := projection.NewUpdate("user:1").
+		HIncrBy("stats", "numCheckins", 1).
+		HMaxBy("stats", "lastCheckin", 1_700_000_000_000, "lastCheckinId", "ck-1", "lastSeenAt", "7").
+		ZAdd("recent", 1_700_000_000_000, "m").
+		ZKeepTop("recent", 50)
+	require.NoError(t, adapters.Validate("users", u))
+	if n := testing.AllocsPerRun(100, func() { _ = adapters.Validate("users", u) }); n != 0 {
+		t.Fatalf("Validate of a valid update allocated %.0f times, want 0", n)
+	}
+}
+
 func TestNewProjectionApplierValidates(t *testing.T) {
 	t.Parallel()
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})

@@ -146,8 +146,8 @@ func (f *feed) handle(msg *message.Message) ([]*message.Message, error) {
 	}
 
 	// Apply the entries whose every unit succeeded, unless held: an entry is applied as a whole.
-	var works []projection.Work
-	var workUnits []int
+	works := make([]projection.Work, 0, len(units))
+	workUnits := make([]int, 0, len(units))
 	var failure BatchFailure
 	// An entry's EventRef (its identity is a SHA-256) is made once for all of its units.
 	entryRefs := make([]projection.EventRef, len(b.events))
