@@ -136,10 +136,16 @@ func appendJSONString(dst []byte, s string) []byte {
 
 // DecodeFields returns the flat event fields carried by a message from FlatMarshaller.
 func DecodeFields(msg *message.Message) (map[string]string, error) {
+	return decodeFieldsInto(msg, nil)
+}
+
+// decodeFieldsInto is DecodeFields filling into (cleared first) when it is not nil, so a batch
+// decodes every entry into one map.
+func decodeFieldsInto(msg *message.Message, into map[string]string) (map[string]string, error) {
 	if reason := msg.Metadata.Get(MetaDecodeError); reason != "" {
 		return nil, fmt.Errorf("undecodable stream entry: %s", reason)
 	}
-	if fields, ok := parseFlatObject(msg.Payload); ok {
+	if fields, ok := parseFlatObject(msg.Payload, into); ok {
 		return fields, nil
 	}
 	var fields map[string]string
@@ -152,8 +158,12 @@ func DecodeFields(msg *message.Message) (map[string]string, error) {
 // parseFlatObject is the fast path for what FlatMarshaller.Unmarshal produces: a JSON object of
 // plain strings without escapes. Reflection-based decoding was the largest cost per event in the
 // projectors' profile; anything unusual falls back to encoding/json (ok == false).
-func parseFlatObject(b []byte) (map[string]string, bool) {
-	out := make(map[string]string, 10)
+func parseFlatObject(b []byte, out map[string]string) (map[string]string, bool) {
+	if out == nil {
+		out = make(map[string]string, 10)
+	} else {
+		clear(out)
+	}
 	if !eachFlatField(string(b), func(k, v string) { out[k] = v }) {
 		return nil, false
 	}
@@ -220,10 +230,13 @@ const (
 // into out[i], once for every projection and attempt: the entry ID the subscriber put in the
 // metadata, and the event, or why the entry is not one.
 func (FlatMarshaller) DecodeEntries(msgs []*message.Message, out []projection.Entry) {
+	// One map for the batch: domain.ParseEvent keeps none of it (the strings it keeps are the
+	// payload's).
+	into := make(map[string]string, 10)
 	for i, m := range msgs {
 		d := &out[i]
 		d.ID, d.Stream = m.Metadata.Get(MetaEntryID), m.Metadata.Get(MetaStream)
-		fields, err := DecodeFields(m)
+		fields, err := decodeFieldsInto(m, into)
 		if err != nil {
 			d.Err = err
 			continue

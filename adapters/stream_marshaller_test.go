@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/domain"
 )
 
@@ -180,4 +181,32 @@ func TestCheckinRecordedMessage(t *testing.T) {
 // stripHTMLEscapes undoes encoding/json's \u003c, \u003e and \u0026 (valid JSON either way).
 func stripHTMLEscapes(b []byte) []byte {
 	return []byte(strings.NewReplacer(`\u003c`, "<", `\u003e`, ">", `\u0026`, "&").Replace(string(b)))
+}
+
+// TestDecodeEntriesDecodesEachEntryOnItsOwn: a batch decodes its entries into one map; nothing of
+// an entry may carry over to the next (a fingerprint, part of the identity; a field the next one
+// lacks), and an undecodable entry between them changes nothing for the others.
+func TestDecodeEntriesDecodesEachEntryOnItsOwn(t *testing.T) {
+	t.Parallel()
+	withPrint := recorded("ck-1", 42, 7, 5, 1_700_000_000_000)
+	withPrint.Fingerprint = "8329d18f837f649738b6af51691aa119"
+	plain := recorded("ck-2", 43, 8, 1, 1_700_000_000_001)
+	noUser := plain.Fields()
+	delete(noUser, domain.FieldUserID)
+	var msgs []*message.Message
+	for _, f := range []map[string]string{withPrint.Fields(), noUser, plain.Fields(), withPrint.Fields()} {
+		m, err := adapters.NewEventMessage(f, "")
+		require.NoError(t, err)
+		m.Metadata.Set(adapters.MetaEntryID, "1700000000000-0")
+		msgs = append(msgs, m)
+	}
+	out := make([]projection.Entry, len(msgs))
+	adapters.FlatMarshaller{}.DecodeEntries(msgs, out)
+	require.NoError(t, out[0].Err)
+	assert.Equal(t, withPrint, out[0].Event)
+	assert.ErrorContains(t, out[1].Err, domain.FieldUserID, "the userId of the entry before must not fill in")
+	require.NoError(t, out[2].Err)
+	assert.Equal(t, plain, out[2].Event, "no fingerprint of an entry before")
+	require.NoError(t, out[3].Err)
+	assert.Equal(t, withPrint, out[3].Event)
 }
