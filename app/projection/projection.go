@@ -161,19 +161,21 @@ func NewUpdate(slot string) *Update {
 	return u
 }
 
-func (u *Update) add(kind OpKind, keys []string, args ...string) *Update {
-	u.Ops = append(u.Ops, Op{Kind: kind, Keys: keys, Args: args})
+// add appends an op whose keys are the first nkeys of s and whose args are the rest: one
+// slice for both, so an op costs one allocation for its strings, not two.
+func (u *Update) add(kind OpKind, nkeys int, s ...string) *Update {
+	u.Ops = append(u.Ops, Op{Kind: kind, Keys: s[:nkeys:nkeys], Args: s[nkeys:]})
 	return u
 }
 
 // HIncrBy adds delta to hash field.
 func (u *Update) HIncrBy(key, field string, delta int64) *Update {
-	return u.add(OpHIncrBy, []string{key}, field, strconv.FormatInt(delta, 10))
+	return u.add(OpHIncrBy, 1, key, field, strconv.FormatInt(delta, 10))
 }
 
 // HSet sets a hash field.
 func (u *Update) HSet(key, field, value string) *Update {
-	return u.add(OpHSet, []string{key}, field, value)
+	return u.add(OpHSet, 1, key, field, value)
 }
 
 // HMaxBy sets field=value and the extra fields when (value, tie) is greater than what the hash
@@ -183,39 +185,40 @@ func (u *Update) HMaxBy(key, field string, value int64, tieField, tie string, ex
 	if len(extra)%2 != 0 {
 		panic(fmt.Sprintf("projection: HMaxBy extra must be field/value pairs, got %d strings", len(extra)))
 	}
-	args := append([]string{field, strconv.FormatInt(value, 10), tieField, tie}, extra...)
-	return u.add(OpHMaxBy, []string{key}, args...)
+	s := make([]string, 0, 5+len(extra))
+	s = append(s, key, field, strconv.FormatInt(value, 10), tieField, tie)
+	return u.add(OpHMaxBy, 1, append(s, extra...)...)
 }
 
 // HRound stores floor(num/den + 0.5) of two fields of the hash into dst.
 func (u *Update) HRound(key, dst, num, den string) *Update {
-	return u.add(OpHRound, []string{key}, dst, num, den)
+	return u.add(OpHRound, 1, key, dst, num, den)
 }
 
 // ZAdd sets member's score.
 func (u *Update) ZAdd(key string, score float64, member string) *Update {
-	return u.add(OpZAdd, []string{key}, strconv.FormatFloat(score, 'f', -1, 64), member)
+	return u.add(OpZAdd, 1, key, strconv.FormatFloat(score, 'f', -1, 64), member)
 }
 
 // ZIncrBy adds delta to member's score.
 func (u *Update) ZIncrBy(key string, delta float64, member string) *Update {
-	return u.add(OpZIncrBy, []string{key}, strconv.FormatFloat(delta, 'f', -1, 64), member)
+	return u.add(OpZIncrBy, 1, key, strconv.FormatFloat(delta, 'f', -1, 64), member)
 }
 
 // ZKeepTop trims the sorted set to its n highest-scored members.
 func (u *Update) ZKeepTop(key string, n int) *Update {
-	return u.add(OpZKeepTop, []string{key}, strconv.Itoa(n))
+	return u.add(OpZKeepTop, 1, key, strconv.Itoa(n))
 }
 
 // ZRatioAtMin sets zkey[member] = hkey.num / hkey.den once hkey.den >= min.
 func (u *Update) ZRatioAtMin(zkey, member, hkey, num, den string, min int64) *Update {
-	return u.add(OpZRatioAtMin, []string{zkey, hkey}, member, num, den, strconv.FormatInt(min, 10))
+	return u.add(OpZRatioAtMin, 2, zkey, hkey, member, num, den, strconv.FormatInt(min, 10))
 }
 
 // ZScaledRatioAtMin sets zkey[member] = floor(hkey.num / dkey[den] * RatioScale) once
 // dkey[den] (a sorted set member's score) >= min: the ratio as an integer score.
 func (u *Update) ZScaledRatioAtMin(zkey, member, hkey, num, dkey, den string, min int64) *Update {
-	return u.add(OpZScaledRatioAtMin, []string{zkey, hkey, dkey}, member, num, den, strconv.FormatInt(min, 10))
+	return u.add(OpZScaledRatioAtMin, 3, zkey, hkey, dkey, member, num, den, strconv.FormatInt(min, 10))
 }
 
 // ParseInt reads a stored integer field; "" is 0.
