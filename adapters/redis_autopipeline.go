@@ -182,8 +182,9 @@ func (p *AutoPipeline) xaddInScript(ctx context.Context, x *xaddScript, cmd redi
 		return err
 	}
 	stream, _ := a[1].(string)
-	keys := append(x.keys[:len(x.keys):len(x.keys)], stream)
-	v, err := p.Run(ctx, x.script, keys, x.xaddArgs(x.args[:len(x.args):len(x.args)], a[2:])...)
+	// Appended past x's own lengths: x.keys and x.args stay what they were.
+	keys := append(x.keys, stream)
+	v, err := p.Run(ctx, x.script, keys, x.xaddArgs(x.args, a[2:])...)
 	if err != nil {
 		cmd.SetErr(err)
 		return err

@@ -128,7 +128,10 @@ func (r *ReservingPublisher) ReserveAndPublish(ctx context.Context, rec command.
 		return none, nil, true, err
 	}
 	c := rec.Checkin
-	x := &xaddScript{script: r.script, fields: ingestEntryFields}
+	// Room for what xaddInScript appends (the stream; the flag and the entry's values), so the
+	// script call's keys and arguments are built in these two slices.
+	x := &xaddScript{script: r.script, fields: ingestEntryFields,
+		keys: make([]string, 0, 3), args: make([]any, 0, 3+len(ingestEntryFields))}
 	if limit {
 		x.keys = append(x.keys, r.limiter.keys.RateLimitUser(c.UserID))
 		x.args = append(x.args, "1")
