@@ -990,6 +990,13 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 		states[i] = itemAlready
 	}
 	userSlots := map[int64]string{} // single server: the marker's slot of each user
+	// Each update's item, in batch order; the items' refs are cut from one array after the loop
+	// (appending to each item's own grew it from nil: four allocations per event).
+	type placed struct {
+		n int
+		r updateRef
+	}
+	placements := make([]placed, 0, 2*len(works))
 	for i, w := range works {
 		if !counted[i] {
 			continue
@@ -1034,11 +1041,22 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 				index[k] = n
 				items = append(items, item{group: w.Group, slot: slot, work: i, decide: !decided[i]})
 			}
-			items[n].refs = append(items[n].refs, updateRef{i, j})
+			placements = append(placements, placed{n, updateRef{i, j}})
 		}
 	}
 	if len(items) == 0 {
 		return states, nil
+	}
+	refCount := make([]int, len(items))
+	for _, p := range placements {
+		refCount[p.n]++
+	}
+	refs := make([]updateRef, len(placements))
+	for n, off := 0, 0; n < len(items); n++ {
+		items[n].refs, off = refs[off:off:off+refCount[n]], off+refCount[n]
+	}
+	for _, p := range placements {
+		items[p.n].refs = append(items[p.n].refs, p.r)
 	}
 	// Items of one slot go together (a cluster needs it; a single server shares the markers'
 	// pruning); the order within a slot stays the batch's.
@@ -1094,6 +1112,7 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 			nrefs += len(items[n].refs)
 		}
 		slotted := make(map[slotOf]*slotKeys, nrefs)
+		slotKeysOf := make([]slotKeys, 0, nrefs) // slotted's values: never more than nrefs, so never moved
 		nameIndex := func(sk *slotKeys, so slotOf, name string) int {
 			for i, n := range sk.names[:sk.n] {
 				if n == name {
@@ -1203,7 +1222,8 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 				so := slotOf{versionOf{w.Projection, w.Version}, u.Slot}
 				sk := slotted[so]
 				if sk == nil {
-					sk = &slotKeys{}
+					slotKeysOf = append(slotKeysOf, slotKeys{})
+					sk = &slotKeysOf[len(slotKeysOf)-1]
 					slotted[so] = sk
 				}
 				if w.Event.LegacyID != "" {
