@@ -47,11 +47,14 @@ func (s *payloadSource) client(round, i int) *payloadGen {
 		rng: rand.New(rand.NewPCG(uint64(i), 42)), now: s.now} // #nosec G115 G404 -- a reproducible load generator's seed, not a secret
 }
 
-// next appends the next body to buf: a distinct checkinId, 10,000 users, 1,000 locations, every
-// rating, timestamps spread over the last week (so they arrive out of order).
+// loadUsers is how many users the closed-loop clients post for (users 1 to loadUsers).
+const loadUsers = 10000
+
+// next appends the next body to buf: a distinct checkinId, loadUsers users, 1,000 locations,
+// every rating, timestamps spread over the last week (so they arrive out of order).
 func (g *payloadGen) next(buf []byte) []byte {
 	g.seq++
-	user, loc, stars := 1+g.rng.Int64N(10000), 1+g.rng.Int64N(1000), g.rng.Int64N(6)
+	user, loc, stars := 1+g.rng.Int64N(loadUsers), 1+g.rng.Int64N(1000), g.rng.Int64N(6)
 	g.user = user
 	ts := g.now - g.rng.Int64N(7*24*3600*1000)
 	buf = append(buf, `{"checkinId":"`...)

@@ -2,10 +2,13 @@ package bench
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -154,4 +157,53 @@ func TestSerialEstimate(t *testing.T) {
 
 	assert.Nil(t, serialEstimate(BenchResult{Phases: res.Phases[:3]}), "no drain ran")
 	assert.Nil(t, serialEstimate(BenchResult{Phases: res.Phases[1:]}), "no ingest ran")
+}
+
+// TestLoadTokensAreMintedBeforeAnyPhase: the closed-loop clients' users have their tokens
+// before a phase starts (so no timed phase signs them, and no request takes a lock for one),
+// each user's own and the same on every call; a user beyond them is minted on first use.
+func TestLoadTokensAreMintedBeforeAnyPhase(t *testing.T) {
+	t.Parallel()
+	iss, err := ports.NewTokenIssuer([]byte(strings.Repeat("k", ports.MinHS256SecretBytes)), "checkins", "checkins")
+	require.NoError(t, err)
+	h := testHost()
+	h.TokenIssuer = func(Config) (*ports.TokenIssuer, error) { return iss, nil }
+	tokens, err := newBenchTokens(h, Config{})
+	require.NoError(t, err)
+	require.Len(t, tokens.load, loadUsers)
+	require.Empty(t, tokens.cache)
+
+	seen := map[string]bool{}
+	for _, u := range []int64{1, 2, loadUsers / 2, loadUsers} {
+		tok := tokens.forUser(u)
+		require.NotEmpty(t, tok)
+		assert.False(t, seen[tok], "user %d shares a token", u)
+		seen[tok] = true
+		assert.Equal(t, tok, tokens.forUser(u))
+		claims := jwtClaims(t, tok)
+		assert.Equal(t, strconv.FormatInt(u, 10), claims["sub"])
+	}
+	assert.Empty(t, tokens.cache, "the load's users never reach the minting path")
+
+	beyond := tokens.forUser(loadUsers + 1)
+	require.NotEmpty(t, beyond)
+	assert.Equal(t, strconv.Itoa(loadUsers+1), jwtClaims(t, beyond)["sub"])
+	assert.Len(t, tokens.cache, 1)
+	assert.Equal(t, beyond, tokens.forUser(loadUsers+1))
+
+	off, err := newBenchTokens(testHost(), Config{})
+	require.NoError(t, err)
+	assert.Empty(t, off.forUser(1), "authentication off: no token")
+}
+
+// jwtClaims decodes a token's claims without checking its signature.
+func jwtClaims(t *testing.T, tok string) map[string]any {
+	t.Helper()
+	parts := strings.Split(tok, ".")
+	require.Len(t, parts, 3)
+	b, err := base64.RawURLEncoding.DecodeString(parts[1])
+	require.NoError(t, err)
+	var claims map[string]any
+	require.NoError(t, json.Unmarshal(b, &claims))
+	return claims
 }
