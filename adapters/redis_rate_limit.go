@@ -51,20 +51,27 @@ func (r *RedisRateLimiter) WithReservations(idem *IdempotencyStore) *RedisRateLi
 // string because Redis prints every other number of a script with snprintf ("%.17g"): three
 // prints cost a request about 7,500 of Redis's instructions. TIME needs effects replication,
 // the default since Redis 5.
+//
+// The state is redis_rate's, the theoretical arrival time (TAT) in seconds since 2017, but the
+// arithmetic is in whole microseconds, and on how far the TAT is ahead of now rather than on
+// both: at about 3.1e8 s a double holds a time to about 6e-8 s, and computed there, a user's
+// first request under 10/s,burst=20 left a remaining of 18.99999... that floor made 18. An
+// interval that is not a whole number of microseconds (3/s) still divides with a rounding
+// error: remaining is floored with a tolerance far below one microsecond of an interval.
 const gcraLua = `
 local function gcra(key, burst, rate, period, ttl)
-  local interval = period / rate
+  local interval = period * 1000000 / rate
   local t = redis.call('TIME')
-  local now = (t[1] - 1483228800) + (t[2] / 1000000)
-  local tat = tonumber(redis.call('GET', key) or now) or now
-  tat = math.max(tat, now)
-  local new_tat = tat + interval
-  local diff = now - (new_tat - interval * burst)
+  local now = (t[1] - 1483228800) * 1000000 + t[2]
+  local tat = tonumber(redis.call('GET', key) or '')
+  local ahead = 0
+  if tat then ahead = math.max(math.floor(tat * 1000000 + 0.5) - now, 0) end
+  local diff = interval * burst - ahead - interval
   if diff < 0 then
-    return 0, 0, math.ceil(-diff * 1000000), math.ceil((tat - now) * 1000000)
+    return 0, 0, math.ceil(-diff), math.ceil(ahead)
   end
-  redis.call('SET', key, new_tat, 'EX', ttl)
-  return 1, math.floor(diff / interval), -1, math.ceil((new_tat - now) * 1000000)
+  redis.call('SET', key, (now + ahead + interval) / 1000000, 'EX', ttl)
+  return 1, math.floor(diff / interval + 1e-9), -1, math.ceil(ahead + interval)
 end
 `
 

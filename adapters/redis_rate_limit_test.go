@@ -124,3 +124,51 @@ func rateLimitAndReservation(t *testing.T, client, check redis.UniversalClient, 
 	require.NoError(t, err)
 	assert.InDelta(t, float64(time.Now().Unix()-1483228800+2*60), f, 5, "two requests of user 8 at 1/m")
 }
+
+// TestRateLimitRemainingIsExact: a user's first request leaves exactly burst-1, whatever the
+// policy's interval. The TAT is seconds since 2017 (about 3.1e8, so a double holds it to about
+// 6e-8 s), and with the arithmetic done at that magnitude 10/s,burst=20 answered r=18 to a
+// user's first request. Both scripts that count a request share gcra: Allow's and the ingest
+// script's (ReservingPublisher).
+func TestRateLimitRemainingIsExact(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	client := redistest.Client(t, srv.URL())
+	keys := adapters.KeySpace{Prefix: "rle"}
+	ctx := context.Background()
+	user := int64(0)
+	for _, p := range []string{"10/s,burst=20", "3/s,burst=5", "100/s,burst=7", "1/m,burst=3", "7/h,burst=1", "1000/s,burst=1000", "9/s,burst=10"} {
+		policy, err := command.ParseRateLimit(p)
+		require.NoError(t, err)
+		l, err := adapters.NewRedisRateLimiter(client, nil, keys, policy)
+		require.NoError(t, err)
+		for range 50 { // fifty fresh users, at fifty different instants
+			user++
+			d, err := l.Allow(ctx, user)
+			require.NoError(t, err)
+			require.True(t, d.Allowed, p)
+			require.Equal(t, policy.Burst-1, d.Remaining, "%s: a user's first request", p)
+			interval := time.Duration(float64(policy.Period) / float64(policy.Rate))
+			require.InDelta(t, interval.Microseconds(), d.ResetAfter.Microseconds(), 1, "%s: the quota is back one interval later", p)
+		}
+	}
+	// A burst of 5 at 1/m: each request within the same minute leaves one fewer, and the sixth is
+	// refused until an interval has passed since the first.
+	policy, err := command.ParseRateLimit("1/m,burst=5")
+	require.NoError(t, err)
+	l, err := adapters.NewRedisRateLimiter(client, nil, keys, policy)
+	require.NoError(t, err)
+	user++
+	for want := 4; want >= 0; want-- {
+		d, err := l.Allow(ctx, user)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		require.Equal(t, want, d.Remaining)
+	}
+	d, err := l.Allow(ctx, user)
+	require.NoError(t, err)
+	assert.False(t, d.Allowed)
+	assert.Zero(t, d.Remaining)
+	assert.InDelta(t, time.Minute.Seconds(), d.RetryAfter.Seconds(), 2)
+	assert.InDelta(t, 5*time.Minute.Seconds(), d.ResetAfter.Seconds(), 2)
+}
