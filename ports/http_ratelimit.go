@@ -98,10 +98,12 @@ func rateHeaders(h http.Header, name string, l command.RateLimit, d command.Rate
 	addItem(h, "RateLimit", b)
 }
 
-// addItem appends one item to a structured-field list header (key is canonical).
+// addItem appends one item to a structured-field list header. key is the map key as is, spelled
+// as the draft spells it ("RateLimit", which Header.Get would look up as "Ratelimit" and never
+// find: the user's item then replaced the address's).
 func addItem(h http.Header, key string, item []byte) {
-	if old := h.Get(key); old != "" {
-		h.Set(key, old+", "+string(item))
+	if old := h[key]; len(old) > 0 {
+		h[key] = []string{old[0] + ", " + string(item)}
 		return
 	}
 	h[key] = []string{string(item)}

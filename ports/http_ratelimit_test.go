@@ -170,3 +170,32 @@ func TestParseRateLimit(t *testing.T) {
 	_, err = ports.ParseTrustedProxies("proxy.internal")
 	assert.Error(t, err)
 }
+
+// TestRateLimitHeadersNameEveryLimit: with both limits on, a check-in's answer carries one item
+// per limit in each field, the address's and the user's, as the draft's lists do (the user's
+// item was written over the address's: the two were merged under a key Header.Get never finds).
+func TestRateLimitHeadersNameEveryLimit(t *testing.T) {
+	t.Parallel()
+	for _, oneStep := range []bool{false, true} {
+		t.Run(stepName(oneStep), func(t *testing.T) {
+			t.Parallel()
+			// Slow policies, so that the seconds until each quota is back (t) are whole intervals
+			// however long a request takes.
+			e := newAPIEnvWith(t, apiOptions{http: ports.HTTPConfig{Auth: hs256Policy(t, 0), IPLimit: mustLimit(t, "1/h,burst=5")},
+				userLimit: mustLimit(t, "1/m,burst=3"), oneStep: oneStep})
+			tok := bearer(signHS(t, validClaims("4"), []byte(testSecret)))
+			for i := range 3 {
+				resp := e.post(t, fmt.Sprintf(`{"locationId":1,"starRating":1,"checkinId":"h-%d"}`, i), tok)
+				require.Equal(t, http.StatusAccepted, resp.status, "%s", resp.body)
+				assert.Equal(t, []string{`"ip";q=5;w=18000, "user";q=3;w=180`}, resp.header.Values("RateLimit-Policy"))
+				assert.Equal(t, []string{fmt.Sprintf(`"ip";r=%d;t=%d, "user";r=%d;t=%d`, 4-i, 3600*(i+1), 2-i, 60*(i+1))},
+					resp.header.Values("RateLimit"), "request %d", i)
+			}
+			resp := e.post(t, `{"locationId":1,"starRating":1,"checkinId":"h-over"}`, tok)
+			require.Equal(t, http.StatusTooManyRequests, resp.status, "%s", resp.body)
+			assert.Equal(t, []string{`"ip";q=5;w=18000, "user";q=3;w=180`}, resp.header.Values("RateLimit-Policy"))
+			assert.Equal(t, []string{`"ip";r=1;t=14400, "user";r=0;t=180`}, resp.header.Values("RateLimit"),
+				"the address's quota counted this request too; the user's is spent")
+		})
+	}
+}
