@@ -53,11 +53,13 @@ func (r *RedisRateLimiter) WithReservations(idem *IdempotencyStore) *RedisRateLi
 // the default since Redis 5.
 //
 // The state is redis_rate's, the theoretical arrival time (TAT) in seconds since 2017, but the
-// arithmetic is in whole microseconds, and on how far the TAT is ahead of now rather than on
-// both: at about 3.1e8 s a double holds a time to about 6e-8 s, and computed there, a user's
-// first request under 10/s,burst=20 left a remaining of 18.99999... that floor made 18. An
-// interval that is not a whole number of microseconds (3/s) still divides with a rounding
-// error: remaining is floored with a tolerance far below one microsecond of an interval.
+// arithmetic is in microseconds, and on how far the TAT is ahead of now rather than on both: at
+// about 3.1e8 s a double holds a time to about 6e-8 s, and computed there, a user's first
+// request under 10/s,burst=20 left a remaining of 18.99999... that floor made 18. The stored
+// TAT is read back to about 0.03 µs (not rounded to whole ones, so that an interval below a
+// microsecond still moves it), and remaining is floored with a tolerance of 0.1 µs: it absorbs
+// that error and a division's rounding, and only a request within 0.1 µs of regaining a unit
+// of quota can see one more than exact.
 const gcraLua = `
 local function gcra(key, burst, rate, period, ttl)
   local interval = period * 1000000 / rate
@@ -65,13 +67,13 @@ local function gcra(key, burst, rate, period, ttl)
   local now = (t[1] - 1483228800) * 1000000 + t[2]
   local tat = tonumber(redis.call('GET', key) or '')
   local ahead = 0
-  if tat then ahead = math.max(math.floor(tat * 1000000 + 0.5) - now, 0) end
+  if tat then ahead = math.max(tat * 1000000 - now, 0) end
   local diff = interval * burst - ahead - interval
   if diff < 0 then
     return 0, 0, math.ceil(-diff), math.ceil(ahead)
   end
   redis.call('SET', key, (now + ahead + interval) / 1000000, 'EX', ttl)
-  return 1, math.floor(diff / interval + 1e-9), -1, math.ceil(ahead + interval)
+  return 1, math.floor((diff + 0.1) / interval), -1, math.ceil(ahead + interval)
 end
 `
 

@@ -128,8 +128,8 @@ func rateLimitAndReservation(t *testing.T, client, check redis.UniversalClient, 
 // TestRateLimitRemainingIsExact: a user's first request leaves exactly burst-1, whatever the
 // policy's interval. The TAT is seconds since 2017 (about 3.1e8, so a double holds it to about
 // 6e-8 s), and with the arithmetic done at that magnitude 10/s,burst=20 answered r=18 to a
-// user's first request. Both scripts that count a request share gcra: Allow's and the ingest
-// script's (ReservingPublisher).
+// user's first request. This calls Allow's script; the ingest script (ReservingPublisher)
+// shares gcra, and ports' TestRateLimitHeadersNameEveryLimit reads its remaining.
 func TestRateLimitRemainingIsExact(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})

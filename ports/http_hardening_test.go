@@ -124,6 +124,9 @@ func TestCORS(t *testing.T) {
 		assert.Equal(t, allowed, resp.header.Get("Access-Control-Allow-Origin"))
 		assert.Contains(t, resp.header.Values("Vary"), "Origin")
 		assert.Contains(t, resp.header.Get("Access-Control-Expose-Headers"), "X-Correlation-ID")
+		for _, h := range []string{"RateLimit", "RateLimit-Policy", "Retry-After", "Idempotent-Replayed"} {
+			assert.Contains(t, strings.Split(resp.header.Get("Access-Control-Expose-Headers"), ","), h, "a page may read %s", h)
+		}
 		assert.Empty(t, resp.header.Get("Access-Control-Allow-Credentials"))
 
 		resp = get(e, denied)

@@ -73,7 +73,7 @@ func corsMiddleware(origins []string) echo.MiddlewareFunc {
 		},
 		AllowMethods:  []string{http.MethodGet, http.MethodHead, http.MethodPost},
 		AllowHeaders:  []string{echo.HeaderContentType, echo.HeaderAuthorization, HeaderIdempotencyKey, HeaderCorrelationID},
-		ExposeHeaders: []string{HeaderCorrelationID, "Idempotent-Replayed", "Retry-After"},
+		ExposeHeaders: []string{HeaderCorrelationID, "Idempotent-Replayed", "Retry-After", "RateLimit", "RateLimit-Policy"},
 		MaxAge:        600,
 	})
 }
