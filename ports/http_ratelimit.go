@@ -78,6 +78,13 @@ func ipKey(ip string) string {
 	return p.Mask(net.CIDRMask(64, 128)).String() + "/64"
 }
 
+// The IETF draft's fields, spelled as it spells them; they are set under these map keys as they
+// are (see addItem), never through Header.Set, which would canonicalize them to Ratelimit.
+const (
+	headerRateLimit       = "RateLimit"
+	headerRateLimitPolicy = "RateLimit-Policy"
+)
+
 // rateHeaders writes the RateLimit-Policy and RateLimit fields of the IETF draft
 // (draft-ietf-httpapi-ratelimit-headers: q = quota, w = window in seconds, r = remaining,
 // t = seconds until the quota is back) for one named policy, appended to those already set.
@@ -89,13 +96,13 @@ func rateHeaders(h http.Header, name string, l command.RateLimit, d command.Rate
 	b = strconv.AppendInt(b, int64(l.Burst), 10)
 	b = append(b, ";w="...)
 	b = strconv.AppendInt(b, ceilSeconds(l.Window()), 10)
-	addItem(h, "RateLimit-Policy", b)
+	addItem(h, headerRateLimitPolicy, b)
 	b = strconv.AppendQuote(buf[:0], name)
 	b = append(b, ";r="...)
 	b = strconv.AppendInt(b, int64(max(d.Remaining, 0)), 10)
 	b = append(b, ";t="...)
 	b = strconv.AppendInt(b, ceilSeconds(d.ResetAfter), 10)
-	addItem(h, "RateLimit", b)
+	addItem(h, headerRateLimit, b)
 }
 
 // addItem appends one item to a structured-field list header. key is the map key as is, spelled

@@ -73,7 +73,7 @@ func corsMiddleware(origins []string) echo.MiddlewareFunc {
 		},
 		AllowMethods:  []string{http.MethodGet, http.MethodHead, http.MethodPost},
 		AllowHeaders:  []string{echo.HeaderContentType, echo.HeaderAuthorization, HeaderIdempotencyKey, HeaderCorrelationID},
-		ExposeHeaders: []string{HeaderCorrelationID, "Idempotent-Replayed", "Retry-After", "RateLimit", "RateLimit-Policy"},
+		ExposeHeaders: []string{HeaderCorrelationID, "Idempotent-Replayed", "Retry-After", headerRateLimit, headerRateLimitPolicy},
 		MaxAge:        600,
 	})
 }
