@@ -63,8 +63,16 @@ Measures, in one run and one process, against raw go-redis baselines:
 
 Checks: every phase that runs projections compares each selected projection's read model, read
 through the projection's own queries, with an independent computation from the events (the
-accepted check-ins for sustained and e2e); ingest, ingest-baseline and sustained check that the
-stream grew by exactly the 2xx answers.
+accepted check-ins for sustained and e2e; with --target, every entry of the target's stream);
+ingest, ingest-baseline and sustained check that the stream grew by exactly the 2xx answers.
+
+--target URL sends ingest and sustained to a service the operator runs (serve, or api beside
+project) instead of the in-process ones, so that it is measured as deployed; the bench reaches
+its stream and read models through REDIS_URL, KEY_PREFIX and STREAM_PARTITIONS, which must be the
+target's, and signs its tokens with the target's key (the same AUTH_* settings, or the same
+STATE_DIR in dev mode). Sustained first waits for the target's consumer groups to catch up, then
+measures until every group on its stream has caught up again; its read models are compared with
+a computation from the whole stream (not when RETENTION trimmed it). The target keeps its data.
 
 Redis: REDIS_URL when set, one server or a cluster (keys under a private bench-<random> prefix,
 deleted at the end); otherwise a private redis-server (--save "" --appendonly no) on a free
@@ -89,16 +97,18 @@ Flags:
 
 // benchOptions are the bench's own flags.
 type benchOptions struct {
-	Phases       []string
-	Duration     time.Duration
-	Clients      int
-	Events       int
-	Consumers    []int
-	Rate         float64
-	Target       string
-	JSON         bool
-	MemoryEvents int
-	Cluster      bool // start a private cluster of 3 masters instead of a private server
+	Phases    []string
+	Duration  time.Duration
+	Clients   int
+	Events    int
+	Consumers []int
+	Rate      float64
+	Target    string
+	// BaselineTarget is an ingest-baseline handler another bench process serves.
+	BaselineTarget string
+	JSON           bool
+	MemoryEvents   int
+	Cluster        bool // start a private cluster of 3 masters instead of a private server
 	// Projections are the selected projection names, in the order the service ships them;
 	// AllProjections says they are every shipped one (the services then get no explicit list).
 	Projections    []string
@@ -107,14 +117,15 @@ type benchOptions struct {
 
 // benchFlags are the raw values of the bench's flags.
 type benchFlags struct {
-	phases       string
-	duration     time.Duration
-	clients      int
-	events       int
-	consumers    string
-	rate         float64
-	target       string
-	memoryEvents int
+	phases         string
+	duration       time.Duration
+	clients        int
+	events         int
+	consumers      string
+	rate           float64
+	target         string
+	baselineTarget string
+	memoryEvents   int
 }
 
 const projectionsFlagUsage = "comma-separated projections the bench runs and checks (env PROJECTIONS, default: every shipped projection: %s)"
@@ -131,7 +142,9 @@ func Run(ctx context.Context, h Host, args []string, getenv func(string) string,
 	fs.IntVar(&f.events, "events", 100000, "events preloaded for drain and drain-baseline")
 	fs.StringVar(&f.consumers, "consumers", "1,4", "comma-separated numbers of consumers to sweep in drain and drain-baseline")
 	fs.Float64Var(&f.rate, "rate", 2000, "check-ins per second posted in e2e")
-	fs.StringVar(&f.target, "target", "", "base URL of a running API (e.g. http://127.0.0.1:8080) for ingest instead of the in-process one")
+	fs.StringVar(&f.target, "target", "", "base URL of a running service (e.g. http://127.0.0.1:8080) for ingest and sustained instead of the in-process ones; needs REDIS_URL and KEY_PREFIX as the target has them")
+	fs.StringVar(&f.baselineTarget, "baseline-target", "", "base URL of a bare XADD handler that `checkins bench --serve-baseline` runs, for ingest-baseline instead of the in-process one (its stream: KEY_PREFIX-baseline)")
+	serveBaseline := fs.String("serve-baseline", "", "serve the ingest-baseline handler (POST /checkins: decode, one XADD to KEY_PREFIX-baseline's stream on REDIS_URL) on this address until interrupted, instead of running phases; for --baseline-target")
 	fs.IntVar(&f.memoryEvents, "memory-events", 100000, "events of the first memory run; the second writes twice as many")
 	cluster := fs.Bool("cluster", false, "without REDIS_URL, start a private Redis Cluster of 3 masters (no persistence) instead of one private redis-server; the services use STREAM_PARTITIONS (default 24 on a cluster)")
 	asJSON := fs.Bool("json", false, "print the result as JSON on stdout instead of the table")
@@ -152,6 +165,9 @@ func Run(ctx context.Context, h Host, args []string, getenv func(string) string,
 	}
 	if len(rest) > 0 {
 		return fmt.Errorf("unexpected arguments: %v", rest)
+	}
+	if *serveBaseline != "" {
+		return serveBaselineHandler(ctx, cfg, *serveBaseline, stderr)
 	}
 	opts, err := parseBenchOptions(h, f, cfg)
 	if err != nil {
@@ -290,6 +306,16 @@ func parseBenchOptions(h Host, f benchFlags, cfg Config) (benchOptions, error) {
 			return o, fmt.Errorf("invalid --target: must be a base URL like http://127.0.0.1:8080, got %q", f.target)
 		}
 		o.Target = strings.TrimRight(f.target, "/")
+	}
+	if f.baselineTarget != "" {
+		u, err := url.Parse(f.baselineTarget)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return o, fmt.Errorf("invalid --baseline-target: must be a base URL like http://127.0.0.1:8081, got %q", f.baselineTarget)
+		}
+		o.BaselineTarget = strings.TrimRight(f.baselineTarget, "/")
+	}
+	if o.Target != "" && want[PhaseSustained] && cfg.RedisURL == "" {
+		return o, errors.New("invalid --target: sustained tells when the target's projections have caught up from its Redis; set REDIS_URL and KEY_PREFIX (and STREAM_PARTITIONS) as the target has them")
 	}
 	var err error
 	if o.Projections, o.AllProjections, err = benchSelection(h, cfg); err != nil {

@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -286,6 +289,17 @@ func (b *bencher) ingestOurs(ctx context.Context) (*ingestTarget, error) {
 
 // ingestBaseline serves the same clients with the least a Redis-backed ingest can do.
 func (b *bencher) ingestBaseline(ctx context.Context) (*ingestTarget, error) {
+	if b.opts.BaselineTarget != "" {
+		t := &ingestTarget{phase: PhaseIngestBaseline, url: b.opts.BaselineTarget + "/checkins", close: func() {}}
+		if b.redis.private {
+			t.skip = "--baseline-target without REDIS_URL: the target's stream is not reachable"
+		} else {
+			// The stream `checkins bench --serve-baseline` writes to with the same KEY_PREFIX.
+			k := b.keys(b.cfg.KeyPrefix + "-baseline")
+			t.stream = &k
+		}
+		return t, nil
+	}
 	keys := b.keys(b.prefix("ingest-baseline"))
 	// The same client options as the service's publisher.
 	client, err := adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: b.redis.url, TLS: b.redis.tls, DialTimeout: 2 * time.Second,
@@ -413,4 +427,45 @@ func (t *ingestTarget) result() PhaseResult {
 		r.CheckDetail = fmt.Sprintf("stream grew by %d entries but %d requests were answered 2xx (%d of them warm-ups)", a.grew, answered, a.load.warm)
 	}
 	return r
+}
+
+// serveBaselineHandler is `checkins bench --serve-baseline ADDR`: the ingest-baseline handler in
+// a process of its own, as the service runs in one, for another bench's --baseline-target. It
+// writes to KEY_PREFIX-baseline's stream (partitions as STREAM_PARTITIONS) on REDIS_URL.
+func serveBaselineHandler(ctx context.Context, cfg Config, addr string, log io.Writer) error {
+	if cfg.RedisURL == "" {
+		return errors.New("invalid --serve-baseline: set REDIS_URL, the Redis the handler writes to")
+	}
+	client, err := adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: cfg.RedisURL, TLS: cfg.RedisTLS, DialTimeout: 2 * time.Second,
+		ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second, Mode: cfg.RedisMode})
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	_, cluster := client.(*redis.ClusterClient)
+	keys := adapters.KeySpace{Prefix: cfg.KeyPrefix + "-baseline", Cluster: cluster}
+	if p := cfg.StreamPartitions; p > 1 || (cluster && p == 0) {
+		if p == 0 {
+			p = adapters.DefaultClusterPartitions
+		}
+		if keys, err = keys.WithPartitions(p); err != nil {
+			return fmt.Errorf("invalid --serve-baseline: %w", err)
+		}
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("invalid --serve-baseline: %w", err)
+	}
+	srv := &http.Server{Handler: baselineIngestHandler(client, keys.Partitions()), ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintf(log, "bench: the ingest baseline serves http://%s/checkins, one XADD each to %s; interrupt to stop\n", l.Addr(), strings.Join(keys.Partitions().Streams(), ", "))
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	return srv.Shutdown(sctx)
 }

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/cmd/checkins/bench"
+)
+
+// startBinary runs the real binary until the test ends; it returns its stderr as it comes.
+func startBinary(t *testing.T, env map[string]string, args ...string) *cliLogLines {
+	t.Helper()
+	cmd := exec.Command(checkinsBinary(t), args...)
+	cmd.Env = cliEnv(env)
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	exited := make(chan struct{})
+	var logs cliLogLines
+	go func() {
+		logs.scan(bufio.NewScanner(stderr))
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	return &logs
+}
+
+// startTargetServe runs `checkins serve` as an operator would (its own process, default
+// settings but the per-address limit, which one load generator's address would hit) on url's
+// Redis under prefix; it returns the API's base URL.
+func startTargetServe(t *testing.T, url, prefix string) string {
+	t.Helper()
+	logs := startBinary(t, map[string]string{"REDIS_URL": url, "KEY_PREFIX": prefix, "RATE_LIMIT_IP": "off",
+		"HTTP_ADDR": "127.0.0.1:0", "OPS_ADDR": "127.0.0.1:0", "LOG_LEVEL": "info"}, "serve")
+	var base string
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		m, ok := logs.find("http listening")
+		if assert.True(c, ok, "no 'http listening' log yet") {
+			addr, _ := m["addr"].(string)
+			if assert.NotEmpty(c, addr, "addr of %v", m) {
+				base = "http://" + addr
+			}
+		}
+	}, 30*time.Second, 20*time.Millisecond, "stderr so far:\n%s", logs)
+	return base
+}
+
+// TestBenchSustainedAgainstTarget: with --target and --baseline-target the bench measures a
+// serve and a bare XADD handler that run in processes of their own, as an operator measures the
+// service as deployed. Sustained waits until the target's projections have caught up and
+// compares its read models with a computation from its whole stream, here including an entry
+// another producer added before the run.
+func TestBenchSustainedAgainstTarget(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	rc := redistest.Client(t, srv.URL())
+	ctx := context.Background()
+	// A check-in another producer recorded before the bench ran.
+	require.NoError(t, rc.XAdd(ctx, &redis.XAddArgs{Stream: "target:events", Values: []any{
+		"type", "checkin.recorded.v1", "checkinId", "from-elsewhere", "userId", "3", "locationId", "4",
+		"starRating", "5", "timestamp", "1700000000000", "recordedAt", "1700000000000"}}).Err())
+	base := startTargetServe(t, srv.URL(), "target")
+
+	baseline := startBinary(t, map[string]string{"REDIS_URL": srv.URL(), "KEY_PREFIX": "target"}, "bench", "--serve-baseline", "127.0.0.1:0")
+	served := regexp.MustCompile(`serves (http://127\.0\.0\.1:\d+)/checkins, one XADD each to target-baseline:events`)
+	var baseURL string
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		m := served.FindStringSubmatch(baseline.String())
+		if assert.NotNil(c, m, "no address printed yet") {
+			baseURL = m[1]
+		}
+	}, 30*time.Second, 20*time.Millisecond, "stderr so far:\n%s", baseline)
+
+	code, stdout, stderr := runCLI(t, map[string]string{"REDIS_URL": srv.URL(), "KEY_PREFIX": "target", "LOG_LEVEL": "warn"},
+		"bench", "--json", "--phases", "ingest,ingest-baseline,sustained", "--target", base, "--baseline-target", baseURL,
+		"--duration", "400ms", "--clients", "4")
+	require.Equal(t, 0, code, "stderr:\n%s", stderr)
+	var res bench.BenchResult
+	require.NoError(t, json.Unmarshal([]byte(stdout), &res), stdout)
+	byPhase := map[string]bench.PhaseResult{}
+	for _, p := range res.Phases {
+		byPhase[p.Phase] = p
+		assert.Equal(t, bench.CheckOK, p.Check, "%s: %s", p.Phase, p.CheckDetail)
+		assert.Empty(t, p.CheckDetail, p.Phase)
+		assert.Positive(t, p.Count, p.Phase)
+	}
+	require.ElementsMatch(t, []string{bench.PhaseIngest, bench.PhaseIngestBaseline, bench.PhaseSustained}, keysOf(byPhase))
+	require.NotNil(t, byPhase[bench.PhaseSustained].VsBaseline, "sustained is held against the external baseline")
+	assert.Equal(t, base, res.Settings.Target)
+	// The read models were checked against everything on the stream: the other producer's
+	// check-in, ingest's and sustained's (warm-up requests included, which the counts leave out).
+	n, err := rc.XLen(ctx, "target:events").Result()
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, n, 1+byPhase[bench.PhaseIngest].Count+byPhase[bench.PhaseSustained].Count, "the target keeps its events")
+	assert.Contains(t, stderr, "checked the read models of target against "+strconv.FormatInt(n, 10)+" check-ins")
+
+	n, err = rc.XLen(ctx, "target-baseline:events").Result()
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, n, byPhase[bench.PhaseIngestBaseline].Count, "the external baseline wrote to its stream")
+}
+
+// A target whose read models differ from what its stream says fails the sustained check, naming
+// the projection and the entity.
+func TestBenchSustainedAgainstTargetFindsWrongReadModels(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	rc := redistest.Client(t, srv.URL())
+	ctx := context.Background()
+	require.NoError(t, rc.XAdd(ctx, &redis.XAddArgs{Stream: "target:events", Values: []any{
+		"type", "checkin.recorded.v1", "checkinId", "from-elsewhere", "userId", "3", "locationId", "4",
+		"starRating", "5", "timestamp", "1700000000000", "recordedAt", "1700000000000"}}).Err())
+	base := startTargetServe(t, srv.URL(), "target")
+	stats := "target:p:users:v1:{user:3}:stats"
+	require.Eventually(t, func() bool { return rc.HGet(ctx, stats, "numCheckins").Val() == "1" }, 30*time.Second, 20*time.Millisecond,
+		"the target projects the entry into %s", stats)
+	// Not what the stream says: user 3 has one check-in there.
+	require.NoError(t, rc.HIncrBy(ctx, stats, "numCheckins", 1).Err())
+
+	code, _, stderr := runCLI(t, map[string]string{"REDIS_URL": srv.URL(), "KEY_PREFIX": "target", "LOG_LEVEL": "warn"},
+		"bench", "--phases", "sustained", "--target", base, "--duration", "300ms", "--clients", "2")
+	assert.Equal(t, 1, code, stderr)
+	assert.Contains(t, stderr, "sustained check failed")
+	assert.Contains(t, stderr, "users 1 (user 3: numCheckins")
+}
+
+// Sustained against a target needs the target's Redis: without REDIS_URL the bench says so
+// before it sends anything.
+func TestBenchSustainedTargetNeedsRedisURL(t *testing.T) {
+	t.Parallel()
+	code, stdout, stderr := runCLI(t, map[string]string{"REDIS_URL": ""}, "bench", "--phases", "sustained", "--target", "http://127.0.0.1:1")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "invalid --target: sustained tells when the target's projections have caught up from its Redis; set REDIS_URL and KEY_PREFIX")
+	assert.Empty(t, stdout)
+	code, _, stderr = runCLI(t, map[string]string{"REDIS_URL": ""}, "bench", "--serve-baseline", "127.0.0.1:0")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "invalid --serve-baseline: set REDIS_URL")
+	code, _, stderr = runCLI(t, map[string]string{"REDIS_URL": "redis://127.0.0.1:1/0"}, "bench", "--baseline-target", "127.0.0.1:8081")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, `invalid --baseline-target: must be a base URL like http://127.0.0.1:8081, got "127.0.0.1:8081"`)
+}
