@@ -47,34 +47,32 @@ func startTargetServe(t *testing.T, url, prefix string) string {
 	t.Helper()
 	logs := startBinary(t, map[string]string{"REDIS_URL": url, "KEY_PREFIX": prefix, "RATE_LIMIT_IP": "off",
 		"HTTP_ADDR": "127.0.0.1:0", "OPS_ADDR": "127.0.0.1:0", "LOG_LEVEL": "info"}, "serve")
-	var base string
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		m, ok := logs.find("http listening")
-		if assert.True(c, ok, "no 'http listening' log yet") {
-			addr, _ := m["addr"].(string)
-			if assert.NotEmpty(c, addr, "addr of %v", m) {
-				base = "http://" + addr
-			}
-		}
-	}, 30*time.Second, 20*time.Millisecond, "stderr so far:\n%s", logs)
-	return base
+	return apiBase(t, logs)
 }
 
 // TestBenchSustainedAgainstTarget: with --target and --baseline-target the bench measures a
 // serve and a bare XADD handler that run in processes of their own, as an operator measures the
 // service as deployed. Sustained waits until the target's projections have caught up and
-// compares its read models with a computation from its whole stream, here including an entry
-// another producer added before the run.
+// compares its read models with a computation from its whole stream, here including what
+// another producer added before the run: a check-in, and a copy of it recorded more than
+// DEDUPE_WINDOW later, which the projections count again. A consumer group nobody reads is
+// named, not waited for.
 func TestBenchSustainedAgainstTarget(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	rc := redistest.Client(t, srv.URL())
 	ctx := context.Background()
-	// A check-in another producer recorded before the bench ran.
-	require.NoError(t, rc.XAdd(ctx, &redis.XAddArgs{Stream: "target:events", Values: []any{
-		"type", "checkin.recorded.v1", "checkinId", "from-elsewhere", "userId", "3", "locationId", "4",
-		"starRating", "5", "timestamp", "1700000000000", "recordedAt", "1700000000000"}}).Err())
+	at := time.Now().Add(-48 * time.Hour).UnixMilli()
+	for _, id := range []string{strconv.FormatInt(at, 10) + "-0", strconv.FormatInt(at+25*3600*1000, 10) + "-0"} {
+		require.NoError(t, rc.XAdd(ctx, &redis.XAddArgs{Stream: "target:events", ID: id, Values: []any{
+			"type", "checkin.recorded.v1", "checkinId", "from-elsewhere", "userId", "3", "locationId", "4",
+			"starRating", "5", "timestamp", strconv.FormatInt(at, 10), "recordedAt", strconv.FormatInt(at, 10)}}).Err())
+	}
+	require.NoError(t, rc.XGroupCreate(ctx, "target:events", "live:users", "$").Err(), "a group left by an older PROJECTIONS list")
 	base := startTargetServe(t, srv.URL(), "target")
+	stats := "target:p:users:v1:{user:3}:stats"
+	require.Eventually(t, func() bool { return rc.HGet(ctx, stats, "numCheckins").Val() == "2" }, 30*time.Second, 20*time.Millisecond,
+		"the target counts the copy beyond the window again")
 
 	baseline := startBinary(t, map[string]string{"REDIS_URL": srv.URL(), "KEY_PREFIX": "target"}, "bench", "--serve-baseline", "127.0.0.1:0")
 	served := regexp.MustCompile(`serves (http://127\.0\.0\.1:\d+)/checkins, one XADD each to target-baseline:events`)
@@ -101,13 +99,16 @@ func TestBenchSustainedAgainstTarget(t *testing.T) {
 	}
 	require.ElementsMatch(t, []string{bench.PhaseIngest, bench.PhaseIngestBaseline, bench.PhaseSustained}, keysOf(byPhase))
 	require.NotNil(t, byPhase[bench.PhaseSustained].VsBaseline, "sustained is held against the external baseline")
+	assert.Contains(t, byPhase[bench.PhaseSustained].Note, "not waited for: consumer groups no consumer reads (live:users;")
 	assert.Equal(t, base, res.Settings.Target)
+	assert.Equal(t, baseURL, res.Settings.BaselineTarget)
 	// The read models were checked against everything on the stream: the other producer's
-	// check-in, ingest's and sustained's (warm-up requests included, which the counts leave out).
+	// check-in and its copy (one identity), ingest's and sustained's (warm-up requests
+	// included, which the counts leave out).
 	n, err := rc.XLen(ctx, "target:events").Result()
 	require.NoError(t, err)
-	assert.GreaterOrEqual(t, n, 1+byPhase[bench.PhaseIngest].Count+byPhase[bench.PhaseSustained].Count, "the target keeps its events")
-	assert.Contains(t, stderr, "checked the read models of target against "+strconv.FormatInt(n, 10)+" check-ins")
+	assert.GreaterOrEqual(t, n, 2+byPhase[bench.PhaseIngest].Count+byPhase[bench.PhaseSustained].Count, "the target keeps its events")
+	assert.Contains(t, stderr, "checked the read models of target against "+strconv.FormatInt(n-1, 10)+" check-ins")
 
 	n, err = rc.XLen(ctx, "target-baseline:events").Result()
 	require.NoError(t, err)
@@ -138,8 +139,55 @@ func TestBenchSustainedAgainstTargetFindsWrongReadModels(t *testing.T) {
 	assert.Contains(t, stderr, "users 1 (user 3: numCheckins")
 }
 
+// The read models of a target cannot be computed from its stream when RETENTION trimmed it or
+// when events were parked in its poison queue: sustained still measures and checks the stream's
+// growth, and says why it did not compare them.
+func TestBenchSustainedAgainstTargetSaysWhyItDidNotCompare(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, want string
+		setup      func(ctx context.Context, rc *redis.Client) error
+	}{
+		{"trimmed", "read models not compared: target:events holds 2 fewer entries than were ever added to it (trimmed or deleted)",
+			func(ctx context.Context, rc *redis.Client) error {
+				return rc.XTrimMaxLen(ctx, "target:events", 1).Err()
+			}},
+		{"poisoned", "read models not compared: the target's poison queue target:events:poison holds 1 entries",
+			func(ctx context.Context, rc *redis.Client) error {
+				return rc.XAdd(ctx, &redis.XAddArgs{Stream: "target:events:poison", Values: []any{"type", "nonsense"}}).Err()
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.Start(t, redistest.Options{})
+			rc := redistest.Client(t, srv.URL())
+			ctx := context.Background()
+			for i := range 3 {
+				require.NoError(t, rc.XAdd(ctx, &redis.XAddArgs{Stream: "target:events", Values: []any{
+					"type", "checkin.recorded.v1", "checkinId", "c" + strconv.Itoa(i), "userId", "3", "locationId", "4",
+					"starRating", "5", "timestamp", "1700000000000", "recordedAt", "1700000000000"}}).Err())
+			}
+			base := startTargetServe(t, srv.URL(), "target")
+			stats := "target:p:users:v1:{user:3}:stats"
+			require.Eventually(t, func() bool { return rc.HGet(ctx, stats, "numCheckins").Val() == "3" }, 30*time.Second, 20*time.Millisecond)
+			require.NoError(t, tc.setup(ctx, rc))
+
+			code, stdout, stderr := runCLI(t, map[string]string{"REDIS_URL": srv.URL(), "KEY_PREFIX": "target", "LOG_LEVEL": "warn"},
+				"bench", "--json", "--phases", "sustained", "--target", base, "--duration", "300ms", "--clients", "2")
+			require.Equal(t, 0, code, stderr)
+			var res bench.BenchResult
+			require.NoError(t, json.Unmarshal([]byte(stdout), &res), stdout)
+			require.Len(t, res.Phases, 1)
+			p := res.Phases[0]
+			assert.Equal(t, bench.CheckOK, p.Check, p.CheckDetail)
+			assert.Contains(t, p.CheckDetail, tc.want)
+			assert.Positive(t, p.Count)
+		})
+	}
+}
+
 // Sustained against a target needs the target's Redis: without REDIS_URL the bench says so
-// before it sends anything.
+// before it sends anything. --serve-baseline needs REDIS_URL too and runs no phase.
 func TestBenchSustainedTargetNeedsRedisURL(t *testing.T) {
 	t.Parallel()
 	code, stdout, stderr := runCLI(t, map[string]string{"REDIS_URL": ""}, "bench", "--phases", "sustained", "--target", "http://127.0.0.1:1")
@@ -149,6 +197,9 @@ func TestBenchSustainedTargetNeedsRedisURL(t *testing.T) {
 	code, _, stderr = runCLI(t, map[string]string{"REDIS_URL": ""}, "bench", "--serve-baseline", "127.0.0.1:0")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "invalid --serve-baseline: set REDIS_URL")
+	code, _, stderr = runCLI(t, map[string]string{"REDIS_URL": "redis://127.0.0.1:1/0"}, "bench", "--serve-baseline", "127.0.0.1:0", "--phases", "ingest", "--json")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "invalid --serve-baseline: it serves the baseline handler and runs no phase, so --json, --phases would not apply")
 	code, _, stderr = runCLI(t, map[string]string{"REDIS_URL": "redis://127.0.0.1:1/0"}, "bench", "--baseline-target", "127.0.0.1:8081")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, `invalid --baseline-target: must be a base URL like http://127.0.0.1:8081, got "127.0.0.1:8081"`)

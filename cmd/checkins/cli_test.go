@@ -209,6 +209,22 @@ func (l *cliLogLines) find(msg string) (map[string]any, bool) {
 	return nil, false
 }
 
+// apiBase waits for a service's "http listening" log and returns its base URL.
+func apiBase(t *testing.T, logs *cliLogLines) string {
+	t.Helper()
+	var base string
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		m, ok := logs.find("http listening")
+		if assert.True(c, ok, "no 'http listening' log yet") {
+			addr, _ := m["addr"].(string)
+			if assert.NotEmpty(c, addr, "addr of %v", m) {
+				base = "http://" + addr
+			}
+		}
+	}, 30*time.Second, 20*time.Millisecond, "stderr so far:\n%s", logs)
+	return base
+}
+
 func (l *cliLogLines) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -240,16 +256,7 @@ func TestCLIServeEmbeddedRedis(t *testing.T) {
 		<-exited
 	})
 
-	var base string
-	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		m, ok := logs.find("http listening")
-		if assert.True(c, ok, "no 'http listening' log yet") {
-			addr, _ := m["addr"].(string)
-			if assert.NotEmpty(c, addr, "addr of %v", m) {
-				base = "http://" + addr
-			}
-		}
-	}, 30*time.Second, 50*time.Millisecond, "stderr so far:\n%s", &logs)
+	base := apiBase(t, &logs)
 
 	warn, ok := logs.find("EMBEDDED IN-MEMORY Redis")
 	require.True(t, ok, "the embedded-Redis warning is logged; stderr:\n%s", &logs)

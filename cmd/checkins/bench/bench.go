@@ -68,11 +68,14 @@ ingest, ingest-baseline and sustained check that the stream grew by exactly the 
 
 --target URL sends ingest and sustained to a service the operator runs (serve, or api beside
 project) instead of the in-process ones, so that it is measured as deployed; the bench reaches
-its stream and read models through REDIS_URL, KEY_PREFIX and STREAM_PARTITIONS, which must be the
-target's, and signs its tokens with the target's key (the same AUTH_* settings, or the same
-STATE_DIR in dev mode). Sustained first waits for the target's consumer groups to catch up, then
-measures until every group on its stream has caught up again; its read models are compared with
-a computation from the whole stream (not when RETENTION trimmed it). The target keeps its data.
+its stream and read models through REDIS_URL, KEY_PREFIX, STREAM_PARTITIONS, PROJECTIONS and
+DEDUPE_WINDOW, which must be the target's, and signs its tokens with the target's key (the same
+AUTH_* settings, or the same STATE_DIR in dev mode). Use a keyspace of its own, with no other
+writers. Sustained first waits for the target's consumer groups that some consumer reads to
+catch up, then measures until they have caught up again; its read models are compared with a
+computation from the whole stream (not when RETENTION trimmed it or the poison queue holds
+entries). The target keeps its data. --serve-baseline ADDR serves the ingest-baseline handler
+(writing to KEY_PREFIX-baseline's stream, deleted when it stops) for --baseline-target.
 
 Redis: REDIS_URL when set, one server or a cluster (keys under a private bench-<random> prefix,
 deleted at the end); otherwise a private redis-server (--save "" --appendonly no) on a free
@@ -128,6 +131,10 @@ type benchFlags struct {
 	memoryEvents   int
 }
 
+// runFlags are the flags of a run of phases, which --serve-baseline does not make.
+var runFlags = []string{"phases", "duration", "clients", "events", "consumers", "rate", "target", "baseline-target",
+	"memory-events", "cluster", "json", "cpuprofile", "trace", "memprofile"}
+
 const projectionsFlagUsage = "comma-separated projections the bench runs and checks (env PROJECTIONS, default: every shipped projection: %s)"
 
 // Run is `checkins bench`: h is the binary it is part of.
@@ -167,6 +174,15 @@ func Run(ctx context.Context, h Host, args []string, getenv func(string) string,
 		return fmt.Errorf("unexpected arguments: %v", rest)
 	}
 	if *serveBaseline != "" {
+		var other []string
+		fs.Visit(func(f *flag.Flag) {
+			if slices.Contains(runFlags, f.Name) {
+				other = append(other, "--"+f.Name)
+			}
+		})
+		if len(other) > 0 {
+			return fmt.Errorf("invalid --serve-baseline: it serves the baseline handler and runs no phase, so %s would not apply", strings.Join(other, ", "))
+		}
 		return serveBaselineHandler(ctx, cfg, *serveBaseline, stderr)
 	}
 	opts, err := parseBenchOptions(h, f, cfg)

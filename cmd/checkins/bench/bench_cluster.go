@@ -175,19 +175,6 @@ func (b *bencher) partitions() int {
 	return 1
 }
 
-// xlen is the total length of keys' stream partitions.
-func (b *bencher) xlen(ctx context.Context, keys adapters.KeySpace) (int64, error) {
-	var total int64
-	for _, s := range keys.Partitions().Streams() {
-		n, err := b.admin.XLen(ctx, s).Result()
-		if err != nil {
-			return 0, fmt.Errorf("XLEN %s: %w", s, err)
-		}
-		total += n
-	}
-	return total, nil
-}
-
 // lastEntryIDs is the last entry ID of every partition ("" for an empty one).
 func (b *bencher) lastEntryIDs(ctx context.Context, keys adapters.KeySpace) (map[string]string, error) {
 	out := map[string]string{}

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/domain"
 )
@@ -176,6 +177,13 @@ func (b *bencher) PhaseDrain(ctx context.Context, data *drainData, k int, baseli
 // partition's last entry and has nothing pending. It gives up when nothing moved for 30s or a
 // consumer failed.
 func (b *bencher) waitDrained(ctx context.Context, lastIDs map[string]string, want []string, t0 time.Time, fail <-chan error) (time.Duration, error) {
+	return b.waitGroups(ctx, lastIDs, want, false, t0, fail)
+}
+
+// waitGroups is waitDrained; with onlyWant it waits for the groups of want alone (a service the
+// bench did not start may have others no process reads), and a group of want that is gone (a
+// backfill's group, removed once it caught up) has nothing left to deliver.
+func (b *bencher) waitGroups(ctx context.Context, lastIDs map[string]string, want []string, onlyWant bool, t0 time.Time, fail <-chan error) (time.Duration, error) {
 	const stallAfter = 30 * time.Second
 	var state string
 	changed := time.Now()
@@ -192,17 +200,23 @@ func (b *bencher) waitDrained(ctx context.Context, lastIDs map[string]string, wa
 			if lastID == "" {
 				lastID = "0-0" // an empty partition: delivered nothing, owes nothing
 			}
-			if len(lastIDs) == 1 && len(infos) == 0 {
-				done = false
-			}
-			for _, name := range want {
-				if !slices.ContainsFunc(infos, func(g redis.XInfoGroup) bool { return g.Name == name }) {
+			if !onlyWant {
+				if len(lastIDs) == 1 && len(infos) == 0 {
 					done = false
-					fmt.Fprintf(&sb, "%s: %s not created yet; ", stream, name)
+				}
+				for _, name := range want {
+					if !slices.ContainsFunc(infos, func(g redis.XInfoGroup) bool { return g.Name == name }) {
+						done = false
+						fmt.Fprintf(&sb, "%s: %s not created yet; ", stream, name)
+					}
 				}
 			}
 			for _, g := range infos {
-				if g.LastDeliveredID != lastID || g.Pending != 0 {
+				if onlyWant && !slices.Contains(want, g.Name) {
+					continue
+				}
+				// At or past the last entry: a target may have had other writers since.
+				if ops.CompareEntryIDs(g.LastDeliveredID, lastID) < 0 || g.Pending != 0 {
 					done = false
 				}
 				fmt.Fprintf(&sb, "%s: %s last-delivered %s pending %d; ", stream, g.Name, g.LastDeliveredID, g.Pending)

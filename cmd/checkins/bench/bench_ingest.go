@@ -282,6 +282,9 @@ func (b *bencher) ingestOurs(ctx context.Context) (*ingestTarget, error) {
 	default:
 		// The target is assumed to use REDIS_URL and KEY_PREFIX as given to the bench.
 		k := b.keys(b.cfg.KeyPrefix)
+		if err := adapters.CheckPartitions(ctx, b.admin, k, b.partitions()); err != nil {
+			return nil, fmt.Errorf("--target: set STREAM_PARTITIONS as the target has it: %w", err)
+		}
 		t.stream = &k
 	}
 	return t, nil
@@ -371,7 +374,7 @@ func (b *bencher) ingestRound(ctx context.Context, t *ingestTarget, src *payload
 	var before int64
 	if t.stream != nil {
 		var err error
-		if before, err = b.xlen(ctx, *t.stream); err != nil {
+		if before, err = b.added(ctx, *t.stream); err != nil {
 			return err
 		}
 	}
@@ -382,7 +385,7 @@ func (b *bencher) ingestRound(ctx context.Context, t *ingestTarget, src *payload
 		return err
 	}
 	if t.stream != nil {
-		after, err := b.xlen(ctx, *t.stream)
+		after, err := b.added(ctx, *t.stream)
 		if err != nil {
 			return err
 		}
@@ -467,5 +470,13 @@ func serveBaselineHandler(ctx context.Context, cfg Config, addr string, log io.W
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	return srv.Shutdown(sctx)
+	err = srv.Shutdown(sctx)
+	// What it wrote is load, not data: it goes with the handler.
+	for _, s := range keys.Partitions().Streams() {
+		if derr := client.Del(sctx, s).Err(); derr != nil && err == nil {
+			err = fmt.Errorf("delete %s: %w", s, derr)
+		}
+	}
+	fmt.Fprintf(log, "bench: the ingest baseline stopped and deleted %s\n", strings.Join(keys.Partitions().Streams(), ", "))
+	return err
 }

@@ -197,6 +197,9 @@ func printBenchTable(w io.Writer, res BenchResult) {
 	if s.Target != "" {
 		fmt.Fprintf(w, " target=%s", s.Target)
 	}
+	if s.BaselineTarget != "" {
+		fmt.Fprintf(w, " baseline-target=%s", s.BaselineTarget)
+	}
 	fmt.Fprintf(w, " auth=%s rate-limit-user=%s", s.AuthMode, s.RateLimitUse)
 	fmt.Fprintf(w, ", total %.0fs\n\n", res.Seconds)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -232,6 +235,10 @@ func printBenchTable(w io.Writer, res BenchResult) {
 	fmt.Fprintln(w, "stream on a private server, sum of MEMORY USAGE on a shared one). CPU: cores used on average during the")
 	fmt.Fprintln(w, "phase by this process (service, load generator and baseline alike) and by redis-server. RSS/heap: peaks")
 	fmt.Fprintln(w, "of this process.")
+	if res.Settings.Target != "" || res.Settings.BaselineTarget != "" {
+		fmt.Fprintln(w, "--target/--baseline-target: the service and the baseline run in processes of their own; the CPU GO and")
+		fmt.Fprintln(w, "RSS/heap of their rows are this process's, the load generator's alone.")
+	}
 	if e := res.Serial; e != nil {
 		fmt.Fprintf(w, "sustained: %.0f/s is %.2fx of %.0f/s = 1/(1/ingest + 1/drain) = 1/(1/%.0f + 1/%.0f (%d consumers)), what one\n",
 			e.Sustained, e.Ratio, e.Estimate, e.Ingest, e.Drain, e.DrainConsumers)

@@ -85,20 +85,21 @@ type BenchMachine struct {
 
 // BenchSettings echo what was run.
 type BenchSettings struct {
-	Phases       []string `json:"phases"`
-	Projections  []string `json:"projections"`
-	DurationSec  float64  `json:"duration_seconds"`
-	Clients      int      `json:"clients"`
-	Events       int      `json:"events"`
-	Consumers    []int    `json:"consumers"`
-	Rate         float64  `json:"rate"`
-	MemoryEvents int      `json:"memory_events"`
-	Target       string   `json:"target,omitempty"`
-	Subscriber   string   `json:"subscriber"`
-	BatchSize    int      `json:"batch_size"`
-	MaxInFlight  int      `json:"max_in_flight"`
-	AuthMode     string   `json:"auth_mode"`       // the in-process services' AUTH_MODE; off: no tokens sent
-	RateLimitUse string   `json:"rate_limit_user"` // RATE_LIMIT_USER of the in-process services
+	Phases         []string `json:"phases"`
+	Projections    []string `json:"projections"`
+	DurationSec    float64  `json:"duration_seconds"`
+	Clients        int      `json:"clients"`
+	Events         int      `json:"events"`
+	Consumers      []int    `json:"consumers"`
+	Rate           float64  `json:"rate"`
+	MemoryEvents   int      `json:"memory_events"`
+	Target         string   `json:"target,omitempty"`
+	BaselineTarget string   `json:"baseline_target,omitempty"`
+	Subscriber     string   `json:"subscriber"`
+	BatchSize      int      `json:"batch_size"`
+	MaxInFlight    int      `json:"max_in_flight"`
+	AuthMode       string   `json:"auth_mode"`       // the in-process services' AUTH_MODE; off: no tokens sent
+	RateLimitUse   string   `json:"rate_limit_user"` // RATE_LIMIT_USER of the in-process services
 }
 
 // PhaseResult is one row of the table.
@@ -252,7 +253,7 @@ func (b *bencher) run(ctx context.Context) (BenchResult, error) {
 			Hostname: host, StartedAt: start.UTC().Format(time.RFC3339)},
 		Settings: BenchSettings{Phases: b.opts.Phases, Projections: b.opts.Projections, DurationSec: b.opts.Duration.Seconds(),
 			Clients: b.opts.Clients, Events: b.opts.Events, Consumers: b.opts.Consumers, Rate: b.opts.Rate,
-			MemoryEvents: b.opts.MemoryEvents, Target: b.opts.Target,
+			MemoryEvents: b.opts.MemoryEvents, Target: b.opts.Target, BaselineTarget: b.opts.BaselineTarget,
 			Subscriber: b.cfg.Subscriber, BatchSize: b.cfg.BatchSize, MaxInFlight: b.cfg.MaxInFlight,
 			AuthMode: b.cfg.AuthMode, RateLimitUse: b.cfg.RateLimitUser.String()},
 	}

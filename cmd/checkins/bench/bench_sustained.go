@@ -35,16 +35,17 @@ func (b *bencher) PhaseSustained(ctx context.Context) (PhaseResult, error) {
 	keys, fail := side.keys, side.fail
 	// A target may still be projecting what came before (the ingest phase's load, say): the
 	// figure starts from projections with nothing left to do.
-	lastIDs, err := b.lastEntryIDs(ctx, keys)
+	lastIDs, err := b.lastGeneratedIDs(ctx, keys)
 	if err != nil {
 		return PhaseResult{}, err
 	}
 	if anyEntry(lastIDs) {
-		if _, err := b.waitDrained(ctx, lastIDs, side.groups, time.Now(), fail); err != nil {
+		if _, err := b.waitGroups(ctx, lastIDs, side.groups, side.onlyGroups, time.Now(), fail); err != nil {
 			return PhaseResult{}, fmt.Errorf("waiting for the projections to catch up before the load: %w", err)
 		}
 	}
-	before, err := b.xlen(ctx, keys)
+	// Entries ever added, not XLEN: a target's RETENTION may trim the stream meanwhile.
+	before, err := b.added(ctx, keys)
 	if err != nil {
 		return PhaseResult{}, err
 	}
@@ -58,7 +59,7 @@ func (b *bencher) PhaseSustained(ctx context.Context) (PhaseResult, error) {
 	}
 	// Every 2xx answer came after its XADD, so each partition's last entry now is its last
 	// accepted one.
-	lastIDs, err = b.lastEntryIDs(ctx, keys)
+	lastIDs, err = b.lastGeneratedIDs(ctx, keys)
 	if err != nil {
 		m.Stop()
 		return PhaseResult{}, err
@@ -70,14 +71,14 @@ func (b *bencher) PhaseSustained(ctx context.Context) (PhaseResult, error) {
 	}
 	elapsed := loadStopped.Sub(lr.start)
 	if anyEntry(lastIDs) {
-		if elapsed, err = b.waitDrained(ctx, lastIDs, side.groups, lr.start, fail); err != nil {
+		if elapsed, err = b.waitGroups(ctx, lastIDs, side.groups, side.onlyGroups, lr.start, fail); err != nil {
 			m.Stop()
 			return PhaseResult{}, err
 		}
 	}
 	use := m.Stop()
 	backlog.DrainSeconds = max(elapsed-loadStopped.Sub(lr.start), 0).Seconds()
-	after, err := b.xlen(ctx, keys)
+	after, err := b.added(ctx, keys)
 	if err != nil {
 		return PhaseResult{}, err
 	}
@@ -92,6 +93,9 @@ func (b *bencher) PhaseSustained(ctx context.Context) (PhaseResult, error) {
 	}
 	r.Note = fmt.Sprintf("when the load stopped after %.1fs (%.0f req/s answered) the projections were %d entries behind (the most any of %d groups had undelivered + pending) and caught up %.1fs later",
 		lr.elapsed.Seconds(), float64(lr.ok)/lr.elapsed.Seconds(), backlog.EntriesBehind, len(backlog.Groups), backlog.DrainSeconds)
+	if side.note != "" {
+		r.Note += "; " + side.note
+	}
 
 	var problems []string
 	answered := lr.ok + lr.warm
@@ -99,7 +103,7 @@ func (b *bencher) PhaseSustained(ctx context.Context) (PhaseResult, error) {
 	case lr.ok == 0:
 		problems = append(problems, fmt.Sprintf("no request was answered 2xx (errors: %s)", fmtErrors(lr.errs)))
 	case after-before != answered:
-		problems = append(problems, fmt.Sprintf("stream grew by %d entries but %d requests were answered 2xx (%d of them warm-ups)", after-before, answered, lr.warm))
+		problems = append(problems, fmt.Sprintf("%d entries were added to the stream but %d requests were answered 2xx (%d of them warm-ups)", after-before, answered, lr.warm))
 	}
 	want, skip, err := side.expect(ctx, lr.accepted)
 	if err != nil {
@@ -134,6 +138,9 @@ func (b *bencher) backlog(ctx context.Context, keys adapters.KeySpace) (BacklogR
 	out := BacklogResult{Groups: map[string]GroupBacklog{}}
 	for _, stream := range keys.Partitions().Streams() {
 		infos, err := b.admin.XInfoGroups(ctx, stream).Result()
+		if isNoSuchKey(err) {
+			continue // a partition nothing was written to yet
+		}
 		if err != nil {
 			return BacklogResult{}, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
 		}
@@ -176,9 +183,12 @@ func (b *bencher) countAfter(ctx context.Context, stream, id string) (int64, err
 type sustainedSide struct {
 	url    string
 	keys   adapters.KeySpace
-	groups []string // consumer groups that must catch up (besides every other group on the stream)
-	fail   chan error
-	stop   func() error
+	groups []string // consumer groups that must catch up
+	// onlyGroups: wait for groups alone (a target's), not for every group on the stream.
+	onlyGroups bool
+	note       string // what the result should say about the side
+	fail       chan error
+	stop       func() error
 	// expect is the independent computation the read models are compared with, or why they
 	// are not compared.
 	expect func(ctx context.Context, accepted []domain.Checkin) (want *expectedModel, skip string, err error)
@@ -186,30 +196,8 @@ type sustainedSide struct {
 
 // sustainedSide starts the in-process serve, or finds --target's stream and consumer groups.
 func (b *bencher) sustainedSide(ctx context.Context) (*sustainedSide, error) {
-	fromAccepted := func(_ context.Context, accepted []domain.Checkin) (*expectedModel, string, error) {
-		want := newExpectedModel()
-		for _, c := range accepted {
-			want.add(c)
-		}
-		return want, "", nil
-	}
 	if b.opts.Target != "" {
-		if b.redis.private {
-			return nil, errors.New("--target needs the target's Redis to tell when its projections have caught up: set REDIS_URL (and KEY_PREFIX, STREAM_PARTITIONS) as the target has them")
-		}
-		keys := b.keys(b.cfg.KeyPrefix)
-		groups, err := b.streamGroups(ctx, keys)
-		if err != nil {
-			return nil, err
-		}
-		if len(groups) == 0 {
-			return nil, fmt.Errorf("no consumer group reads %s: the target must run the projections (serve, or api beside project) on REDIS_URL with KEY_PREFIX=%s", strings.Join(keys.Partitions().Streams(), ", "), keys.Prefix)
-		}
-		// The target's read models hold every check-in of its stream, not only this run's.
-		return &sustainedSide{url: b.opts.Target + "/checkins", keys: keys, groups: groups, stop: func() error { return nil },
-			expect: func(ctx context.Context, _ []domain.Checkin) (*expectedModel, string, error) {
-				return b.streamModel(ctx, keys)
-			}}, nil
+		return b.targetSide(ctx)
 	}
 	keys := b.keys(b.prefix("sustained"))
 	rs, err := b.newService(ctx, keys.Prefix, Mode{API: true, Projections: true}, b.runID+"-sustained")
@@ -227,45 +215,102 @@ func (b *bencher) sustainedSide(ctx context.Context) (*sustainedSide, error) {
 	}
 	fail := make(chan error, 1)
 	rs.watch("service", fail)
-	return &sustainedSide{url: "http://" + rs.addr + "/checkins", keys: keys, groups: rs.groups(), fail: fail, stop: rs.stop, expect: fromAccepted}, nil
+	return &sustainedSide{url: "http://" + rs.addr + "/checkins", keys: keys, groups: rs.groups(), fail: fail, stop: rs.stop,
+		expect: func(_ context.Context, accepted []domain.Checkin) (*expectedModel, string, error) {
+			want := newExpectedModel()
+			for _, c := range accepted {
+				want.add(c)
+			}
+			return want, "", nil
+		}}, nil
 }
 
-// streamGroups are the names of the consumer groups on any of keys' stream partitions.
-func (b *bencher) streamGroups(ctx context.Context, keys adapters.KeySpace) ([]string, error) {
-	seen := map[string]bool{}
+// targetSide is --target: a service the operator runs on REDIS_URL under KEY_PREFIX. What it
+// waits for are the consumer groups some consumer reads; a group without one (left by a
+// process that ran another PROJECTIONS list, say) would never catch up, and is named instead.
+func (b *bencher) targetSide(ctx context.Context) (*sustainedSide, error) {
+	if b.redis.private {
+		return nil, errors.New("--target needs the target's Redis to tell when its projections have caught up: set REDIS_URL (and KEY_PREFIX, STREAM_PARTITIONS) as the target has them")
+	}
+	keys := b.keys(b.cfg.KeyPrefix)
+	if err := adapters.CheckPartitions(ctx, b.admin, keys, b.partitions()); err != nil {
+		return nil, fmt.Errorf("--target: set STREAM_PARTITIONS as the target has it: %w", err)
+	}
+	read, unread, err := b.targetGroups(ctx, keys)
+	if err != nil {
+		return nil, err
+	}
+	if len(read) == 0 {
+		return nil, fmt.Errorf("no consumer reads %s: the target must run the projections (serve, or api beside project) on REDIS_URL with KEY_PREFIX=%s", strings.Join(keys.Partitions().Streams(), ", "), keys.Prefix)
+	}
+	side := &sustainedSide{url: b.opts.Target + "/checkins", keys: keys, groups: read, onlyGroups: true, stop: func() error { return nil },
+		// The target's read models hold every check-in of its stream, not only this run's.
+		expect: func(ctx context.Context, _ []domain.Checkin) (*expectedModel, string, error) {
+			return b.streamModel(ctx, keys)
+		}}
+	if len(unread) > 0 {
+		side.note = fmt.Sprintf("not waited for: consumer groups no consumer reads (%s; XGROUP DESTROY one that no version uses)", strings.Join(unread, ", "))
+	}
+	return side, nil
+}
+
+// targetGroups are the names of the consumer groups on keys' stream partitions that some
+// consumer reads, and of those none does.
+func (b *bencher) targetGroups(ctx context.Context, keys adapters.KeySpace) (read, unread []string, err error) {
+	consumers := map[string]int64{}
 	for _, stream := range keys.Partitions().Streams() {
 		infos, err := b.admin.XInfoGroups(ctx, stream).Result()
+		if isNoSuchKey(err) {
+			continue
+		}
 		if err != nil {
-			if strings.Contains(err.Error(), "no such key") {
-				continue
-			}
-			return nil, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
+			return nil, nil, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
 		}
 		for _, g := range infos {
-			seen[g.Name] = true
+			consumers[g.Name] += g.Consumers
 		}
 	}
-	return slices.Sorted(maps.Keys(seen)), nil
+	for _, name := range slices.Sorted(maps.Keys(consumers)) {
+		if consumers[name] > 0 {
+			read = append(read, name)
+		} else {
+			unread = append(unread, name)
+		}
+	}
+	return read, unread, nil
 }
 
 // streamModel is the independent computation from every entry of keys' stream partitions:
-// what the read models of a target hold, whoever wrote its entries. A stream that lost entries
-// (trimmed by RETENTION, or XDEL) cannot be compared with; neither can one with entries that are
-// not check-ins (the target parked them in its poison queue).
+// what a target's read models hold, whoever wrote its entries. A copy of a check-in counts
+// again when its entry is more than DEDUPE_WINDOW (the bench's, which must be the target's)
+// after the counted copy's, as the projections decide. The read models cannot be computed
+// from a stream that lost entries (RETENTION, XDEL), nor when entries were parked in the
+// poison queue (their updates were never applied), nor from entries that are not events.
 func (b *bencher) streamModel(ctx context.Context, keys adapters.KeySpace) (*expectedModel, string, error) {
 	const chunk = 10000
+	if n, err := b.admin.XLen(ctx, keys.PoisonStream()).Result(); err != nil {
+		return nil, "", fmt.Errorf("XLEN %s: %w", keys.PoisonStream(), err)
+	} else if n > 0 {
+		return nil, fmt.Sprintf("read models not compared: the target's poison queue %s holds %d entries, whose updates are not in them (checkins poison list)", keys.PoisonStream(), n), nil
+	}
+	window := b.cfg.DedupeWindow
+	if window == 0 {
+		window = adapters.DefaultDedupeWindow
+	}
+	w := adapters.ScoreOfTime(time.UnixMilli(window.Milliseconds())) // in entry scores
 	want := newExpectedModel()
+	counted := map[int64]int64{} // identity -> the entry score it was last counted at
 	fields := map[string]string{}
 	for _, stream := range keys.Partitions().Streams() {
 		xs, err := b.admin.XInfoStream(ctx, stream).Result()
+		if isNoSuchKey(err) {
+			continue
+		}
 		if err != nil {
-			if strings.Contains(err.Error(), "no such key") {
-				continue
-			}
 			return nil, "", fmt.Errorf("XINFO STREAM %s: %w", stream, err)
 		}
 		if xs.EntriesAdded != xs.Length {
-			return nil, fmt.Sprintf("read models not compared: %s holds %d of the %d entries ever added to it (trimmed or deleted), so they cannot be computed from it", stream, xs.Length, xs.EntriesAdded), nil
+			return nil, fmt.Sprintf("read models not compared: %s holds %d fewer entries than were ever added to it (trimmed or deleted), so they cannot be computed from it", stream, xs.EntriesAdded-xs.Length), nil
 		}
 		for start := "-"; ; {
 			ms, err := b.admin.XRangeN(ctx, stream, start, "+", chunk).Result()
@@ -282,9 +327,22 @@ func (b *bencher) streamModel(ctx context.Context, keys adapters.KeySpace) (*exp
 				if err != nil {
 					return nil, fmt.Sprintf("read models not compared: entry %s of %s is not an event (%v)", m.ID, stream, err), nil
 				}
-				if c, ok := ev.(domain.CheckinRecorded); ok {
-					want.addEvent(c)
+				c, ok := ev.(domain.CheckinRecorded)
+				if !ok {
+					continue
 				}
+				score, ok := adapters.ScoreOfEntry(m.ID)
+				if !ok {
+					return nil, "", fmt.Errorf("entry ID %q of %s is not ms-seq", m.ID, stream)
+				}
+				// A user's entries are all in one partition, in order: each copy is judged
+				// against the copy counted last, as the user's dedupe registry judges it.
+				id := c.Identity()
+				if last, seen := counted[id]; seen && score-last <= w {
+					continue
+				}
+				counted[id] = score
+				want.addCopy(c)
 			}
 			if len(ms) < chunk {
 				break
@@ -294,3 +352,43 @@ func (b *bencher) streamModel(ctx context.Context, keys adapters.KeySpace) (*exp
 	}
 	return want, "", nil
 }
+
+// added is how many entries were ever added to keys' stream partitions (XINFO STREAM
+// entries-added), which trimming does not change.
+func (b *bencher) added(ctx context.Context, keys adapters.KeySpace) (int64, error) {
+	var total int64
+	for _, s := range keys.Partitions().Streams() {
+		xs, err := b.admin.XInfoStream(ctx, s).Result()
+		if isNoSuchKey(err) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("XINFO STREAM %s: %w", s, err)
+		}
+		total += xs.EntriesAdded
+	}
+	return total, nil
+}
+
+// lastGeneratedIDs is the ID of the last entry ever added to each partition ("" for one that
+// never had any): what its consumer groups must have delivered, even when RETENTION has
+// trimmed the entry away since.
+func (b *bencher) lastGeneratedIDs(ctx context.Context, keys adapters.KeySpace) (map[string]string, error) {
+	out := map[string]string{}
+	for _, s := range keys.Partitions().Streams() {
+		xs, err := b.admin.XInfoStream(ctx, s).Result()
+		switch {
+		case isNoSuchKey(err):
+			out[s] = ""
+		case err != nil:
+			return nil, fmt.Errorf("XINFO STREAM %s: %w", s, err)
+		case xs.LastGeneratedID == "0-0":
+			out[s] = ""
+		default:
+			out[s] = xs.LastGeneratedID
+		}
+	}
+	return out, nil
+}
+
+func isNoSuchKey(err error) bool { return err != nil && strings.Contains(err.Error(), "no such key") }

@@ -64,6 +64,20 @@ func (m *expectedModel) addIdentified(c domain.Checkin, identity int64) {
 		return
 	}
 	m.ids[identity] = true
+	m.count(c, true)
+}
+
+// addCopy counts e even when a copy of it was counted before: the caller judged it another
+// check-in (beyond the dedupe window). RecentCheckins keeps one member for all of them, since
+// the member is the content.
+func (m *expectedModel) addCopy(e domain.CheckinRecorded) {
+	identity := e.Identity()
+	first := !m.ids[identity]
+	m.ids[identity] = true
+	m.count(e.Checkin, first)
+}
+
+func (m *expectedModel) count(c domain.Checkin, recent bool) {
 	if len(m.ids) == 1 || c.Timestamp < m.minTs {
 		m.minTs = c.Timestamp
 	}
@@ -81,7 +95,9 @@ func (m *expectedModel) addIdentified(c domain.Checkin, identity int64) {
 	if u.num == 1 || c.Timestamp > u.last || (c.Timestamp == u.last && c.ID > u.lastID) {
 		u.last, u.lastID, u.seenAt = c.Timestamp, c.ID, c.LocationID
 	}
-	u.checkins = append(u.checkins, projection.RecentCheckin{CheckinID: c.ID, LocationID: c.LocationID, StarRating: c.StarRating, Timestamp: c.Timestamp})
+	if recent {
+		u.checkins = append(u.checkins, projection.RecentCheckin{CheckinID: c.ID, LocationID: c.LocationID, StarRating: c.StarRating, Timestamp: c.Timestamp})
+	}
 	l := m.locs[c.LocationID]
 	if l == nil {
 		l = &locExpect{daily: map[string]int64{}}
