@@ -42,12 +42,16 @@ func startBinary(t *testing.T, env map[string]string, args ...string) *cliLogLin
 
 // startTargetServe runs `checkins serve` as an operator would (its own process, default
 // settings but the per-address limit, which one load generator's address would hit) on url's
-// Redis under prefix; it returns the API's base URL.
-func startTargetServe(t *testing.T, url, prefix string) string {
+// Redis under prefix; it returns the API's base URL and the ops listener's.
+func startTargetServe(t *testing.T, url, prefix string) (base, ops string) {
 	t.Helper()
 	logs := startBinary(t, map[string]string{"REDIS_URL": url, "KEY_PREFIX": prefix, "RATE_LIMIT_IP": "off",
-		"HTTP_ADDR": "127.0.0.1:0", "OPS_ADDR": "127.0.0.1:0", "LOG_LEVEL": "info"}, "serve")
-	return apiBase(t, logs)
+		"HTTP_ADDR": "127.0.0.1:0", "OPS_ADDR": "localhost:0", "LOG_LEVEL": "info"}, "serve") // another address: a listener of its own
+	base = apiBase(t, logs)
+	m, _ := logs.find("http listening")
+	addr, _ := m["ops_addr"].(string)
+	require.NotEmpty(t, addr, "ops_addr of %v", m)
+	return base, "http://" + addr
 }
 
 // TestBenchSustainedAgainstTarget: with --target and --baseline-target the bench measures a
@@ -69,7 +73,7 @@ func TestBenchSustainedAgainstTarget(t *testing.T) {
 			"starRating", "5", "timestamp", strconv.FormatInt(at, 10), "recordedAt", strconv.FormatInt(at, 10)}}).Err())
 	}
 	require.NoError(t, rc.XGroupCreate(ctx, "target:events", "live:users", "$").Err(), "a group left by an older PROJECTIONS list")
-	base := startTargetServe(t, srv.URL(), "target")
+	base, ops := startTargetServe(t, srv.URL(), "target")
 	stats := "target:p:users:v1:{user:3}:stats"
 	require.Eventually(t, func() bool { return rc.HGet(ctx, stats, "numCheckins").Val() == "2" }, 30*time.Second, 20*time.Millisecond,
 		"the target counts the copy beyond the window again")
@@ -86,7 +90,7 @@ func TestBenchSustainedAgainstTarget(t *testing.T) {
 
 	code, stdout, stderr := runCLI(t, map[string]string{"REDIS_URL": srv.URL(), "KEY_PREFIX": "target", "LOG_LEVEL": "warn"},
 		"bench", "--json", "--phases", "ingest,ingest-baseline,sustained", "--target", base, "--baseline-target", baseURL,
-		"--duration", "400ms", "--clients", "4")
+		"--target-metrics", ops+"/metrics", "--duration", "400ms", "--clients", "4")
 	require.Equal(t, 0, code, "stderr:\n%s", stderr)
 	var res bench.BenchResult
 	require.NoError(t, json.Unmarshal([]byte(stdout), &res), stdout)
@@ -96,6 +100,11 @@ func TestBenchSustainedAgainstTarget(t *testing.T) {
 		assert.Equal(t, bench.CheckOK, p.Check, "%s: %s", p.Phase, p.CheckDetail)
 		assert.Empty(t, p.CheckDetail, p.Phase)
 		assert.Positive(t, p.Count, p.Phase)
+		// The CPU of the process at --target (its /metrics) and --baseline-target (--serve-baseline's).
+		if assert.NotNil(t, p.ServiceCPUSeconds, p.Phase) {
+			assert.Positive(t, *p.ServiceCPUSeconds, p.Phase)
+			assert.Contains(t, p.Note, "the service's process used", p.Phase)
+		}
 	}
 	require.ElementsMatch(t, []string{bench.PhaseIngest, bench.PhaseIngestBaseline, bench.PhaseSustained}, keysOf(byPhase))
 	require.NotNil(t, byPhase[bench.PhaseSustained].VsBaseline, "sustained is held against the external baseline")
@@ -125,7 +134,7 @@ func TestBenchSustainedAgainstTargetFindsWrongReadModels(t *testing.T) {
 	require.NoError(t, rc.XAdd(ctx, &redis.XAddArgs{Stream: "target:events", Values: []any{
 		"type", "checkin.recorded.v1", "checkinId", "from-elsewhere", "userId", "3", "locationId", "4",
 		"starRating", "5", "timestamp", "1700000000000", "recordedAt", "1700000000000"}}).Err())
-	base := startTargetServe(t, srv.URL(), "target")
+	base, _ := startTargetServe(t, srv.URL(), "target")
 	stats := "target:p:users:v1:{user:3}:stats"
 	require.Eventually(t, func() bool { return rc.HGet(ctx, stats, "numCheckins").Val() == "1" }, 30*time.Second, 20*time.Millisecond,
 		"the target projects the entry into %s", stats)
@@ -167,7 +176,7 @@ func TestBenchSustainedAgainstTargetSaysWhyItDidNotCompare(t *testing.T) {
 					"type", "checkin.recorded.v1", "checkinId", "c" + strconv.Itoa(i), "userId", "3", "locationId", "4",
 					"starRating", "5", "timestamp", "1700000000000", "recordedAt", "1700000000000"}}).Err())
 			}
-			base := startTargetServe(t, srv.URL(), "target")
+			base, _ := startTargetServe(t, srv.URL(), "target")
 			stats := "target:p:users:v1:{user:3}:stats"
 			require.Eventually(t, func() bool { return rc.HGet(ctx, stats, "numCheckins").Val() == "3" }, 30*time.Second, 20*time.Millisecond)
 			require.NoError(t, tc.setup(ctx, rc))
@@ -200,6 +209,9 @@ func TestBenchSustainedTargetNeedsRedisURL(t *testing.T) {
 	code, _, stderr = runCLI(t, map[string]string{"REDIS_URL": "redis://127.0.0.1:1/0"}, "bench", "--serve-baseline", "127.0.0.1:0", "--phases", "ingest", "--json")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "invalid --serve-baseline: it serves the baseline handler and runs no phase, so --json, --phases would not apply")
+	code, _, stderr = runCLI(t, map[string]string{"REDIS_URL": "redis://127.0.0.1:1/0"}, "bench", "--target-metrics", "http://127.0.0.1:8081/metrics")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, `invalid --target-metrics: must be the URL of --target's /metrics, like http://127.0.0.1:8081/metrics, with --target; got "http://127.0.0.1:8081/metrics"`)
 	code, _, stderr = runCLI(t, map[string]string{"REDIS_URL": "redis://127.0.0.1:1/0"}, "bench", "--baseline-target", "127.0.0.1:8081")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, `invalid --baseline-target: must be a base URL like http://127.0.0.1:8081, got "127.0.0.1:8081"`)

@@ -109,9 +109,11 @@ type benchOptions struct {
 	Target    string
 	// BaselineTarget is an ingest-baseline handler another bench process serves.
 	BaselineTarget string
-	JSON           bool
-	MemoryEvents   int
-	Cluster        bool // start a private cluster of 3 masters instead of a private server
+	// TargetMetrics is Target's /metrics, for its process's CPU.
+	TargetMetrics string
+	JSON          bool
+	MemoryEvents  int
+	Cluster       bool // start a private cluster of 3 masters instead of a private server
 	// Projections are the selected projection names, in the order the service ships them;
 	// AllProjections says they are every shipped one (the services then get no explicit list).
 	Projections    []string
@@ -128,11 +130,12 @@ type benchFlags struct {
 	rate           float64
 	target         string
 	baselineTarget string
+	targetMetrics  string
 	memoryEvents   int
 }
 
 // runFlags are the flags of a run of phases, which --serve-baseline does not make.
-var runFlags = []string{"phases", "duration", "clients", "events", "consumers", "rate", "target", "baseline-target",
+var runFlags = []string{"phases", "duration", "clients", "events", "consumers", "rate", "target", "baseline-target", "target-metrics",
 	"memory-events", "cluster", "json", "cpuprofile", "trace", "memprofile"}
 
 const projectionsFlagUsage = "comma-separated projections the bench runs and checks (env PROJECTIONS, default: every shipped projection: %s)"
@@ -150,6 +153,7 @@ func Run(ctx context.Context, h Host, args []string, getenv func(string) string,
 	fs.StringVar(&f.consumers, "consumers", "1,4", "comma-separated numbers of consumers to sweep in drain and drain-baseline")
 	fs.Float64Var(&f.rate, "rate", 2000, "check-ins per second posted in e2e")
 	fs.StringVar(&f.target, "target", "", "base URL of a running service (e.g. http://127.0.0.1:8080) for ingest and sustained instead of the in-process ones; needs REDIS_URL and KEY_PREFIX as the target has them")
+	fs.StringVar(&f.targetMetrics, "target-metrics", "", "the /metrics URL of --target's ops listener (e.g. http://127.0.0.1:8081/metrics): the service's CPU during ingest and sustained, from process_cpu_seconds_total")
 	fs.StringVar(&f.baselineTarget, "baseline-target", "", "base URL of a bare XADD handler that `checkins bench --serve-baseline` runs, for ingest-baseline instead of the in-process one (its stream: KEY_PREFIX-baseline)")
 	serveBaseline := fs.String("serve-baseline", "", "serve the ingest-baseline handler (POST /checkins: decode, one XADD to KEY_PREFIX-baseline's stream on REDIS_URL) on this address until interrupted, instead of running phases; for --baseline-target")
 	fs.IntVar(&f.memoryEvents, "memory-events", 100000, "events of the first memory run; the second writes twice as many")
@@ -329,6 +333,13 @@ func parseBenchOptions(h Host, f benchFlags, cfg Config) (benchOptions, error) {
 			return o, fmt.Errorf("invalid --baseline-target: must be a base URL like http://127.0.0.1:8081, got %q", f.baselineTarget)
 		}
 		o.BaselineTarget = strings.TrimRight(f.baselineTarget, "/")
+	}
+	if f.targetMetrics != "" {
+		u, err := url.Parse(f.targetMetrics)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || o.Target == "" {
+			return o, fmt.Errorf("invalid --target-metrics: must be the URL of --target's /metrics, like http://127.0.0.1:8081/metrics, with --target; got %q", f.targetMetrics)
+		}
+		o.TargetMetrics = f.targetMetrics
 	}
 	if o.Target != "" && want[PhaseSustained] && cfg.RedisURL == "" {
 		return o, errors.New("invalid --target: sustained tells when the target's projections have caught up from its Redis; set REDIS_URL and KEY_PREFIX (and STREAM_PARTITIONS) as the target has them")

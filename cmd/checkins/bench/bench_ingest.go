@@ -206,6 +206,8 @@ type ingestTarget struct {
 	skip   string
 	close  func()
 	acc    ingestTotals
+	// cpu reads the CPU time of the process serving url (nil: the bench's own, or unknown).
+	cpu func(context.Context) (float64, error)
 }
 
 // ingestTotals adds up a target's rounds.
@@ -214,6 +216,7 @@ type ingestTotals struct {
 	grew          int64
 	rss, heap     uint64
 	cpu, redisCPU float64
+	serviceCPU    float64
 }
 
 // phaseIngestPair runs ours and the baseline (or just one of them) in rounds of D/2 ordered
@@ -287,13 +290,19 @@ func (b *bencher) ingestOurs(ctx context.Context) (*ingestTarget, error) {
 		}
 		t.stream = &k
 	}
+	if b.opts.Target != "" && b.opts.TargetMetrics != "" {
+		t.cpu = b.targetCPU
+	}
 	return t, nil
 }
 
 // ingestBaseline serves the same clients with the least a Redis-backed ingest can do.
 func (b *bencher) ingestBaseline(ctx context.Context) (*ingestTarget, error) {
 	if b.opts.BaselineTarget != "" {
-		t := &ingestTarget{phase: PhaseIngestBaseline, url: b.opts.BaselineTarget + "/checkins", close: func() {}}
+		t := &ingestTarget{phase: PhaseIngestBaseline, url: b.opts.BaselineTarget + "/checkins", close: func() {},
+			cpu: func(ctx context.Context) (float64, error) {
+				return readCPU(ctx, b.opts.BaselineTarget+baselineCPUPath, false)
+			}}
 		if b.redis.private {
 			t.skip = "--baseline-target without REDIS_URL: the target's stream is not reachable"
 		} else {
@@ -378,6 +387,13 @@ func (b *bencher) ingestRound(ctx context.Context, t *ingestTarget, src *payload
 			return err
 		}
 	}
+	var cpu0 float64
+	if t.cpu != nil {
+		var err error
+		if cpu0, err = t.cpu(ctx); err != nil {
+			return err
+		}
+	}
 	m := b.startMeter(ctx)
 	lr := closedLoop(ctx, t.url, b.opts.Clients, d, src, round, false, b.tokens)
 	use := m.Stop()
@@ -390,6 +406,13 @@ func (b *bencher) ingestRound(ctx context.Context, t *ingestTarget, src *payload
 			return err
 		}
 		t.acc.grew += after - before
+	}
+	if t.cpu != nil {
+		cpu1, err := t.cpu(ctx)
+		if err != nil {
+			return err
+		}
+		t.acc.serviceCPU += cpu1 - cpu0
 	}
 	a := &t.acc
 	a.load.ok += lr.ok
@@ -416,6 +439,9 @@ func (t *ingestTarget) result() PhaseResult {
 		PeakRSS: a.rss, PeakHeap: a.heap, CPUSeconds: a.cpu, RedisCPUSeconds: a.redisCPU, Check: CheckSkipped, CheckDetail: t.skip}
 	if len(a.load.errs) > 0 {
 		r.Errors = a.load.errs
+	}
+	if t.cpu != nil {
+		r.setServiceCPU(a.serviceCPU)
 	}
 	answered := a.load.ok + a.load.warm
 	switch {
@@ -459,7 +485,13 @@ func serveBaselineHandler(ctx context.Context, cfg Config, addr string, log io.W
 	if err != nil {
 		return fmt.Errorf("invalid --serve-baseline: %w", err)
 	}
-	srv := &http.Server{Handler: baselineIngestHandler(client, keys.Partitions()), ReadHeaderTimeout: 10 * time.Second}
+	mux := http.NewServeMux()
+	mux.Handle("/", baselineIngestHandler(client, keys.Partitions()))
+	// For --baseline-target's CPU figures: this process's CPU seconds, as text.
+	mux.HandleFunc("GET "+baselineCPUPath, func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = fmt.Fprintf(w, "%.6f\n", processCPU().Seconds())
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	fmt.Fprintf(log, "bench: the ingest baseline serves http://%s/checkins, one XADD each to %s; interrupt to stop\n", l.Addr(), strings.Join(keys.Partitions().Streams(), ", "))
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
@@ -479,4 +511,49 @@ func serveBaselineHandler(ctx context.Context, cfg Config, addr string, log io.W
 	}
 	fmt.Fprintf(log, "bench: the ingest baseline stopped and deleted %s\n", strings.Join(keys.Partitions().Streams(), ", "))
 	return err
+}
+
+// baselineCPUPath is where --serve-baseline answers its process's CPU seconds.
+const baselineCPUPath = "/cpu"
+
+// targetCPU is the CPU seconds of the process at --target, from its --target-metrics.
+func (b *bencher) targetCPU(ctx context.Context) (float64, error) {
+	return readCPU(ctx, b.opts.TargetMetrics, true)
+}
+
+// readCPU GETs a process's CPU seconds: from Prometheus's process_cpu_seconds_total (prom), or
+// a body that is only the number (--serve-baseline's).
+func readCPU(ctx context.Context, url string, prom bool) (float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, fmt.Errorf("read the CPU time at %s: %w", url, err)
+	}
+	resp, err := http.DefaultClient.Do(req) // #nosec G704 -- a URL the bench's operator gave
+	if err != nil {
+		return 0, fmt.Errorf("read the CPU time at %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("read the CPU time at %s: it answered %s (give the ops listener's /metrics, which needs no token)", url, resp.Status)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return 0, fmt.Errorf("read the CPU time at %s: %w", url, err)
+	}
+	text := strings.TrimSpace(string(body))
+	if prom {
+		const name = "process_cpu_seconds_total "
+		i := strings.Index("\n"+text, "\n"+name)
+		if i < 0 {
+			return 0, fmt.Errorf("read the CPU time at %s: no process_cpu_seconds_total in the metrics", url)
+		}
+		text, _, _ = strings.Cut(text[i+len(name):], "\n")
+	}
+	v, err := strconv.ParseFloat(strings.TrimSpace(text), 64)
+	if err != nil {
+		return 0, fmt.Errorf("read the CPU time at %s: %w", url, err)
+	}
+	return v, nil
 }

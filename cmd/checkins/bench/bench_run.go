@@ -124,6 +124,9 @@ type PhaseResult struct {
 	// by Redis (INFO cpu); over Seconds, the cores each kept busy.
 	CPUSeconds      float64 `json:"cpu_seconds"`
 	RedisCPUSeconds float64 `json:"redis_cpu_seconds"`
+	// ServiceCPUSeconds is the CPU time of the process at --target (from --target-metrics) or
+	// --baseline-target during the phase, when the bench could read it.
+	ServiceCPUSeconds *float64 `json:"service_cpu_seconds,omitempty"`
 	// VsBaseline is this phase's throughput over its baseline's in the same run (ingest, drain;
 	// sustained: over ingest-baseline).
 	VsBaseline *float64       `json:"vs_baseline,omitempty"`
@@ -555,3 +558,14 @@ func freeLoopbackListener() (net.Listener, error) {
 
 // errStalled is returned when a drain stops making progress.
 var errStalled = errors.New("no progress")
+
+// setServiceCPU records the CPU time of the service's own process and says what it is per
+// request.
+func (r *PhaseResult) setServiceCPU(seconds float64) {
+	r.ServiceCPUSeconds = &seconds
+	note := fmt.Sprintf("the service's process used %.2f cores", seconds/r.Seconds)
+	if r.Count > 0 {
+		note += fmt.Sprintf(", %.0f µs per 2xx answer", seconds/float64(r.Count)*1e6)
+	}
+	r.Note = strings.TrimPrefix(r.Note+"; "+note, "; ")
+}

@@ -49,6 +49,12 @@ func (b *bencher) PhaseSustained(ctx context.Context) (PhaseResult, error) {
 	if err != nil {
 		return PhaseResult{}, err
 	}
+	var cpu0 float64
+	if side.cpu != nil {
+		if cpu0, err = side.cpu(ctx); err != nil {
+			return PhaseResult{}, err
+		}
+	}
 
 	m := b.startMeter(ctx)
 	lr := closedLoop(ctx, side.url, b.opts.Clients, b.opts.Duration, newPayloadSource(b.runID), sustainedRound, true, b.tokens)
@@ -77,6 +83,14 @@ func (b *bencher) PhaseSustained(ctx context.Context) (PhaseResult, error) {
 		}
 	}
 	use := m.Stop()
+	var serviceCPU float64
+	if side.cpu != nil {
+		cpu1, err := side.cpu(ctx)
+		if err != nil {
+			return PhaseResult{}, err
+		}
+		serviceCPU = cpu1 - cpu0
+	}
 	backlog.DrainSeconds = max(elapsed-loadStopped.Sub(lr.start), 0).Seconds()
 	after, err := b.added(ctx, keys)
 	if err != nil {
@@ -95,6 +109,9 @@ func (b *bencher) PhaseSustained(ctx context.Context) (PhaseResult, error) {
 		lr.elapsed.Seconds(), float64(lr.ok)/lr.elapsed.Seconds(), backlog.EntriesBehind, len(backlog.Groups), backlog.DrainSeconds)
 	if side.note != "" {
 		r.Note += "; " + side.note
+	}
+	if side.cpu != nil {
+		r.setServiceCPU(serviceCPU)
 	}
 
 	var problems []string
@@ -187,8 +204,10 @@ type sustainedSide struct {
 	// onlyGroups: wait for groups alone (a target's), not for every group on the stream.
 	onlyGroups bool
 	note       string // what the result should say about the side
-	fail       chan error
-	stop       func() error
+	// cpu reads the CPU seconds of the target's process (nil: in-process, or unknown).
+	cpu  func(context.Context) (float64, error)
+	fail chan error
+	stop func() error
 	// expect is the independent computation the read models are compared with, or why they
 	// are not compared.
 	expect func(ctx context.Context, accepted []domain.Checkin) (want *expectedModel, skip string, err error)
@@ -248,6 +267,9 @@ func (b *bencher) targetSide(ctx context.Context) (*sustainedSide, error) {
 		expect: func(ctx context.Context, _ []domain.Checkin) (*expectedModel, string, error) {
 			return b.streamModel(ctx, keys)
 		}}
+	if b.opts.TargetMetrics != "" {
+		side.cpu = b.targetCPU
+	}
 	if len(unread) > 0 {
 		side.note = fmt.Sprintf("not waited for: consumer groups no consumer reads (%s; XGROUP DESTROY one that no version uses)", strings.Join(unread, ", "))
 	}
