@@ -128,6 +128,8 @@ func TestBenchEveryPhaseOnPrivateRedis(t *testing.T) {
 	assert.Nil(t, memory[0].Memory.GrowthPct)
 	require.NotNil(t, memory[1].Memory.GrowthPct, "the 2N run reports the growth from N")
 	assert.Contains(t, memory[1].Note, "growth from N=300")
+	assert.Regexp(t, `growth from N=300: [+-]\d+\.\d% \(by used_memory\), [+-]\d+\.\d% by the keys' MEMORY USAGE`, memory[1].Note,
+		"on a private server the keys' own growth is printed beside used_memory's")
 }
 
 // The memory phase's used_memory figure is what the projections' keys hold, not Redis's own

@@ -170,7 +170,11 @@ func (b *bencher) PhaseMemory(ctx context.Context, n int, prior []PhaseResult) (
 		if p.Phase == PhaseMemory && p.Memory != nil && 2*p.Memory.Events == n && p.Memory.figureBytes() > 0 {
 			g := (float64(mr.figureBytes())/float64(p.Memory.figureBytes()) - 1) * 100
 			mr.GrowthPct = &g
-			r.Note += fmt.Sprintf("; growth from N=%d: %+.0f%% (by %s)", p.Memory.Events, g, mr.Figure)
+			r.Note += fmt.Sprintf("; growth from N=%d: %+.1f%% (by %s)", p.Memory.Events, g, mr.Figure)
+			if mr.Figure != FigurePerKey && p.Memory.PerKeyBytes > 0 {
+				// The keys' own sum beside it: used_memory also moves with the server's tables.
+				r.Note += fmt.Sprintf(", %+.1f%% by the keys' MEMORY USAGE", (float64(mr.PerKeyBytes)/float64(p.Memory.PerKeyBytes)-1)*100)
+			}
 		}
 	}
 
