@@ -131,6 +131,9 @@ func isNoGroup(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOGROUP")
 }
 
+// IsNoSuchKey reports Redis's answer for a key that does not exist (XINFO STREAM, XINFO GROUPS).
+func IsNoSuchKey(err error) bool { return isNoSuchKey(err) }
+
 func isNoSuchKey(err error) bool {
 	return err != nil && !errors.Is(err, redis.Nil) && strings.Contains(err.Error(), "no such key")
 }

@@ -194,7 +194,7 @@ func (b *bencher) waitGroups(ctx context.Context, lastIDs map[string]string, wan
 		for _, stream := range streams {
 			lastID := lastIDs[stream]
 			infos, err := b.admin.XInfoGroups(ctx, stream).Result()
-			if err != nil && !(lastID == "" && strings.Contains(err.Error(), "no such key")) {
+			if err != nil && !(lastID == "" && adapters.IsNoSuchKey(err)) {
 				return 0, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
 			}
 			if lastID == "" {

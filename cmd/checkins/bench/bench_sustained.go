@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/domain"
 )
@@ -155,7 +157,7 @@ func (b *bencher) backlog(ctx context.Context, keys adapters.KeySpace) (BacklogR
 	out := BacklogResult{Groups: map[string]GroupBacklog{}}
 	for _, stream := range keys.Partitions().Streams() {
 		infos, err := b.admin.XInfoGroups(ctx, stream).Result()
-		if isNoSuchKey(err) {
+		if adapters.IsNoSuchKey(err) {
 			continue // a partition nothing was written to yet
 		}
 		if err != nil {
@@ -282,7 +284,7 @@ func (b *bencher) targetGroups(ctx context.Context, keys adapters.KeySpace) (rea
 	consumers := map[string]int64{}
 	for _, stream := range keys.Partitions().Streams() {
 		infos, err := b.admin.XInfoGroups(ctx, stream).Result()
-		if isNoSuchKey(err) {
+		if adapters.IsNoSuchKey(err) {
 			continue
 		}
 		if err != nil {
@@ -323,13 +325,14 @@ func (b *bencher) streamModel(ctx context.Context, keys adapters.KeySpace) (*exp
 	want := newExpectedModel()
 	counted := map[int64]int64{} // identity -> the entry score it was last counted at
 	fields := map[string]string{}
+	infos, err := b.streamInfos(ctx, keys)
+	if err != nil {
+		return nil, "", err
+	}
 	for _, stream := range keys.Partitions().Streams() {
-		xs, err := b.admin.XInfoStream(ctx, stream).Result()
-		if isNoSuchKey(err) {
+		xs := infos[stream]
+		if xs == nil {
 			continue
-		}
-		if err != nil {
-			return nil, "", fmt.Errorf("XINFO STREAM %s: %w", stream, err)
 		}
 		if xs.EntriesAdded != xs.Length {
 			return nil, fmt.Sprintf("read models not compared: %s holds %d fewer entries than were ever added to it (trimmed or deleted), so they cannot be computed from it", stream, xs.EntriesAdded-xs.Length), nil
@@ -375,42 +378,48 @@ func (b *bencher) streamModel(ctx context.Context, keys adapters.KeySpace) (*exp
 	return want, "", nil
 }
 
-// added is how many entries were ever added to keys' stream partitions (XINFO STREAM
-// entries-added), which trimming does not change.
-func (b *bencher) added(ctx context.Context, keys adapters.KeySpace) (int64, error) {
-	var total int64
+// streamInfos is XINFO STREAM of each of keys' stream partitions that exists.
+func (b *bencher) streamInfos(ctx context.Context, keys adapters.KeySpace) (map[string]*redis.XInfoStream, error) {
+	out := map[string]*redis.XInfoStream{}
 	for _, s := range keys.Partitions().Streams() {
 		xs, err := b.admin.XInfoStream(ctx, s).Result()
-		if isNoSuchKey(err) {
+		if adapters.IsNoSuchKey(err) {
 			continue
 		}
 		if err != nil {
-			return 0, fmt.Errorf("XINFO STREAM %s: %w", s, err)
+			return nil, fmt.Errorf("XINFO STREAM %s: %w", s, err)
 		}
+		out[s] = xs
+	}
+	return out, nil
+}
+
+// added is how many entries were ever added to keys' stream partitions (XINFO STREAM
+// entries-added), which trimming does not change.
+func (b *bencher) added(ctx context.Context, keys adapters.KeySpace) (int64, error) {
+	infos, err := b.streamInfos(ctx, keys)
+	var total int64
+	for _, xs := range infos {
 		total += xs.EntriesAdded
 	}
-	return total, nil
+	return total, err
 }
 
 // lastGeneratedIDs is the ID of the last entry ever added to each partition ("" for one that
 // never had any): what its consumer groups must have delivered, even when RETENTION has
 // trimmed the entry away since.
 func (b *bencher) lastGeneratedIDs(ctx context.Context, keys adapters.KeySpace) (map[string]string, error) {
+	infos, err := b.streamInfos(ctx, keys)
+	if err != nil {
+		return nil, err
+	}
 	out := map[string]string{}
 	for _, s := range keys.Partitions().Streams() {
-		xs, err := b.admin.XInfoStream(ctx, s).Result()
-		switch {
-		case isNoSuchKey(err):
-			out[s] = ""
-		case err != nil:
-			return nil, fmt.Errorf("XINFO STREAM %s: %w", s, err)
-		case xs.LastGeneratedID == "0-0":
-			out[s] = ""
-		default:
+		if xs := infos[s]; xs != nil && xs.LastGeneratedID != "0-0" {
 			out[s] = xs.LastGeneratedID
+		} else {
+			out[s] = ""
 		}
 	}
 	return out, nil
 }
-
-func isNoSuchKey(err error) bool { return err != nil && strings.Contains(err.Error(), "no such key") }
