@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"os/exec"
@@ -21,6 +22,13 @@ import (
 // startBinary runs the real binary until the test ends; it returns its stderr as it comes.
 func startBinary(t *testing.T, env map[string]string, args ...string) *cliLogLines {
 	t.Helper()
+	logs, _ := startBinaryCmd(t, env, args...)
+	return logs
+}
+
+// startBinaryCmd is startBinary that also returns the process, for a test that kills it.
+func startBinaryCmd(t *testing.T, env map[string]string, args ...string) (*cliLogLines, *exec.Cmd) {
+	t.Helper()
 	cmd := exec.Command(checkinsBinary(t), args...)
 	cmd.Env = cliEnv(env)
 	stderr, err := cmd.StderrPipe()
@@ -37,7 +45,7 @@ func startBinary(t *testing.T, env map[string]string, args ...string) *cliLogLin
 		_ = cmd.Process.Kill()
 		<-exited
 	})
-	return &logs
+	return &logs, cmd
 }
 
 // startTargetServe runs `checkins serve` as an operator would (its own process, default
@@ -215,4 +223,39 @@ func TestBenchSustainedTargetNeedsRedisURL(t *testing.T) {
 	code, _, stderr = runCLI(t, map[string]string{"REDIS_URL": "redis://127.0.0.1:1/0"}, "bench", "--baseline-target", "127.0.0.1:8081")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, `invalid --baseline-target: must be a base URL like http://127.0.0.1:8081, got "127.0.0.1:8081"`)
+}
+
+// A target that stops during sustained (here killed with SIGKILL while the load runs) ends the
+// load and fails the phase with the reason at once: without the watch the bench posted to the
+// dead address until --duration was over, then waited out its 30s stall.
+func TestBenchSustainedTargetThatStops(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	rc := redistest.Client(t, srv.URL())
+	logs, serve := startBinaryCmd(t, map[string]string{"REDIS_URL": srv.URL(), "KEY_PREFIX": "target", "RATE_LIMIT_IP": "off",
+		"HTTP_ADDR": "127.0.0.1:0", "LOG_LEVEL": "info"}, "serve")
+	base := apiBase(t, logs)
+
+	cmd := exec.Command(checkinsBinary(t), "bench", "--phases", "sustained", "--target", base, "--duration", "2m", "--clients", "2")
+	cmd.Env = cliEnv(map[string]string{"REDIS_URL": srv.URL(), "KEY_PREFIX": "target", "LOG_LEVEL": "warn"})
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	ctx := context.Background()
+	require.Eventually(t, func() bool { return rc.XLen(ctx, "target:events").Val() > 0 }, 30*time.Second, 20*time.Millisecond,
+		"the load reaches the target")
+	require.NoError(t, serve.Process.Kill())
+	select {
+	case err := <-exited:
+		var exit *exec.ExitError
+		require.ErrorAs(t, err, &exit, "stderr:\n%s", &stderr)
+		assert.Equal(t, 1, exit.ExitCode())
+		assert.Contains(t, stderr.String(), "the target "+base+" stopped answering (3 requests for /healthz in a row got no answer")
+	case <-time.After(90 * time.Second): // far below the 2m load
+		t.Fatalf("the bench still runs 90s after its target was killed; stderr:\n%s", &stderr)
+	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -34,7 +36,20 @@ func (b *bencher) PhaseSustained(ctx context.Context) (PhaseResult, error) {
 			_ = side.stop()
 		}
 	}()
-	keys, fail := side.keys, side.fail
+	keys := side.keys
+	// A side that stops (the in-process service exits, or --target stops answering) ends the
+	// load at once and fails the phase with the reason, rather than as a stall of the wait.
+	loadCtx, stopLoad := context.WithCancelCause(ctx)
+	defer stopLoad(nil)
+	fail := make(chan error, 1)
+	go func() {
+		select {
+		case err := <-side.fail:
+			stopLoad(err)
+			fail <- err
+		case <-loadCtx.Done():
+		}
+	}()
 	// A target may still be projecting what came before (the ingest phase's load, say): the
 	// figure starts from projections with nothing left to do.
 	lastIDs, err := b.lastGeneratedIDs(ctx, keys)
@@ -59,9 +74,9 @@ func (b *bencher) PhaseSustained(ctx context.Context) (PhaseResult, error) {
 	}
 
 	m := b.startMeter(ctx)
-	lr := closedLoop(ctx, side.url, b.opts.Clients, b.opts.Duration, newPayloadSource(b.runID), sustainedRound, true, b.tokens)
+	lr := closedLoop(loadCtx, side.url, b.opts.Clients, b.opts.Duration, newPayloadSource(b.runID), sustainedRound, true, b.tokens)
 	loadStopped := time.Now()
-	if err := ctx.Err(); err != nil {
+	if err := context.Cause(loadCtx); err != nil {
 		m.Stop()
 		return PhaseResult{}, err
 	}
@@ -264,7 +279,9 @@ func (b *bencher) targetSide(ctx context.Context) (*sustainedSide, error) {
 	if len(read) == 0 {
 		return nil, fmt.Errorf("no consumer reads %s: the target must run the projections (serve, or api beside project) on REDIS_URL with KEY_PREFIX=%s", strings.Join(keys.Partitions().Streams(), ", "), keys.Prefix)
 	}
-	side := &sustainedSide{url: b.opts.Target + "/checkins", keys: keys, groups: read, onlyGroups: true, stop: func() error { return nil },
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	side := &sustainedSide{url: b.opts.Target + "/checkins", keys: keys, groups: read, onlyGroups: true, fail: make(chan error, 1),
+		stop: func() error { stopWatch(); return nil },
 		// The target's read models hold every check-in of its stream, not only this run's.
 		expect: func(ctx context.Context, _ []domain.Checkin) (*expectedModel, string, error) {
 			return b.streamModel(ctx, keys)
@@ -272,10 +289,51 @@ func (b *bencher) targetSide(ctx context.Context) (*sustainedSide, error) {
 	if b.opts.TargetMetrics != "" {
 		side.cpu = b.targetCPU
 	}
+	go watchTarget(watchCtx, b.opts.Target, targetProbe, side.fail)
 	if len(unread) > 0 {
 		side.note = fmt.Sprintf("not waited for: consumer groups no consumer reads (%s; XGROUP DESTROY one that no version uses)", strings.Join(unread, ", "))
 	}
 	return side, nil
+}
+
+// targetProbe is how often watchTarget asks a target whether it still answers.
+const targetProbe = 500 * time.Millisecond
+
+// watchTarget asks base's /healthz every interval until ctx ends, and sends to fail once three
+// asks in a row got no HTTP answer at all: a target that stopped (killed, crashed, its listener
+// gone) would otherwise show only as the wait's stall, 30s after its consumer groups stopped
+// moving. Any answer, whatever its status, is a target that still runs.
+func watchTarget(ctx context.Context, base string, interval time.Duration, fail chan<- error) {
+	hc := &http.Client{Timeout: 5 * time.Second}
+	failed := 0
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/healthz", nil)
+		if err != nil {
+			fail <- fmt.Errorf("--target %s: %w", base, err)
+			return
+		}
+		resp, err := hc.Do(req)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			failed = 0
+			continue
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if failed++; failed == 3 {
+			fail <- fmt.Errorf("the target %s stopped answering (3 requests for /healthz in a row got no answer, the last: %w): its projections cannot be waited for", base, err)
+			return
+		}
+	}
 }
 
 // targetGroups are the names of the consumer groups on keys' stream partitions that some
