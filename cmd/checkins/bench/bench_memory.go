@@ -367,7 +367,11 @@ func keyOwner(keys adapters.KeySpace, projections map[string]string, k string) (
 //   - what the connected clients hold (the sum of CLIENT LIST's tot-mem): a connection's query
 //     and reply buffers come and go with the traffic, and moved one run's figure by 130 KiB
 //     (INFO's mem_clients_normal is only brought up to date by the server's cron, too late for
-//     a reading right after a pipeline).
+//     a reading right after a pipeline);
+//   - the slow log: each entry keeps up to 32 arguments of a command that took over 10 ms, a
+//     few KiB for a projection script call, and a slow machine logs more of them in the longer
+//     drain of 2N (5 entries during N's drain and 13 during 2N's, once: +22 KiB, which read
+//     +10.8% from N to 2N where the keys grew +7.8%). SLOWLOG RESET first frees them.
 //
 // A shared server's statistics are not the bench's to reset, its user may lack CONFIG and
 // CLIENT rights, and other clients move used_memory anyway: there the figure is the per-key
@@ -378,6 +382,7 @@ func (b *bencher) usedMemory(ctx context.Context) (int64, error) {
 		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			if b.redis.private {
 				p.ConfigResetStat(ctx)
+				p.SlowLogReset(ctx)
 			}
 			info = p.Info(ctx, "memory")
 			if b.redis.private {

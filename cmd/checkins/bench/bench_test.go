@@ -207,3 +207,34 @@ func jwtClaims(t *testing.T, tok string) map[string]any {
 	require.NoError(t, json.Unmarshal(b, &claims))
 	return claims
 }
+
+// A private server's used_memory reading leaves out the slow log, Redis's diagnostics: each
+// entry keeps up to 32 arguments of a command that took over 10 ms (a few KiB for a projection
+// script call), and a slow machine logs more of them during the longer drain of 2N. Here 128
+// logged commands of 31 long arguments each would add about 600 KiB to the reading.
+func TestUsedMemoryLeavesOutTheSlowLog(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	c := redistest.Client(t, srv.URL())
+	ctx := context.Background()
+	b := &bencher{admin: c, redis: &benchRedis{private: true}}
+	before, err := b.usedMemory(ctx)
+	require.NoError(t, err)
+
+	require.NoError(t, c.ConfigSet(ctx, "slowlog-log-slower-than", "0").Err()) // log every command
+	args := []any{"EXISTS"}
+	for i := range 31 {
+		args = append(args, fmt.Sprintf("%03d%s", i, strings.Repeat("k", 125)))
+	}
+	for range 128 {
+		require.NoError(t, c.Do(ctx, args...).Err())
+	}
+	require.NoError(t, c.ConfigSet(ctx, "slowlog-log-slower-than", "10000").Err())
+	n, err := c.Do(ctx, "SLOWLOG", "LEN").Int64()
+	require.NoError(t, err)
+	require.EqualValues(t, 128, n, "the slow log is full")
+
+	after, err := b.usedMemory(ctx)
+	require.NoError(t, err)
+	assert.InDelta(t, before, after, 16<<10, "used_memory %d B before the slow log filled, %d B after", before, after)
+}
