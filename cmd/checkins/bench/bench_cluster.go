@@ -165,11 +165,15 @@ func (b *bencher) keys(prefix string) adapters.KeySpace {
 
 // partitions is P of the in-process services: STREAM_PARTITIONS, or its default (1 on one
 // server, adapters.DefaultClusterPartitions on a cluster).
-func (b *bencher) partitions() int {
-	if b.cfg.StreamPartitions > 0 {
-		return b.cfg.StreamPartitions
+func (b *bencher) partitions() int { return partitionsFor(b.cfg, b.redis.cluster) }
+
+// partitionsFor is P of a stream under cfg: STREAM_PARTITIONS when set, else the cluster
+// default on a cluster and 1 on one server, as the service decides it.
+func partitionsFor(cfg Config, cluster bool) int {
+	if cfg.StreamPartitions > 0 {
+		return cfg.StreamPartitions
 	}
-	if b.redis.cluster {
+	if cluster {
 		return adapters.DefaultClusterPartitions
 	}
 	return 1

@@ -473,10 +473,7 @@ func serveBaselineHandler(ctx context.Context, cfg Config, addr string, log io.W
 	defer client.Close()
 	_, cluster := client.(*redis.ClusterClient)
 	keys := adapters.KeySpace{Prefix: cfg.KeyPrefix + "-baseline", Cluster: cluster}
-	if p := cfg.StreamPartitions; p > 1 || (cluster && p == 0) {
-		if p == 0 {
-			p = adapters.DefaultClusterPartitions
-		}
+	if p := partitionsFor(cfg, cluster); p > 1 {
 		if keys, err = keys.WithPartitions(p); err != nil {
 			return fmt.Errorf("invalid --serve-baseline: %w", err)
 		}
