@@ -71,6 +71,20 @@ func newCmdEnv(t *testing.T, wrap func(command.EventPublisher) command.EventPubl
 	return e
 }
 
+// waitMarked waits until the handler's mark of user's checkinId id as published has landed. The
+// request answers before its mark is written; a retry before then waits for the reservation,
+// and the step clock ages it a second per reading, so after a few polls (milliseconds of real
+// time, where a service waits the 5s takeover age) the retry would take it over and publish
+// again: a test of what a retry does after the mark waits for the mark first.
+func (e *cmdEnv) waitMarked(t testing.TB, user int64, id string) {
+	t.Helper()
+	key := e.keys.Idempotency(user, id)
+	require.Eventually(t, func() bool {
+		v, err := e.client.Get(context.Background(), key).Result()
+		return err == nil && strings.HasPrefix(v, "P")
+	}, 10*time.Second, time.Millisecond, "%s marked published", key)
+}
+
 func (e *cmdEnv) xlen(t testing.TB) int64 {
 	t.Helper()
 	n, err := e.client.XLen(context.Background(), e.keys.Stream()).Result()
@@ -109,6 +123,7 @@ func TestRecordCheckinPublishesOnceAndRetriesAreIdempotent(t *testing.T) {
 	assert.Equal(t, "corr-9", entry["meta:correlation_id"])
 
 	// The client omitted the timestamp; the clock has moved on, yet a retry answers the original.
+	e.waitMarked(t, 42, "ck-1")
 	for range 3 {
 		again, err := e.handler.Handle(ctx, cmd)
 		require.NoError(t, err)
@@ -190,6 +205,7 @@ func TestRecordCheckinPublishesUnpublishedReservation(t *testing.T) {
 	assert.Equal(t, strconv.FormatInt(orig.Timestamp, 10), entry["timestamp"])
 	assert.Equal(t, strconv.FormatInt(orig.Timestamp+10, 10), entry["recordedAt"])
 
+	e.waitMarked(t, 5, "ck-4")
 	_, err = e.handler.Handle(ctx, command.RecordCheckin{Input: in})
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), e.xlen(t), "once published, a retry does not publish again")
