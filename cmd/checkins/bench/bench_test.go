@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -243,4 +244,41 @@ func TestUsedMemoryLeavesOutTheSlowLog(t *testing.T) {
 	after, err := b.usedMemory(ctx)
 	require.NoError(t, err)
 	assert.InDelta(t, before, after, 64<<10, "used_memory %d B before the slow log filled, %d B after", before, after)
+}
+
+// A private server's used_memory reading does not move with the reading connection's reply
+// buffer. Redis 7 shrinks an idle connection's buffer to 1 KiB; INFO memory's reply (about
+// 1.5 KiB) then goes into a reply block of at least 16 KiB, which the CLIENT LIST after it
+// counts and the INFO before it did not. Taking that block off the clients' memory read the
+// same data about 20 KiB smaller, so the memory phase's N and 2N readings differed by whether
+// the buffer had shrunk.
+func TestUsedMemoryIgnoresItsOwnReply(t *testing.T) {
+	t.Parallel()
+	// The reply buffer's peak resets every 5 s by default; DEBUG makes it 50 ms.
+	srv := redistest.Start(t, redistest.Options{Args: []string{"--enable-debug-command", "yes"}})
+	opts, err := redis.ParseURL(srv.URL())
+	require.NoError(t, err)
+	opts.PoolSize, opts.MinIdleConns = 1, 1 // every reading on one connection
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	b := &bencher{admin: c, redis: &benchRedis{private: true}}
+
+	before, err := b.usedMemory(ctx) // a new connection: a 16 KiB reply buffer
+	require.NoError(t, err)
+	require.NoError(t, c.Do(ctx, "DEBUG", "REPLYBUFFER", "PEAK-RESET-TIME", "50").Err())
+	shrunk := false
+	for range 100 { // the server's cron shrinks the idle connection's buffer
+		time.Sleep(50 * time.Millisecond)
+		list, err := c.ClientList(ctx).Result()
+		require.NoError(t, err)
+		if strings.Contains(list, " rbs=1024 ") {
+			shrunk = true
+			break
+		}
+	}
+	require.True(t, shrunk, "the reply buffer of the reading connection shrank to 1 KiB")
+	after, err := b.usedMemory(ctx)
+	require.NoError(t, err)
+	assert.InDelta(t, before, after, 4<<10, "used_memory %d B with a 16 KiB reply buffer, %d B with 1 KiB", before, after)
 }
