@@ -247,8 +247,10 @@ func (p *visibilityPoller) add(userID int64, acked time.Time) {
 }
 
 // run checks every pending check-in once per millisecond, the reads of a round in flight
-// together (b.reads pipelines them). A check-in counts as visible at the end of the round that
-// saw it, so figures are late by at most a round.
+// together (b.reads pipelines them). A check-in counts as visible when the read that saw it
+// returned, not when its whole round did: a round shares the two cores and the Redis thread
+// with the service, and took up to 24 ms for seven reads under the default load. Six runs
+// read p99 12.6-25.3 ms this way and 13.3-30.1 ms by the rounds' ends.
 func (p *visibilityPoller) run(ctx context.Context, stop <-chan struct{}) {
 	t := time.NewTicker(time.Millisecond)
 	defer t.Stop()
@@ -268,9 +270,11 @@ func (p *visibilityPoller) run(ctx context.Context, stop <-chan struct{}) {
 		if len(pending) == 0 {
 			continue
 		}
-		counts, errs := make([]int64, len(pending)), make([]error, len(pending))
-		parallel(len(pending), verifyWorkers, func(i int) { counts[i], errs[i] = p.count(ctx, pending[i].userID) })
-		now := time.Now()
+		counts, errs, seen := make([]int64, len(pending)), make([]error, len(pending)), make([]time.Time, len(pending))
+		parallel(len(pending), verifyWorkers, func(i int) {
+			counts[i], errs[i] = p.count(ctx, pending[i].userID)
+			seen[i] = time.Now()
+		})
 		keep := pending[:0]
 		for i, pc := range pending {
 			switch {
@@ -282,7 +286,7 @@ func (p *visibilityPoller) run(ctx context.Context, stop <-chan struct{}) {
 			case counts[i] == 0:
 				keep = append(keep, pc)
 			default:
-				p.latencies = append(p.latencies, now.Sub(pc.acked))
+				p.latencies = append(p.latencies, seen[i].Sub(pc.acked))
 				if counts[i] != 1 {
 					p.wrong++
 				}

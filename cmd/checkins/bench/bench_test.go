@@ -282,3 +282,33 @@ func TestUsedMemoryIgnoresItsOwnReply(t *testing.T) {
 	require.NoError(t, err)
 	assert.InDelta(t, before, after, 4<<10, "used_memory %d B with a 16 KiB reply buffer, %d B with 1 KiB", before, after)
 }
+
+// The e2e poller times a check-in by the read that saw it, not by the end of its round: one
+// slow read in a round does not make the others late.
+func TestVisibilityPollerTimesEachRead(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	p := &visibilityPoller{count: func(ctx context.Context, userID int64) (int64, error) {
+		if userID == 0 {
+			<-release // the round's slow read
+		}
+		return 1, nil
+	}}
+	now := time.Now()
+	for u := range int64(8) {
+		p.add(u, now)
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() { defer close(done); p.run(context.Background(), stop) }()
+	time.Sleep(time.Second)
+	close(release)
+	for p.pending.Load() > 0 {
+		time.Sleep(time.Millisecond)
+	}
+	close(stop)
+	<-done
+	require.Len(t, p.latencies, 8)
+	slices.Sort(p.latencies)
+	assert.Less(t, p.latencies[6], 500*time.Millisecond, "the seven quick reads are not held to the slow one's end: %v", p.latencies)
+	assert.GreaterOrEqual(t, p.latencies[7], time.Second, "the slow read: %v", p.latencies)
+}
