@@ -455,7 +455,7 @@ func poll(ctx context.Context, timeout, every time.Duration, done func() (bool, 
 // connection's reply buffer, which Redis 7 shrinks on an idle connection to as little as 1 KiB,
 // it goes into a reply block of at least 16 KiB. Counted, that block moved the projections'
 // figure by about 20 KiB from one reading to the next, and the memory growth from N to 2N by
-// about 2 points (+8.9% against +10.3% for the same data). What that connection held before,
+// about 2 points (+10.3% before, +7.9% since, for the same data). What that connection held before,
 // the small replies of the commands in front of INFO, fits its buffer.
 func clientsMemory(list string) int64 {
 	var sum int64
