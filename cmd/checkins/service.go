@@ -363,10 +363,12 @@ func (s *Service) Run(ctx context.Context) error {
 	if _, err := s.Listen(); err != nil {
 		return err
 	}
-	s.serveHTTP(gctx, g)
+	// The ports are bound: announce dev mode's tokens before "http listening", which a reader
+	// of the log (a person, a test) takes as the service being up.
 	if err := s.announceDev(s.banner); err != nil {
 		s.log.Warn("dev mode tokens", "error", err)
 	}
+	s.serveHTTP(gctx, g)
 	if s.router != nil {
 		g.Go(func() error { return s.router.Run(gctx) })
 	}
