@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -109,19 +110,24 @@ func eval[T any](b *browser, js string) T {
 	return value(b, chromedp.Evaluate[T](js))
 }
 
+// text reads the text of the first element matching sel, once it exists. A live page swaps its
+// fragments as server-sent ticks arrive, so the query and the read happen in one script: a node
+// found by a CDP query and read a moment later can already have been swapped out, and chromedp
+// reads a detached node's text as "" (it returns the text of visible nodes only).
 func (b *browser) text(sel string) string {
 	b.t.Helper()
-	// A live page swaps its fragments as events arrive: a node found by the query may be gone by
-	// the time its text is read ("No node with given id found"); read it again from the new one.
-	for try := 1; ; try++ {
-		ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
-		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
-		cancel()
-		if err == nil || try == 5 || !strings.Contains(err.Error(), "No node with given id") {
-			require.NoError(b.t, err, "text of %s", sel)
-			return s
-		}
-	}
+	q, err := json.Marshal(sel)
+	require.NoError(b.t, err)
+	js := fmt.Sprintf(`(() => { const e = document.querySelector(%s); return e ? e.innerText : null })()`, q)
+	var s *string
+	require.Eventually(b.t, func() bool {
+		ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+		defer cancel()
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[*string](js))
+		s = v
+		return err == nil && v != nil
+	}, 30*time.Second, 50*time.Millisecond, "no element matches %s", sel)
+	return *s
 }
 
 // login signs in through the form, as a person would.
