@@ -8,6 +8,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -128,6 +129,31 @@ func (b *browser) text(sel string) string {
 		return err == nil && v != nil
 	}, 30*time.Second, 50*time.Millisecond, "no element matches %s", sel)
 	return *s
+}
+
+// click clicks the first element matching sel with the mouse, as a person would. A live page
+// can swap the element out between chromedp's query and its scroll and box-model calls, which
+// then fail on the detached node before any mouse event is sent: query and click again.
+func (b *browser) click(sel string) {
+	b.t.Helper()
+	for try := 1; ; try++ {
+		ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+		err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(sel)))
+		cancel()
+		if err == nil || try == 5 || !swappedOut(err) {
+			require.NoError(b.t, err, "click %s", sel)
+			return
+		}
+	}
+}
+
+// swappedOut tells the errors of a node that left the document between query and use.
+func swappedOut(err error) bool {
+	if errors.Is(err, chromedp.ErrInvalidDimensions) {
+		return true
+	}
+	m := err.Error()
+	return strings.Contains(m, "No node with given id") || strings.Contains(m, "detached") || strings.Contains(m, "Could not compute")
 }
 
 // login signs in through the form, as a person would.
@@ -275,7 +301,8 @@ func TestBrowserPoisonPageLiveReplayAndPurge(t *testing.T) {
 	b.eventually(fmt.Sprintf(`!!document.querySelector('#poison tr[data-id="%s"]')`, garbage), "the garbage entry appears live")
 	b.eventually(`window.__sameDocument === true`, "no reload")
 	// Its replay button cannot help it (it is no event): the page says so and keeps it.
-	b.run(chromedp.Click(chromedp.CSS(fmt.Sprintf(`#poison tr[data-id="%s"] button.replay`, garbage))), chromedp.WaitVisible(chromedp.CSS("p.error")))
+	b.click(fmt.Sprintf(`#poison tr[data-id="%s"] button.replay`, garbage))
+	b.run(chromedp.WaitVisible(chromedp.CSS("p.error")))
 	assert.Contains(t, b.text("p.error"), "cannot be replayed")
 	b.run(chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`#poison tr[data-id="%s"]`, garbage))))
 	b.screenshot("poison-1280x800")
@@ -287,7 +314,8 @@ func TestBrowserPoisonPageLiveReplayAndPurge(t *testing.T) {
 		Projection: "users", Group: "users.v1", Version: 1, Error: "handler bug", Attempts: 5, FailedAt: time.Now(), Fields: ev.Fields()})
 	require.NoError(t, err)
 	b.eventually(fmt.Sprintf(`!!document.querySelector('#poison tr[data-id="%s"]')`, parked), "the parked check-in appears live")
-	b.run(chromedp.Click(chromedp.CSS(fmt.Sprintf(`#poison tr[data-id="%s"] a`, parked))), chromedp.WaitVisible(chromedp.CSS("#poison-meta")))
+	b.click(fmt.Sprintf(`#poison tr[data-id="%s"] a`, parked))
+	b.run(chromedp.WaitVisible(chromedp.CSS("#poison-meta")))
 	meta, fields := b.text("#poison-meta"), b.text("#poison-fields")
 	assert.Contains(t, meta, "poison:error")
 	assert.Contains(t, meta, "handler bug")
@@ -335,7 +363,8 @@ func TestBrowserRebuildFromTheProjectionsPage(t *testing.T) {
 	b.run(chromedp.Navigate(svc.ops+"/ui/projections"), chromedp.WaitVisible(chromedp.CSS("#projections")))
 	b.live()
 	assert.Equal(t, "v1", b.text(`#projections tr[data-projection="users"] .serving`))
-	b.run(chromedp.Click(chromedp.CSS(`#projections tr[data-projection="users"] button.rebuild`)), chromedp.WaitVisible(chromedp.CSS("p.flash")))
+	b.click(`#projections tr[data-projection="users"] button.rebuild`)
+	b.run(chromedp.WaitVisible(chromedp.CSS("p.flash")))
 	assert.Contains(t, b.text("p.flash"), "rebuild of users started: v1 to v2")
 	eval[bool](b, `window.__states = new Set(); setInterval(() => document.querySelectorAll('#rebuilds tr[data-projection="users"] .rebuild-state').forEach(td => window.__states.add(td.textContent)), 50); true`)
 	b.eventually(`!!document.querySelector('#rebuilds tr[data-projection="users"]') && window.__states.size > 0`, "the rebuild shows on the page")
