@@ -642,6 +642,62 @@ func testRedisOutageDuringLoad(t *testing.T, sub string) {
 	t.Logf("log lines by message: %v", logHistogram(svc.logs.String()))
 }
 
+// TestFaultRedisComesBackEmpty: a redis-server without persistence is killed and restarted,
+// empty. The API takes check-ins again by itself; the projections cannot (the live group's
+// membership and positions are gone with everything else), so /readyz says so and names the
+// remedy, and a restart of the projector counts every check-in accepted since, once.
+func TestFaultRedisComesBackEmpty(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	client := redistest.Client(t, srv.URL())
+	env := map[string]string{"REDIS_URL": srv.URL(), "KEY_PREFIX": "empty", "STALL_AFTER": "1s"}
+	svc := startSvc(t, "serve", env)
+	post := func(base string, n int) {
+		t.Helper()
+		for range n {
+			status, body, err := testPostCheckin(base, `{"userId": 7, "locationId": 3, "starRating": 5}`, nil)
+			require.NoError(t, err)
+			require.Equal(t, http.StatusAccepted, status, "%v", body)
+		}
+	}
+	userCount := func(base string) int64 {
+		status, stats, err := testGetStats(base, "/users/7")
+		if err != nil || status != http.StatusOK {
+			return -1
+		}
+		return stats["numCheckins"]
+	}
+	post(svc.base, 3)
+	require.Eventually(t, func() bool { return userCount(svc.base) == 3 }, 20*time.Second, 50*time.Millisecond)
+
+	srv.Kill()
+	srv.Restart()
+	n, err := client.DBSize(context.Background()).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "the server came back empty")
+	require.Eventually(t, func() bool {
+		status, _, err := testPostCheckin(svc.base, `{"userId": 7, "locationId": 3, "starRating": 5}`, nil)
+		return err == nil && status == http.StatusAccepted
+	}, 20*time.Second, 100*time.Millisecond, "the API takes check-ins again by itself")
+	post(svc.base, 4) // 5 since the restart
+	var body string
+	require.Eventually(t, func() bool {
+		var code int
+		code, body = faultGet(t, svc.base+"/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "Redis lost it")
+	}, 30*time.Second, 100*time.Millisecond, "readyz names the lost group: %s", body)
+	assert.Contains(t, body, "a projector creates it when it starts")
+	assert.Equal(t, int64(-1), userCount(svc.base), "the read models went with the server")
+
+	require.Equal(t, 0, svc.exit(t, syscall.SIGTERM))
+	svc = startSvc(t, "serve", env)
+	require.Eventually(t, func() bool { return userCount(svc.base) == 5 }, 20*time.Second, 50*time.Millisecond,
+		"the restarted projector counts every check-in since the server came back, once")
+	require.Eventually(t, func() bool { c, _ := faultGet(t, svc.base+"/readyz"); return c == http.StatusOK }, 20*time.Second, 50*time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
+	assert.Equal(t, int64(5), userCount(svc.base))
+}
+
 func faultGet(t *testing.T, url string) (int, string) {
 	t.Helper()
 	c := authedClient(10 * time.Second)
