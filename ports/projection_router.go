@@ -98,6 +98,8 @@ type ProjectionRouterConfig struct {
 	CheckpointInterval time.Duration
 	Observer           ProjectionObserver
 	Logger             *slog.Logger
+	// Paused, when set and true, says the subscribers are paused for a partition migration.
+	Paused func() bool
 }
 
 // ProjectionRouter is the Watermill router that feeds the projections from the event stream:
@@ -369,6 +371,26 @@ func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.Project
 	if err != nil {
 		return nil, nil, err
 	}
+	if lost := r.lostMembership(targets, ms); len(lost) > 0 {
+		// Redis lost the registry with everything else (a server that came back empty): the
+		// subscribers cannot recreate their groups without it. Join again, as at a start: at
+		// the stream as it is now, with an own group to backfill what it already holds.
+		r.log.Warn("the live group's membership is gone from Redis (it lost its data?): joining again as at a start",
+			"group", r.cfg.LiveGroup, "members", lost)
+		r.mu.Lock()
+		for _, m := range lost {
+			delete(r.joined, m)
+		}
+		r.mu.Unlock()
+		for _, m := range lost {
+			if err := r.join(ctx, m); err != nil {
+				return nil, nil, err
+			}
+		}
+		if ms, err = r.backend.Read(ctx, r.cfg.LiveGroup); err != nil {
+			return nil, nil, err
+		}
+	}
 	want := map[string]string{} // group -> member ("" for the live group)
 	for _, t := range targets {
 		name := ops.MemberName(t.Projection.Name(), t.Version)
@@ -392,6 +414,25 @@ func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.Project
 		r.log.Info("projection handler stopped", "group", rt.group)
 	}
 	return added, removed, err
+}
+
+// lostMembership returns the targets this process had joined when the live group's membership
+// record holds no member at all: nothing takes every member out (a retired version leaves only
+// after its successor joined), so the record was lost, not emptied. Not while the subscribers
+// are paused (Paused): a partition migration deletes the old partitions' records on purpose.
+func (r *ProjectionRouter) lostMembership(targets []ops.ProjectionTarget, ms ops.Membership) []string {
+	if len(ms.Members) > 0 || (r.cfg.Paused != nil && r.cfg.Paused()) {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var lost []string
+	for _, t := range targets {
+		if m := ops.MemberName(t.Projection.Name(), t.Version); r.joined[m] {
+			lost = append(lost, m)
+		}
+	}
+	return lost
 }
 
 // projectionOf is member (pname at some version) as it writes: as SetTargets was given it, else

@@ -118,7 +118,7 @@ func (m *ProgressMonitor) Check(ctx context.Context) ([]GroupProgress, ops.Strea
 			gp.StallCause = fmt.Sprintf("projection group %s stalled: lag %s, %d pending, no progress for %s", name,
 				lagText(gp.Lag), gp.Pending, gp.Unchanged.Truncate(time.Second))
 			if !gp.Exists {
-				gp.StallCause += " (the group does not exist: no projector has created it yet, or Redis lost it, as a server that restarts without persistence does; a projector creates it when it starts)"
+				gp.StallCause += " (the group does not exist: no projector has created it yet, or Redis lost it; a projector creates it when it starts)"
 			} else if gp.Consumers == 0 {
 				gp.StallCause += " (no consumers)"
 			}

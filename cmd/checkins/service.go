@@ -254,6 +254,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 			Retry: ports.RetryPolicy{InitialInterval: cfg.RetryInitial, Multiplier: cfg.RetryMultiplier,
 				MaxInterval: cfg.RetryMax, MaxAttempts: cfg.RetryAttempts},
 			HandlerTimeout: cfg.HandlerTimeout, CloseTimeout: cfg.DrainTimeout, Logger: log, Observer: s.proj.metrics,
+			Paused: s.quiesced,
 		})
 		if err != nil {
 			return nil, err
