@@ -249,6 +249,12 @@ func (r *ProjectionRouter) groupStart(ctx context.Context, stream, group, member
 		if err != nil {
 			return "", err
 		}
+		if _, ok := ms.Members[member]; !ok {
+			// Redis lost the membership (rejoinIfLost joins it again, and the join creates the
+			// group): a group made now would deliver entries that nothing applies to member, and
+			// its join would then take them as backfilled.
+			return "", fmt.Errorf("%s is not in live group %s: nothing to create its own group for", member, r.cfg.LiveGroup)
+		}
 		if m, ok := ms.Members[member].On(stream); ok && ms.Members[member].Parts != nil && m.Own == ops.BackfillDone {
 			// A partition it joined at the start (nothing to backfill there): the own group has
 			// nothing to deliver on it, so it starts at the partition's end.
@@ -355,6 +361,9 @@ var ErrLiveGroupConflict = errors.New("projection version is fed by another live
 // stop. It may be called before Run and then periodically; it returns once stopped handlers
 // have finished their in-flight batches.
 func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.ProjectionTarget) (added, removed []string, err error) {
+	if err := r.rejoinIfLost(ctx); err != nil {
+		return nil, nil, err
+	}
 	for _, t := range targets {
 		if _, ok := r.projs[t.Projection.Name()]; !ok {
 			return nil, nil, fmt.Errorf("projection %s is not run by this router", t.Projection.Name())
@@ -370,26 +379,6 @@ func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.Project
 	ms, err := r.backend.Read(ctx, r.cfg.LiveGroup)
 	if err != nil {
 		return nil, nil, err
-	}
-	if lost := r.lostMembership(targets, ms); len(lost) > 0 {
-		// Redis lost the registry with everything else (a server that came back empty): the
-		// subscribers cannot recreate their groups without it. Join again, as at a start: at
-		// the stream as it is now, with an own group to backfill what it already holds.
-		r.log.Warn("the live group's membership is gone from Redis (it lost its data?): joining again as at a start",
-			"group", r.cfg.LiveGroup, "members", lost)
-		r.mu.Lock()
-		for _, m := range lost {
-			delete(r.joined, m)
-		}
-		r.mu.Unlock()
-		for _, m := range lost {
-			if err := r.join(ctx, m); err != nil {
-				return nil, nil, err
-			}
-		}
-		if ms, err = r.backend.Read(ctx, r.cfg.LiveGroup); err != nil {
-			return nil, nil, err
-		}
 	}
 	want := map[string]string{} // group -> member ("" for the live group)
 	for _, t := range targets {
@@ -416,23 +405,42 @@ func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.Project
 	return added, removed, err
 }
 
-// lostMembership returns the targets this process had joined when the live group's membership
-// record holds no member at all: nothing takes every member out (a retired version leaves only
-// after its successor joined), so the record was lost, not emptied. Not while the subscribers
-// are paused (Paused): a partition migration deletes the old partitions' records on purpose.
-func (r *ProjectionRouter) lostMembership(targets []ops.ProjectionTarget, ms ops.Membership) []string {
-	if len(ms.Members) > 0 || (r.cfg.Paused != nil && r.cfg.Paused()) {
+// rejoinIfLost makes every target join the live group again, as at a start (at the stream as it
+// is now, with an own group to backfill what it already holds), when Redis lost the group's
+// membership record: it holds no member at all while this process had joined some. Nothing else
+// empties it: a retired version leaves only after its successor joined. The subscribers cannot
+// recreate their groups without it. It runs before the targets join, since after a loss the
+// registry names other versions (a projection rebuilt to v2 is v1 again) and one joining alone
+// would hide the loss of the others. Not while the subscribers are paused (Paused): a partition
+// migration deletes the old partitions' records on purpose.
+func (r *ProjectionRouter) rejoinIfLost(ctx context.Context) error {
+	if r.cfg.Paused != nil && r.cfg.Paused() {
 		return nil
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	var lost []string
-	for _, t := range targets {
-		if m := ops.MemberName(t.Projection.Name(), t.Version); r.joined[m] {
-			lost = append(lost, m)
-		}
+	had := make([]string, 0, len(r.joined))
+	for m := range r.joined {
+		had = append(had, m)
 	}
-	return lost
+	r.mu.Unlock()
+	if len(had) == 0 {
+		return nil
+	}
+	ms, err := r.backend.Read(ctx, r.cfg.LiveGroup)
+	if err != nil || len(ms.Members) > 0 {
+		return err
+	}
+	sort.Strings(had)
+	r.log.Warn("the live group's membership is gone from Redis (it lost its data?): joining again as at a start",
+		"group", r.cfg.LiveGroup, "members", had)
+	r.mu.Lock()
+	clear(r.joined)
+	r.mu.Unlock()
+	// The checkpoints of before name positions of the lost stream: prune no marker by them.
+	r.ackMu.Lock()
+	clear(r.acked)
+	r.ackMu.Unlock()
+	return nil
 }
 
 // projectionOf is member (pname at some version) as it writes: as SetTargets was given it, else

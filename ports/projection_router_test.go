@@ -130,6 +130,7 @@ type harnessOptions struct {
 	nackDelay      time.Duration
 	applier        func(redis.UniversalClient, adapters.KeySpace) *adapters.ProjectionApplier // nil: the router's default
 	targets        []ops.ProjectionTarget                                                     // nil: p as version 1
+	before         func(h *harness)                                                           // runs before the router starts
 }
 
 const testGroup = "live"
@@ -165,6 +166,9 @@ func startHarness(t *testing.T, p *faultyProjection, o harnessOptions) *harness 
 	applier := testApplier(t, h.client, h.keys)
 	if o.applier != nil {
 		applier = o.applier(h.client, h.keys)
+	}
+	if o.before != nil {
+		o.before(h)
 	}
 	targets := o.targets
 	if targets == nil {
@@ -636,4 +640,52 @@ while true do local t = redis.call('TIME') if t[1] * 1000000 + t[2] - s > 400000
 	require.Positive(t, h.logs.count("HANDLER_TIMEOUT"), "some apply must have timed out and landed later")
 	assert.Equal(t, int64(2*n), h.stars())
 	assert.Empty(t, h.poison(), "never parked for Redis being slow")
+}
+
+// TestRouterDoesNotRecreateAnOwnGroupWithoutItsMember: a version backfilling through its own
+// group when Redis loses the live group's membership (a server that came back empty) must not
+// get that group recreated before it joined again: a group made then would deliver entries that
+// nothing applies to the version and acknowledge them, and the join would take them as
+// backfilled (the version would never count them).
+func TestRouterDoesNotRecreateAnOwnGroupWithoutItsMember(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	p := newFaulty("lostown", func(ctx context.Context, _ string, _ int) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	h := startHarness(t, p, harnessOptions{handlerTimeout: time.Minute, before: func(h *harness) {
+		for i := range 5 {
+			h.add(fmt.Sprintf("before-%d", i), 3)
+		}
+		// A live group that has delivered them already: the version joins behind it, at the
+		// stream's end, and its own group backfills them.
+		require.NoError(t, h.client.XGroupCreate(context.Background(), h.keys.Stream(), testGroup, "$").Err())
+	}})
+	t.Cleanup(func() { close(release) })
+	own := "lostown.v1"
+	ctx := context.Background()
+	groups := func() []string {
+		gs, err := h.client.XInfoGroups(ctx, h.keys.Stream()).Result()
+		require.NoError(t, err)
+		var names []string
+		for _, g := range gs {
+			names = append(names, g.Name)
+		}
+		return names
+	}
+	require.Eventually(t, func() bool { return p.attempts("before-0") > 0 }, 10*time.Second, 10*time.Millisecond, "the backfill runs")
+	require.Contains(t, groups(), own)
+
+	// Redis loses the registry (membership and checkpoints) and the groups.
+	require.NoError(t, h.client.Del(ctx, h.keys.Projections()).Err())
+	require.NoError(t, h.client.XGroupDestroy(ctx, h.keys.Stream(), own).Err())
+	require.NoError(t, h.client.XGroupDestroy(ctx, h.keys.Stream(), testGroup).Err())
+	// Several checkpoint intervals (250 ms) and subscriber retries later, neither is back.
+	time.Sleep(2 * time.Second)
+	assert.NotContains(t, groups(), own, "the own group of a version that is not in the live group")
+	assert.NotContains(t, groups(), testGroup, "the live group without members")
 }
