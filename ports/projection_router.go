@@ -405,8 +405,9 @@ func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.Project
 	return added, removed, err
 }
 
-// rejoinIfLost makes every target join the live group again, as at a start (at the stream as it
-// is now, with an own group to backfill what it already holds), when Redis lost the group's
+// rejoinIfLost forgets which members this process joined, so that SetTargets joins every target
+// again as at a start (at the stream as it is now, with an own group to backfill what it already
+// holds), when Redis lost the group's
 // membership record: it holds no member at all while this process had joined some. Nothing else
 // empties it: a retired version leaves only after its successor joined. The subscribers cannot
 // recreate their groups without it. It runs before the targets join, since after a loss the

@@ -535,12 +535,7 @@ func poisonLen(t *testing.T, rdb redis.UniversalClient, keys adapters.KeySpace) 
 // pending in any group, and a restarted service continues to exact counts.
 func TestFaultSIGTERMDuringLoadLosesNothing(t *testing.T) {
 	t.Parallel()
-	for _, sub := range []string{"batched", "watermill"} {
-		t.Run(sub, func(t *testing.T) {
-			t.Parallel()
-			testSIGTERMDuringLoad(t, sub)
-		})
-	}
+	withEachSubscriber(t, testSIGTERMDuringLoad)
 }
 
 func testSIGTERMDuringLoad(t *testing.T, sub string) {
@@ -584,12 +579,7 @@ func testSIGTERMDuringLoad(t *testing.T, sub string) {
 // resumes without a restart of the service, and every check-in that got a 2xx is counted once.
 func TestFaultRedisOutageDuringLoad(t *testing.T) {
 	t.Parallel()
-	for _, sub := range []string{"batched", "watermill"} {
-		t.Run(sub, func(t *testing.T) {
-			t.Parallel()
-			testRedisOutageDuringLoad(t, sub)
-		})
-	}
+	withEachSubscriber(t, testRedisOutageDuringLoad)
 }
 
 func testRedisOutageDuringLoad(t *testing.T, sub string) {
@@ -650,12 +640,7 @@ func testRedisOutageDuringLoad(t *testing.T, sub string) {
 // the service; a restart afterwards counts nothing twice.
 func TestFaultRedisComesBackEmpty(t *testing.T) {
 	t.Parallel()
-	for _, sub := range []string{"batched", "watermill"} {
-		t.Run(sub, func(t *testing.T) {
-			t.Parallel()
-			testRedisComesBackEmpty(t, sub)
-		})
-	}
+	withEachSubscriber(t, testRedisComesBackEmpty)
 }
 
 func testRedisComesBackEmpty(t *testing.T, sub string) {
@@ -723,6 +708,16 @@ func testRedisComesBackEmpty(t *testing.T, sub string) {
 	l.verifyAll(t, srv.URL(), keys) // a restart counts nothing twice
 	requireNothingPending(t, client, keys)
 	assert.Zero(t, poisonLen(t, client, keys), "nothing parked")
+}
+
+// withEachSubscriber runs test as parallel subtests, once per subscriber (SUBSCRIBER).
+func withEachSubscriber(t *testing.T, test func(t *testing.T, sub string)) {
+	for _, sub := range []string{"batched", "watermill"} {
+		t.Run(sub, func(t *testing.T) {
+			t.Parallel()
+			test(t, sub)
+		})
+	}
 }
 
 func faultGet(t *testing.T, url string) (int, string) {
