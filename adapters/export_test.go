@@ -68,3 +68,9 @@ const UnpackNumbersLua = unpackNumbersLua
 
 // RatioScaleLua is the scale applyScript multiplies a zscaledratioatmin ratio by.
 const RatioScaleLua = ratioScaleLua
+
+// EncodeCompact is encodeCompact.
+var EncodeCompact = encodeCompact
+
+// DecodeRecord is decodeRecord.
+var DecodeRecord = decodeRecord

@@ -21,6 +21,7 @@ func NewOpsBackend(client redis.UniversalClient, keys KeySpace) ops.Backend {
 		Observations: NewProgressObservations(client, keys),
 		Failures:     RedisErrors{},
 		Migration:    migrationFlag{client: client, keys: keys},
+		Records:      NewIdempotencyRecords(client, keys),
 	}
 }
 

@@ -123,7 +123,7 @@ func (r *ReservingPublisher) ReserveAndPublish(ctx context.Context, rec command.
 	if (limit && r.limiter == nil) || r.idem.legacyLookups(ctx) {
 		return none, nil, false, nil
 	}
-	b, err := encodeRecord(statePublished, rec)
+	b, err := r.idem.encodePublished(rec)
 	if err != nil {
 		return none, nil, true, err
 	}

@@ -30,6 +30,7 @@ type Commands struct {
 	ReplayPoisoned    *command.ReplayPoisoned
 	PurgePoisoned     *command.PurgePoisoned
 	TrimStream        *command.TrimStream
+	RecordFormat      *command.RecordFormat
 	// MigratePartitions is set only for `checkins partitions migrate`, which connects without
 	// checking the configured partition count.
 	MigratePartitions *command.MigratePartitions
@@ -138,6 +139,9 @@ func (a *Application) AddOps(cfg OpsConfig) error {
 		return err
 	}
 	c.TrimStream.WaitForMigrations(cfg.Backend.Migration)
+	if c.RecordFormat, err = command.NewRecordFormat(cfg.Backend.Records); err != nil {
+		return err
+	}
 	if q.Status, err = query.NewStatus(cfg.Backend, cfg.Projections, cfg.StallAfter); err != nil {
 		return err
 	}

@@ -26,6 +26,27 @@ type Backend struct {
 	Observations Observations
 	Failures     Failures
 	Migration    Migration
+	Records      IdempotencyRecords
+}
+
+// The formats of the idempotency records that answer retries, as the API writes them once the
+// check-in is on the stream.
+const (
+	// RecordFormatJSON is the state byte and the check-in as JSON (about 140 bytes): what
+	// every release reads, and what a deployment that earlier releases served writes until
+	// it is switched.
+	RecordFormatJSON = "json"
+	// RecordFormatCompact is the check-in's fields as varints (about 15 bytes; a record takes
+	// about 210 bytes of Redis memory instead of 340), read by releases since 2026-12-06 only.
+	RecordFormatCompact = "compact"
+)
+
+// IdempotencyRecords is how the API processes write their idempotency records.
+type IdempotencyRecords interface {
+	// Format is the format they write (RecordFormatJSON when none was recorded).
+	Format(ctx context.Context) (string, error)
+	// SetFormat records the format they write from their next look on (within a minute).
+	SetFormat(ctx context.Context, format string) error
 }
 
 // Migration tells whether a partition migration (checkins partitions migrate) holds the event

@@ -25,6 +25,8 @@ func opsCommands() map[string]subcommand {
 	return map[string]subcommand{
 		"poison": {"inspect, replay and purge the poison queue", cliVerb(ports.PoisonCommand)},
 		"status": {"consumer groups, consumers, pending, lag, poison counts", cliVerb(ports.StatusCommand)},
+		"idempotency": {"how the idempotency records are written (idempotency format [compact|json])",
+			cliVerb(ports.IdempotencyCommand)},
 		"partitions": {"move the event stream to another number of partitions (partitions migrate --to N)",
 			func(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 				return ports.PartitionsCommand(ctx, args, stdout, stderr, connectMigrate(getenv, stderr))
