@@ -26,7 +26,7 @@ import (
 // byte ('R' reserved, 'P' published) followed by the first accepted check-in as JSON; a
 // reservation also names its owner and when it was taken (fields older records lack: they read
 // as reserved at their RecordedAt by no owner in particular). A published record, the one that
-// lives for ttl, is written in the compact format (encodeCompact: about 15 bytes where the JSON
+// lives for ttl, is written in the compact format (encodeCompact: about 14 bytes where the JSON
 // takes about 140) once <prefix>:meta says every process reads it (recordFormat); both are read.
 //
 // Keys are scoped by the check-in's user (KeySpace.Idempotency), in the layout of the keyspace
@@ -59,9 +59,10 @@ type IdempotencyStore struct {
 	since       int64 // scopedSince, once sinceKnown (read under loadMu)
 	sinceKnown  bool
 	// compact: published records are written in the compact format (recordFormat, read with the
-	// lookups); streamUsed: the stream held an entry when the format was first read (under loadMu).
-	compact    atomic.Bool
-	streamUsed bool
+	// lookups); served: a release may have taken check-ins in this keyspace before this store's
+	// first load (servedBefore, read then, under loadMu).
+	compact atomic.Bool
+	served  bool
 }
 
 // idemLookup: records of layout (a KeySpace.IdempotencyLayout, or "" for the pre-scoped keys of
@@ -422,6 +423,11 @@ func (s *IdempotencyStore) loadLookups(ctx context.Context) ([]idemLookup, error
 // layout as in use.
 func (s *IdempotencyStore) readLookups(ctx context.Context) ([]idemLookup, error) {
 	if !s.sinceKnown { // fixed once set: read at the first load only
+		served, err := servedBefore(ctx, s.client, s.keys) // before scopedSince marks the keyspace
+		if err != nil {
+			return nil, err
+		}
+		s.served = served
 		since, err := s.scopedSince(ctx)
 		if err != nil {
 			return nil, err
@@ -457,11 +463,11 @@ const (
 )
 
 // recordFormat tells whether published records are written compact: when <prefix>:meta says so,
-// and first of all in a keyspace whose event stream never held an entry, where no earlier
-// release ever ran, so that a new deployment starts compact (recorded in the meta, for every
-// process after it). A keyspace that earlier releases served keeps writing JSON, which they
-// read, until an operator switches it (`checkins idempotency format compact`, IdempotencyRecords)
-// once none of them runs any more.
+// and first of all in a keyspace no release served before this store's first load (served),
+// where no earlier release ever ran, so that a new deployment starts compact (recorded in the
+// meta, for every process after it). A keyspace that earlier releases served keeps writing
+// JSON, which they read, until an operator switches it (`checkins idempotency format compact`,
+// IdempotencyRecords) once none of them runs any more.
 func (s *IdempotencyStore) recordFormat(ctx context.Context) (bool, error) {
 	for range 2 {
 		v, err := s.client.HGet(ctx, s.keys.Meta(), metaIdemFormat).Result()
@@ -470,17 +476,7 @@ func (s *IdempotencyStore) recordFormat(ctx context.Context) (bool, error) {
 			return v == ops.RecordFormatCompact, nil
 		case !errors.Is(err, redis.Nil):
 			return false, fmt.Errorf("HGET %s %s: %w", s.keys.Meta(), metaIdemFormat, err)
-		}
-		if !s.streamUsed {
-			for _, st := range s.keys.Partitions().Streams() {
-				used, err := everUsed(ctx, s.client, st)
-				if err != nil {
-					return false, err
-				}
-				s.streamUsed = s.streamUsed || used
-			}
-		}
-		if s.streamUsed {
+		case s.served:
 			return false, nil
 		}
 		set, err := s.client.HSetNX(ctx, s.keys.Meta(), metaIdemFormat, ops.RecordFormatCompact).Result()
@@ -495,6 +491,25 @@ func (s *IdempotencyStore) recordFormat(ctx context.Context) (bool, error) {
 	return false, nil
 }
 
+// servedBefore tells whether a release may have taken check-ins in keys' keyspace: a partition of
+// its event stream ever held an entry (trimming does not reset that), or a release since
+// checkinIds were scoped by user marked the keyspace (idem-scoped-since, which it marks at its
+// first check-in even while the stream is empty; a partition migration starts the new
+// partitions empty when every entry was trimmed).
+func servedBefore(ctx context.Context, client redis.UniversalClient, keys KeySpace) (bool, error) {
+	for _, st := range keys.Partitions().Streams() {
+		used, err := everUsed(ctx, client, st)
+		if used || err != nil {
+			return used, err
+		}
+	}
+	n, err := client.Exists(ctx, keys.IdempotencyScopedSince()).Result()
+	if err != nil {
+		return false, fmt.Errorf("EXISTS %s: %w", keys.IdempotencyScopedSince(), err)
+	}
+	return n > 0, nil
+}
+
 // IdempotencyRecords implements ops.IdempotencyRecords: the format in <prefix>:meta.
 type IdempotencyRecords struct {
 	client redis.UniversalClient
@@ -506,13 +521,18 @@ func NewIdempotencyRecords(client redis.UniversalClient, keys KeySpace) Idempote
 	return IdempotencyRecords{client: client, keys: keys}
 }
 
-// Format implements ops.IdempotencyRecords (RecordFormatJSON when nothing is recorded: the
-// format of every release before the compact one).
+// Format implements ops.IdempotencyRecords. When none is recorded it is the one the first
+// check-in will record: RecordFormatJSON, the format of every release before the compact one,
+// where a release served the keyspace; otherwise RecordFormatCompact.
 func (r IdempotencyRecords) Format(ctx context.Context) (string, error) {
 	v, err := r.client.HGet(ctx, r.keys.Meta(), metaIdemFormat).Result()
 	switch {
 	case errors.Is(err, redis.Nil):
-		return ops.RecordFormatJSON, nil
+		served, err := servedBefore(ctx, r.client, r.keys)
+		if err != nil || served {
+			return ops.RecordFormatJSON, err
+		}
+		return ops.RecordFormatCompact, nil
 	case err != nil:
 		return "", fmt.Errorf("HGET %s %s: %w", r.keys.Meta(), metaIdemFormat, err)
 	}

@@ -131,6 +131,9 @@ func TestIdempotencyRecordFormat(t *testing.T) {
 	t.Run("new keyspace", func(t *testing.T) {
 		keys := env.with("new").keys
 		require.NoError(t, env.client.XGroupCreateMkStream(ctx, keys.Stream(), "live", "0").Err(), "serve's projectors create the stream empty")
+		before, err := adapters.NewIdempotencyRecords(env.client, keys).Format(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, ops.RecordFormatCompact, before, "what the first check-in will record")
 		store := adapters.NewIdempotencyStore(env.client, keys, time.Hour)
 		rec := publishedRecord("n-1", 3, 4, 5, 0, now)
 		record(store, rec)
@@ -162,6 +165,31 @@ func TestIdempotencyRecordFormat(t *testing.T) {
 		require.NoError(t, err)
 		assert.EqualValues(t, 1, n, "and adds no entry")
 	})
+
+	// Keyspaces that earlier releases served although their streams hold nothing now.
+	for name, served := range map[string]func(adapters.KeySpace){
+		"stream trimmed to empty": func(keys adapters.KeySpace) {
+			require.NoError(t, env.client.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: map[string]any{"x": "y"}}).Err())
+			require.NoError(t, env.client.XTrimMaxLen(ctx, keys.Stream(), 0).Err())
+		},
+		"marked by a release since scoped keys, its stream gone": func(keys adapters.KeySpace) {
+			require.NoError(t, env.client.Set(ctx, keys.IdempotencyScopedSince(), "0", 0).Err())
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			keys := env.with(name).keys
+			served(keys)
+			format, err := adapters.NewIdempotencyRecords(env.client, keys).Format(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, ops.RecordFormatJSON, format)
+			rec := publishedRecord("s-1", 3, 4, 5, 0, now)
+			record(adapters.NewIdempotencyStore(env.client, keys, time.Hour), rec)
+			assert.True(t, strings.HasPrefix(value(keys, rec), `P{"f":`), "JSON: %q", value(keys, rec))
+			n, err := env.client.HExists(ctx, keys.Meta(), "idem-format").Result()
+			require.NoError(t, err)
+			assert.False(t, n, "nothing recorded")
+		})
+	}
 
 	t.Run("keyspace an earlier release served", func(t *testing.T) {
 		keys := env.with("earlier").keys

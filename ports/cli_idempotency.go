@@ -14,13 +14,14 @@ const idempotencyUsage = `Usage:
 
 format prints how the API processes write the idempotency records that answer retries, or
 switches it; every process follows within a minute. Records of both formats answer retries
-alike. A compact record takes about 15 bytes where the JSON takes about 140: in Redis about
-210 bytes a check-in of the last IDEMPOTENCY_TTL instead of 340. A new deployment writes compact
+alike. A compact record takes about 14 bytes where the JSON takes about 144: in Redis about
+215 bytes a check-in of the last IDEMPOTENCY_TTL instead of 344. A new deployment writes compact
 records from its first check-in. One that releases before 2026-12-06 served writes JSON until it
 is switched: switch it once every API process runs this release or a later one (a process of an
-earlier release answers a retry of a compact record with 500). Before rolling back to such a
-release, switch back to json and wait IDEMPOTENCY_TTL, or its retries of the check-ins recorded
-meanwhile fail the same way.
+earlier release cannot read a compact record: it answers the retry with 500). Before rolling
+back to such a release, switch back to json, wait a minute, then IDEMPOTENCY_TTL, or its
+retries of the check-ins recorded meanwhile fail the same way. Without an argument, format
+prints the format recorded, or the one the first check-in will record.
 Connection flags (--redis-url, --key-prefix, ...) are those of "checkins serve --help".
 `
 

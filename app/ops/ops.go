@@ -36,8 +36,8 @@ const (
 	// every release reads, and what a deployment that earlier releases served writes until
 	// it is switched.
 	RecordFormatJSON = "json"
-	// RecordFormatCompact is the check-in's fields as varints (about 15 bytes; a record takes
-	// about 210 bytes of Redis memory instead of 340), read by releases since 2026-12-06 only.
+	// RecordFormatCompact is the check-in's fields as varints (about 14 bytes; a record takes
+	// about 215 bytes of Redis memory instead of 344), read by releases since 2026-12-06 only.
 	RecordFormatCompact = "compact"
 )
 
