@@ -208,21 +208,23 @@ func decodeCompact(id, v string) (*command.IdempotencyRecord, error) {
 		return nil, corrupt
 	}
 	b := []byte(v[3:])
-	var fields [3]uint64
+	var fields [3]int64
 	for i := range fields {
 		n, size := binary.Uvarint(b)
 		if size <= 0 || n > math.MaxInt64 {
 			return nil, corrupt
 		}
-		fields[i], b = n, b[size:]
+		fields[i], b = int64(n), b[size:] // #nosec G115 -- at most math.MaxInt64, checked above
 	}
 	delta, size := binary.Varint(b)
 	if size <= 0 || size != len(b) {
 		return nil, corrupt
 	}
-	c := domain.Checkin{ID: id, UserID: int64(fields[0]), LocationID: int64(fields[1]), StarRating: int(v[2] & compactRating),
-		Timestamp: int64(fields[2])}
+	c := domain.Checkin{ID: id, UserID: fields[0], LocationID: fields[1], StarRating: int(v[2] & compactRating), Timestamp: fields[2]}
 	at := c.Timestamp + delta
+	if c.UserID < 1 || c.LocationID < 1 || (delta < 0 && at < 0) || (delta > 0 && at < c.Timestamp) {
+		return nil, corrupt // what encodeCompact never writes
+	}
 	return &command.IdempotencyRecord{Fingerprint: compactFingerprint(c, v[2]&compactNoTimestamp != 0), Checkin: c,
 		RecordedAt: at, Published: true, ReservedAt: at}, nil
 }
