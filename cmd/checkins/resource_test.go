@@ -67,6 +67,10 @@ func TestResourcePolicyChangedAtRuntimeMakesNotReady(t *testing.T) {
 		code, body := ready()
 		return code == http.StatusServiceUnavailable && strings.Contains(body, `maxmemory-policy is \"volatile-lru\"`)
 	}, 10*time.Second, 20*time.Millisecond)
+	// The log is read from the process's stderr as it comes: the line may arrive after /readyz
+	// answers. Once it has, a few more checks (100 ms apart) must not log it again.
+	require.Eventually(t, func() bool { return p.logs.count("Redis may now evict keys") >= 1 }, 10*time.Second, 20*time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
 	assert.Equal(t, 1, p.logs.count("Redis may now evict keys"), "logged once, not every check")
 	require.NoError(t, c.ConfigSet(context.Background(), "maxmemory-policy", "noeviction").Err())
 	require.Eventually(t, func() bool { code, _ := ready(); return code == http.StatusOK }, 10*time.Second, 20*time.Millisecond)
