@@ -544,8 +544,8 @@ func (r IdempotencyRecords) Format(ctx context.Context) (string, error) {
 // SetFormat implements ops.IdempotencyRecords: the API processes follow within a minute
 // (layoutRefresh, when they read the layouts again).
 func (r IdempotencyRecords) SetFormat(ctx context.Context, format string) error {
-	if format != ops.RecordFormatJSON && format != ops.RecordFormatCompact {
-		return fmt.Errorf("unknown idempotency record format %q: %s or %s", format, ops.RecordFormatCompact, ops.RecordFormatJSON)
+	if err := ops.CheckRecordFormat(format); err != nil {
+		return err
 	}
 	if err := r.client.HSet(ctx, r.keys.Meta(), metaIdemFormat, format).Err(); err != nil {
 		return fmt.Errorf("HSET %s %s: %w", r.keys.Meta(), metaIdemFormat, err)

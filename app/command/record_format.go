@@ -3,7 +3,6 @@ package command
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/checkins/checkins/app/ops"
 )
@@ -31,8 +30,8 @@ func (c *RecordFormat) Get(ctx context.Context) (string, error) { return c.recor
 // Set switches to format and returns the one written before. The API processes follow at their
 // next look, within a minute.
 func (c *RecordFormat) Set(ctx context.Context, format string) (before string, err error) {
-	if format != ops.RecordFormatCompact && format != ops.RecordFormatJSON {
-		return "", fmt.Errorf("unknown idempotency record format %q: %s or %s", format, ops.RecordFormatCompact, ops.RecordFormatJSON)
+	if err := ops.CheckRecordFormat(format); err != nil {
+		return "", err
 	}
 	if before, err = c.records.Format(ctx); err != nil {
 		return "", err

@@ -41,6 +41,14 @@ const (
 	RecordFormatCompact = "compact"
 )
 
+// CheckRecordFormat is nil for a format of the records, otherwise an error naming both.
+func CheckRecordFormat(format string) error {
+	if format != RecordFormatCompact && format != RecordFormatJSON {
+		return fmt.Errorf("unknown idempotency record format %q: %s or %s", format, RecordFormatCompact, RecordFormatJSON)
+	}
+	return nil
+}
+
 // IdempotencyRecords is how the API processes write their idempotency records.
 type IdempotencyRecords interface {
 	// Format is the format they write (RecordFormatJSON when none was recorded).

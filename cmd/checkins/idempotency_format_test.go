@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -37,11 +36,7 @@ func TestIdempotencyFormatSwitch(t *testing.T) {
 		RecordedAt: 1700000000100}
 	u, l, s, ts := old.UserID, old.LocationID, int64(old.StarRating), old.Timestamp
 	old.Fingerprint = domain.CheckinInput{UserID: &u, LocationID: &l, StarRating: &s, Timestamp: &ts}.Fingerprint()
-	msg, err := adapters.NewEventMessage(old.Fields(), "corr")
-	require.NoError(t, err)
-	values, err := adapters.FlatMarshaller{}.Marshal(keys.Stream(), msg)
-	require.NoError(t, err)
-	require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: values}).Err())
+	xaddEvent(t, c, keys.Stream(), old)
 	require.NoError(t, c.Set(ctx, keys.Idempotency(7, "old-1"), fmt.Sprintf(`P{"f":%q,"id":"old-1","u":7,"l":3,"s":4,"t":1700000000000,"r":1700000000100}`,
 		old.Fingerprint), 0).Err())
 

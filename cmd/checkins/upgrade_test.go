@@ -24,6 +24,19 @@ import (
 	"github.com/checkins/checkins/domain"
 )
 
+// xaddEvent adds ev to stream as the API's publisher writes it (Watermill's message, the flat
+// marshaller's fields) and returns its entry ID.
+func xaddEvent(t *testing.T, c redis.UniversalClient, stream string, ev domain.CheckinRecorded) string {
+	t.Helper()
+	msg, err := adapters.NewEventMessage(ev.Fields(), "corr")
+	require.NoError(t, err)
+	values, err := adapters.FlatMarshaller{}.Marshal(stream, msg)
+	require.NoError(t, err)
+	id, err := c.XAdd(context.Background(), &redis.XAddArgs{Stream: stream, Values: values}).Result()
+	require.NoError(t, err)
+	return id
+}
+
 // TestUpgradeFromTheEarlierLayoutKeepsEveryCount: a deployment of the earlier layout (one
 // consumer group per projection version, checkinIds kept in per-slot seen sets) crashed with
 // entries delivered and not acknowledged, some of them applied. The new binary starts on it:
@@ -48,13 +61,7 @@ func TestUpgradeFromTheEarlierLayoutKeepsEveryCount(t *testing.T) {
 	for i := range total {
 		ev := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "old-" + strconv.Itoa(i), UserID: 1 + int64(i%13), LocationID: 1 + int64(i%7),
 			StarRating: i % 6, Timestamp: now - int64(total-i)*60_000}, RecordedAt: now - int64(total-i)*60_000}
-		msg, err := adapters.NewEventMessage(ev.Fields(), "corr")
-		require.NoError(t, err)
-		values, err := adapters.FlatMarshaller{}.Marshal(keys.Stream(), msg)
-		require.NoError(t, err)
-		id, err := c.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: values}).Result()
-		require.NoError(t, err)
-		evs, ids = append(evs, ev), append(ids, id)
+		evs, ids = append(evs, ev), append(ids, xaddEvent(t, c, keys.Stream(), ev))
 	}
 
 	// The earlier layout's state: read models of the first `applied` events, their checkinIds
