@@ -267,12 +267,26 @@ func (s *IdempotencyStore) key(c domain.Checkin) string { return s.keys.Idempote
 // encodePublished is rec as a published record: compact once the keyspace's format is (and rec
 // fits it), otherwise JSON.
 func (s *IdempotencyStore) encodePublished(rec command.IdempotencyRecord) ([]byte, error) {
-	if s.compact.Load() {
+	return publishedRecord(rec, s.compact.Load())
+}
+
+func publishedRecord(rec command.IdempotencyRecord, compact bool) ([]byte, error) {
+	if compact {
 		if b, ok := encodeCompact(rec); ok {
 			return b, nil
 		}
 	}
 	return encodeRecord(statePublished, rec)
+}
+
+// PublishedRecord is rec as the API stores it once its check-in is on the stream, in format
+// (ops.RecordFormatCompact, or ops.RecordFormatJSON; a record the compact format cannot hold
+// is JSON): what `checkins bench --preload-records` fills a server with.
+func PublishedRecord(rec command.IdempotencyRecord, format string) ([]byte, error) {
+	if err := ops.CheckRecordFormat(format); err != nil {
+		return nil, err
+	}
+	return publishedRecord(rec, format == ops.RecordFormatCompact)
 }
 
 // Reserve implements command.IdempotencyStore with one SET NX GET round trip (two more while

@@ -2,6 +2,7 @@ package adapters_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -221,4 +222,39 @@ func TestIdempotencyRecordFormat(t *testing.T) {
 
 		assert.ErrorContains(t, records.SetFormat(ctx, "binary"), `unknown idempotency record format "binary"`)
 	})
+}
+
+// PublishedRecord writes what the API's store writes, in either format: a record set with it
+// under the record's key answers a retry and a reuse with another body, as the store's own.
+func TestPublishedRecordIsWhatTheStoreReads(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	ctx := context.Background()
+	now := time.Now().UnixMilli()
+	keys := env.with("published").keys
+	store := adapters.NewIdempotencyStore(env.client, keys, time.Hour)
+	for i, format := range []string{ops.RecordFormatCompact, ops.RecordFormatJSON} {
+		rec := publishedRecord(fmt.Sprintf("p-%d", i), 5, 6, 3, now-60_000, now)
+		v, err := adapters.PublishedRecord(rec, format)
+		require.NoError(t, err)
+		assert.Equal(t, format == ops.RecordFormatCompact, len(v) > 1 && v[1] == 1, "%s: %q", format, v)
+		require.NoError(t, env.client.Set(ctx, keys.Idempotency(5, rec.Checkin.ID), v, time.Hour).Err())
+		got, err := store.Reserve(ctx, rec)
+		require.NoError(t, err)
+		require.NotNil(t, got, format)
+		assert.Equal(t, rec, *got, "%s: a retry finds it", format)
+		other := publishedRecord(rec.Checkin.ID, 5, 7, 3, now-60_000, now)
+		got, err = store.Reserve(ctx, other)
+		require.NoError(t, err)
+		require.NotNil(t, got)
+		assert.Equal(t, rec.Fingerprint, got.Fingerprint, "%s: another body conflicts with it", format)
+	}
+	// A record the compact format cannot hold (its fingerprint is of another body) is JSON.
+	odd := publishedRecord("p-odd", 5, 6, 3, 0, now)
+	odd.Fingerprint = "not-the-body's"
+	v, err := adapters.PublishedRecord(odd, ops.RecordFormatCompact)
+	require.NoError(t, err)
+	assert.True(t, strings.HasPrefix(string(v), `P{"f":"not-the-body's"`), "%q", v)
+	_, err = adapters.PublishedRecord(odd, "binary")
+	assert.EqualError(t, err, `unknown idempotency record format "binary": compact or json`)
 }

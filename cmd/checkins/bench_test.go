@@ -14,6 +14,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -182,6 +183,66 @@ func TestBenchOnSharedRedisDeletesOnlyItsKeys(t *testing.T) {
 	assert.Equal(t, []string{"someone-else:key"}, keys, "the bench must delete its keys and only its keys")
 }
 
+// --preload-records fills Redis, before the first phase, with idempotency records as the API
+// stores them (compact, under the keys the service uses, expiring within IDEMPOTENCY_TTL),
+// reports how many keys and how much memory they added, and deletes them with its other keys.
+func TestBenchPreloadsIdempotencyRecords(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	client := redistest.Client(t, srv.URL())
+	ctx := context.Background()
+
+	type seen struct {
+		key, value string
+		ttl        time.Duration
+	}
+	found := make(chan seen, 1)
+	stop := make(chan struct{})
+	go func() { // a record, read while the ingest phase runs
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			keys, _, err := client.Scan(ctx, 0, "bench-*-records:idem:*", 1000).Result()
+			if err != nil || len(keys) == 0 {
+				continue
+			}
+			v, err := client.Get(ctx, keys[0]).Result()
+			ttl, terr := client.PTTL(ctx, keys[0]).Result()
+			if err == nil && terr == nil {
+				found <- seen{keys[0], v, ttl}
+				return
+			}
+		}
+	}()
+	res := runBenchJSON(t, envWith(map[string]string{"REDIS_URL": srv.URL(), "PROJECTIONS": "", "IDEMPOTENCY_TTL": "1h"}),
+		"--phases", "ingest", "--duration", "2s", "--clients", "4", "--preload-records", "5000")
+	close(stop)
+
+	assert.Equal(t, 5000, res.Settings.PreloadRecords)
+	require.NotNil(t, res.Records)
+	assert.Equal(t, 5000, res.Records.Records)
+	assert.EqualValues(t, 5000, res.Records.Keys, "one key per record")
+	assert.InDelta(t, 230, res.Records.BytesPerRecord, 130, "used_memory per record")
+	assert.Equal(t, 3600.0, res.Records.TTLSeconds)
+	require.Len(t, res.Phases, 1)
+	assert.Equal(t, bench.CheckOK, res.Phases[0].Check, res.Phases[0].CheckDetail)
+	select {
+	case r := <-found:
+		assert.Regexp(t, `^bench-[0-9a-f]+-records:idem:\{user:\d+\}:[0-9a-f-]{36}$`, r.key)
+		require.GreaterOrEqual(t, len(r.value), 3)
+		assert.Equal(t, "P\x01", r.value[:2], "published, compact: %q", r.value)
+		assert.Positive(t, r.ttl)
+		assert.LessOrEqual(t, r.ttl, time.Hour)
+	default:
+		t.Fatal("no preloaded record was seen during the run")
+	}
+	keys, err := client.Keys(ctx, "*").Result()
+	require.NoError(t, err)
+	assert.Empty(t, keys, "the records are deleted with the run's other keys")
+}
+
 // With a subset of projections the services run only those, and the checks cover only those;
 // e2e watches recent_checkins when users is not selected.
 func TestBenchSubsetOfProjections(t *testing.T) {
@@ -261,6 +322,7 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 		{[]string{"--clients", "0"}, "invalid --clients: must be from 1 to 10000"},
 		{[]string{"--events", "0"}, "invalid --events: must be from 1 to 10000000"},
 		{[]string{"--memory-events", "10"}, "invalid --memory-events: must be from 100 to 10000000"},
+		{[]string{"--preload-records", "-1"}, "invalid --preload-records: must be from 0 to 100000000, got -1"},
 		{[]string{"--projections", "users,nearby"}, `invalid --projections (PROJECTIONS): unknown projection "nearby" (known: users, locations, leaderboards, recent_checkins, daily_checkins)`},
 		{[]string{"--projections", "locations"}, "invalid --projections: e2e times a check-in until it is visible in users or recent_checkins"},
 		{[]string{"--target", "localhost:8080"}, "invalid --target: must be a base URL like http://127.0.0.1:8080"},

@@ -64,7 +64,7 @@ func benchTokenIssuer(bc bench.Config) (*ports.TokenIssuer, error) {
 func benchConfig(cfg Config) bench.Config {
 	return bench.Config{RedisURL: cfg.RedisURL, RedisTLS: cfg.RedisTLS, RedisMode: cfg.RedisMode, StreamPartitions: cfg.StreamPartitions, KeyPrefix: cfg.KeyPrefix, HTTPAddr: cfg.HTTPAddr, ConsumerName: cfg.ConsumerName,
 		LogLevel: cfg.LogLevel, Projections: cfg.Projections, Subscriber: cfg.Subscriber, BatchSize: cfg.BatchSize,
-		MaxInFlight: cfg.MaxInFlight, DedupeWindow: cfg.DedupeWindow, Retention: cfg.Retention,
+		MaxInFlight: cfg.MaxInFlight, DedupeWindow: cfg.DedupeWindow, IdempotencyTTL: cfg.IdempotencyTTL, Retention: cfg.Retention,
 		AuthMode: cfg.AuthMode, OpsAddr: cfg.OpsAddr, RateLimitUser: cfg.RateLimitUser, RateLimitIP: cfg.RateLimitIP, Service: cfg}
 }
 

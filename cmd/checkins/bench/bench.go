@@ -88,6 +88,11 @@ names the stream of --target for the stream check). --projections (env PROJECTIO
 projections; with all of them the services run as serve ships, without a PROJECTIONS list.
 LOG_LEVEL defaults to warn.
 
+--preload-records N first writes N idempotency records, the data set a deployment holds at its
+steady state (about R x IDEMPOTENCY_TTL of them at R check-ins/s; the bench otherwise starts
+from an empty Redis), and reports the keys and used_memory they added; with 10 million (2.1 GB)
+Redis spent about half again as much CPU per ingest request on 2026-12-06, and the p99s rose.
+
 Time: ingest and ingest-baseline take --duration each, sustained and e2e --duration plus the
 time the projections need to catch up; drain and drain-baseline each drain --events once per
 --consumers entry; memory drains 3 x --memory-events. With every projection the drain runs at
@@ -118,6 +123,8 @@ type benchOptions struct {
 	// AllProjections says they are every shipped one (the services then get no explicit list).
 	Projections    []string
 	AllProjections bool
+	// PreloadRecords idempotency records are written before the first phase (0: none).
+	PreloadRecords int
 }
 
 // benchFlags are the raw values of the bench's flags.
@@ -132,11 +139,12 @@ type benchFlags struct {
 	baselineTarget string
 	targetMetrics  string
 	memoryEvents   int
+	preloadRecords int
 }
 
 // runFlags are the flags of a run of phases, which --serve-baseline does not make.
 var runFlags = []string{"phases", "duration", "clients", "events", "consumers", "rate", "target", "baseline-target", "target-metrics",
-	"memory-events", "cluster", "json", "cpuprofile", "trace", "memprofile"}
+	"memory-events", "preload-records", "cluster", "json", "cpuprofile", "trace", "memprofile"}
 
 const projectionsFlagUsage = "comma-separated projections the bench runs and checks (env PROJECTIONS, default: every shipped projection: %s)"
 
@@ -157,6 +165,7 @@ func Run(ctx context.Context, h Host, args []string, getenv func(string) string,
 	fs.StringVar(&f.baselineTarget, "baseline-target", "", "base URL of a bare XADD handler that `checkins bench --serve-baseline` runs, for ingest-baseline instead of the in-process one (its stream: KEY_PREFIX-baseline)")
 	serveBaseline := fs.String("serve-baseline", "", "serve the ingest-baseline handler (POST /checkins: decode, one XADD to KEY_PREFIX-baseline's stream on REDIS_URL) on this address until interrupted, instead of running phases; for --baseline-target")
 	fs.IntVar(&f.memoryEvents, "memory-events", 100000, "events of the first memory run; the second writes twice as many")
+	fs.IntVar(&f.preloadRecords, "preload-records", 0, "before the first phase, fill Redis with this many idempotency records (compact, of 10,000 users, their ages spread over IDEMPOTENCY_TTL so that they expire as a deployment's do): the data set a deployment at its steady state holds, about R x IDEMPOTENCY_TTL at R check-ins/s")
 	cluster := fs.Bool("cluster", false, "without REDIS_URL, start a private Redis Cluster of 3 masters (no persistence) instead of one private redis-server; the services use STREAM_PARTITIONS (default 24 on a cluster)")
 	asJSON := fs.Bool("json", false, "print the result as JSON on stdout instead of the table")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (service, load and baselines) to this file, for go tool pprof")
@@ -264,7 +273,7 @@ func ProjectionNames(ps []projection.Projection) []string {
 }
 
 func parseBenchOptions(h Host, f benchFlags, cfg Config) (benchOptions, error) {
-	o := benchOptions{Duration: f.duration, Clients: f.clients, Events: f.events, Rate: f.rate, MemoryEvents: f.memoryEvents}
+	o := benchOptions{Duration: f.duration, Clients: f.clients, Events: f.events, Rate: f.rate, MemoryEvents: f.memoryEvents, PreloadRecords: f.preloadRecords}
 	want := map[string]bool{}
 	for _, p := range strings.Split(f.phases, ",") {
 		p = strings.TrimSpace(p)
@@ -299,6 +308,9 @@ func parseBenchOptions(h Host, f benchFlags, cfg Config) (benchOptions, error) {
 	}
 	if f.memoryEvents < 100 || f.memoryEvents > 10_000_000 {
 		return o, fmt.Errorf("invalid --memory-events: must be from 100 to 10000000, got %d", f.memoryEvents)
+	}
+	if f.preloadRecords < 0 || f.preloadRecords > maxPreloadRecords {
+		return o, fmt.Errorf("invalid --preload-records: must be from 0 to %d, got %d", maxPreloadRecords, f.preloadRecords)
 	}
 	if f.rate <= 0 || f.rate > 1_000_000 {
 		return o, fmt.Errorf("invalid --rate: must be above 0 and at most 1000000 per second, got %g", f.rate)

@@ -201,7 +201,11 @@ func printBenchTable(w io.Writer, res BenchResult) {
 		fmt.Fprintf(w, " baseline-target=%s", s.BaselineTarget)
 	}
 	fmt.Fprintf(w, " auth=%s rate-limit-user=%s", s.AuthMode, s.RateLimitUse)
-	fmt.Fprintf(w, ", total %.0fs\n\n", res.Seconds)
+	fmt.Fprintf(w, ", total %.0fs\n", res.Seconds)
+	if res.Records != nil {
+		fmt.Fprintln(w, recordsLine(res.Records))
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "PHASE\tCONS\tTHROUGHPUT\tUNIT\tP50\tP95\tP99\tMAX\tERRORS\tCHECK\tCPU GO\tCPU REDIS\tPEAK RSS\tPEAK HEAP\tVS BASELINE\t")
 	for _, r := range res.Phases {

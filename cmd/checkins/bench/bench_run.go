@@ -30,7 +30,9 @@ type BenchResult struct {
 	Settings BenchSettings `json:"settings"`
 	Phases   []PhaseResult `json:"phases"`
 	// Serial is sustained held against ingest and drain of the same run (nil unless all three ran).
-	Serial  *SerialEstimate `json:"serial,omitempty"`
+	Serial *SerialEstimate `json:"serial,omitempty"`
+	// Records are the idempotency records --preload-records wrote before the first phase.
+	Records *RecordsPreload `json:"preloaded_records,omitempty"`
 	Seconds float64         `json:"seconds"`
 }
 
@@ -100,6 +102,7 @@ type BenchSettings struct {
 	MaxInFlight    int      `json:"max_in_flight"`
 	AuthMode       string   `json:"auth_mode"`       // the in-process services' AUTH_MODE; off: no tokens sent
 	RateLimitUse   string   `json:"rate_limit_user"` // RATE_LIMIT_USER of the in-process services
+	PreloadRecords int      `json:"preload_records,omitempty"`
 }
 
 // PhaseResult is one row of the table.
@@ -225,7 +228,8 @@ func (b *bencher) close() {
 	}
 	b.closed = true
 	if !b.redis.private {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		// About 100,000 keys a second; preloaded records can be millions.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute+time.Duration(b.opts.PreloadRecords/20_000)*time.Second)
 		defer cancel()
 		if n, err := deleteKeys(ctx, b.admin, b.runID+"-*"); err != nil {
 			b.log.Error("bench: could not delete its keys", "pattern", b.runID+"-*", "error", err)
@@ -258,7 +262,7 @@ func (b *bencher) run(ctx context.Context) (BenchResult, error) {
 			Clients: b.opts.Clients, Events: b.opts.Events, Consumers: b.opts.Consumers, Rate: b.opts.Rate,
 			MemoryEvents: b.opts.MemoryEvents, Target: b.opts.Target, BaselineTarget: b.opts.BaselineTarget,
 			Subscriber: b.cfg.Subscriber, BatchSize: b.cfg.BatchSize, MaxInFlight: b.cfg.MaxInFlight,
-			AuthMode: b.cfg.AuthMode, RateLimitUse: b.cfg.RateLimitUser.String()},
+			AuthMode: b.cfg.AuthMode, RateLimitUse: b.cfg.RateLimitUser.String(), PreloadRecords: b.opts.PreloadRecords},
 	}
 	b.progress("%s", machineLine(res))
 	want := map[string]bool{}
@@ -281,6 +285,14 @@ func (b *bencher) run(ctx context.Context) (BenchResult, error) {
 		return res
 	}
 
+	if n := b.opts.PreloadRecords; n > 0 {
+		r, err := b.preloadRecords(ctx, n)
+		if err != nil {
+			return finish(res), fmt.Errorf("preload-records: %w", err)
+		}
+		res.Records = r
+		b.progress("%s", recordsLine(r))
+	}
 	if want[PhaseIngest] || want[PhaseIngestBaseline] {
 		rs, err := b.phaseIngestPair(ctx, want[PhaseIngest], want[PhaseIngestBaseline])
 		if err != nil {

@@ -52,7 +52,10 @@ type Config struct {
 	BatchSize        int
 	MaxInFlight      int
 	DedupeWindow     time.Duration
-	Retention        command.RetentionPolicy
+	// IdempotencyTTL is IDEMPOTENCY_TTL, which --preload-records spreads its records' ages over
+	// (read only: the services keep their own).
+	IdempotencyTTL time.Duration
+	Retention      command.RetentionPolicy
 	// Access: AUTH_MODE (shown with the figures), the ops listener, the rate limits.
 	AuthMode      string
 	OpsAddr       string
