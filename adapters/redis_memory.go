@@ -102,3 +102,71 @@ func isUnknownCommand(err error) bool {
 	return strings.Contains(msg, "unknown command") || strings.HasPrefix(msg, "noperm") ||
 		strings.Contains(msg, "unknown subcommand")
 }
+
+// KeyspaceInfo is what INFO keyspace says of the database the client uses (on a cluster:
+// database 0 of every master, summed).
+type KeyspaceInfo struct {
+	// Reported: INFO keyspace answered (a managed Redis may refuse INFO to the application's user).
+	Reported bool
+	Keys     int64 // keys in the database
+	// Expiring are those with a TTL: mostly the idempotency records of the last IDEMPOTENCY_TTL
+	// and the rate limit's state. Every command's lookups go through tables that hold them.
+	Expiring int64
+}
+
+// ReadKeyspaceInfo reads INFO keyspace; a database INFO does not list is empty.
+func ReadKeyspaceInfo(ctx context.Context, client redis.UniversalClient) (KeyspaceInfo, error) {
+	switch c := client.(type) {
+	case *redis.ClusterClient:
+		var (
+			mu  sync.Mutex
+			sum KeyspaceInfo
+		)
+		err := c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			k, err := readNodeKeyspace(ctx, n, 0)
+			mu.Lock()
+			defer mu.Unlock()
+			sum.Reported = sum.Reported || k.Reported
+			sum.Keys += k.Keys
+			sum.Expiring += k.Expiring
+			return err
+		})
+		return sum, err
+	case *redis.Client:
+		return readNodeKeyspace(ctx, c, c.Options().DB)
+	}
+	return readNodeKeyspace(ctx, client, 0)
+}
+
+func readNodeKeyspace(ctx context.Context, c redis.UniversalClient, db int) (KeyspaceInfo, error) {
+	raw, err := c.Info(ctx, "keyspace").Result()
+	if isUnknownCommand(err) {
+		return KeyspaceInfo{}, nil
+	}
+	if err != nil {
+		return KeyspaceInfo{}, fmt.Errorf("INFO keyspace: %w", err)
+	}
+	k := KeyspaceInfo{Reported: true}
+	want := "db" + strconv.Itoa(db)
+	for _, line := range strings.Split(raw, "\n") {
+		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || name != want {
+			continue
+		}
+		// db0:keys=12,expires=3,avg_ttl=86312000
+		for _, f := range strings.Split(fields, ",") {
+			key, v, _ := strings.Cut(f, "=")
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				continue
+			}
+			switch key {
+			case "keys":
+				k.Keys = n
+			case "expires":
+				k.Expiring = n
+			}
+		}
+	}
+	return k, nil
+}

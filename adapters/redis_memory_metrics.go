@@ -9,12 +9,14 @@ import (
 )
 
 // RedisMemoryCollector reports Redis's memory at scrape time: used_memory, maxmemory (0: no
-// limit) and the eviction policy, what to watch to scale before Redis refuses writes.
+// limit) and the eviction policy, what to watch to scale before Redis refuses writes; and the
+// keys of the service's database, and how many of them expire, which at a steady rate are
+// mostly the idempotency records and set what every command's lookups cost.
 type RedisMemoryCollector struct {
 	client  redis.UniversalClient
 	timeout time.Duration
 
-	used, max, policy *prometheus.Desc
+	used, max, policy, keys, expiring *prometheus.Desc
 }
 
 // NewRedisMemoryCollector reads client's INFO memory within timeout per scrape.
@@ -23,6 +25,9 @@ func NewRedisMemoryCollector(client redis.UniversalClient, timeout time.Duration
 		used:   prometheus.NewDesc("checkins_redis_used_memory_bytes", "Redis used_memory (INFO memory; summed over the masters of a cluster).", nil, nil),
 		max:    prometheus.NewDesc("checkins_redis_maxmemory_bytes", "Redis maxmemory; 0: no limit (writes fail with OOM at the limit under noeviction).", nil, nil),
 		policy: prometheus.NewDesc("checkins_redis_maxmemory_policy", "1 for Redis's maxmemory-policy (anything but noeviction may delete data).", []string{"policy"}, nil),
+		keys:   prometheus.NewDesc("checkins_redis_keys", "Keys in the service's Redis database (INFO keyspace; summed over the masters of a cluster).", nil, nil),
+		expiring: prometheus.NewDesc("checkins_redis_expiring_keys",
+			"Of checkins_redis_keys, those with a TTL: mostly the idempotency records of the last IDEMPOTENCY_TTL (about rate x IDEMPOTENCY_TTL).", nil, nil),
 	}
 }
 
@@ -31,6 +36,8 @@ func (c *RedisMemoryCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.used
 	ch <- c.max
 	ch <- c.policy
+	ch <- c.keys
+	ch <- c.expiring
 }
 
 // Collect implements prometheus.Collector; nothing when Redis does not answer or tell.
@@ -47,5 +54,9 @@ func (c *RedisMemoryCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if m.Policy != "" {
 		ch <- prometheus.MustNewConstMetric(c.policy, prometheus.GaugeValue, 1, m.Policy)
+	}
+	if k, err := ReadKeyspaceInfo(ctx, c.client); err == nil && k.Reported {
+		ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(k.Keys))
+		ch <- prometheus.MustNewConstMetric(c.expiring, prometheus.GaugeValue, float64(k.Expiring))
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -91,15 +92,45 @@ func TestResourceRedisThatHidesItsPolicy(t *testing.T) {
 	code, body := faultGet(t, p.base+"/metrics")
 	require.Equal(t, http.StatusOK, code)
 	assert.NotContains(t, body, "checkins_redis_used_memory_bytes", "nothing to report, nothing made up")
+	assert.NotContains(t, body, "checkins_redis_keys", "nor keys")
 }
 
-// TestResourceMetricsShowRedisMemory: /metrics has used_memory, maxmemory and the policy.
+// TestResourceMetricsShowRedisMemory: /metrics has used_memory, maxmemory and the policy, and
+// the keys of the service's database with how many of them expire (counted here by SCAN and
+// PTTL), whose growth with the idempotency records makes every lookup dearer.
 func TestResourceMetricsShowRedisMemory(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{Args: []string{"--maxmemory", "64mb"}})
+	c := redistest.Client(t, srv.URL())
+	ctx := context.Background()
 	p := startSvc(t, "api", map[string]string{"REDIS_URL": srv.URL()})
-	code, body := faultGet(t, p.base+"/metrics")
-	require.Equal(t, http.StatusOK, code)
+	for i := range 7 {
+		ttl := time.Duration(0)
+		if i < 4 {
+			ttl = time.Hour
+		}
+		require.NoError(t, c.Set(ctx, fmt.Sprintf("other:%d", i), "v", ttl).Err())
+	}
+	count := func() (keys, expiring int) {
+		iter := c.Scan(ctx, 0, "*", 100).Iterator()
+		for iter.Next(ctx) {
+			keys++
+			if ttl, err := c.PTTL(ctx, iter.Val()).Result(); err == nil && ttl > 0 {
+				expiring++
+			}
+		}
+		require.NoError(t, iter.Err())
+		return keys, expiring
+	}
+	var body string
+	require.Eventually(t, func() bool {
+		var code int
+		code, body = faultGet(t, p.base+"/metrics")
+		keys, expiring := count()
+		return code == http.StatusOK && keys >= 7 && expiring >= 4 &&
+			strings.Contains(body, fmt.Sprintf("\ncheckins_redis_keys %d\n", keys)) &&
+			strings.Contains(body, fmt.Sprintf("\ncheckins_redis_expiring_keys %d\n", expiring))
+	}, 10*time.Second, 50*time.Millisecond, "metrics:\n%s", body)
 	assert.Regexp(t, `(?m)^checkins_redis_used_memory_bytes [1-9][0-9.e+]*$`, body)
 	assert.Contains(t, body, "checkins_redis_maxmemory_bytes 6.7108864e+07")
 	assert.Contains(t, body, `checkins_redis_maxmemory_policy{policy="noeviction"} 1`)
