@@ -123,14 +123,16 @@ func TestResourceMetricsShowRedisMemory(t *testing.T) {
 		return keys, expiring
 	}
 	var body string
-	require.Eventually(t, func() bool {
+	if !assert.Eventually(t, func() bool {
 		var code int
 		code, body = faultGet(t, p.base+"/metrics")
 		keys, expiring := count()
 		return code == http.StatusOK && keys >= 7 && expiring >= 4 &&
 			strings.Contains(body, fmt.Sprintf("\ncheckins_redis_keys %d\n", keys)) &&
 			strings.Contains(body, fmt.Sprintf("\ncheckins_redis_expiring_keys %d\n", expiring))
-	}, 10*time.Second, 50*time.Millisecond, "metrics:\n%s", body)
+	}, 10*time.Second, 50*time.Millisecond) {
+		t.Fatalf("the key gauges never matched SCAN and PTTL; the last metrics:\n%s", body)
+	}
 	assert.Regexp(t, `(?m)^checkins_redis_used_memory_bytes [1-9][0-9.e+]*$`, body)
 	assert.Contains(t, body, "checkins_redis_maxmemory_bytes 6.7108864e+07")
 	assert.Contains(t, body, `checkins_redis_maxmemory_policy{policy="noeviction"} 1`)

@@ -92,6 +92,8 @@ LOG_LEVEL defaults to warn.
 steady state (about R x IDEMPOTENCY_TTL of them at R check-ins/s; the bench otherwise starts
 from an empty Redis), and reports the keys and used_memory they added; with 10 million (2.1 GB)
 Redis spent about half again as much CPU per ingest request on 2026-12-06, and the p99s rose.
+The memory phase, which reads differences of used_memory, deletes them first with the earlier
+phases' keys.
 
 Time: ingest and ingest-baseline take --duration each, sustained and e2e --duration plus the
 time the projections need to catch up; drain and drain-baseline each drain --events once per

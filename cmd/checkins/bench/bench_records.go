@@ -61,6 +61,9 @@ func (b *bencher) preloadRecords(ctx context.Context, n int) (*RecordsPreload, e
 	start := time.Now()
 	now := start.UnixMilli()
 	ttlMs := ttl.Milliseconds()
+	// age(i) = ttlMs x (n-i) / (n+1), exact without the product (which a TTL of years and 100
+	// million records would overflow): 0 <= age < ttlMs, so every record has 1 ms or more left.
+	q, rem := ttlMs/int64(n+1), ttlMs%int64(n+1)
 	var next, done atomic.Int64
 	g, gctx := errgroup.WithContext(ctx)
 	for range preloadWorkers {
@@ -73,7 +76,7 @@ func (b *bencher) preloadRecords(ctx context.Context, n int) (*RecordsPreload, e
 				hi := min(lo+preloadBatch, n)
 				_, err := b.admin.Pipelined(gctx, func(p redis.Pipeliner) error {
 					for i := lo; i < hi; i++ {
-						age := ttlMs * int64(n-i) / int64(n+1) // 0 < age < ttl
+						age := q*int64(n-i) + rem*int64(n-i)/int64(n+1)
 						rec := preloadRecord(i, now-age)
 						v, err := adapters.PublishedRecord(rec, ops.RecordFormatCompact)
 						if err != nil {
