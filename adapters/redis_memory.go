@@ -33,28 +33,36 @@ func (m MemoryInfo) Evicts() bool { return m.Policy != "" && m.Policy != "noevic
 // policy. Both are reads: they work when Redis is out of memory.
 func ReadMemoryInfo(ctx context.Context, client redis.UniversalClient) (MemoryInfo, error) {
 	if cc, ok := client.(*redis.ClusterClient); ok {
-		var (
-			mu  sync.Mutex
-			sum MemoryInfo
-		)
-		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			m, err := readNodeMemory(ctx, c)
-			if err != nil {
-				return err
-			}
-			mu.Lock()
-			defer mu.Unlock()
+		return mergeMasters(ctx, cc, readNodeMemory, func(sum *MemoryInfo, m MemoryInfo) {
 			sum.Reported = sum.Reported || m.Reported
 			sum.Used += m.Used
 			sum.Max += m.Max
 			if sum.Policy == "" || (m.Evicts() && !sum.Evicts()) {
 				sum.Policy = m.Policy
 			}
-			return nil
 		})
-		return sum, err
 	}
 	return readNodeMemory(ctx, client)
+}
+
+// mergeMasters reads every master of a cluster with read and merges what each answered into
+// one value, one master at a time; the first error is returned with what the others answered.
+func mergeMasters[T any](ctx context.Context, cc *redis.ClusterClient, read func(context.Context, redis.UniversalClient) (T, error), merge func(sum *T, one T)) (T, error) {
+	var (
+		mu  sync.Mutex
+		sum T
+	)
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		one, err := read(ctx, c)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		merge(&sum, one)
+		return nil
+	})
+	return sum, err
 }
 
 func readNodeMemory(ctx context.Context, c redis.UniversalClient) (MemoryInfo, error) {
@@ -118,20 +126,14 @@ type KeyspaceInfo struct {
 func ReadKeyspaceInfo(ctx context.Context, client redis.UniversalClient) (KeyspaceInfo, error) {
 	switch c := client.(type) {
 	case *redis.ClusterClient:
-		var (
-			mu  sync.Mutex
-			sum KeyspaceInfo
-		)
-		err := c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
-			k, err := readNodeKeyspace(ctx, n, 0)
-			mu.Lock()
-			defer mu.Unlock()
+		db0 := func(ctx context.Context, n redis.UniversalClient) (KeyspaceInfo, error) {
+			return readNodeKeyspace(ctx, n, 0)
+		}
+		return mergeMasters(ctx, c, db0, func(sum *KeyspaceInfo, k KeyspaceInfo) {
 			sum.Reported = sum.Reported || k.Reported
 			sum.Keys += k.Keys
 			sum.Expiring += k.Expiring
-			return err
 		})
-		return sum, err
 	case *redis.Client:
 		return readNodeKeyspace(ctx, c, c.Options().DB)
 	}
