@@ -91,7 +91,7 @@ LOG_LEVEL defaults to warn.
 --preload-records N first writes N idempotency records, the data set a deployment holds at its
 steady state (about R x IDEMPOTENCY_TTL of them at R check-ins/s; the bench otherwise starts
 from an empty Redis), and reports the keys and used_memory they added; with 10 million (2.1 GB)
-Redis spent about half again as much CPU per ingest request on 2026-12-06, and the p99s rose.
+Redis spent a fifth to a half more CPU per ingest request in runs on 2026-12-06.
 The memory phase, which reads differences of used_memory, deletes them first with the earlier
 phases' keys.
 
