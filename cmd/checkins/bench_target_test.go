@@ -119,6 +119,18 @@ func TestBenchSustainedAgainstTarget(t *testing.T) {
 	assert.Contains(t, byPhase[bench.PhaseSustained].Note, "not waited for: consumer groups no consumer reads (live:users;")
 	assert.Equal(t, base, res.Settings.Target)
 	assert.Equal(t, baseURL, res.Settings.BaselineTarget)
+	// What an answer cost in CPU counts both external processes' CPU.
+	if assert.Len(t, res.Costs, 3) {
+		for i, p := range []string{bench.PhaseIngestBaseline, bench.PhaseIngest, bench.PhaseSustained} {
+			c := res.Costs[i]
+			assert.Equal(t, p, c.Phase)
+			if assert.NotNil(t, c.Service, p) {
+				assert.InDelta(t, c.Process+c.Redis+*c.Service, c.Micros, 1e-6, p)
+				assert.InDelta(t, *byPhase[p].ServiceCPUSeconds*1e6/float64(byPhase[p].Count), *c.Service, 1e-6, p)
+			}
+			assert.Equal(t, i > 0, c.Allows != nil, p)
+		}
+	}
 	// The read models were checked against everything on the stream: the other producer's
 	// check-in and its copy (one identity), ingest's and sustained's (warm-up requests
 	// included, which the counts leave out).

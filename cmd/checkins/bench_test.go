@@ -87,6 +87,18 @@ func TestBenchEveryPhaseOnPrivateRedis(t *testing.T) {
 	require.NotNil(t, byPhase[bench.PhaseDrain].VsBaseline)
 	assert.Positive(t, *byPhase[bench.PhaseDrain].VsBaseline)
 	require.NotNil(t, byPhase[bench.PhaseE2E].PostLatency)
+	// What an answer cost in CPU: in-process, this process's and Redis's.
+	if assert.Len(t, res.Costs, 3) {
+		for i, p := range []string{bench.PhaseIngestBaseline, bench.PhaseIngest, bench.PhaseSustained} {
+			c := res.Costs[i]
+			assert.Equal(t, p, c.Phase)
+			assert.Nil(t, c.Service, "%s: no process of its own", p)
+			assert.InDelta(t, (byPhase[p].CPUSeconds+byPhase[p].RedisCPUSeconds)*1e6/float64(byPhase[p].Count), c.Micros, 1e-6, p)
+			if i > 0 && assert.NotNil(t, c.Allows, p) {
+				assert.InDelta(t, res.Costs[0].Micros/c.Micros, *c.Allows, 1e-9, p)
+			}
+		}
+	}
 
 	sustained := byPhase[bench.PhaseSustained]
 	require.NotNil(t, sustained.VsBaseline, "sustained is held against ingest-baseline")

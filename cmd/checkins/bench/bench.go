@@ -66,6 +66,11 @@ through the projection's own queries, with an independent computation from the e
 accepted check-ins for sustained and e2e; with --target, every entry of the target's stream);
 ingest, ingest-baseline and sustained check that the stream grew by exactly the 2xx answers.
 
+CPU: each row shows the cores this process and redis-server kept busy. After the table, what a
+2xx answer of ingest-baseline, ingest and sustained cost in µs of CPU (this process, Redis, and
+the process at --target or --baseline-target when its CPU is read), and the ratio to the
+baseline those costs allow at the same use of the cores, however full each phase kept them.
+
 --target URL sends ingest and sustained to a service the operator runs (serve, or api beside
 project) instead of the in-process ones, so that it is measured as deployed; the bench reaches
 its stream and read models through REDIS_URL, KEY_PREFIX, STREAM_PARTITIONS, PROJECTIONS and

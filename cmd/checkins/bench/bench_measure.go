@@ -248,6 +248,21 @@ func printBenchTable(w io.Writer, res BenchResult) {
 			e.Sustained, e.Ratio, e.Estimate, e.Ingest, e.Drain, e.DrainConsumers)
 		fmt.Fprintln(w, "  process recording then projecting each check-in would take on these cores")
 	}
+	if len(res.Costs) > 0 {
+		fmt.Fprintln(w, "cpu: µs of CPU per 2xx answer = this process + redis-server [+ the process at --target/--baseline-target],")
+		fmt.Fprintln(w, "  and the ratio to the baseline that those costs allow at the same use of the cores:")
+		for _, c := range res.Costs {
+			parts := fmt.Sprintf("%.0f + %.0f", c.Process, c.Redis)
+			if c.Service != nil {
+				parts += fmt.Sprintf(" + %.0f", *c.Service)
+			}
+			line := fmt.Sprintf("  %-15s %4.0f µs = %s at %.2f cores", c.Phase, c.Micros, parts, c.Cores)
+			if c.Allows != nil {
+				line += fmt.Sprintf(": %.2fx", *c.Allows)
+			}
+			fmt.Fprintln(w, line)
+		}
+	}
 	for _, r := range res.Phases {
 		if r.PostLatency != nil {
 			fmt.Fprintf(w, "%s: POST latency p50 %s p99 %s max %s\n", r.Phase, fmtMs(r.PostLatency.P50), fmtMs(r.PostLatency.P99), fmtMs(r.PostLatency.Max))

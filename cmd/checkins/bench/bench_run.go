@@ -31,6 +31,9 @@ type BenchResult struct {
 	Phases   []PhaseResult `json:"phases"`
 	// Serial is sustained held against ingest and drain of the same run (nil unless all three ran).
 	Serial *SerialEstimate `json:"serial,omitempty"`
+	// Costs are what a 2xx answer of ingest-baseline, ingest and sustained cost in CPU (empty
+	// without ingest-baseline or a second of those phases).
+	Costs []CPUCost `json:"cpu_costs,omitempty"`
 	// Records are the idempotency records --preload-records wrote before the first phase.
 	Records *RecordsPreload `json:"preloaded_records,omitempty"`
 	Seconds float64         `json:"seconds"`
@@ -71,6 +74,69 @@ func serialEstimate(res BenchResult) *SerialEstimate {
 	e.Estimate = 1 / (1/e.Ingest + 1/e.Drain)
 	e.Ratio = e.Sustained / e.Estimate
 	return &e
+}
+
+// CPUCost is what one 2xx answer of a closed-loop phase cost the machine in CPU, in µs: this
+// process's (the load generator's, and the service's and the baselines' when they run in it),
+// Redis's, and that of the process at --target or --baseline-target (from --target-metrics or
+// --serve-baseline's /cpu). A ratio to the baseline is the throughput one side gets for the
+// cores it keeps busy: the baseline's cost over ours is the ratio the costs alone allow, at the
+// same use of the cores, whether or not the cores were full (they rarely are on both sides alike).
+type CPUCost struct {
+	Phase   string   `json:"phase"`
+	Micros  float64  `json:"us_per_answer"`
+	Process float64  `json:"process_us"`
+	Redis   float64  `json:"redis_us"`
+	Service *float64 `json:"service_us,omitempty"` // the process at --target or --baseline-target
+	Cores   float64  `json:"cores"`                // Micros x answers / seconds
+	// Allows is ingest-baseline's Micros over this phase's (not on the baseline's own row).
+	Allows *float64 `json:"allows_vs_baseline,omitempty"`
+}
+
+// cpuCosts are res's CPUCosts: ingest-baseline first, then ingest and sustained. A phase whose
+// service ran in a process of its own whose CPU the bench could not read is left out (its cost
+// would be part of it); so is everything when the baseline's is unknown.
+func cpuCosts(res BenchResult) []CPUCost {
+	cost := func(r PhaseResult, external bool) (CPUCost, bool) {
+		if r.Count <= 0 || r.Seconds <= 0 || (external && r.ServiceCPUSeconds == nil) {
+			return CPUCost{}, false
+		}
+		per := 1e6 / float64(r.Count)
+		c := CPUCost{Phase: r.Phase, Process: r.CPUSeconds * per, Redis: r.RedisCPUSeconds * per}
+		cpu := r.CPUSeconds + r.RedisCPUSeconds
+		if r.ServiceCPUSeconds != nil {
+			s := *r.ServiceCPUSeconds * per
+			c.Service, cpu = &s, cpu+*r.ServiceCPUSeconds
+		}
+		c.Micros, c.Cores = cpu*per, cpu/r.Seconds
+		return c, c.Micros > 0
+	}
+	var base *CPUCost
+	ours := map[string]CPUCost{}
+	for _, r := range res.Phases {
+		switch r.Phase {
+		case PhaseIngestBaseline:
+			if c, ok := cost(r, res.Settings.BaselineTarget != ""); ok {
+				base = &c
+			}
+		case PhaseIngest, PhaseSustained:
+			if c, ok := cost(r, res.Settings.Target != ""); ok {
+				ours[r.Phase] = c
+			}
+		}
+	}
+	if base == nil || len(ours) == 0 {
+		return nil
+	}
+	out := []CPUCost{*base}
+	for _, p := range []string{PhaseIngest, PhaseSustained} {
+		if c, ok := ours[p]; ok {
+			allows := base.Micros / c.Micros
+			c.Allows = &allows
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // BenchMachine says where the figures come from.
@@ -281,6 +347,7 @@ func (b *bencher) run(ctx context.Context) (BenchResult, error) {
 		})
 		res = withRatios(res)
 		res.Serial = serialEstimate(res)
+		res.Costs = cpuCosts(res)
 		res.Seconds = time.Since(start).Seconds()
 		return res
 	}

@@ -160,6 +160,62 @@ func TestSerialEstimate(t *testing.T) {
 	assert.Nil(t, serialEstimate(BenchResult{Phases: res.Phases[1:]}), "no ingest ran")
 }
 
+// TestCPUCosts: each closed-loop phase's CPU per 2xx answer (this process, Redis, and the
+// process at --target or --baseline-target when its CPU was read), and the ratio to the
+// baseline's that those costs allow; nothing without the baseline's, and no row for a phase
+// whose external process's CPU is unknown.
+func TestCPUCosts(t *testing.T) {
+	t.Parallel()
+	svc := func(s float64) *float64 { return &s }
+	res := BenchResult{Phases: []PhaseResult{
+		{Phase: PhaseIngest, Count: 100000, Seconds: 10, CPUSeconds: 14, RedisCPUSeconds: 3},
+		{Phase: PhaseIngestBaseline, Count: 200000, Seconds: 10, CPUSeconds: 14, RedisCPUSeconds: 2},
+		{Phase: PhaseSustained, Count: 50000, Seconds: 10, CPUSeconds: 11, RedisCPUSeconds: 5},
+		{Phase: PhaseDrain, Consumers: 1, Count: 100000, Seconds: 5, CPUSeconds: 3, RedisCPUSeconds: 4},
+	}}
+	costs := cpuCosts(res)
+	require.Len(t, costs, 3)
+	assert.Equal(t, []string{PhaseIngestBaseline, PhaseIngest, PhaseSustained},
+		[]string{costs[0].Phase, costs[1].Phase, costs[2].Phase})
+	assert.InDelta(t, 80, costs[0].Micros, 1e-9, "(14 + 2) s / 200,000")
+	assert.InDelta(t, 70, costs[0].Process, 1e-9)
+	assert.InDelta(t, 10, costs[0].Redis, 1e-9)
+	assert.InDelta(t, 1.6, costs[0].Cores, 1e-9)
+	assert.Nil(t, costs[0].Allows, "the baseline is not held against itself")
+	assert.InDelta(t, 170, costs[1].Micros, 1e-9)
+	assert.InDelta(t, 80.0/170, *costs[1].Allows, 1e-9)
+	assert.InDelta(t, 320, costs[2].Micros, 1e-9)
+	assert.InDelta(t, 1.6, costs[2].Cores, 1e-9)
+	assert.InDelta(t, 0.25, *costs[2].Allows, 1e-9)
+	var out strings.Builder
+	res.Costs = costs
+	printBenchTable(&out, res)
+	assert.Contains(t, out.String(), "  ingest-baseline   80 µs = 70 + 10 at 1.60 cores\n")
+	assert.Contains(t, out.String(), "  ingest           170 µs = 140 + 30 at 1.70 cores: 0.47x\n")
+	assert.Contains(t, out.String(), "  sustained        320 µs = 220 + 100 at 1.60 cores: 0.25x\n")
+
+	// Against a --target and a --baseline-target: their processes' CPU is part of the cost.
+	ext := BenchResult{Settings: BenchSettings{Target: "http://s", BaselineTarget: "http://b"}, Phases: slices.Clone(res.Phases)}
+	ext.Phases[1].ServiceCPUSeconds = svc(6)
+	ext.Phases[2].ServiceCPUSeconds = svc(8)
+	costs = cpuCosts(ext)
+	require.Len(t, costs, 2, "ingest's service CPU is unknown: no row for it")
+	assert.Equal(t, PhaseSustained, costs[1].Phase)
+	assert.InDelta(t, 30, *costs[0].Service, 1e-9)
+	assert.InDelta(t, 110, costs[0].Micros, 1e-9)
+	assert.InDelta(t, 480, costs[1].Micros, 1e-9)
+	assert.InDelta(t, 110.0/480, *costs[1].Allows, 1e-9)
+	out.Reset()
+	ext.Costs = costs
+	printBenchTable(&out, ext)
+	assert.Contains(t, out.String(), "  ingest-baseline  110 µs = 70 + 10 + 30 at 2.20 cores\n")
+
+	ext.Phases[1].ServiceCPUSeconds = nil
+	assert.Nil(t, cpuCosts(ext), "the baseline's process's CPU is unknown")
+	assert.Nil(t, cpuCosts(BenchResult{Phases: []PhaseResult{res.Phases[0], res.Phases[2]}}), "no baseline ran")
+	assert.Nil(t, cpuCosts(BenchResult{Phases: []PhaseResult{res.Phases[1], res.Phases[3]}}), "only the baseline ran")
+}
+
 // TestLoadTokensAreMintedBeforeAnyPhase: the closed-loop clients' users have their tokens
 // before a phase starts (so no timed phase signs them, and no request takes a lock for one),
 // each user's own and the same on every call; a user beyond them is minted on first use.
