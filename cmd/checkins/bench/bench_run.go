@@ -111,30 +111,29 @@ func cpuCosts(res BenchResult) []CPUCost {
 		c.Micros, c.Cores = cpu*per, cpu/r.Seconds
 		return c, c.Micros > 0
 	}
-	var base *CPUCost
-	ours := map[string]CPUCost{}
+	var out []CPUCost
 	for _, r := range res.Phases {
-		switch r.Phase {
-		case PhaseIngestBaseline:
+		if r.Phase == PhaseIngestBaseline {
 			if c, ok := cost(r, res.Settings.BaselineTarget != ""); ok {
-				base = &c
-			}
-		case PhaseIngest, PhaseSustained:
-			if c, ok := cost(r, res.Settings.Target != ""); ok {
-				ours[r.Phase] = c
+				out = append(out, c)
 			}
 		}
 	}
-	if base == nil || len(ours) == 0 {
+	if len(out) == 0 {
 		return nil
 	}
-	out := []CPUCost{*base}
-	for _, p := range []string{PhaseIngest, PhaseSustained} {
-		if c, ok := ours[p]; ok {
-			allows := base.Micros / c.Micros
+	for _, r := range res.Phases { // in the table's order: ingest, then sustained
+		if r.Phase != PhaseIngest && r.Phase != PhaseSustained {
+			continue
+		}
+		if c, ok := cost(r, res.Settings.Target != ""); ok {
+			allows := out[0].Micros / c.Micros
 			c.Allows = &allows
 			out = append(out, c)
 		}
+	}
+	if len(out) == 1 {
+		return nil
 	}
 	return out
 }
