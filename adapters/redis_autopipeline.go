@@ -16,9 +16,14 @@ import (
 // is in flight and go out together in the next one, so under load one round trip carries up to
 // maxBatch commands, while a lone command still goes out at once.
 //
-// A caller always waits for its command's pipeline: the pipeline's deadline is the earliest
-// deadline of the commands in it (capped at maxWait), so nobody waits longer than its own context
-// allows, and a command is never written to by the pipeline after its caller has returned.
+// A caller always waits for its command's pipeline, so a command is never written to by the
+// pipeline after its caller has returned. A command whose context is done before its pipeline
+// goes out is not sent (its caller gets the context's error, and nothing ran). The pipeline's
+// deadline is the latest deadline of the commands it sends, capped at maxWait: one caller out of
+// time must not fail the commands of all the others (a request whose body took its whole
+// timeout to arrive would otherwise fail up to maxBatch other requests' writes, which then count
+// as unknown outcomes). So a caller whose deadline comes before another's in its pipeline may
+// wait past it, by at most that difference, and only while Redis does not answer.
 type AutoPipeline struct {
 	client   redis.UniversalClient
 	queue    chan *pipelineCall
@@ -85,6 +90,10 @@ func (p *AutoPipeline) process(ctx context.Context, cmd redis.Cmder, script *red
 	c := &pipelineCall{ctx: ctx, cmd: cmd, script: script, done: make(chan struct{})}
 	// The read lock keeps Close from stopping the workers between the closed check and the
 	// send, which would leave the call queued with nobody to run it.
+	if err := ctx.Err(); err != nil {
+		cmd.SetErr(err)
+		return err
+	}
 	p.mu.RLock()
 	if p.closed {
 		p.mu.RUnlock()
@@ -239,20 +248,17 @@ func (p *AutoPipeline) worker() {
 }
 
 func (p *AutoPipeline) exec(batch []*pipelineCall) {
-	deadline := time.Now().Add(p.maxWait)
-	for _, c := range batch {
-		if d, ok := c.ctx.Deadline(); ok && d.Before(deadline) {
-			deadline = d
-		}
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
 	defer func() {
 		for _, c := range batch {
 			close(c.done)
 		}
 	}()
-	send := batch
+	send, deadline := sendable(batch, time.Now().Add(p.maxWait))
+	if len(send) == 0 {
+		return
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
 	for attempt := 0; ; attempt++ {
 		pipe := p.client.Pipeline()
 		for _, c := range send {
@@ -277,6 +283,29 @@ func (p *AutoPipeline) exec(batch []*pipelineCall) {
 			c.cmd.SetErr(nil)
 		}
 	}
+}
+
+// sendable is the calls of batch whose contexts are not done (the others get their context's
+// error and are not sent), and the deadline of their pipeline: the latest of theirs, capped at
+// limit (a call without a deadline gets limit).
+func sendable(batch []*pipelineCall, limit time.Time) ([]*pipelineCall, time.Time) {
+	send := make([]*pipelineCall, 0, len(batch))
+	var deadline time.Time
+	for _, c := range batch {
+		if err := c.ctx.Err(); err != nil {
+			c.cmd.SetErr(err)
+			continue
+		}
+		send = append(send, c)
+		d, ok := c.ctx.Deadline()
+		if !ok || d.After(limit) {
+			d = limit
+		}
+		if d.After(deadline) {
+			deadline = d
+		}
+	}
+	return send, deadline
 }
 
 func noScript(batch []*pipelineCall) []*pipelineCall {

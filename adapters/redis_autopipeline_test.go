@@ -104,6 +104,60 @@ func TestAutoPipelineHonoursTheCallersDeadline(t *testing.T) {
 	}, 10*time.Second, 50*time.Millisecond, "works again once the server answers")
 }
 
+// TestAutoPipelineOneCallerOutOfTimeFailsNoOther: a command whose caller ran out of time while it
+// waited in the queue (a request whose body took its whole timeout to arrive) is not sent, and
+// the other commands of its pipeline run and succeed. The pipeline used to take the earliest
+// deadline of its commands, so one expired caller failed every command sent with it.
+func TestAutoPipelineOneCallerOutOfTimeFailsNoOther(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	client, err := adapters.NewRedisClient(adapters.ClientOptions{URL: srv.URL()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = client.Close() })
+	p := adapters.NewAutoPipeline(client, 64, 1)
+	t.Cleanup(func() { _ = p.Close() })
+	ctx := context.Background()
+	require.NoError(t, client.Ping(ctx).Err())
+
+	// Hold the one worker in a pipeline of its own while the others queue up behind it.
+	require.NoError(t, srv.Signal(syscall.SIGSTOP))
+	t.Cleanup(func() { _ = srv.Signal(syscall.SIGCONT) })
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_, err := p.Do(ctx, "INCR", "first")
+		assert.NoError(t, err)
+	})
+	time.Sleep(100 * time.Millisecond)
+	var lateErr error
+	wg.Go(func() {
+		lctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer cancel()
+		_, lateErr = p.Do(lctx, "INCR", "late")
+	})
+	const others = 20
+	var failed atomic.Int64
+	for range others {
+		wg.Go(func() {
+			octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if _, err := p.Do(octx, "INCR", "others"); err != nil {
+				failed.Add(1)
+				t.Logf("another caller's command failed: %v", err)
+			}
+		})
+	}
+	time.Sleep(400 * time.Millisecond) // the late caller's deadline passes while it is queued
+	require.NoError(t, srv.Signal(syscall.SIGCONT))
+	wg.Wait()
+
+	assert.Zero(t, failed.Load(), "no command failed for another caller's deadline")
+	n, err := client.Get(ctx, "others").Int()
+	require.NoError(t, err)
+	assert.Equal(t, others, n, "every other caller's command ran once")
+	assert.ErrorIs(t, lateErr, context.DeadlineExceeded, "the caller out of time gets its context's error")
+	assert.ErrorIs(t, client.Get(ctx, "late").Err(), redis.Nil, "and its command was not sent")
+}
+
 // TestAutoPipelineReloadsLostScripts: after SCRIPT FLUSH (a restart, a promoted replica that
 // never loaded the script) the EVALSHAs of a pipeline answer NOSCRIPT; the pipeline loads the
 // script and sends only those again, so each caller's script runs exactly once and gets its own
