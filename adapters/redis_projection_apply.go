@@ -51,7 +51,11 @@ import (
 // start of the millisecond of its group's oldest pending entry (markerBound), so the marker a
 // group wrote at the old ID still stands for the entry redelivered at the new one. A marker more
 // than the window older than a copy being applied is another copy's: stale too (a rebuild that
-// meets two copies counted apart, beyond the window, within one checkpoint applies both).
+// meets two copies counted apart, beyond the window, within one checkpoint applies both). The
+// marker stands for the newest copy a group applied; an older copy applied beyond the window
+// from it has a marker of its own, <identity>:<its millisecond>, so each copy is applied once
+// in whichever order a group meets them (a replay of parked copies, concurrent consumers, a
+// retry of the older after the newer landed).
 
 // ScoreOfEntry is the score of a stream entry ID ("ms-seq") in the registry and marker sets.
 func ScoreOfEntry(id string) (int64, bool) {
@@ -198,11 +202,19 @@ for it = 1, ni do
     end
   end
   if state == 1 and redis.call('ZADD', KEYS[mki], 'NX', s, id) == 0 then
-    local ms = tonumber(redis.call('ZSCORE', KEYS[mki], id))
-    if (stale[mki] and ms < stale[mki]) or tonumber(s) - ms > w then
+    local cur = redis.call('ZSCORE', KEYS[mki], id)
+    local ms, sn = tonumber(cur), tonumber(s)
+    if stale[mki] and ms < stale[mki] then
       redis.call('ZADD', KEYS[mki], s, id)
-    else
+    elseif math.abs(sn - ms) <= w then
       state = 0
+    elseif sn > ms then
+      -- Another copy, counted beyond the window: the marker moves to the newer copy, and the
+      -- older one keeps a marker of its own (identity:millisecond), should it come again.
+      redis.call('ZADD', KEYS[mki], cur, id .. ':' .. string.format('%d', math.floor(ms / 1024)))
+      redis.call('ZADD', KEYS[mki], s, id)
+    elseif redis.call('ZADD', KEYS[mki], 'NX', s, id .. ':' .. string.format('%d', math.floor(sn / 1024))) == 0 then
+      state = 0 -- an older copy, applied before
     end
   end
   out[it] = state

@@ -1123,6 +1123,52 @@ func TestRebuildAppliesCopiesCountedApartBeyondTheWindow(t *testing.T) {
 	})
 }
 
+// TestCopiesCountedApartApplyInEitherOrder: two copies of one check-in more than the window
+// apart are both counted, and a group that meets the later one first (the two parked and
+// replayed later first, concurrent consumers) applies the earlier one too. The later copy's
+// marker used to read as the earlier's: a marker was stale only when it was older than the
+// window, not newer, so the earlier copy came back "already applied" and was never counted.
+func TestCopiesCountedApartApplyInEitherOrder(t *testing.T) {
+	t.Parallel()
+	eachEnv(t, func(t *testing.T, env projEnv) {
+		a, err := adapters.NewProjectionApplier(env.client, env.keys, time.Minute)
+		require.NoError(t, err)
+		ctx := context.Background()
+		const t0 = 1_700_000_000_000
+		later, earlier := entry(t0+120_000), entry(t0)
+		ev := recorded("apart", 1, 1, 1, t0)
+		apply := func(ev domain.CheckinRecorded, at string) projection.Outcome {
+			out, err := a.Apply(ctx, []projection.Work{userWork(t, "rebuild", ev, at)}, noPrune)
+			require.NoError(t, err)
+			return out[0]
+		}
+		assert.Equal(t, projection.Applied, apply(ev, later), "the later copy first")
+		assert.Equal(t, projection.Applied, apply(ev, earlier), "then the earlier")
+		assert.Equal(t, projection.AlreadyApplied, apply(ev, later), "each delivered again: applied once")
+		assert.Equal(t, projection.AlreadyApplied, apply(ev, earlier))
+		assert.Equal(t, int64(2), env.userStats(t, 1).NumCheckins)
+
+		// In stream order, and the earlier delivered again after the later landed (a retry).
+		inOrder := recorded("apart-in-order", 3, 1, 1, t0)
+		assert.Equal(t, projection.Applied, apply(inOrder, earlier))
+		assert.Equal(t, projection.Applied, apply(inOrder, later))
+		assert.Equal(t, projection.AlreadyApplied, apply(inOrder, earlier), "the earlier again, after the later")
+		assert.Equal(t, projection.AlreadyApplied, apply(inOrder, later))
+		assert.Equal(t, int64(2), env.userStats(t, 3).NumCheckins)
+
+		parked := recorded("apart-parked", 2, 1, 1, t0)
+		for _, at := range []string{later, earlier} {
+			out, err := a.ApplyDecided(ctx, "replay:users.v1", projection.UserStats{}, 1, parked, at, projection.DecidedCounted)
+			require.NoError(t, err)
+			assert.Equal(t, projection.Applied, out, "the parked copy at %s, replayed", at)
+		}
+		out, err := a.ApplyDecided(ctx, "replay:users.v1", projection.UserStats{}, 1, parked, earlier, projection.DecidedCounted)
+		require.NoError(t, err)
+		assert.Equal(t, projection.AlreadyApplied, out, "replayed again: applied once")
+		assert.Equal(t, int64(2), env.userStats(t, 2).NumCheckins)
+	})
+}
+
 // TestApplyClusterEqualsStandalone: the same random input (out-of-order timestamps, republished
 // copies, redeliveries of one entry, batches of every size) through every shipped projection
 // gives the same outcomes and, key by key, the same read models on a 3-master cluster (step 1
