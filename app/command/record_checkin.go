@@ -328,6 +328,12 @@ func (h *RecordCheckinHandler) settle(ctx context.Context, rec IdempotencyRecord
 		if existing.Published {
 			return RecordCheckinResult{Checkin: existing.Checkin, Replayed: true}, nil
 		}
+		if existing.Owner == rec.Owner {
+			// This attempt's own reservation: its command ran twice (the Redis client sends a
+			// pipeline again when the reply to the first was lost) and the second run found what
+			// the first wrote. Owners are unique per attempt, so nobody else publishes it.
+			return h.publish(ctx, rec, correlationID, false)
+		}
 		// Another attempt holds the reservation. Reservation times come from the clocks of
 		// several processes: the takeover age must stay well above their skew.
 		now := h.now()
@@ -364,14 +370,16 @@ func (h *RecordCheckinHandler) settle(ctx context.Context, rec IdempotencyRecord
 	}
 }
 
-// publish stores the event of the reservation rec, which this attempt holds.
-func (h *RecordCheckinHandler) publish(ctx context.Context, rec IdempotencyRecord, correlationID string, replayed bool) (RecordCheckinResult, error) {
+// publish stores the event of the reservation rec, which this attempt holds (tookOver: from
+// another attempt, whose answer is a retry's).
+func (h *RecordCheckinHandler) publish(ctx context.Context, rec IdempotencyRecord, correlationID string, tookOver bool) (RecordCheckinResult, error) {
 	ev := domain.CheckinRecorded{Checkin: rec.Checkin, RecordedAt: rec.RecordedAt, Fingerprint: rec.Fingerprint}
 	if err := h.publisher.PublishCheckinRecorded(ctx, ev, correlationID); err != nil {
-		if errors.Is(err, ErrNotPublished) {
+		if errors.Is(err, ErrNotPublished) && !tookOver {
 			// Nothing is on the stream: free the checkinId, so waiting requests need not wait
 			// out the takeover age. When the event may be stored, the reservation must stay:
-			// released, the checkinId could be taken by a different check-in.
+			// released, the checkinId could be taken by a different check-in. After a takeover
+			// it may be: the attempt that reserved it first may have published before it died.
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 			if rerr := h.idem.Release(rctx, rec); rerr != nil {
 				h.log.WarnContext(ctx, "could not release reservation", "checkin_id", rec.Checkin.ID, "error", rerr)
@@ -387,7 +395,7 @@ func (h *RecordCheckinHandler) publish(ctx context.Context, rec IdempotencyRecor
 	// reservation over after the takeover age and publishes a duplicate that projections count
 	// once: the same as a mark failing before the answer.
 	if h.queueMark(ctx, rec) {
-		return RecordCheckinResult{Checkin: rec.Checkin, Replayed: replayed}, nil
+		return RecordCheckinResult{Checkin: rec.Checkin, Replayed: tookOver}, nil
 	}
 	h.marks.Add(1)
 	go func() {
@@ -398,7 +406,7 @@ func (h *RecordCheckinHandler) publish(ctx context.Context, rec IdempotencyRecor
 			h.log.WarnContext(ctx, "could not mark check-in as published", "checkin_id", rec.Checkin.ID, "error", err)
 		}
 	}()
-	return RecordCheckinResult{Checkin: rec.Checkin, Replayed: replayed}, nil
+	return RecordCheckinResult{Checkin: rec.Checkin, Replayed: tookOver}, nil
 }
 
 // queueMark hands rec's mark to the mark writer; false when there is none (no BatchMarker, or

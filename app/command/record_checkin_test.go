@@ -424,6 +424,57 @@ func TestFailedPublishReleasesOnlyWhenNothingWasStored(t *testing.T) {
 	assert.Len(t, pub.published(), 2, "ck-8 and ck-9")
 }
 
+// TestFailedPublishAfterATakeoverKeepsTheReservation: an attempt that took over an abandoned
+// reservation and could not publish must not release it. The attempt that reserved it first may
+// have published before it died; released, the checkinId could be taken by another body, or by
+// the same body recorded again with another timestamp (another check-in for the projections).
+func TestFailedPublishAfterATakeoverKeepsTheReservation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	refused := fmt.Errorf("%w: pipeline closed", command.ErrNotPublished)
+	pub := &memPublisher{fail: func(context.Context) error { return refused }}
+	store, clk := newMemStore(), newClock()
+	h := newHandler(t, pub, store, clk)
+	cmd := checkin("ck-taken", 1)
+	store.put(reservation(cmd, "dead-owner", clk.Millis(2*takeoverAge)))
+
+	_, err := h.Handle(ctx, cmd)
+	require.ErrorIs(t, err, domain.ErrUnavailable)
+	assert.Equal(t, int64(1), store.takeOvers.Load(), "it took the reservation over")
+	rec, ok := store.get("ck-taken")
+	require.True(t, ok, "the reservation stays after a takeover's failed publish")
+	assert.NotEqual(t, "dead-owner", rec.Owner)
+	_, err = h.Handle(ctx, checkin("ck-taken", 5))
+	assert.ErrorIs(t, err, domain.ErrConflict, "another body is still refused")
+}
+
+// resentStore runs every first reservation of a checkinId twice, as the Redis client does when
+// the reply to a pipeline is lost (a reset connection, a failover) and it sends the pipeline
+// again: the attempt gets back the reservation its own first run wrote.
+type resentStore struct{ *memStore }
+
+func (s resentStore) Reserve(ctx context.Context, rec command.IdempotencyRecord) (*command.IdempotencyRecord, error) {
+	if existing, err := s.memStore.Reserve(ctx, rec); existing != nil || err != nil {
+		return existing, err
+	}
+	return s.memStore.Reserve(ctx, rec)
+}
+
+// TestOwnReservationSentTwiceIsPublished: the attempt publishes at once instead of waiting for
+// "another attempt" (itself) until the takeover age, past its deadline.
+func TestOwnReservationSentTwiceIsPublished(t *testing.T) {
+	t.Parallel()
+	store, pub, clk := newMemStore(), &memPublisher{}, newClock()
+	h := newHandler(t, pub, resentStore{store}, clk)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	res, err := h.Handle(ctx, checkin("ck-resent", 4))
+	require.NoError(t, err)
+	assert.False(t, res.Replayed)
+	require.Len(t, pub.published(), 1, "published once")
+	assert.Zero(t, store.takeOvers.Load(), "without waiting to take itself over")
+}
+
 func TestGeneratedIDsAreNotShared(t *testing.T) {
 	t.Parallel()
 	store, pub, clk := newMemStore(), &memPublisher{}, newClock()
