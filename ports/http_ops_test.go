@@ -133,6 +133,14 @@ func TestOpsPoisonListShowReplayPurgeOverHTTP(t *testing.T) {
 	assert.Equal(t, "limit", e.Error.Field)
 	assert.Equal(t, http.StatusBadRequest, call(t, "GET", ts.URL+"/ops/poison?cursor=yesterday", &e))
 	assert.Equal(t, "cursor", e.Error.Field)
+	// The bulk calls name their own parameters.
+	for _, bulk := range []struct{ method, path string }{{"POST", "/ops/poison/replay"}, {"DELETE", "/ops/poison"}} {
+		for _, param := range []string{"after", "until"} {
+			e = apiErr{}
+			assert.Equal(t, http.StatusBadRequest, call(t, bulk.method, ts.URL+bulk.path+"?"+param+"=yesterday", &e), "%s %s", bulk.method, param)
+			assert.Equal(t, param, e.Error.Field, "%s %s?%s=", bulk.method, bulk.path, param)
+		}
+	}
 	assert.Equal(t, http.StatusBadRequest, call(t, "GET", ts.URL+"/ops/poison/not-an-id", &e))
 	assert.Equal(t, "id", e.Error.Field)
 	assert.Equal(t, http.StatusNotFound, call(t, "GET", ts.URL+"/ops/poison/1-1", &e))

@@ -50,7 +50,7 @@ var errStopEarly = errors.New("stop early")
 // walkPoison walks the queue from r.After to r.Until in chunks, handing the entries of
 // r.Projection to do. do returns the ID of the first entry it did not handle when it stops early.
 func walkPoison(ctx context.Context, q ops.PoisonQueue, r BulkRequest, res *BulkResult, do func([]ops.PoisonEntry) (string, error)) error {
-	if err := ops.ValidateCursor("cursor", r.After); err != nil {
+	if err := ops.ValidateCursor("after", r.After); err != nil {
 		return err
 	}
 	if r.Until != "" {
