@@ -75,7 +75,7 @@ func PoisonCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 			if werr := writeBulk(stdout, res, *asJSON, "replayed"); werr != nil {
 				return werr
 			}
-			if err != nil {
+			if err := bulkStopped(res, err, "replay"); err != nil {
 				return err
 			}
 			if res.Failed+res.NotReplayable > 0 {
@@ -102,7 +102,7 @@ func PoisonCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 			if werr := writeBulk(stdout, res, *asJSON, "purged"); werr != nil {
 				return werr
 			}
-			return err
+			return bulkStopped(res, err, "purge")
 		}
 		if err := c.PurgePoisoned.Purge(ctx, id); err != nil {
 			return err
@@ -127,15 +127,24 @@ func oneID(args []string, all bool) (string, error) {
 	return args[0], nil
 }
 
+// bulkStopped is a bulk run's error: err, or one saying the run stopped before the end of the
+// queue (interrupted, or out of time), so that the command does not exit 0 as if it were done.
+func bulkStopped(res command.BulkResult, err error, what string) error {
+	if err == nil && res.Next != "" {
+		return fmt.Errorf("the %s stopped early, before entry %s: the entries from there on are still in the queue; run it again to go on", what, res.Next)
+	}
+	return err
+}
+
 func writeBulk(w io.Writer, res command.BulkResult, asJSON bool, what string) error {
 	if asJSON {
 		return WriteJSON(w, res)
 	}
 	if what == "purged" {
-		_, err := fmt.Fprintf(w, "purged %d entries\n", res.Purged)
-		return err
+		fmt.Fprintf(w, "purged %d entries\n", res.Purged)
+	} else {
+		fmt.Fprintf(w, "replayed %d, failed %d (kept with the new error), not replayable %d (kept)\n", res.Replayed, res.Failed, res.NotReplayable)
 	}
-	fmt.Fprintf(w, "replayed %d, failed %d (kept with the new error), not replayable %d (kept)\n", res.Replayed, res.Failed, res.NotReplayable)
 	for _, f := range res.Failures {
 		kept := f.ID
 		if f.NewID != "" {
