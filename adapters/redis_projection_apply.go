@@ -587,6 +587,12 @@ func (a *ProjectionApplier) SetRegistryFloors(ids []string) error {
 	return nil
 }
 
+// HoldRegistryFloors forgets the floors until the next SetRegistryFloors: no registry is pruned
+// meanwhile. A backfill about to start (a rebuild) registers identities far below the floors
+// every group had passed, and a prune with those floors would drop them before the backfill
+// meets their later copies, which it would then count again.
+func (a *ProjectionApplier) HoldRegistryFloors() { a.floors.Store(nil) }
+
 // Window is the dedupe window.
 func (a *ProjectionApplier) Window() time.Duration {
 	return time.Duration(a.window/scorePerMs) * time.Millisecond

@@ -27,6 +27,9 @@ type ProjectionApplier interface {
 	// SetRegistryFloors says every group has acknowledged everything up to ids[i] on partition
 	// i of the stream.
 	SetRegistryFloors(ids []string) error
+	// HoldRegistryFloors forgets the floors until the next SetRegistryFloors (no registry is
+	// pruned meanwhile): a backfill is about to register identities far below them.
+	HoldRegistryFloors()
 	// SweepRegistries lets go of what the dedupe registries written since its last call hold
 	// below the window before the floors (every group quiet).
 	SweepRegistries(ctx context.Context) (int, error)

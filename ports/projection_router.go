@@ -512,6 +512,11 @@ func (r *ProjectionRouter) swapHandlers(want map[string]string) (stopping []stop
 		if _, ok := r.handlers[group]; ok {
 			continue
 		}
+		if want[group] != "" {
+			// A backfill starts: the floors every group had passed are above everything it will
+			// register, until the next checkpoint takes its position into account.
+			r.cfg.Applier.HoldRegistryFloors()
+		}
 		if err := r.addHandler(group, want[group]); err != nil {
 			return nil, added, nil, err
 		}
@@ -681,7 +686,11 @@ func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if ok {
+	if !ok {
+		// Some group's position is not known yet (one just created, a backfill among them):
+		// prune no registry until it is, rather than by floors that may be above it.
+		r.cfg.Applier.HoldRegistryFloors()
+	} else {
 		if err := r.cfg.Applier.SetRegistryFloors(floors); err != nil {
 			return err
 		}

@@ -121,6 +121,8 @@ type harness struct {
 	proj   *faultyProjection
 	logs   *syncBuffer
 	url    string
+	router *ports.ProjectionRouter
+	apply  *adapters.ProjectionApplier
 }
 
 type harnessOptions struct {
@@ -179,6 +181,7 @@ func startHarness(t *testing.T, p *faultyProjection, o harnessOptions) *harness 
 		NewSubscriber: newSub, Retry: o.retry, HandlerTimeout: o.handlerTimeout, CloseTimeout: 10 * time.Second, Logger: log,
 	})
 	require.NoError(t, err)
+	h.router, h.apply = r, applier
 	t.Cleanup(func() {
 		subMu.Lock()
 		defer subMu.Unlock()
@@ -688,4 +691,76 @@ func TestRouterDoesNotRecreateAnOwnGroupWithoutItsMember(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	assert.NotContains(t, groups(), own, "the own group of a version that is not in the live group")
 	assert.NotContains(t, groups(), testGroup, "the live group without members")
+}
+
+// TestRouterBackfillKeepsTheRegistryItDecidesBy: a running projector's registry floors are
+// what every group had passed (here, the present) when a rebuild starts: version 2 joins the
+// live group and its own group backfills two hours old history. Its first call registers a
+// check-in far below the floors, and pruned them right away. Its copy 10 s later came after a
+// checkpoint, which let go of the group's marker of the first copy: counted again in version 2.
+// The router holds the floors when a backfill starts, until a checkpoint takes the backfill's
+// position into account.
+func TestRouterBackfillKeepsTheRegistryItDecidesBy(t *testing.T) {
+	t.Parallel()
+	// Version 2 handles the copy (the dup's fourth handling, after version 1's two and its
+	// own first) a second late: checkpoints (every 250 ms) run meanwhile.
+	p := newFaulty("backfill", func(ctx context.Context, id string, n int) error {
+		if id == "dup" && n == 4 {
+			select {
+			case <-time.After(time.Second):
+			case <-ctx.Done():
+			}
+		}
+		return nil
+	})
+	old := time.Now().Add(-2 * time.Hour).UnixMilli()
+	const fillers = 400
+	h := startHarness(t, p, harnessOptions{
+		applier:        windowOf(time.Minute, 1),
+		handlerTimeout: 10 * time.Second,
+		before: func(h *harness) {
+			ctx := context.Background()
+			at := func(ms int64, e domain.CheckinRecorded) {
+				require.NoError(t, h.client.XAdd(ctx, &redis.XAddArgs{Stream: h.keys.Stream(), ID: strconv.FormatInt(ms, 10) + "-0",
+					Values: h.values(e, "corr")}).Err())
+			}
+			dup := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "dup", UserID: 1, LocationID: 2, StarRating: 3, Timestamp: old}, RecordedAt: old}
+			at(old, dup)
+			for i := range fillers { // more than the subscriber hands out at once: the copy comes in a later call
+				e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "fill-" + strconv.Itoa(i), UserID: int64(2 + i), LocationID: 2, StarRating: 1, Timestamp: old},
+					RecordedAt: old}
+				at(old+1+int64(i), e)
+			}
+			at(old+10_000, dup) // the same check-in again, 10 s later: within the window
+		},
+	})
+	ctx := context.Background()
+	countOf := func(version int) int64 {
+		v, err := h.client.HGet(ctx, h.keys.ProjectionKey(p.name, version, "all", "stats"), "count").Int64()
+		if errors.Is(err, redis.Nil) {
+			return 0
+		}
+		require.NoError(t, err)
+		return v
+	}
+	backfilled := func(group string) bool { // group delivered the history, nothing pending
+		gs, err := h.client.XInfoGroups(ctx, h.keys.Stream()).Result()
+		require.NoError(t, err)
+		for _, g := range gs {
+			if g.Name == group {
+				return g.Lag == 0 && g.Pending == 0 && g.EntriesRead >= fillers+2
+			}
+		}
+		return false
+	}
+	require.Eventually(t, func() bool { return backfilled(testGroup) }, 15*time.Second, 20*time.Millisecond, "version 1 went through the history")
+	require.Equal(t, int64(fillers+1), countOf(1))
+
+	// The floors of a projector that has been running: everything up to now was passed.
+	require.NoError(t, h.apply.SetRegistryFloor(strconv.FormatInt(time.Now().UnixMilli(), 10)+"-0"))
+	added, _, err := h.router.SetTargets(ctx, []ops.ProjectionTarget{{Projection: p, Version: 1}, {Projection: p, Version: 2}})
+	require.NoError(t, err)
+	require.Contains(t, added, "backfill.v2")
+	require.Eventually(t, func() bool { return backfilled("backfill.v2") }, 15*time.Second, 20*time.Millisecond, "version 2 backfilled")
+	assert.Equal(t, int64(fillers+1), countOf(2), "the copy 10 s later is a duplicate in version 2, as in version 1")
 }
