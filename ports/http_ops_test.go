@@ -261,6 +261,58 @@ func TestOpsReplayNeverDoubleCounts(t *testing.T) {
 	assert.Equal(t, int64(2), h.count())
 }
 
+// TestOpsReplayOfAReplacedVersionNeverDoubleCounts: an entry parked by version 1 is replayed
+// after a rebuild made version 2 the one serving reads. Version 2 was built from the stream,
+// which still holds the entry, so it handled the entry itself (here: counted it): the replay
+// deletes the parked entry and applies nothing. It used to apply it to version 2 under the
+// replay's own markers, counting it twice. An entry the stream no longer holds (trimmed, maybe
+// before the rebuild) is still replayed into version 2.
+func TestOpsReplayOfAReplacedVersionNeverDoubleCounts(t *testing.T) {
+	t.Parallel()
+	p := newFaulty("faulty", nil)
+	h := startHarness(t, p, harnessOptions{})
+	_, replay := opsAPI(t, h)
+	ctx := context.Background()
+	q := adapters.NewPoisonQueue(h.client, h.keys)
+	countV2 := func() int64 {
+		v, err := h.client.HGet(ctx, h.keys.ProjectionKey("faulty", 2, "all", "stats"), "count").Int64()
+		if errors.Is(err, redis.Nil) {
+			return 0
+		}
+		require.NoError(t, err)
+		return v
+	}
+	parkV1 := func(ev domain.CheckinRecorded, entryID string) string {
+		id, err := q.Park(ctx, ops.PoisonEntry{Stream: h.keys.Stream(), EntryID: entryID, Projection: "faulty", Group: testGroup,
+			Version: 1, Error: "test", Attempts: 5, FailedAt: time.Now(), Fields: ev.Fields(), Decision: ops.DecisionCounted})
+		require.NoError(t, err)
+		return id
+	}
+
+	ev := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "in-stream", UserID: 1, LocationID: 2, StarRating: 3, Timestamp: time.Now().UnixMilli()},
+		RecordedAt: time.Now().UnixMilli()}
+	entryID := h.xadd(h.values(ev, "corr"))
+	h.settled(1)
+	// Version 2's build went through the stream and counted it; then it became the one serving.
+	_, err := h.apply.ApplyEvent(ctx, "faulty.v2", p, 2, ev, entryID)
+	require.NoError(t, err)
+	require.NoError(t, h.client.HSet(ctx, h.keys.Projections(), "faulty.version", "2").Err())
+	require.Equal(t, int64(1), countV2())
+
+	res, err := replay.Replay(ctx, parkV1(ev, entryID))
+	require.NoError(t, err)
+	assert.False(t, res.Applied, "version 2 handled the entry itself")
+	assert.Equal(t, int64(1), countV2())
+	assert.Empty(t, h.poison(), "the parked entry is gone")
+
+	trimmed := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "trimmed", UserID: 1, LocationID: 2, StarRating: 1, Timestamp: 1_600_000_000_000},
+		RecordedAt: 1_600_000_000_000}
+	res, err = replay.Replay(ctx, parkV1(trimmed, "1600000000000-0"))
+	require.NoError(t, err)
+	assert.True(t, res.Applied, "an entry older than the stream's first is replayed into version 2")
+	assert.Equal(t, int64(2), countV2())
+}
+
 func TestOpsReplayAllGoesInChunksAndResumes(t *testing.T) {
 	t.Parallel()
 	p := newFaulty("faulty", nil)

@@ -140,7 +140,14 @@ func (h *ReplayPoisoned) replay(ctx context.Context, e ops.PoisonEntry) (ReplayR
 		res.Status, res.Error = ReplayNotReplayable, err.Error()
 		return res, fmt.Errorf("%w: poison entry %s: %s", ErrNotReplayable, e.ID, res.Error)
 	}
-	outcome, err := h.cfg.Applier.ApplyDecided(ctx, ReplayGroup(p.Name(), version), p, version, ev, e.EntryID, e.DecisionRef())
+	superseded, err := h.superseded(ctx, e, version)
+	if err != nil {
+		return res, ops.Unavailable(err)
+	}
+	outcome := projection.AlreadyApplied
+	if !superseded {
+		outcome, err = h.cfg.Applier.ApplyDecided(ctx, ReplayGroup(p.Name(), version), p, version, ev, e.EntryID, e.DecisionRef())
+	}
 	switch {
 	case err == nil:
 		res.Status, res.Applied = ReplayReplayed, outcome == projection.Applied
@@ -155,7 +162,7 @@ func (h *ReplayPoisoned) replay(ctx context.Context, e ops.PoisonEntry) (ReplayR
 			return res, fmt.Errorf("poison entry %s was replayed or purged by another run meanwhile: %w", e.ID, domain.ErrNotFound)
 		}
 		h.cfg.Logger.Info("poison entry replayed", "poison_id", e.ID, "projection", e.Projection, "version", version,
-			"entry_id", e.EntryID, "applied", res.Applied)
+			"entry_id", e.EntryID, "applied", res.Applied, "superseded", superseded)
 		return res, nil
 	case ctx.Err() != nil || h.transient(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 		// Not the event's fault: keep the entry as it is.
@@ -180,6 +187,29 @@ func (h *ReplayPoisoned) replay(ctx context.Context, e ops.PoisonEntry) (ReplayR
 func (h *ReplayPoisoned) transient(err error) bool {
 	_, ok := h.cfg.Backend.Failures.TransientReason(err)
 	return ok
+}
+
+// superseded tells whether e, parked by a version that has since been replaced by version (a
+// rebuild), was handled by version itself, so that replaying it there would count it twice: the
+// rebuild's backfill started at the first entry the stream held, and the live group fed it
+// everything after, so version applied the entry, or parked its own copy of it, if the stream
+// still reaches back to the entry. Only an entry the stream no longer holds (trimmed by RETENTION,
+// perhaps before the rebuild began) is replayed into its successor.
+func (h *ReplayPoisoned) superseded(ctx context.Context, e ops.PoisonEntry, version int) (bool, error) {
+	failed := e.Version
+	if failed == 0 {
+		if _, v, ok := strings.Cut(e.Group, ".v"); ok {
+			failed, _ = strconv.Atoi(v)
+		}
+	}
+	if failed == 0 || failed >= version {
+		return false, nil
+	}
+	oldest, err := h.cfg.Backend.Stream.OldestIDs(ctx, 1)
+	if err != nil {
+		return false, err
+	}
+	return len(oldest) == 1 && ops.CompareEntryIDs(oldest[0], e.EntryID) <= 0, nil
 }
 
 // replayVersion is the projection version a replay writes to: the version that failed if it is
