@@ -201,6 +201,11 @@ func (k KeySpace) RateLimitUser(userID int64) string {
 // the stream's slot.
 func (k KeySpace) Projections() string { return k.withStreamTag(k.Prefix + ":projections") }
 
+// RebuildStartLock is held while a rebuild of projection name starts (RebuildProjection.Start).
+func (k KeySpace) RebuildStartLock(name string) string {
+	return k.withStreamTag(k.Prefix + ":rebuild-start:" + name)
+}
+
 // ProjectionPrefix is the common prefix of every key of one projection version.
 func (k KeySpace) ProjectionPrefix(name string, version int) string {
 	return fmt.Sprintf("%s:p:%s:v%d:", k.Prefix, name, version)

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/checkins/checkins/app/ops"
@@ -83,6 +84,31 @@ func (v *ProjectionVersions) BeginBuild(ctx context.Context, name string, layout
 		return int(res[0]), 0, false, fmt.Errorf("projection %s: %w", name, ops.ErrRetiring)
 	}
 	return int(res[0]), int(res[1]), res[2] == 1, nil
+}
+
+var releaseStartLua = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+`)
+
+// LockStart holds name's rebuild start (<prefix>:rebuild-start:<name>, a token with a TTL) for
+// ttl at most; release deletes it if it still holds this call's token.
+func (v *ProjectionVersions) LockStart(ctx context.Context, name string, ttl time.Duration) (func(context.Context) error, bool, error) {
+	key := v.keys.RebuildStartLock(name)
+	token := uuid.NewString()
+	ok, err := v.client.SetNX(ctx, key, token, ttl).Result()
+	if err != nil {
+		return nil, false, fmt.Errorf("projection %s: lock the rebuild's start: %w", name, err)
+	}
+	if !ok {
+		return nil, false, nil
+	}
+	return func(ctx context.Context) error {
+		if err := releaseStartLua.Run(ctx, v.client, []string{key}, token).Err(); err != nil {
+			return fmt.Errorf("projection %s: release the rebuild's start: %w", name, err)
+		}
+		return nil
+	}, true, nil
 }
 
 var promoteLua = redis.NewScript(`

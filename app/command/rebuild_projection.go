@@ -158,6 +158,20 @@ func (h *RebuildProjection) Start(ctx context.Context, name string) (ops.Rebuild
 	if err := notMigrating(ctx, h.b.Migration); err != nil {
 		return ops.RebuildProgress{}, err
 	}
+	// One start at a time (projectors starting together after a deploy that changed a layout
+	// all start the rebuild): another start, between reading the state and looking for a
+	// leftover group, would find this one's new group and remove it as abandoned.
+	release, err := h.lockStart(ctx, name)
+	if err != nil {
+		return ops.RebuildProgress{}, err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := release(rctx); err != nil {
+			h.log.Warn("could not release the rebuild's start (it expires by itself)", "projection", name, "error", err)
+		}
+	}()
 	st, err := h.b.Registry.State(ctx, name)
 	if err != nil {
 		return ops.RebuildProgress{}, ops.Unavailable(err)
@@ -199,6 +213,28 @@ func (h *RebuildProjection) Start(ctx context.Context, name string) (ops.Rebuild
 	}
 	h.log.Info("rebuild started", "projection", name, "from", from, "to", to)
 	return rp, nil
+}
+
+// startLockTTL bounds how long a start holds the lock should its process die: a start removes
+// at most one abandoned version's keys (a SCAN of the keyspace) before it lets go.
+const startLockTTL = 5 * time.Minute
+
+// lockStart waits (until ctx ends) for name's rebuild start to be free and holds it.
+func (h *RebuildProjection) lockStart(ctx context.Context, name string) (func(context.Context) error, error) {
+	for delay := 20 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		release, ok, err := h.b.Registry.LockStart(ctx, name, startLockTTL)
+		if err != nil {
+			return nil, ops.Unavailable(err)
+		}
+		if ok {
+			return release, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ops.Unavailable(fmt.Errorf("another start of the rebuild of %s holds it: %w", name, ctx.Err()))
+		case <-time.After(delay):
+		}
+	}
 }
 
 // BackfillCaughtUp is the caught-up rule of a version still backfilling: its own group (b) has

@@ -121,6 +121,10 @@ func (m *memBackend) SetRebuildStatus(ctx context.Context, name, status string) 
 	return nil
 }
 
+func (m *memBackend) LockStart(context.Context, string, time.Duration) (func(context.Context) error, bool, error) {
+	return func(context.Context) error { return nil }, true, nil
+}
+
 func (m *memBackend) ReadAll(context.Context) (map[string]ops.Membership, map[string]string, error) {
 	return m.live, map[string]string{}, nil
 }

@@ -102,6 +102,10 @@ type Registry interface {
 	Retired(ctx context.Context, name string, version int) error
 	// SetRebuildStatus stores the last rebuild's progress (JSON).
 	SetRebuildStatus(ctx context.Context, name, status string) error
+	// LockStart holds the start of name's rebuild for ttl at most, so that concurrent starts do
+	// not take each other's new build for an abandoned one; ok false: another start holds it.
+	// release lets go of it (only if it is still this call's).
+	LockStart(ctx context.Context, name string, ttl time.Duration) (release func(context.Context) error, ok bool, err error)
 }
 
 // LiveGroups reads and changes which projection versions each live group feeds.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/app/query"
@@ -397,4 +399,79 @@ func TestCLIProjectionsRejectsBadUse(t *testing.T) {
 	require.Len(t, rep.Projections, 5)
 	assert.Equal(t, query.ProjectionRow{Projection: "users", Serving: 1}, rep.Projections[0])
 	assert.Equal(t, "not started: no projector has run it yet", rep.Versions[0].State)
+}
+
+// infoHook is a stream whose Info calls before first.
+type infoHook struct {
+	ops.Stream
+	before func()
+}
+
+func (s infoHook) Info(ctx context.Context) (ops.StreamInfo, error) {
+	if s.before != nil {
+		s.before()
+	}
+	return s.Stream.Info(ctx)
+}
+
+// TestConcurrentRebuildStartsKeepTheBuild: two starts of one rebuild at once (projectors that
+// start together after a deploy that changed a layout each start it), next to the leftover of a
+// build abandoned by hand. Start B reads the registry (nothing building) and, before it looks
+// for a leftover group, start A runs through: it removes the leftover, begins the build and
+// creates its group. B used to find that new group, take it for the leftover, and remove it: the
+// build went on without its group and its keys. Starts now take turns.
+func TestConcurrentRebuildStartsKeepTheBuild(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	keys := adapters.KeySpace{Prefix: "cs"}
+	client := redistest.Client(t, srv.URL())
+	ctx := context.Background()
+	projs := allProjections(Config{})
+	newRebuild := func(b ops.Backend) *command.RebuildProjection {
+		r, err := command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: b, Projections: projs, Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		return r
+	}
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: map[string]any{"f": "v"}}).Err())
+	// The leftover of a build of users v2 abandoned by hand: its group and a key.
+	require.NoError(t, client.XGroupCreate(ctx, keys.Stream(), "users.v2", "$").Err())
+	leftover := keys.ProjectionPrefix("users", 2) + "left:over"
+	require.NoError(t, client.Set(ctx, leftover, "1", 0).Err())
+
+	a := newRebuild(adapters.NewOpsBackend(client, keys))
+	aDone := make(chan struct{})
+	var aErr error
+	bBackend := adapters.NewOpsBackend(client, keys)
+	first := true
+	bBackend.Stream = infoHook{Stream: bBackend.Stream, before: func() {
+		if !first {
+			return
+		}
+		first = false
+		go func() {
+			defer close(aDone)
+			_, aErr = a.Start(ctx, "users")
+		}()
+		select { // A runs through here, unless it has to wait for B
+		case <-aDone:
+		case <-time.After(500 * time.Millisecond):
+		}
+	}}
+	rp, err := newRebuild(bBackend).Start(ctx, "users")
+	require.NoError(t, err)
+	<-aDone
+	require.NoError(t, aErr)
+	assert.Equal(t, 2, rp.To)
+
+	st, err := adapters.NewProjectionVersions(client, keys).State(ctx, "users")
+	require.NoError(t, err)
+	assert.Equal(t, 2, st.Building, "one build of v2")
+	info, err := adapters.ReadStreamInfo(ctx, client, keys.Stream())
+	require.NoError(t, err)
+	g := info.Group("users.v2")
+	require.NotNil(t, g, "the build keeps its group")
+	assert.Equal(t, "0-0", g.LastDeliveredID, "a new group, at the start of the stream")
+	n, err := client.Exists(ctx, leftover, keys.RebuildStartLock("users")).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "the leftover's keys went, and no start holds the lock")
 }
