@@ -66,6 +66,7 @@ const (
 	DefaultBlockTime                = 100 * time.Millisecond
 	DefaultClaimInterval            = 5 * time.Second
 	DefaultClaimMinIdle             = 30 * time.Second
+	DefaultHoldMax                  = 10 * time.Minute
 	DefaultNackDelay                = time.Second
 	DefaultAckFlushInterval         = 2 * time.Millisecond
 	DefaultConsumerIdleRemove       = 10 * time.Minute
@@ -111,7 +112,14 @@ type Config struct {
 	ReadLinger    time.Duration
 	ClaimInterval time.Duration // how often to look for idle pending entries of other consumers, default 5s
 	ClaimMinIdle  time.Duration // an entry pending this long in another consumer is taken over (XAUTOCLAIM), default 30s
-	NackDelay     time.Duration // a Nacked message is redelivered in-process after this delay, default 1s
+	// HoldMax: while this consumer holds an entry (read, not yet XACKed), it keeps the entry's
+	// idle time below ClaimMinIdle (XCLAIM JUSTID to itself, every ClaimMinIdle/3), so that no
+	// other consumer takes over an entry a live but slow consumer is still working on (a batch
+	// retried through a slow Redis can take longer than ClaimMinIdle) and applies it beside it.
+	// It stops keeping an entry held longer than HoldMax (a handler that hangs), which is then
+	// taken over as a crashed consumer's would be. Default 10m; negative: never keep.
+	HoldMax   time.Duration
+	NackDelay time.Duration // a Nacked message is redelivered in-process after this delay, default 1s
 	// AckFlushInterval is the XACK batching window, default 2ms; acks also flush when BatchSize
 	// are queued.
 	AckFlushInterval time.Duration
@@ -153,6 +161,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ClaimMinIdle == 0 {
 		c.ClaimMinIdle = DefaultClaimMinIdle
+	}
+	if c.HoldMax == 0 {
+		c.HoldMax = DefaultHoldMax
 	}
 	if c.NackDelay == 0 {
 		c.NackDelay = DefaultNackDelay
@@ -222,6 +233,8 @@ type Subscriber struct {
 	// delIfIdle deletes a consumer only if it has nothing pending, atomically, so a consumer
 	// that picked up entries since XINFO CONSUMERS never loses them from the PEL.
 	delIfIdle *redis.Script
+	// keep resets the idle time of the entries this consumer still holds (keepScript).
+	keep *redis.Script
 
 	mu        sync.Mutex
 	closed    bool
@@ -240,6 +253,25 @@ if #p > 0 then return -1 end
 return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
 `
 
+// keepScript: KEYS[1] stream, ARGV[1] group, ARGV[2] consumer, ARGV[3...] entry IDs. Each entry
+// still pending to the consumer gets its idle time reset (XCLAIM JUSTID, which leaves its
+// delivery count alone); the reply is the IDs that are not (acknowledged meanwhile, or taken
+// over by another consumer while this one was stalled).
+const keepScript = `
+local mine, gone = {}, {}
+for i = 3, #ARGV do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2])
+  if #p > 0 then mine[#mine + 1] = ARGV[i] else gone[#gone + 1] = ARGV[i] end
+end
+for i = 1, #mine, 500 do
+  local args = {KEYS[1], ARGV[1], ARGV[2], '0'}
+  for j = i, math.min(i + 499, #mine) do args[#args + 1] = mine[j] end
+  args[#args + 1] = 'JUSTID'
+  redis.call('XCLAIM', unpack(args))
+end
+return gone
+`
+
 // NewSubscriber validates cfg and fills in defaults.
 func NewSubscriber(cfg Config) (*Subscriber, error) {
 	if err := cfg.validate(); err != nil {
@@ -250,6 +282,7 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 		cfg:       cfg,
 		logger:    cfg.Logger,
 		delIfIdle: redis.NewScript(delIfIdleScript),
+		keep:      redis.NewScript(keepScript),
 		closing:   make(chan struct{}),
 		closeDone: make(chan struct{}),
 		topics:    make(map[string]struct{}),

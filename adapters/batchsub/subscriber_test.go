@@ -663,6 +663,66 @@ func TestCrashedConsumersEntriesAreTakenOver(t *testing.T) {
 		"all acked, and the deleted entry left the PEL")
 }
 
+// TestSlowLiveConsumerKeepsItsEntries: a consumer working on entries for longer than
+// ClaimMinIdle (a batch retried through a slow Redis) keeps them: another consumer of the group
+// does not take them over and apply them beside it. It used to, after ClaimMinIdle; and once
+// the other had acknowledged them, the first one's next attempt found their markers stale.
+func TestSlowLiveConsumerKeepsItsEntries(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	client, _ := newClient(t, srv)
+	ctx := context.Background()
+	const topic, n = "checkins", 10
+	publish(t, client, topic, "m", n)
+	fast := batchsub.Config{ClaimMinIdle: 300 * time.Millisecond, ClaimInterval: 100 * time.Millisecond}
+
+	slowCfg := fast
+	slowCfg.Consumer = "slow"
+	slow, err := newSub(t, client, slowCfg).Subscribe(ctx, topic)
+	require.NoError(t, err)
+	held := make([]*message.Message, 0, n)
+	for range n {
+		held = append(held, receive(t, slow)) // and not acked for a while
+	}
+
+	otherCfg := fast
+	otherCfg.Consumer = "other"
+	other, err := newSub(t, client, otherCfg).Subscribe(ctx, topic)
+	require.NoError(t, err)
+	c := collect(other, true)
+	assert.Never(t, func() bool { return c.len() > 0 }, 2*time.Second, pollEvery,
+		"no entry of the live consumer is taken over, for several times ClaimMinIdle")
+	assert.EqualValues(t, n, consumerPending(t, client, topic, "slow"))
+	for _, msg := range held {
+		msg.Ack()
+	}
+	assert.Eventually(t, func() bool { return pendingCount(t, client, topic) == 0 }, waitFor, pollEvery)
+	assert.Zero(t, c.len())
+
+}
+
+// TestEntryHeldPastHoldMaxIsTakenOver: a handler that hangs does not hold its entry forever.
+func TestEntryHeldPastHoldMaxIsTakenOver(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	client, _ := newClient(t, srv)
+	ctx := context.Background()
+	const topic = "checkins"
+	uuids, _ := publish(t, client, topic, "m", 1)
+	cfg := batchsub.Config{ClaimMinIdle: 300 * time.Millisecond, ClaimInterval: 100 * time.Millisecond,
+		Consumer: "hung", HoldMax: 500 * time.Millisecond, DrainTimeout: 100 * time.Millisecond}
+	hung, err := newSub(t, client, cfg).Subscribe(ctx, topic)
+	require.NoError(t, err)
+	assert.Equal(t, uuids[0], receive(t, hung).UUID) // never acked: the handler hangs
+
+	cfg.Consumer, cfg.HoldMax = "other", 0
+	other, err := newSub(t, client, cfg).Subscribe(ctx, topic)
+	require.NoError(t, err)
+	c := collect(other, true)
+	assert.Never(t, func() bool { return c.len() > 0 }, 300*time.Millisecond, pollEvery, "kept while held less than HoldMax")
+	assert.Eventually(t, func() bool { return c.len() == 1 }, waitFor, pollEvery, "taken over once held past HoldMax")
+}
+
 // ---------------------------------------------------------------------------------------------
 // 6. dead consumer cleanup
 

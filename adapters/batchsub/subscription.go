@@ -22,6 +22,7 @@ import (
 //	dispatch  the only sender on out: queued entries in order, nacked ones after NackDelay
 //	watch     one per handed-out message, waiting for its Ack/Nack
 //	acker     batched XACK
+//	keeper    keeps the entries held from being taken over while this consumer is alive
 //
 // Reader, preparer and claimer only produce; every entry they admit to the in-flight set is
 // handed to dispatch, so an entry is in exactly one place: being prepared, queued, handed out,
@@ -140,6 +141,8 @@ func (sub *subscription) run(ctx context.Context) {
 	go func() { producers.Wait(); close(sub.producersDone) }()
 	ackerDone := make(chan struct{})
 	go func() { defer close(ackerDone); sub.acks.run() }()
+	keepDone := make(chan struct{})
+	go func() { defer close(keepDone); sub.keepLoop(ioCtx) }()
 
 	hard := sub.dispatch()
 	if hard {
@@ -151,6 +154,7 @@ func (sub *subscription) run(ctx context.Context) {
 	close(sub.hardStop)
 	cancelIO() // after a clean drain the producers are gone already; after a hard one, hurry them
 	<-sub.producersDone
+	<-keepDone
 	close(sub.acks.finish)
 	<-ackerDone
 
@@ -506,6 +510,53 @@ func (sub *subscription) claimRound(ctx context.Context) bool {
 			return true
 		}
 		cursor = next
+	}
+}
+
+// keepLoop keeps the entries this consumer holds from being taken over (Config.HoldMax), every
+// ClaimMinIdle/3, until ctx ends (after the drain).
+func (sub *subscription) keepLoop(ctx context.Context) {
+	if sub.cfg.HoldMax < 0 {
+		return
+	}
+	ticker := time.NewTicker(max(sub.cfg.ClaimMinIdle/3, time.Millisecond))
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ticker.C:
+		case <-ctx.Done():
+			return
+		}
+		sub.keep(ctx)
+	}
+}
+
+// keep resets the idle time of the entries held for less than HoldMax that are still pending to
+// this consumer, and says which of them another consumer took over.
+func (sub *subscription) keep(ctx context.Context) {
+	ids := sub.inflight.heldSince(time.Now().Add(-sub.cfg.HoldMax).UnixNano())
+	if len(ids) == 0 {
+		return
+	}
+	args := make([]any, 0, 2+len(ids))
+	args = append(args, sub.cfg.ConsumerGroup, sub.cfg.Consumer)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	gone, err := sub.s.keep.Run(ctx, sub.client, []string{sub.topic}, args...).StringSlice()
+	if err != nil {
+		if ctx.Err() == nil {
+			sub.redisFailed(ctx, "could not keep the entries held from being taken over; retrying at the next interval", err)
+		}
+		return
+	}
+	sub.errLog.ok("keep")
+	// Gone are the entries XACKed since the snapshot, and any that another consumer took over
+	// while this one did not keep them (stalled longer than ClaimMinIdle): it may be applying
+	// them too, which the handlers' dedupe is there for. Those still held here are the latter.
+	if taken := sub.inflight.stillHeld(gone); len(taken) > 0 {
+		sub.logger.Info("Entries held here were taken over by another consumer (this one stalled longer than ClaimMinIdle)",
+			sub.fields.Add(watermill.LogFields{"entries": len(taken), "first": taken[0]}))
 	}
 }
 

@@ -18,7 +18,7 @@ import (
 // wait for the next XACK flush, and gating reads on that round trip would stall the pipeline.
 type inflightSet struct {
 	mu      sync.Mutex
-	ids     map[string]struct{}
+	ids     map[string]int64 // -> when it was admitted (Unix nanoseconds)
 	unacked int
 	// changed is closed and replaced when the counts drop, waking everybody waiting for capacity
 	// or for the drain to finish (a broadcast, unlike a buffered signal channel). It is only
@@ -28,7 +28,7 @@ type inflightSet struct {
 }
 
 func newInflightSet(capacity int) *inflightSet {
-	return &inflightSet{ids: make(map[string]struct{}, 2*capacity), changed: make(chan struct{})}
+	return &inflightSet{ids: make(map[string]int64, 2*capacity), changed: make(chan struct{})}
 }
 
 // state returns the unacked count, the number of entries held, and a channel closed at the
@@ -43,16 +43,43 @@ func (f *inflightSet) state() (unacked, held int, changed <-chan struct{}) {
 // admit adds ids and reports which of them were new.
 func (f *inflightSet) admit(ids []string) []bool {
 	fresh := make([]bool, len(ids))
+	now := time.Now().UnixNano()
 	f.mu.Lock()
 	for i, id := range ids {
 		if _, dup := f.ids[id]; !dup {
-			f.ids[id] = struct{}{}
+			f.ids[id] = now
 			f.unacked++
 			fresh[i] = true
 		}
 	}
 	f.mu.Unlock()
 	return fresh
+}
+
+// heldSince is the members admitted at or after since (Unix nanoseconds).
+func (f *inflightSet) heldSince(since int64) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ids := make([]string, 0, len(f.ids))
+	for id, at := range f.ids {
+		if at >= since {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// stillHeld is those of ids that are members.
+func (f *inflightSet) stillHeld(ids []string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, id := range ids {
+		if _, ok := f.ids[id]; ok {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // acked records that a member was acked; it stays a member until its XACK succeeded.
