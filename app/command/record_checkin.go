@@ -198,6 +198,13 @@ func (h *RecordCheckinHandler) Handle(ctx context.Context, cmd RecordCheckin) (R
 	res, leader, err := h.flights.do(ctx, c.ID+"\x00"+rec.Fingerprint, func() (RecordCheckinResult, error) {
 		return h.record(ctx, rec, cmd.CorrelationID, cmd.LimitUser)
 	})
+	var limited *RateLimitedError
+	if !leader && errors.As(err, &limited) {
+		// The first request was refused by its limit, which says nothing of the check-in: this
+		// one is counted and recorded on its own (it meets the first one's reservation, if any,
+		// as a retry would), rather than charged and answered with another request's refusal.
+		return h.record(ctx, rec, cmd.CorrelationID, cmd.LimitUser)
+	}
 	if !leader && cmd.LimitUser != 0 {
 		// A request that shared another's outcome counts against its limit all the same.
 		rate, lerr := h.count(ctx, cmd.LimitUser)

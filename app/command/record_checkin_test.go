@@ -475,6 +475,51 @@ func TestOwnReservationSentTwiceIsPublished(t *testing.T) {
 	assert.Zero(t, store.takeOvers.Load(), "without waiting to take itself over")
 }
 
+// refuseFirst refuses the first request it counts, after holding it until release is closed,
+// and allows every later one (GCRA refills continuously: the next request may be allowed).
+type refuseFirst struct {
+	calls   atomic.Int64
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (l *refuseFirst) Allow(context.Context, int64) (command.RateDecision, error) {
+	if l.calls.Add(1) == 1 {
+		close(l.entered)
+		<-l.release
+		return command.RateDecision{Allowed: false, RetryAfter: time.Second}, nil
+	}
+	return command.RateDecision{Allowed: true, Remaining: 1}, nil
+}
+
+// TestWaiterIsNotAnsweredWithTheFirstRequestsRefusal: a request that waited for another with the
+// same checkinId and body, refused by its rate limit, is judged on its own limit: allowed, it is
+// recorded. It used to be charged against its limit and answered 429 all the same.
+func TestWaiterIsNotAnsweredWithTheFirstRequestsRefusal(t *testing.T) {
+	t.Parallel()
+	store, pub, clk := newMemStore(), &memPublisher{}, newClock()
+	lim := &refuseFirst{entered: make(chan struct{}), release: make(chan struct{})}
+	h := newHandler(t, pub, store, clk).WithUserLimit(lim)
+	ctx := context.Background()
+	cmd := checkin("ck-limited", 2)
+	cmd.LimitUser = *cmd.Input.UserID
+	first := handleAsync(ctx, h, cmd, 1)
+	<-lim.entered
+	waiter := handleAsync(ctx, h, cmd, 1)
+	time.Sleep(50 * time.Millisecond) // the waiter joins the first request's flight
+	close(lim.release)
+
+	var limited *command.RateLimitedError
+	f := collect(t, first, 1)[0]
+	require.ErrorAs(t, f.err, &limited, "the first request is over its limit")
+	w := collect(t, waiter, 1)[0]
+	require.NoError(t, w.err, "the waiter, allowed, is recorded")
+	require.NotNil(t, w.res.Rate)
+	assert.True(t, w.res.Rate.Allowed)
+	assert.Len(t, pub.published(), 1)
+	assert.Equal(t, int64(2), lim.calls.Load(), "each request counted once")
+}
+
 func TestGeneratedIDsAreNotShared(t *testing.T) {
 	t.Parallel()
 	store, pub, clk := newMemStore(), &memPublisher{}, newClock()
