@@ -467,7 +467,14 @@ func (h *RebuildProjection) removeVersion(ctx context.Context, name string, vers
 		return removed, err
 	}
 	n, err := h.removeOwnGroup(ctx, group)
-	return removed + n, err
+	if err != nil {
+		return removed + n, err
+	}
+	// The markers of replays into the version go with it: a version of the same number built
+	// again (after a build abandoned by hand) would find them and report its own parked events
+	// as counted already, dropping them.
+	r, err := h.b.Keys.RemoveMarkers(ctx, ReplayGroup(name, version))
+	return removed + n + r, err
 }
 
 // removeOwnGroup destroys a version's own group once its backfill is over, with its markers and

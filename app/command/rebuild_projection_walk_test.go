@@ -150,7 +150,10 @@ func (m *memBackend) RemoveVersion(_ context.Context, name string, version int) 
 	m.removed = append(m.removed, "keys "+k)
 	return n, nil
 }
-func (m *memBackend) RemoveMarkers(context.Context, string) (int64, error)           { return 0, nil }
+func (m *memBackend) RemoveMarkers(_ context.Context, group string) (int64, error) {
+	m.removed = append(m.removed, "markers "+group)
+	return 0, nil
+}
 func (m *memBackend) RemoveLegacyDedupe(context.Context, string, int) (int64, error) { return 0, nil }
 func (m *memBackend) Observed(_ context.Context, groups []string) ([]string, error) {
 	return make([]string, len(groups)), nil
@@ -234,7 +237,8 @@ func TestRebuildWalksItsStates(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, ops.RebuildDone, rp.State)
 	assert.NotContains(t, m.keys, "users.v1")
-	assert.Equal(t, []string{"keys users.v1"}, m.removed, "v1 had no group of its own left (the live group fed it)")
+	assert.Equal(t, []string{"keys users.v1", "markers users.v1", "markers replay.users.v1"}, m.removed,
+		"v1 had no group of its own left (the live group fed it); its markers and its replays' go")
 	assert.Equal(t, ops.VersionState{Serving: 2, SwitchedAt: m.state["users"].SwitchedAt, Rebuild: m.state["users"].Rebuild}, m.state["users"])
 
 	// Done stays done.
