@@ -17,13 +17,14 @@ import (
 // maxBatch commands, while a lone command still goes out at once.
 //
 // A caller always waits for its command's pipeline, so a command is never written to by the
-// pipeline after its caller has returned. A command whose context is done before its pipeline
-// goes out is not sent (its caller gets the context's error, and nothing ran). The pipeline's
-// deadline is the latest deadline of the commands it sends, capped at maxWait: one caller out of
-// time must not fail the commands of all the others (a request whose body took its whole
-// timeout to arrive would otherwise fail up to maxBatch other requests' writes, which then count
-// as unknown outcomes). So a caller whose deadline comes before another's in its pipeline may
-// wait past it, by at most that difference, and only while Redis does not answer.
+// pipeline after its caller has returned. The pipeline's deadline is the earliest deadline of
+// the commands it sends (capped at maxWait): no command is written past its caller's deadline,
+// which the takeover of a reservation relies on (cmd/checkins/service.go). A command whose
+// caller has less than minHeadroom left when its pipeline goes out is not sent (its caller gets
+// context.DeadlineExceeded, and nothing ran): one caller out of time must not set a deadline that
+// fails the commands of all the others (a request whose body took its whole timeout to arrive
+// would otherwise fail up to maxBatch other requests' writes, which then count as unknown
+// outcomes).
 type AutoPipeline struct {
 	client   redis.UniversalClient
 	queue    chan *pipelineCall
@@ -253,7 +254,8 @@ func (p *AutoPipeline) exec(batch []*pipelineCall) {
 			close(c.done)
 		}
 	}()
-	send, deadline := sendable(batch, time.Now().Add(p.maxWait))
+	now := time.Now()
+	send, deadline := sendable(batch, now, now.Add(p.maxWait))
 	if len(send) == 0 {
 		return
 	}
@@ -285,23 +287,29 @@ func (p *AutoPipeline) exec(batch []*pipelineCall) {
 	}
 }
 
-// sendable is the calls of batch whose contexts are not done (the others get their context's
-// error and are not sent), and the deadline of their pipeline: the latest of theirs, capped at
-// limit (a call without a deadline gets limit).
-func sendable(batch []*pipelineCall, limit time.Time) ([]*pipelineCall, time.Time) {
+// minHeadroom is the least time a command's caller must have left for the command to be sent: a
+// round trip under load takes a few milliseconds, and a pipeline's deadline is its earliest
+// caller's.
+const minHeadroom = 100 * time.Millisecond
+
+// sendable is the calls of batch whose callers have minHeadroom left (the others get their
+// context's error, or context.DeadlineExceeded, and are not sent), and the deadline of their
+// pipeline: the earliest of theirs, capped at limit.
+func sendable(batch []*pipelineCall, now, limit time.Time) ([]*pipelineCall, time.Time) {
 	send := make([]*pipelineCall, 0, len(batch))
-	var deadline time.Time
+	deadline := limit
 	for _, c := range batch {
 		if err := c.ctx.Err(); err != nil {
 			c.cmd.SetErr(err)
 			continue
 		}
-		send = append(send, c)
 		d, ok := c.ctx.Deadline()
-		if !ok || d.After(limit) {
-			d = limit
+		if ok && d.Sub(now) < minHeadroom {
+			c.cmd.SetErr(context.DeadlineExceeded)
+			continue
 		}
-		if d.After(deadline) {
+		send = append(send, c)
+		if ok && d.Before(deadline) {
 			deadline = d
 		}
 	}

@@ -105,9 +105,9 @@ func TestAutoPipelineHonoursTheCallersDeadline(t *testing.T) {
 }
 
 // TestAutoPipelineOneCallerOutOfTimeFailsNoOther: a command whose caller ran out of time while it
-// waited in the queue (a request whose body took its whole timeout to arrive) is not sent, and
-// the other commands of its pipeline run and succeed. The pipeline used to take the earliest
-// deadline of its commands, so one expired caller failed every command sent with it.
+// waited in the queue (a request whose body took its whole timeout to arrive), or nearly, is not
+// sent, and the other commands of its pipeline run and succeed. The pipeline takes the earliest
+// deadline of its commands, so one such caller used to fail every command sent with it.
 func TestAutoPipelineOneCallerOutOfTimeFailsNoOther(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
@@ -128,11 +128,16 @@ func TestAutoPipelineOneCallerOutOfTimeFailsNoOther(t *testing.T) {
 		assert.NoError(t, err)
 	})
 	time.Sleep(100 * time.Millisecond)
-	var lateErr error
+	var lateErr, tightErr error
 	wg.Go(func() {
 		lctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		defer cancel()
 		_, lateErr = p.Do(lctx, "INCR", "late")
+	})
+	wg.Go(func() { // 50 ms left when the pipeline goes out
+		tctx, cancel := context.WithTimeout(ctx, 450*time.Millisecond)
+		defer cancel()
+		_, tightErr = p.Do(tctx, "INCR", "tight")
 	})
 	const others = 20
 	var failed atomic.Int64
@@ -156,6 +161,8 @@ func TestAutoPipelineOneCallerOutOfTimeFailsNoOther(t *testing.T) {
 	assert.Equal(t, others, n, "every other caller's command ran once")
 	assert.ErrorIs(t, lateErr, context.DeadlineExceeded, "the caller out of time gets its context's error")
 	assert.ErrorIs(t, client.Get(ctx, "late").Err(), redis.Nil, "and its command was not sent")
+	assert.ErrorIs(t, tightErr, context.DeadlineExceeded, "so does one with too little time left")
+	assert.ErrorIs(t, client.Get(ctx, "tight").Err(), redis.Nil)
 }
 
 // TestAutoPipelineReloadsLostScripts: after SCRIPT FLUSH (a restart, a promoted replica that

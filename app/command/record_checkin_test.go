@@ -506,7 +506,8 @@ func TestWaiterIsNotAnsweredWithTheFirstRequestsRefusal(t *testing.T) {
 	first := handleAsync(ctx, h, cmd, 1)
 	<-lim.entered
 	waiter := handleAsync(ctx, h, cmd, 1)
-	time.Sleep(50 * time.Millisecond) // the waiter joins the first request's flight
+	require.Eventually(t, func() bool { return command.Waiters(h) == 1 }, 5*time.Second, time.Millisecond,
+		"the second request waits for the first one's outcome")
 	close(lim.release)
 
 	var limited *command.RateLimitedError

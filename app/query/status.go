@@ -94,7 +94,9 @@ type ConsumerStatus struct {
 type OldestPending struct {
 	ID       string `json:"id"`
 	Consumer string `json:"consumer"`
-	// IdleMs is the time since it was last delivered; AgeMs the time since it was recorded.
+	// IdleMs is the time since it was last delivered, or kept by the consumer that holds it (a
+	// live consumer keeps it below CLAIM_IDLE for up to 10 minutes); AgeMs the time since it
+	// was recorded.
 	IdleMs     int64 `json:"idleMs"`
 	AgeMs      int64 `json:"ageMs"`
 	Deliveries int64 `json:"deliveries"`
