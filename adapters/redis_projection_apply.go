@@ -499,6 +499,9 @@ type ProjectionApplier struct {
 	// floors: per partition of the stream, the score every consumer group has passed there
 	// (SetRegistryFloors); nil: unknown, and the registries are not pruned.
 	floors atomic.Pointer[[]int64]
+	// floorsGen counts HoldRegistryFloors calls; floorsMu orders them with SetRegistryFloorsAt.
+	floorsGen atomic.Uint64
+	floorsMu  sync.Mutex
 
 	// touched are the marker keys applied to since the last Sweep, per group; decided, the
 	// users whose registries were written since the last SweepRegistries.
@@ -591,7 +594,28 @@ func (a *ProjectionApplier) SetRegistryFloors(ids []string) error {
 // meanwhile. A backfill about to start (a rebuild) registers identities far below the floors
 // every group had passed, and a prune with those floors would drop them before the backfill
 // meets their later copies, which it would then count again.
-func (a *ProjectionApplier) HoldRegistryFloors() { a.floors.Store(nil) }
+func (a *ProjectionApplier) HoldRegistryFloors() {
+	a.floorsMu.Lock()
+	defer a.floorsMu.Unlock()
+	a.floorsGen.Add(1)
+	a.floors.Store(nil)
+}
+
+// FloorsGeneration is the number of HoldRegistryFloors calls so far: floors computed from what
+// was read after it may be set with SetRegistryFloorsAt.
+func (a *ProjectionApplier) FloorsGeneration() uint64 { return a.floorsGen.Load() }
+
+// SetRegistryFloorsAt is SetRegistryFloors unless HoldRegistryFloors was called since gen
+// (FloorsGeneration) was read: floors computed before a backfill started are above what it
+// registers, and are dropped.
+func (a *ProjectionApplier) SetRegistryFloorsAt(gen uint64, ids []string) error {
+	a.floorsMu.Lock()
+	defer a.floorsMu.Unlock()
+	if a.floorsGen.Load() != gen {
+		return nil
+	}
+	return a.SetRegistryFloors(ids)
+}
 
 // Window is the dedupe window.
 func (a *ProjectionApplier) Window() time.Duration {

@@ -1169,6 +1169,37 @@ func TestCopiesCountedApartApplyInEitherOrder(t *testing.T) {
 	})
 }
 
+// TestRegistryFloorsComputedBeforeAHoldAreDropped: a checkpoint that read the membership before
+// a backfill joined computes floors above what the backfill registers; set after the hold, they
+// would prune its identities at once. SetRegistryFloorsAt drops them.
+func TestRegistryFloorsComputedBeforeAHoldAreDropped(t *testing.T) {
+	t.Parallel()
+	eachEnv(t, func(t *testing.T, env projEnv) {
+		a, err := adapters.NewProjectionApplier(env.client, env.keys, time.Minute)
+		require.NoError(t, err)
+		a.PruneEvery(1)
+		ctx := context.Background()
+		const t0 = 1_700_000_000_000
+		now := entry(t0 + 3_600_000)
+		registered := func() int64 {
+			n, err := env.client.ZCard(ctx, env.keys.Registry(1)).Result()
+			require.NoError(t, err)
+			return n
+		}
+		gen := a.FloorsGeneration()
+		a.HoldRegistryFloors()
+		require.NoError(t, a.SetRegistryFloorsAt(gen, []string{now}), "floors from before the hold")
+		_, err = a.Apply(ctx, []projection.Work{userWork(t, "backfill", recorded("old-1", 1, 1, 1, t0), entry(t0))}, noPrune)
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), registered(), "the stale floors were dropped: nothing pruned")
+
+		require.NoError(t, a.SetRegistryFloorsAt(a.FloorsGeneration(), []string{now}), "floors from after the hold")
+		_, err = a.Apply(ctx, []projection.Work{userWork(t, "backfill", recorded("old-2", 1, 1, 1, t0+1), entry(t0+1))}, noPrune)
+		require.NoError(t, err)
+		assert.Zero(t, registered(), "floors set after the hold prune")
+	})
+}
+
 // TestApplyClusterEqualsStandalone: the same random input (out-of-order timestamps, republished
 // copies, redeliveries of one entry, batches of every size) through every shipped projection
 // gives the same outcomes and, key by key, the same read models on a 3-master cluster (step 1

@@ -30,6 +30,10 @@ type ProjectionApplier interface {
 	// HoldRegistryFloors forgets the floors until the next SetRegistryFloors (no registry is
 	// pruned meanwhile): a backfill is about to register identities far below them.
 	HoldRegistryFloors()
+	// FloorsGeneration counts the holds; SetRegistryFloorsAt sets floors unless a hold came
+	// after the generation its caller read before computing them.
+	FloorsGeneration() uint64
+	SetRegistryFloorsAt(gen uint64, ids []string) error
 	// SweepRegistries lets go of what the dedupe registries written since its last call hold
 	// below the window before the floors (every group quiet).
 	SweepRegistries(ctx context.Context) (int, error)

@@ -678,6 +678,9 @@ func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
 		}
 		allQuiet = allQuiet && known && quiet
 	}
+	// Floors computed from what is read now must not undo a hold that comes meanwhile (a
+	// backfill starting: SetTargets may join it after this reads the membership).
+	gen := r.cfg.Applier.FloorsGeneration()
 	lives, acked, err := r.backend.ReadAll(ctx)
 	if err != nil {
 		return err
@@ -691,7 +694,7 @@ func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
 		// prune no registry until it is, rather than by floors that may be above it.
 		r.cfg.Applier.HoldRegistryFloors()
 	} else {
-		if err := r.cfg.Applier.SetRegistryFloors(floors); err != nil {
+		if err := r.cfg.Applier.SetRegistryFloorsAt(gen, floors); err != nil {
 			return err
 		}
 		// Quiet: the registries' last prunes used the floors of their last decides, which trail
