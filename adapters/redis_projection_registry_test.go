@@ -65,3 +65,33 @@ func TestRegistryRecordsLayouts(t *testing.T) {
 	_, _, _, err = reg.BeginBuild(ctx, "other", 0)
 	require.ErrorContains(t, err, "layout 0 is not a positive integer")
 }
+
+// TestRebuildStartLock: one holder at a time; a live holder keeps the lock past its TTL until it
+// lets go, and only its own release deletes it.
+func TestRebuildStartLock(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	client, keys := env.client, env.keys
+	v := adapters.NewProjectionVersions(client, keys)
+	ctx := context.Background()
+	release, ok, err := v.LockStart(ctx, "users", 300*time.Millisecond)
+	require.NoError(t, err)
+	require.True(t, ok)
+	time.Sleep(time.Second) // three TTLs: extended meanwhile
+	_, ok, err = v.LockStart(ctx, "users", 300*time.Millisecond)
+	require.NoError(t, err)
+	assert.False(t, ok, "held while its holder lives")
+	other, ok, err := v.LockStart(ctx, "locations", 300*time.Millisecond)
+	require.NoError(t, err)
+	assert.True(t, ok, "per projection")
+	require.NoError(t, other(ctx))
+	require.NoError(t, release(ctx))
+	again, ok, err := v.LockStart(ctx, "users", 300*time.Millisecond)
+	require.NoError(t, err)
+	assert.True(t, ok, "free once released")
+	require.NoError(t, release(ctx), "a stale release does not delete another's lock")
+	n, err := client.Exists(ctx, keys.RebuildStartLock("users")).Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n)
+	require.NoError(t, again(ctx))
+}

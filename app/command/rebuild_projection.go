@@ -154,10 +154,6 @@ func (h *RebuildProjection) Start(ctx context.Context, name string) (ops.Rebuild
 	if err := KnownProjection(h.projs, name); err != nil {
 		return ops.RebuildProgress{}, err
 	}
-	// A rebuild creates groups on the stream, which a migration would leave behind.
-	if err := notMigrating(ctx, h.b.Migration); err != nil {
-		return ops.RebuildProgress{}, err
-	}
 	// One start at a time (projectors starting together after a deploy that changed a layout
 	// all start the rebuild): another start, between reading the state and looking for a
 	// leftover group, would find this one's new group and remove it as abandoned.
@@ -172,6 +168,10 @@ func (h *RebuildProjection) Start(ctx context.Context, name string) (ops.Rebuild
 			h.log.Warn("could not release the rebuild's start (it expires by itself)", "projection", name, "error", err)
 		}
 	}()
+	// A rebuild creates groups on the stream, which a migration would leave behind.
+	if err := notMigrating(ctx, h.b.Migration); err != nil {
+		return ops.RebuildProgress{}, err
+	}
 	st, err := h.b.Registry.State(ctx, name)
 	if err != nil {
 		return ops.RebuildProgress{}, ops.Unavailable(err)
@@ -215,9 +215,9 @@ func (h *RebuildProjection) Start(ctx context.Context, name string) (ops.Rebuild
 	return rp, nil
 }
 
-// startLockTTL bounds how long a start holds the lock should its process die: a start removes
-// at most one abandoned version's keys (a SCAN of the keyspace) before it lets go.
-const startLockTTL = 5 * time.Minute
+// startLockTTL is how long a start holds the lock after its process died (a live one extends it
+// until it is done).
+const startLockTTL = time.Minute
 
 // lockStart waits (until ctx ends) for name's rebuild start to be free and holds it.
 func (h *RebuildProjection) lockStart(ctx context.Context, name string) (func(context.Context) error, error) {
