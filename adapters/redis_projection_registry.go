@@ -2,6 +2,8 @@ package adapters
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -135,6 +137,38 @@ func (v *ProjectionVersions) LockStart(ctx context.Context, name string, ttl tim
 		}
 		return nil
 	}, true, nil
+}
+
+// SetBuildStart records where version's build began, as <name>.v<version>.build_start (JSON).
+func (v *ProjectionVersions) SetBuildStart(ctx context.Context, name string, version int, b ops.BuildStart) error {
+	raw, err := json.Marshal(b)
+	if err != nil {
+		return err
+	}
+	if err := v.client.HSet(ctx, v.keys.Projections(), buildStartField(name, version), raw).Err(); err != nil {
+		return fmt.Errorf("projection %s: record where v%d's build began: %w", name, version, err)
+	}
+	return nil
+}
+
+// BuildStart reads what SetBuildStart recorded.
+func (v *ProjectionVersions) BuildStart(ctx context.Context, name string, version int) (ops.BuildStart, bool, error) {
+	raw, err := v.client.HGet(ctx, v.keys.Projections(), buildStartField(name, version)).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return ops.BuildStart{}, false, nil
+	}
+	if err != nil {
+		return ops.BuildStart{}, false, fmt.Errorf("projection %s: read where v%d's build began: %w", name, version, err)
+	}
+	var b ops.BuildStart
+	if err := json.Unmarshal(raw, &b); err != nil {
+		return ops.BuildStart{}, false, fmt.Errorf("projection %s: where v%d's build began: %w", name, version, err)
+	}
+	return b, true, nil
+}
+
+func buildStartField(name string, version int) string {
+	return name + ".v" + strconv.Itoa(version) + ".build_start"
 }
 
 var promoteLua = redis.NewScript(`

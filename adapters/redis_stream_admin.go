@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
@@ -343,6 +344,39 @@ func (s *StreamAdmin) DestroyGroup(ctx context.Context, group string) error {
 }
 
 // OldestIDs returns the IDs of up to n oldest entries (of all partitions, merged by ID).
+// Starts is, per stream (each partition), the first ID a group created at "0" now would read.
+func (s *StreamAdmin) Starts(ctx context.Context) (map[string]string, error) {
+	admins := s.parts
+	if len(admins) == 0 {
+		admins = []*StreamAdmin{s}
+	}
+	out := make(map[string]string, len(admins))
+	for _, a := range admins {
+		info, err := a.client.XInfoStream(ctx, a.stream).Result()
+		switch {
+		case err != nil && strings.Contains(err.Error(), "no such key"):
+			out[a.stream] = "0-1" // never written: every entry it will hold
+		case err != nil:
+			return nil, fmt.Errorf("XINFO STREAM %s: %w", a.stream, err)
+		case info.Length > 0:
+			out[a.stream] = info.FirstEntry.ID
+		default:
+			out[a.stream] = nextEntryID(info.LastGeneratedID)
+		}
+	}
+	return out, nil
+}
+
+// nextEntryID is the least ID above id ("ms-seq").
+func nextEntryID(id string) string {
+	ms, seq, _ := strings.Cut(id, "-")
+	n, err := strconv.ParseUint(seq, 10, 64)
+	if err != nil {
+		return id
+	}
+	return ms + "-" + strconv.FormatUint(n+1, 10)
+}
+
 func (s *StreamAdmin) OldestIDs(ctx context.Context, n int64) ([]string, error) {
 	if len(s.parts) > 0 {
 		var all []string

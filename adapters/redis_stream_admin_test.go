@@ -385,3 +385,30 @@ func TestStreamInfoLeavesOutAGroupDestroyedWhileItReads(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamStarts: per stream, the first ID a group created at "0" would read now: the first
+// entry's, past the last ID an emptied stream had, every ID of a stream never written.
+func TestStreamStarts(t *testing.T) {
+	t.Parallel()
+	env := redistest.Open(t)
+	client := redistest.Client(t, env.URL)
+	keys := adapters.KeySpace{Prefix: env.Prefix}
+	ctx := context.Background()
+	admin := adapters.NewStreamAdmin(client, keys)
+	starts, err := admin.Starts(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{keys.Stream(): "0-1"}, starts, "never written")
+
+	for _, id := range []string{"1700000000000-0", "1700000000000-1", "1700000000005-0"} {
+		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), ID: id, Values: map[string]any{"f": "v"}}).Err())
+	}
+	require.NoError(t, client.XTrimMinID(ctx, keys.Stream(), "1700000000000-1").Err())
+	starts, err = admin.Starts(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{keys.Stream(): "1700000000000-1"}, starts, "the first entry")
+
+	require.NoError(t, client.XTrimMaxLen(ctx, keys.Stream(), 0).Err())
+	starts, err = admin.Starts(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{keys.Stream(): "1700000000005-1"}, starts, "emptied: past its last ID")
+}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -311,6 +312,57 @@ func TestOpsReplayOfAReplacedVersionNeverDoubleCounts(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, res.Applied, "an entry older than the stream's first is replayed into version 2")
 	assert.Equal(t, int64(2), countV2())
+
+	// Where version 2's build began recorded (Start does it): replays are judged by that.
+	reg := adapters.NewProjectionVersions(h.client, h.keys)
+	checkin := func(id string) domain.CheckinRecorded {
+		return domain.CheckinRecorded{Checkin: domain.Checkin{ID: id, UserID: 1, LocationID: 2, StarRating: 1, Timestamp: time.Now().UnixMilli()},
+			RecordedAt: time.Now().UnixMilli()}
+	}
+	begin := checkin("build-began-here")
+	beginID := h.xadd(h.values(begin, "corr"))
+	builtAt := time.Now()
+	require.NoError(t, reg.SetBuildStart(ctx, "faulty", 2, ops.BuildStart{At: builtAt.UnixMilli(), Streams: map[string]string{h.keys.Stream(): beginID}}))
+	park := func(ev domain.CheckinRecorded, entryID string, version int, at time.Time) string {
+		id, err := q.Park(ctx, ops.PoisonEntry{Stream: h.keys.Stream(), EntryID: entryID, Projection: "faulty", Group: testGroup,
+			Version: version, Error: "test", Attempts: 5, FailedAt: at, Fields: ev.Fields(), Decision: ops.DecisionCounted})
+		require.NoError(t, err)
+		return id
+	}
+
+	// Version 1 parked it; version 2's build counted it; then RETENTION trimmed it.
+	gone := checkin("built-then-trimmed")
+	goneID := h.xadd(h.values(gone, "corr"))
+	_, err = h.apply.ApplyEvent(ctx, "faulty.v2", p, 2, gone, goneID)
+	require.NoError(t, err)
+	ms, seq, _ := strings.Cut(goneID, "-")
+	n, err := strconv.Atoi(seq)
+	require.NoError(t, err)
+	require.NoError(t, h.client.XTrimMinID(ctx, h.keys.Stream(), ms+"-"+strconv.Itoa(n+1)).Err())
+	before := countV2()
+	res, err = replay.Replay(ctx, park(gone, goneID, 1, time.Now()))
+	require.NoError(t, err)
+	assert.False(t, res.Applied, "the build went through it, though the stream no longer holds it")
+	assert.Equal(t, before, countV2())
+
+	// Parked by an earlier build of version 2 (abandoned, started again): this build went
+	// through it too.
+	res, err = replay.Replay(ctx, park(checkin("earlier-build"), goneID, 2, builtAt.Add(-time.Hour)))
+	require.NoError(t, err)
+	assert.False(t, res.Applied, "parked before this build began")
+	assert.Equal(t, before, countV2())
+
+	// Parked by this build: replayed into it.
+	res, err = replay.Replay(ctx, park(checkin("this-build"), goneID, 2, builtAt.Add(time.Second)))
+	require.NoError(t, err)
+	assert.True(t, res.Applied, "parked by this build")
+	assert.Equal(t, before+1, countV2())
+
+	// Below where the build began (trimmed before it): replayed into version 2.
+	res, err = replay.Replay(ctx, park(checkin("before-the-build"), "1600000000001-0", 1, time.Now()))
+	require.NoError(t, err)
+	assert.True(t, res.Applied, "the build never saw it")
+	assert.Equal(t, before+2, countV2())
 }
 
 func TestOpsReplayAllGoesInChunksAndResumes(t *testing.T) {

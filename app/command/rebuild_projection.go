@@ -202,6 +202,16 @@ func (h *RebuildProjection) Start(ctx context.Context, name string) (ops.Rebuild
 		h.log.Info("rebuild already in progress, resuming", "projection", name, "from", from, "to", to)
 		return rp, nil
 	}
+	// Where the build begins, recorded before its group exists: a replay of an entry parked by
+	// an earlier version (or an earlier build of this number) tells by it whether this build
+	// went through that entry itself (ReplayPoisoned).
+	starts, err := h.b.Stream.Starts(ctx)
+	if err != nil {
+		return ops.RebuildProgress{}, ops.Unavailable(err)
+	}
+	if err := h.b.Registry.SetBuildStart(ctx, name, to, ops.BuildStart{At: h.now().UnixMilli(), Streams: starts}); err != nil {
+		return ops.RebuildProgress{}, ops.Unavailable(err)
+	}
 	// Creating the group here, at "0", makes the build's lag visible at once and pins its start
 	// to the beginning of the stream whichever projector subscribes first.
 	if err := h.b.Stream.CreateGroup(ctx, ops.MemberName(name, to), "0"); err != nil {

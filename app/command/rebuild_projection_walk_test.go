@@ -121,6 +121,14 @@ func (m *memBackend) SetRebuildStatus(ctx context.Context, name, status string) 
 	return nil
 }
 
+func (m *memBackend) Starts(context.Context) (map[string]string, error) {
+	return map[string]string{"events": "0-1"}, nil
+}
+func (m *memBackend) SetBuildStart(context.Context, string, int, ops.BuildStart) error { return nil }
+func (m *memBackend) BuildStart(context.Context, string, int) (ops.BuildStart, bool, error) {
+	return ops.BuildStart{}, false, nil
+}
+
 func (m *memBackend) LockStart(context.Context, string, time.Duration) (func(context.Context) error, bool, error) {
 	return func(context.Context) error { return nil }, true, nil
 }

@@ -189,27 +189,46 @@ func (h *ReplayPoisoned) transient(err error) bool {
 	return ok
 }
 
-// superseded tells whether e, parked by a version that has since been replaced by version (a
-// rebuild), was handled by version itself, so that replaying it there would count it twice: the
-// rebuild's backfill started at the first entry the stream held, and the live group fed it
-// everything after, so version applied the entry, or parked its own copy of it, if the stream
-// still reaches back to the entry. Only an entry the stream no longer holds (trimmed by RETENTION,
-// perhaps before the rebuild began) is replayed into its successor.
+// superseded tells whether e was parked by a version, or by a build of version, that version's
+// build has since gone through: replaying it into version would count it twice. A rebuild's
+// backfill reads the stream from where it stood when the build began (recorded by Start), and
+// the live group feeds it everything after, so version applied every entry from there on, or
+// parked its own copy of it. An entry below that point (trimmed by RETENTION before the build
+// began) is replayed into version. For a version built before Start recorded where it began, the
+// stream as it is now stands in: an entry it still holds was there when the build began.
 func (h *ReplayPoisoned) superseded(ctx context.Context, e ops.PoisonEntry, version int) (bool, error) {
 	failed := e.Version
 	if failed == 0 {
-		if _, v, ok := strings.Cut(e.Group, ".v"); ok {
-			failed, _ = strconv.Atoi(v)
-		}
+		_, failed, _ = ops.ParseMemberName(e.Group)
 	}
-	if failed == 0 || failed >= version {
+	if failed == 0 || failed > version {
 		return false, nil
 	}
-	oldest, err := h.cfg.Backend.Stream.OldestIDs(ctx, 1)
+	b, ok, err := h.cfg.Backend.Registry.BuildStart(ctx, e.Projection, version)
 	if err != nil {
 		return false, err
 	}
-	return len(oldest) == 1 && ops.CompareEntryIDs(oldest[0], e.EntryID) <= 0, nil
+	if !ok {
+		if failed == version {
+			return false, nil
+		}
+		b.Streams, err = h.cfg.Backend.Stream.Starts(ctx)
+		if err != nil {
+			return false, err
+		}
+	} else if failed == version && e.FailedAt.UnixMilli() >= b.At {
+		return false, nil // parked by this build itself
+	}
+	from, ok := b.Streams[e.Stream]
+	if !ok {
+		// A stream the build did not know (partitions migrated since): the earliest it began at.
+		for _, id := range b.Streams {
+			if !ok || ops.CompareEntryIDs(id, from) < 0 {
+				from, ok = id, true
+			}
+		}
+	}
+	return ok && ops.CompareEntryIDs(from, e.EntryID) <= 0, nil
 }
 
 // replayVersion is the projection version a replay writes to: the version that failed if it is

@@ -81,6 +81,18 @@ type Stream interface {
 	OldestIDs(ctx context.Context, n int64) ([]string, error)
 	// TrimBelow removes every entry with an ID below minID and returns how many went.
 	TrimBelow(ctx context.Context, minID string) (int64, error)
+	// Starts is, per stream (each partition), the ID of the first entry a group created at "0"
+	// now would read: the first entry's, or past the last ID the stream ever had when it is
+	// empty.
+	Starts(ctx context.Context) (map[string]string, error)
+}
+
+// BuildStart is where a version's build (a rebuild's backfill) began: Streams as Stream.Starts
+// read it, At when (Unix milliseconds). Every entry at or after Streams[s] on s went through the
+// build; anything parked before At was parked by an earlier one.
+type BuildStart struct {
+	At      int64             `json:"at"`
+	Streams map[string]string `json:"streams"`
 }
 
 // Registry is the projections registry: per projection, the version serving reads and the
@@ -106,6 +118,10 @@ type Registry interface {
 	// not take each other's new build for an abandoned one; ok false: another start holds it.
 	// release lets go of it (only if it is still this call's).
 	LockStart(ctx context.Context, name string, ttl time.Duration) (release func(context.Context) error, ok bool, err error)
+	// SetBuildStart records where version's build began; BuildStart reads it (ok false: not
+	// recorded, e.g. a version built before releases recorded it, or the first version).
+	SetBuildStart(ctx context.Context, name string, version int, b BuildStart) error
+	BuildStart(ctx context.Context, name string, version int) (BuildStart, bool, error)
 }
 
 // LiveGroups reads and changes which projection versions each live group feeds.

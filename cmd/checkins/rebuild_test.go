@@ -474,4 +474,10 @@ func TestConcurrentRebuildStartsKeepTheBuild(t *testing.T) {
 	n, err := client.Exists(ctx, leftover, keys.RebuildStartLock("users")).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n, "the leftover's keys went, and no start holds the lock")
+	oldest, err := client.XRangeN(ctx, keys.Stream(), "-", "+", 1).Result()
+	require.NoError(t, err)
+	b, recorded, err := adapters.NewProjectionVersions(client, keys).BuildStart(ctx, "users", 2)
+	require.NoError(t, err)
+	require.True(t, recorded, "where the build began is recorded")
+	assert.Equal(t, map[string]string{keys.Stream(): oldest[0].ID}, b.Streams)
 }
