@@ -153,7 +153,8 @@ func swappedOut(err error) bool {
 		return true
 	}
 	m := err.Error()
-	return strings.Contains(m, "No node with given id") || strings.Contains(m, "detached") || strings.Contains(m, "Could not compute")
+	return strings.Contains(m, "No node with given id") || strings.Contains(m, "Could not find node with given id") ||
+		strings.Contains(m, "detached") || strings.Contains(m, "Could not compute")
 }
 
 // login signs in through the form, as a person would.
