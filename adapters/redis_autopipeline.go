@@ -88,13 +88,13 @@ func (p *AutoPipeline) Do(ctx context.Context, args ...any) (any, error) {
 }
 
 func (p *AutoPipeline) process(ctx context.Context, cmd redis.Cmder, script *redis.Script) error {
-	c := &pipelineCall{ctx: ctx, cmd: cmd, script: script, done: make(chan struct{})}
-	// The read lock keeps Close from stopping the workers between the closed check and the
-	// send, which would leave the call queued with nobody to run it.
 	if err := ctx.Err(); err != nil {
 		cmd.SetErr(err)
 		return err
 	}
+	c := &pipelineCall{ctx: ctx, cmd: cmd, script: script, done: make(chan struct{})}
+	// The read lock keeps Close from stopping the workers between the closed check and the
+	// send, which would leave the call queued with nobody to run it.
 	p.mu.RLock()
 	if p.closed {
 		p.mu.RUnlock()
@@ -294,24 +294,33 @@ const minHeadroom = 100 * time.Millisecond
 
 // sendable is the calls of batch whose callers have minHeadroom left (the others get their
 // context's error, or context.DeadlineExceeded, and are not sent), and the deadline of their
-// pipeline: the earliest of theirs, capped at limit.
+// pipeline: the earliest of theirs, capped at limit. It is batch itself when every call goes
+// (the usual case: no copy on the hot path).
 func sendable(batch []*pipelineCall, now, limit time.Time) ([]*pipelineCall, time.Time) {
-	send := make([]*pipelineCall, 0, len(batch))
+	var send []*pipelineCall // nil until a call is left out
 	deadline := limit
-	for _, c := range batch {
-		if err := c.ctx.Err(); err != nil {
-			c.cmd.SetErr(err)
-			continue
-		}
+	for i, c := range batch {
+		err := c.ctx.Err()
 		d, ok := c.ctx.Deadline()
-		if ok && d.Sub(now) < minHeadroom {
-			c.cmd.SetErr(context.DeadlineExceeded)
+		if err == nil && ok && d.Sub(now) < minHeadroom {
+			err = context.DeadlineExceeded
+		}
+		if err != nil {
+			c.cmd.SetErr(err)
+			if send == nil {
+				send = append(make([]*pipelineCall, 0, len(batch)), batch[:i]...)
+			}
 			continue
 		}
-		send = append(send, c)
+		if send != nil {
+			send = append(send, c)
+		}
 		if ok && d.Before(deadline) {
 			deadline = d
 		}
+	}
+	if send == nil {
+		return batch, deadline
 	}
 	return send, deadline
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"time"
 
@@ -197,10 +196,7 @@ func (h *ReplayPoisoned) transient(err error) bool {
 // began) is replayed into version. For a version built before Start recorded where it began, the
 // stream as it is now stands in: an entry it still holds was there when the build began.
 func (h *ReplayPoisoned) superseded(ctx context.Context, e ops.PoisonEntry, version int) (bool, error) {
-	failed := e.Version
-	if failed == 0 {
-		_, failed, _ = ops.ParseMemberName(e.Group)
-	}
+	failed := failedVersion(e)
 	if failed == 0 || failed > version {
 		return false, nil
 	}
@@ -231,6 +227,16 @@ func (h *ReplayPoisoned) superseded(ctx context.Context, e ops.PoisonEntry, vers
 	return ok && ops.CompareEntryIDs(from, e.EntryID) <= 0, nil
 }
 
+// failedVersion is the projection version that parked e: its Version, or for entries parked
+// before it was recorded, the version in its group's name (users.v2); 0 when neither says.
+func failedVersion(e ops.PoisonEntry) int {
+	if e.Version != 0 {
+		return e.Version
+	}
+	_, v, _ := ops.ParseMemberName(e.Group)
+	return v
+}
+
 // replayVersion is the projection version a replay writes to: the version that failed if it is
 // still being built (a rebuild newer than the one serving), else the version serving reads (an
 // older version that failed has been replaced by it).
@@ -239,13 +245,8 @@ func (h *ReplayPoisoned) replayVersion(ctx context.Context, e ops.PoisonEntry) (
 	if err != nil {
 		return 0, err
 	}
-	if e.Version > current {
-		return e.Version, nil
-	}
-	if _, v, ok := strings.Cut(e.Group, ".v"); ok {
-		if n, err := strconv.Atoi(v); err == nil && n > current {
-			return n, nil
-		}
+	if failed := failedVersion(e); failed > current {
+		return failed, nil
 	}
 	return current, nil
 }
