@@ -120,7 +120,7 @@ func settings() []setting {
 			}
 			u, err := url.Parse(v)
 			if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
-				return fmt.Errorf("must look like redis://[:password@]host:port/db (or rediss://), got %q", redact(v))
+				return fmt.Errorf("must look like redis://[:password@]host:port/db (or rediss://; a password's %%, #, ?, / and @ percent-encoded), got %q", redact(v))
 			}
 			if db := strings.Trim(u.Path, "/"); db != "" {
 				if _, err := strconv.Atoi(db); err != nil {
@@ -352,14 +352,29 @@ func lookup(getenv func(string) string, key string) (string, bool) {
 	return v, v != ""
 }
 
-// redact hides a password in a URL for messages and logs.
+// redact hides a password in a URL for messages and logs. A URL that does not parse, or that
+// parses without its user info (an unescaped '#', '?' or '/' in the password ends the host
+// early), still has everything between "://" and its last '@' masked: that is where a
+// password would be.
 func redact(raw string) string {
 	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
+	if err == nil && u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+		return u.String()
+	}
+	rest := raw
+	scheme, after, found := strings.Cut(raw, "://")
+	if found {
+		rest = after
+	}
+	at := strings.LastIndex(rest, "@")
+	if at < 0 {
 		return raw
 	}
-	if _, ok := u.User.Password(); ok {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	if found {
+		return scheme + "://xxxxx" + rest[at:]
 	}
-	return u.String()
+	return "xxxxx" + rest[at:]
 }

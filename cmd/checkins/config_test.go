@@ -1,0 +1,31 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A REDIS_URL that is refused names the problem and never echoes its password, even when the
+// password itself is what breaks the URL (an unescaped '%', '#' or '?').
+func TestConfigRedisURLNeverEchoesItsPassword(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ url, secret, want string }{
+		{"redis://:s3cr%zz@127.0.0.1:6379/0", "s3cr", `got "redis://xxxxx@127.0.0.1:6379/0"`},
+		{"redis://:pa#ss3cret@127.0.0.1:6379", "ss3cret", `got "redis://xxxxx@127.0.0.1:6379"`},
+		{"redis://app:pa?ss3cret@127.0.0.1:6379", "ss3cret", `got "redis://xxxxx@127.0.0.1:6379"`},
+		{"http://:hunter2pw@127.0.0.1:6379", "hunter2pw", `got "http://:xxxxx@127.0.0.1:6379"`},
+		{"redis://127.0.0.1:6379/x", "", `database must be a number, got "x"`},
+	} {
+		_, err := parseEnv(map[string]string{"REDIS_URL": tc.url})
+		require.Error(t, err, tc.url)
+		assert.Contains(t, err.Error(), "invalid REDIS_URL: ", tc.url)
+		assert.Contains(t, err.Error(), tc.want, tc.url)
+		if tc.secret != "" {
+			assert.NotContains(t, err.Error(), tc.secret, "the password is never echoed: %s", tc.url)
+		}
+	}
+	assert.Equal(t, "redis://:xxxxx@h:1/0", redact("redis://:pw@h:1/0"))
+	assert.Equal(t, "redis://h:1/0", redact("redis://h:1/0"), "nothing to hide")
+}
