@@ -86,11 +86,24 @@ func (m *Metrics) Middleware() echo.MiddlewareFunc {
 				route = "unmatched"
 			}
 			status := strconv.Itoa(c.Response().Status)
-			m.httpRequests.WithLabelValues(route, c.Request().Method, status).Inc()
-			m.httpDuration.WithLabelValues(route, c.Request().Method, status).Observe(time.Since(start).Seconds())
+			method := metricMethod(c.Request().Method)
+			m.httpRequests.WithLabelValues(route, method, status).Inc()
+			m.httpDuration.WithLabelValues(route, method, status).Observe(time.Since(start).Seconds())
 			return nil
 		}
 	}
+}
+
+// metricMethod is a request's method as a label value: one of HTTP's own, or OTHER. Go's server
+// takes any token as a method, and a label value per made-up method would be a series (and a
+// histogram) per request that nobody can remove: memory anyone could fill without a token.
+func metricMethod(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace:
+		return m
+	}
+	return "OTHER"
 }
 
 // MetricsHandler serves g in the Prometheus text format.

@@ -249,3 +249,38 @@ func testMetricsAndReadinessFollowProgress(t *testing.T, partitions int) {
 	openGate()
 	require.Eventually(t, func() bool { status, _ := get("/readyz"); return status == http.StatusOK }, 15*time.Second, 50*time.Millisecond)
 }
+
+// TestMetricsMethodLabelIsBounded: a request with a made-up method (Go's server takes any
+// token) is counted as OTHER, so anonymous requests cannot add series, and memory, one per
+// request.
+func TestMetricsMethodLabelIsBounded(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m, err := ports.NewMetrics(reg)
+	require.NoError(t, err)
+	e := echo.New()
+	e.Use(m.Middleware())
+	e.GET("/x", func(c echo.Context) error { return c.NoContent(http.StatusNoContent) })
+	srv := httptest.NewServer(e)
+	t.Cleanup(srv.Close)
+	for i := range 50 {
+		req, err := http.NewRequest(fmt.Sprintf("M%04d", i), srv.URL+"/nope", nil)
+		require.NoError(t, err)
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+	}
+	resp, err := srv.Client().Get(srv.URL + "/x")
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+
+	rec := httptest.NewRecorder()
+	ports.MetricsHandler(reg).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	body := rec.Body.String()
+	v, ok := metricValue(body, `checkins_http_requests_total{method="OTHER",route="unmatched",status="404"}`)
+	assert.True(t, ok && v == 50, "the 50 made-up methods are one series: %v %v", ok, v)
+	v, ok = metricValue(body, `checkins_http_requests_total{method="GET",route="/x",status="204"}`)
+	assert.True(t, ok && v == 1, "HTTP's own methods keep their name: %v %v", ok, v)
+	assert.Zero(t, strings.Count(body, `method="M00`), "no series per made-up method")
+	assert.Equal(t, 2, strings.Count(body, "checkins_http_requests_total{"), "two series in all")
+}
