@@ -87,13 +87,34 @@ func NewJWKSVerifier(ctx context.Context, cfg JWKSConfig) (*Verifier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("JWKS %s: %w", cfg.URL, err)
 	}
+	// The key lookup (and the refresh an unknown kid triggers) runs on a context of its own,
+	// bounded by the limiter's wait and one fetch, and the request waits for it only as long as
+	// its own context lasts. On the request's context, a client that hangs up mid-fetch (or a
+	// request deadline shorter than the fetch) would cancel the refresh after it used up the
+	// one MinRefreshInterval allows, and a key just published would be refused until then.
+	lookupTimeout := 2 * cfg.FetchTimeout
 	return newVerifier(cfg.VerifierConfig, AsymmetricAlgorithms, func(ctx context.Context) jwt.Keyfunc {
-		inner := kf.KeyfuncCtx(ctx)
 		return func(t *jwt.Token) (any, error) {
 			if _, ok := t.Method.(*jwt.SigningMethodHMAC); ok {
 				return nil, ErrTokenAlgorithm
 			}
-			return inner(t)
+			type found struct {
+				key any
+				err error
+			}
+			done := make(chan found, 1)
+			go func() {
+				lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lookupTimeout)
+				defer cancel()
+				key, err := kf.KeyfuncCtx(lctx)(t)
+				done <- found{key, err}
+			}()
+			select {
+			case f := <-done:
+				return f.key, f.err
+			case <-ctx.Done():
+				return nil, fmt.Errorf("%w: %w", ErrTokenUnknownKey, ctx.Err())
+			}
 		}
 	}, nil)
 }

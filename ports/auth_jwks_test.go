@@ -234,3 +234,38 @@ func TestJWKSURLMustBeHTTPS(t *testing.T) {
 		RefreshInterval: time.Hour, MinRefreshInterval: time.Minute, FetchTimeout: time.Second})
 	assert.ErrorContains(t, err, "https")
 }
+
+// TestJWKSRefreshOutlivesARequestThatGaveUp: a request with an unknown kid whose client hangs up
+// (or whose deadline ends) while the key set is being fetched gives up at once, but the fetch it
+// started still completes: a key the identity provider has just published is then accepted,
+// instead of refused until MinRefreshInterval allows another fetch.
+func TestJWKSRefreshOutlivesARequestThatGaveUp(t *testing.T) {
+	t.Parallel()
+	idp := newJWKSServer(t)
+	k1, k2, stranger := newRSAKID(t, "k1"), newRSAKID(t, "k2"), newRSAKID(t, "stranger")
+	idp.serve(k1)
+	v := newJWKSVerifier(t, idp.URL, time.Hour, 30*time.Second, nil)
+	_, err := v.Verify(context.Background(), k1.sign(t, idpClaims("3")))
+	require.NoError(t, err)
+
+	idp.serve(k1, k2) // the identity provider publishes k2
+	hang := make(chan struct{})
+	idp.mu.Lock()
+	idp.hang = hang // the fetch takes a while
+	idp.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	start := time.Now()
+	_, err = v.Verify(ctx, stranger.sign(t, idpClaims("9")))
+	cancel()
+	assert.ErrorIs(t, err, ports.ErrTokenUnknownKey)
+	assert.Less(t, time.Since(start), time.Second, "the request gave up at its own deadline")
+	idp.mu.Lock()
+	idp.hang = nil
+	idp.mu.Unlock()
+	close(hang)
+
+	assert.EventuallyWithT(t, func(c *assert.CollectT) {
+		_, err := v.Verify(context.Background(), k2.sign(t, idpClaims("3")))
+		assert.NoError(c, err, "the refresh the first request started went on without it")
+	}, 10*time.Second, 20*time.Millisecond)
+}
