@@ -39,7 +39,7 @@ func ReadStreamInfo(ctx context.Context, client redis.UniversalClient, stream st
 		return info, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
 	}
 	for _, g := range groups {
-		gi := ops.GroupInfo{Name: g.Name, LastDeliveredID: g.LastDeliveredID, EntriesRead: g.EntriesRead, Lag: g.Lag, Pending: g.Pending}
+		gi := ops.GroupInfo{Name: g.Name, LastDeliveredID: fullEntryID(g.LastDeliveredID), EntriesRead: g.EntriesRead, Lag: g.Lag, Pending: g.Pending}
 		if g.LastDeliveredID == xs.LastGeneratedID {
 			// Delivered up to the last entry: no lag, whatever the server says. miniredis (the
 			// embedded Redis of `serve`) reports the stream length as every group's lag, which
@@ -83,6 +83,15 @@ func ReadStreamInfo(ctx context.Context, client redis.UniversalClient, stream st
 		info.Groups = append(info.Groups, gi)
 	}
 	return info, nil
+}
+
+// fullEntryID is id with its sequence number: miniredis (the embedded Redis of `serve`) names
+// the last entry a group created at "0" delivered "0", where Redis says "0-0".
+func fullEntryID(id string) string {
+	if id != "" && !strings.Contains(id, "-") {
+		return id + "-0"
+	}
+	return id
 }
 
 // EntryFields reads one stream entry's fields exactly as they were written.
@@ -401,22 +410,78 @@ func (s *StreamAdmin) OldestIDs(ctx context.Context, n int64) ([]string, error) 
 	return ids, nil
 }
 
-// TrimBelow is XTRIM MINID: every entry below minID goes.
-func (s *StreamAdmin) TrimBelow(ctx context.Context, minID string) (int64, error) {
+// TrimBelow is XTRIM MINID, at minID or below it where a consumer group needs more: the
+// groups are read in the same script as the trim, so a group created (at "0", by a rebuild or a
+// new projection's backfill) or one that got entries back pending since the caller read them
+// holds the cut where it needs it. Without groups it trims nothing. It returns how many entries
+// went and the cut it used (the highest of the partitions').
+func (s *StreamAdmin) TrimBelow(ctx context.Context, minID string) (int64, string, error) {
 	if len(s.parts) > 0 {
 		var n int64
+		var cut string
 		for _, p := range s.parts {
-			c, err := p.TrimBelow(ctx, minID)
+			c, pc, err := p.TrimBelow(ctx, minID)
 			n += c
+			if pc != "" && (cut == "" || ops.CompareEntryIDs(pc, cut) > 0) {
+				cut = pc
+			}
 			if err != nil {
-				return n, err
+				return n, cut, err
 			}
 		}
-		return n, nil
+		return n, cut, nil
 	}
-	n, err := s.client.XTrimMinID(ctx, s.stream, minID).Result()
+	if _, err := ops.ParseEntryID(minID); err != nil {
+		return 0, "", fmt.Errorf("trim %s below %q: %w", s.stream, minID, err)
+	}
+	res, err := trimBelowLua.Run(ctx, s.client, []string{s.stream}, minID).Slice()
 	if err != nil {
-		return 0, fmt.Errorf("XTRIM %s MINID %s: %w", s.stream, minID, err)
+		return 0, "", fmt.Errorf("XTRIM %s MINID %s: %w", s.stream, minID, err)
 	}
-	return n, nil
+	if len(res) != 2 {
+		return 0, "", fmt.Errorf("XTRIM %s MINID %s: unexpected reply %v", s.stream, minID, res)
+	}
+	n, _ := res[0].(int64)
+	cut, _ := res[1].(string)
+	return n, cut, nil
 }
+
+// trimBelowLua trims KEYS[1] below ARGV[1] or below the lowest entry a group still needs: the
+// one after its last-delivered entry, or its oldest pending one (TrimFloor's rule). IDs are
+// compared as decimal strings, so no sequence number loses precision.
+var trimBelowLua = redis.NewScript(`
+local function lt(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  if #am ~= #bm then return #am < #bm end
+  if am ~= bm then return am < bm end
+  if #as ~= #bs then return #as < #bs end
+  return as < bs
+end
+local function after(id)
+  if not string.find(id, '-', 1, true) then return id .. '-1' end -- miniredis: "0" for 0-0
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  if #seq > 15 then return id end -- one entry kept too many, never one too few
+  return ms .. '-' .. string.format('%d', tonumber(seq) + 1)
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0, ''} end
+local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+if #groups == 0 then return {0, ''} end
+local cut = ARGV[1]
+for _, g in ipairs(groups) do
+  local name, last, pending
+  for i = 1, #g, 2 do
+    local k = g[i]
+    if k == 'name' then name = g[i + 1]
+    elseif k == 'last-delivered-id' then last = g[i + 1]
+    elseif k == 'pending' then pending = tonumber(g[i + 1]) end
+  end
+  local need = after(last)
+  if pending and pending > 0 then
+    local p = redis.call('XPENDING', KEYS[1], name)
+    if type(p[2]) == 'string' and lt(p[2], need) then need = p[2] end
+  end
+  if lt(need, cut) then cut = need end
+end
+return {redis.call('XTRIM', KEYS[1], 'MINID', cut), cut}
+`)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -411,4 +412,111 @@ func TestStreamStarts(t *testing.T) {
 	starts, err = admin.Starts(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, map[string]string{keys.Stream(): "1700000000005-1"}, starts, "emptied: past its last ID")
+}
+
+// runBefore runs do once, on the real server, just before the client sends the first command
+// whose name (and, for XGROUP and XINFO, subcommand) is one of cmds: another process acting
+// between two of this one's commands.
+type runBefore struct {
+	cmds []string
+	do   func(ctx context.Context) error
+	done bool
+}
+
+func (h *runBefore) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *runBefore) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *runBefore) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		a := cmd.Args()
+		name := strings.ToLower(fmt.Sprint(a[0]))
+		if len(a) > 1 && (name == "xgroup" || name == "xinfo") {
+			name += " " + strings.ToLower(fmt.Sprint(a[1]))
+		}
+		if !h.done && slices.Contains(h.cmds, name) {
+			h.done = true
+			if err := h.do(ctx); err != nil {
+				return err
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestRetentionHoldsForAGroupCreatedDuringTheRound: a group created at "0" (a rebuild or a new
+// projection's backfill, started on another projector) after a retention round read the groups
+// and before it trims keeps every entry: the trim reads the groups again itself.
+func TestRetentionHoldsForAGroupCreatedDuringTheRound(t *testing.T) {
+	t.Parallel()
+	e := newRetentionEnv(t, 100, time.Now().Add(-48*time.Hour).UnixMilli())
+	e.group(t, "users.v1", 100) // has read and acknowledged everything
+	trimmer := redis.NewClient(e.client.Options())
+	t.Cleanup(func() { _ = trimmer.Close() })
+	h := &runBefore{cmds: []string{"xtrim", "evalsha", "eval"}, do: func(ctx context.Context) error {
+		return e.client.XGroupCreate(ctx, e.keys.Stream(), "users.v2", "0").Err()
+	}}
+	trimmer.AddHook(h)
+	tr, err := command.NewTrimStream(adapters.NewStreamAdmin(trimmer, e.keys), command.RetentionPolicy{MaxAge: time.Hour}, nil)
+	require.NoError(t, err)
+	res, err := tr.TrimOnce(context.Background())
+	require.NoError(t, err)
+	require.True(t, h.done, "the group was created between the round's reads and its trim")
+	assert.Zero(t, res.Trimmed, "users.v2 needs every entry")
+	assert.Len(t, e.present(t), 100, "users.v2, created at 0, still reads every entry")
+
+	// Once users.v2 has read and acknowledged entries, the policy applies again, down to its
+	// oldest pending entry.
+	_, err = e.client.XReadGroup(context.Background(), &redis.XReadGroupArgs{Group: "users.v2", Consumer: "c", Streams: []string{e.keys.Stream(), ">"}, Count: 100, Block: -1}).Result()
+	require.NoError(t, err)
+	require.NoError(t, e.client.XAck(context.Background(), e.keys.Stream(), "users.v2", e.ids[:50]...).Err())
+	res, err = e.trimmer(t, command.RetentionPolicy{MaxAge: time.Hour}).TrimOnce(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, int64(50), res.Trimmed, "down to users.v2's oldest pending entry")
+	assert.Equal(t, e.ids[50], res.MinID)
+}
+
+// TestRebuildRecordsTheStartItsGroupReads: where a rebuild's build begins (ops.BuildStart, by
+// which a replay tells whether the build went through a parked entry) is what its group reads,
+// even when another projector's retention round trims the stream while the rebuild starts.
+func TestRebuildRecordsTheStartItsGroupReads(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newRetentionEnv(t, 100, time.Now().Add(-48*time.Hour).UnixMilli())
+	e.group(t, "users.v1", 100)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	newApp := func(c *redis.Client) *app.Application {
+		applier, err := adapters.NewProjectionApplier(c, e.keys, adapters.DefaultDedupeWindow)
+		require.NoError(t, err)
+		var a app.Application
+		require.NoError(t, a.AddOps(app.OpsConfig{Backend: adapters.NewOpsBackend(c, e.keys), Applier: applier,
+			Projections: []projection.Projection{projection.UserStats{}}, Retention: command.RetentionPolicy{MaxAge: time.Hour}, Logger: log}))
+		return &a
+	}
+	other := newApp(e.client) // another projector's retention loop
+	starter := redis.NewClient(e.client.Options())
+	t.Cleanup(func() { _ = starter.Close() })
+	var trimmed int64
+	h := &runBefore{cmds: []string{"xgroup create"}, do: func(ctx context.Context) error {
+		res, err := other.Commands.TrimStream.TrimOnce(ctx)
+		trimmed = res.Trimmed
+		return err
+	}}
+	starter.AddHook(h)
+	_, err := newApp(starter).Commands.RebuildProjection.Start(ctx, "users")
+	require.NoError(t, err)
+	require.True(t, h.done)
+	require.Equal(t, int64(100), trimmed, "the round trimmed what users.v1 had read, before users.v2 existed")
+	require.NoError(t, e.client.XAdd(ctx, &redis.XAddArgs{Stream: e.keys.Stream(), Values: map[string]any{"n": 100}}).Err())
+	b, ok, err := adapters.NewProjectionVersions(e.client, e.keys).BuildStart(ctx, "users", 2)
+	require.NoError(t, err)
+	require.True(t, ok)
+	xs, err := e.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "users.v2", Consumer: "c", Streams: []string{e.keys.Stream(), ">"}, Count: 10, Block: -1}).Result()
+	require.NoError(t, err)
+	require.Len(t, xs[0].Messages, 1)
+	from := b.Streams[e.keys.Stream()]
+	for _, id := range e.ids {
+		require.Negative(t, ops.CompareEntryIDs(id, from), "entry %s was trimmed before users.v2 existed, so the build never went through it; yet it is at or after where the build is said to begin (%s), and a replay of it would be taken for superseded", id, from)
+	}
+	assert.GreaterOrEqual(t, ops.CompareEntryIDs(xs[0].Messages[0].ID, from), 0, "what the group reads is at or after where the build begins")
 }

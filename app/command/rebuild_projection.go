@@ -202,19 +202,25 @@ func (h *RebuildProjection) Start(ctx context.Context, name string) (ops.Rebuild
 		h.log.Info("rebuild already in progress, resuming", "projection", name, "from", from, "to", to)
 		return rp, nil
 	}
-	// Where the build begins, recorded before its group exists: a replay of an entry parked by
-	// an earlier version (or an earlier build of this number) tells by it whether this build
-	// went through that entry itself (ReplayPoisoned).
+	// Creating the group here, at "0", makes the build's lag visible at once and pins its start
+	// to the beginning of the stream whichever projector subscribes first. Anything parked from
+	// now on may be this build's.
+	at := h.now().UnixMilli()
+	if err := h.b.Stream.CreateGroup(ctx, ops.MemberName(name, to), "0"); err != nil {
+		return ops.RebuildProgress{}, ops.Unavailable(err)
+	}
+	// Where the build begins: a replay of an entry parked by an earlier version (or an earlier
+	// build of this number) tells by it whether this build went through that entry itself
+	// (ReplayPoisoned). It is read once the group exists, which holds retention's trims below
+	// it (Stream.TrimBelow), so it is the first entry the group reads: read before, a trim by
+	// another projector in between would leave it below what the group can read, and a replay
+	// would take entries the build never saw for gone through. A replay in the moment between
+	// the two falls back to where the stream begins, which is the same.
 	starts, err := h.b.Stream.Starts(ctx)
 	if err != nil {
 		return ops.RebuildProgress{}, ops.Unavailable(err)
 	}
-	if err := h.b.Registry.SetBuildStart(ctx, name, to, ops.BuildStart{At: h.now().UnixMilli(), Streams: starts}); err != nil {
-		return ops.RebuildProgress{}, ops.Unavailable(err)
-	}
-	// Creating the group here, at "0", makes the build's lag visible at once and pins its start
-	// to the beginning of the stream whichever projector subscribes first.
-	if err := h.b.Stream.CreateGroup(ctx, ops.MemberName(name, to), "0"); err != nil {
+	if err := h.b.Registry.SetBuildStart(ctx, name, to, ops.BuildStart{At: at, Streams: starts}); err != nil {
 		return ops.RebuildProgress{}, ops.Unavailable(err)
 	}
 	rp := ops.RebuildProgress{Projection: name, State: ops.RebuildBuilding, From: from, To: to, StartedAt: h.now().UTC(), Lag: -1}

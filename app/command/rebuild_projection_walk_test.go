@@ -60,7 +60,9 @@ func (m *memBackend) DestroyGroup(_ context.Context, group string) error {
 	return nil
 }
 func (m *memBackend) OldestIDs(context.Context, int64) ([]string, error) { return nil, nil }
-func (m *memBackend) TrimBelow(context.Context, string) (int64, error)   { return 0, nil }
+func (m *memBackend) TrimBelow(context.Context, string) (int64, string, error) {
+	return 0, "", nil
+}
 
 func (m *memBackend) State(_ context.Context, name string) (ops.VersionState, error) {
 	st, ok := m.state[name]

@@ -204,10 +204,8 @@ func (t *TrimStream) trimOne(ctx context.Context, stream ops.Stream, policy Rete
 	default:
 		want = ops.EntryID{Ms: uint64(max(t.now().Add(-policy.MaxAge).UnixMilli(), 0))}
 	}
-	cut := ops.MinEntryID(want, floor)
-	res.MinID = cut.String()
-	if res.Trimmed, err = stream.TrimBelow(ctx, res.MinID); err != nil {
-		return res, err
-	}
-	return res, nil
+	// The floor is checked again in the trim itself: a group created (at "0") since Info read
+	// the groups holds the cut where it needs it.
+	res.Trimmed, res.MinID, err = stream.TrimBelow(ctx, ops.MinEntryID(want, floor).String())
+	return res, err
 }
