@@ -197,7 +197,7 @@ func TestSlowBodyIsCutOffByReadTimeout(t *testing.T) {
 	require.NoError(t, err)
 	defer conn.Close()
 	body := `{"userId":1,"locationId":1,"starRating":1}`
-	_, err = fmt.Fprintf(conn, "POST /checkins HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body[:3])
+	_, err = fmt.Fprintf(conn, "POST /checkins HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body[:3])
 	require.NoError(t, err)
 	stop := make(chan struct{})
 	defer close(stop)

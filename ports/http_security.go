@@ -2,6 +2,7 @@ package ports
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -76,4 +77,59 @@ func corsMiddleware(origins []string) echo.MiddlewareFunc {
 		ExposeHeaders: []string{HeaderCorrelationID, "Idempotent-Replayed", "Retry-After", headerRateLimit, headerRateLimitPolicy},
 		MaxAge:        600,
 	})
+}
+
+// MaxOpsBodyBytes caps a request body on the ops listener: its routes take their arguments in
+// the path and query, and the dashboard's forms (a token, a confirmation) are a few KiB.
+const MaxOpsBodyBytes = 64 << 10
+
+// limitBody refuses a body declared larger than max (413) and cuts one that turns out larger,
+// so that no route, a form parsed by the framework included, reads an unbounded body into memory.
+func limitBody(max int64) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			r := c.Request()
+			if r.ContentLength > max {
+				return apiError(http.StatusRequestEntityTooLarge, "body_too_large", "",
+					fmt.Sprintf("request body is larger than %d bytes", max))
+			}
+			if r.Body != nil && r.Body != http.NoBody {
+				r.Body = http.MaxBytesReader(c.Response(), r.Body, max)
+			}
+			return next(c)
+		}
+	}
+}
+
+// crossOriginProtection refuses a state-changing request that a browser marks as sent by another
+// site (Sec-Fetch-Site, or Origin against Host); GETs, and clients that are not browsers, pass.
+// On the ops listener it guards the dashboard's cookie session, and with AUTH_MODE=off every
+// operation, from pages of other sites the operator visits.
+func crossOriginProtection() echo.MiddlewareFunc {
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(echo.HeaderContentType, echo.MIMEApplicationJSONCharsetUTF8)
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write([]byte(`{"error":{"code":"cross_origin","message":"cross-origin request refused: operations are taken from the dashboard's own pages, or by clients that are not browsers"}}` + "\n"))
+	}))
+	return echo.WrapMiddleware(cop.Handler)
+}
+
+// loopbackHostOnly answers 421 to a request whose Host is not a loopback name or address. With
+// AUTH_MODE=off the listeners are on loopback (the configuration refuses anything else), and a
+// browser is the way another site reaches them: by DNS rebinding, a name of its own that it
+// makes resolve to 127.0.0.1, so that its pages are same-origin with this service and pass the
+// cross-origin check. Such a request still names the other site's host.
+func loopbackHostOnly(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		host := c.Request().Host
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		if !isLoopbackHost(strings.TrimSuffix(strings.ToLower(strings.Trim(host, "[]")), ".")) {
+			return apiError(http.StatusMisdirectedRequest, "misdirected_request", "",
+				fmt.Sprintf("with AUTH_MODE=off this service answers only requests addressed to a loopback name or address (localhost, 127.0.0.1, [::1]), not %q", c.Request().Host))
+		}
+		return next(c)
+	}
 }

@@ -101,9 +101,13 @@ func NewHTTPServer(a app.Application, ready Readiness, cfg HTTPConfig, log *slog
 	if cfg.Quiesced != nil {
 		s.echo.Use(s.quiesce)
 	}
+	s.ops.Use(limitBody(MaxOpsBodyBytes), crossOriginProtection())
 	if cfg.Auth != nil {
 		s.echo.Use(s.publicAuth)
 		s.ops.Use(s.opsAuth)
+	} else {
+		s.echo.Use(loopbackHostOnly)
+		s.ops.Use(loopbackHostOnly)
 	}
 	// The routes of openapi.yml, through the generated glue (http_openapi.go).
 	api := &apiServer{s: s, docs: newDocsHandlers()}
