@@ -140,6 +140,9 @@ func PartitionTags(p int) []string { return projection.SpreadTags(p) }
 // Meta is the small hash of facts about the event stream fixed when it was created (P).
 func (k KeySpace) Meta() string { return k.Prefix + ":meta" }
 
+// MigrateLock is held by the one `checkins partitions migrate` that runs (PartitionMigrator.Lock).
+func (k KeySpace) MigrateLock() string { return k.Prefix + ":migrate-lock" }
+
 const metaPartitions = "partitions"
 
 // PartitionMismatchError: the stream was created with another P than the one configured.

@@ -104,6 +104,20 @@ func (m *PartitionMigrator) SaveProgress(ctx context.Context, p command.Migratio
 	return m.client.HSet(ctx, m.keys.Meta(), metaMigrate, raw).Err()
 }
 
+// Lock holds the migration (<prefix>:migrate-lock, a token with a TTL extended every ttl/3) for
+// one run at a time; lost closes when the lock was taken from this run (it could not extend it
+// for ttl). A run whose process died lets go after ttl.
+func (m *PartitionMigrator) Lock(ctx context.Context, ttl time.Duration) (lost <-chan struct{}, release func(context.Context) error, ok bool, err error) {
+	l, ok, err := acquireLease(ctx, m.client, m.keys.MigrateLock(), ttl)
+	if err != nil {
+		return nil, nil, false, fmt.Errorf("lock the migration (%s): %w", m.keys.MigrateLock(), err)
+	}
+	if !ok {
+		return nil, nil, false, nil
+	}
+	return l.lost, l.release, true, nil
+}
+
 // Quiesce sets the quiesce flag (reason is what processes report).
 func (m *PartitionMigrator) Quiesce(ctx context.Context, reason string) error {
 	return m.client.HSet(ctx, m.keys.Meta(), metaQuiesce, reason).Err()

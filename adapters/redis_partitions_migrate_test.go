@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -343,4 +344,66 @@ func TestMigratePositionsOnWhatTheCopyRead(t *testing.T) {
 	assert.Equal(t, "5-2", gs[0].LastDeliveredID, "live had delivered a, b and c")
 	assert.Zero(t, gs[0].Pending)
 	assert.EqualValues(t, 1, gs[0].Lag, "the late entry is still to be delivered")
+}
+
+// positionGate is a migrator whose Position waits for goOn after saying it got there.
+type positionGate struct {
+	*adapters.PartitionMigrator
+	entered, goOn chan struct{}
+}
+
+func (g positionGate) Position(ctx context.Context, from, to, batch int, force bool, seen []string) (command.PositionResult, error) {
+	close(g.entered)
+	<-g.goOn
+	return g.PartitionMigrator.Position(ctx, from, to, batch, force, seen)
+}
+
+// TestMigrateOneRunAtATime: a second `partitions migrate --to N` started while the first still
+// works is refused, not taken for a resume: it would read the old layout's groups and, after the
+// first run finished and projectors moved on, position them back where they were (every entry
+// acknowledged since delivered again). Once the first has ended, a run reports it done; and a
+// progress record of a phase this release does not know is refused, not passed over.
+func TestMigrateOneRunAtATime(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	ctx := context.Background()
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	u0, u1 := userOn(0, 2), userOn(1, 2)
+	for i, u := range []int64{u0, u1, u0, u1} {
+		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: checkinValues("c"+strconv.Itoa(i), u)}).Err())
+	}
+	require.NoError(t, client.XGroupCreate(ctx, keys.Stream(), "live", "$").Err())
+
+	a := positionGate{adapters.NewPartitionMigrator(client, keys), make(chan struct{}), make(chan struct{})}
+	mpA, err := command.NewMigratePartitions(a)
+	require.NoError(t, err)
+	aDone := make(chan error, 1)
+	go func() {
+		_, err := mpA.Handle(ctx, command.MigrateRequest{To: 2, Wait: time.Second})
+		aDone <- err
+	}()
+	<-a.entered
+
+	mpB, err := command.NewMigratePartitions(adapters.NewPartitionMigrator(redistest.Client(t, rdb.URL), keys))
+	require.NoError(t, err)
+	var saidB []string
+	_, err = mpB.Handle(ctx, command.MigrateRequest{To: 2, Wait: time.Second, LockWait: 300 * time.Millisecond, Report: func(s string) { saidB = append(saidB, s) }})
+	require.ErrorIs(t, err, command.ErrMigrationRunning)
+	assert.Contains(t, err.Error(), "wait for it to end")
+	require.Len(t, saidB, 1, "the second run waited for the lock and did nothing: %q", saidB)
+	assert.Contains(t, saidB[0], "another run holds the migration")
+
+	close(a.goOn)
+	require.NoError(t, <-aDone)
+	res, err := mpB.Handle(ctx, command.MigrateRequest{To: 2, Wait: time.Second})
+	require.NoError(t, err)
+	assert.True(t, res.NoOp, "once the first run ended, the stream has its 2 partitions")
+	assert.Zero(t, client.Exists(ctx, keys.MigrateLock()).Val(), "the lock is let go")
+
+	require.NoError(t, client.HSet(ctx, keys.Meta(), "migrate", `{"from":2,"to":4,"phase":"verify"}`).Err())
+	_, err = mpB.Handle(ctx, command.MigrateRequest{To: 4, Wait: time.Second})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `a phase this release does not know, "verify"`)
+	assert.Zero(t, client.HExists(ctx, keys.Meta(), "quiesce").Val(), "nothing quiesced")
 }

@@ -6,10 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/checkins/checkins/app/ops"
@@ -89,51 +87,20 @@ func (v *ProjectionVersions) BeginBuild(ctx context.Context, name string, layout
 	return int(res[0]), int(res[1]), res[2] == 1, nil
 }
 
-var releaseStartLua = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-`)
-
-var extendStartLua = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-`)
-
 // LockStart holds name's rebuild start (<prefix>:rebuild-start:<name>, a token with a TTL): it
 // extends the TTL every ttl/3 until release, which deletes the key if it still holds this call's
 // token. Should the process die, the key expires after ttl.
 func (v *ProjectionVersions) LockStart(ctx context.Context, name string, ttl time.Duration) (func(context.Context) error, bool, error) {
-	key := v.keys.RebuildStartLock(name)
-	token := uuid.NewString()
-	ok, err := v.client.SetNX(ctx, key, token, ttl).Result()
+	l, ok, err := acquireLease(ctx, v.client, v.keys.RebuildStartLock(name), ttl)
 	if err != nil {
 		return nil, false, fmt.Errorf("projection %s: lock the rebuild's start: %w", name, err)
 	}
 	if !ok {
 		return nil, false, nil
 	}
-	stop, stopped := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(stopped)
-		t := time.NewTicker(max(ttl/3, time.Millisecond))
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl/3)
-				_ = extendStartLua.Run(ectx, v.client, []string{key}, token, ttl.Milliseconds()).Err() // retried at the next tick
-				cancel()
-			}
-		}
-	}()
-	var once sync.Once
 	return func(ctx context.Context) error {
-		once.Do(func() { close(stop) })
-		<-stopped
-		if err := releaseStartLua.Run(ctx, v.client, []string{key}, token).Err(); err != nil {
-			return fmt.Errorf("projection %s: release the rebuild's start: %w", name, err)
+		if err := l.release(ctx); err != nil {
+			return fmt.Errorf("projection %s: the rebuild's start: %w", name, err)
 		}
 		return nil
 	}, true, nil

@@ -20,7 +20,8 @@ stop reading, both within a second), waits until no consumer group has entries p
 partition with its ID, positions every consumer group and live-group registry entry on every new
 partition where it was, records N, deletes the old partitions and clears the flag. Every step is
 recorded as it ends: after a crash, run it again and it carries on; with N recorded already it
-does nothing. Restart every process with STREAM_PARTITIONS=N afterwards.
+does nothing. One run at a time: another run started while one works waits up to 20s, then is
+refused (a run that died lets go within 15s). Restart every process with STREAM_PARTITIONS=N afterwards.
 Connection flags (--redis-url, --key-prefix, ...) are those of "checkins serve --help";
 STREAM_PARTITIONS is not read (the recorded count is the one migrated from).
 `

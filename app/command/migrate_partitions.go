@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,6 +24,9 @@ type MigratePartitions struct {
 
 // PartitionMigration is the storage side of a migration (adapters.PartitionMigrator).
 type PartitionMigration interface {
+	// Lock holds the migration for this run alone for ttl, extended while it lives (ok false:
+	// another run holds it); lost closes if the lock was taken from this run.
+	Lock(ctx context.Context, ttl time.Duration) (lost <-chan struct{}, release func(context.Context) error, ok bool, err error)
 	Recorded(ctx context.Context) (int, error)
 	Progress(ctx context.Context) (MigrationProgress, error)
 	SaveProgress(ctx context.Context, p MigrationProgress) error
@@ -110,6 +114,10 @@ type MigrateRequest struct {
 	Batch  int
 	Pause  time.Duration // between copy batches
 	Report func(string)  // progress for people
+	// LockWait is how long to wait for another run's lock to be let go, or to expire when that
+	// run died (0: MigrateLockTTL and a few seconds, so that a rerun right after a crash carries
+	// on).
+	LockWait time.Duration
 }
 
 // MigrateResult is what a run did.
@@ -129,13 +137,77 @@ func NewMigratePartitions(b PartitionMigration) (*MigratePartitions, error) {
 	return &MigratePartitions{b: b}, nil
 }
 
-// Handle runs (or carries on) the migration to req.To partitions.
+// MigrateLockTTL is how long the migration's lock outlives a run whose process died (a live run
+// extends it every third of that).
+const MigrateLockTTL = 15 * time.Second
+
+// ErrMigrationRunning: another `checkins partitions migrate` holds the migration.
+var ErrMigrationRunning = errors.New("another `checkins partitions migrate` is running")
+
+// errMigrateLockLost ends a run whose lock was taken from it.
+var errMigrateLockLost = errors.New("the migration's lock was lost (this process could not extend it in time, and another run may have taken it over): stopped; run the command again to carry on")
+
+// Handle runs (or carries on) the migration to req.To partitions. One run at a time: a second
+// one, started while the first still works (an operator who did not wait, a job retried), would
+// carry on from the first's recorded phase and undo what it did since (groups positioned again
+// where they were before the projectors moved on, so that they get entries again that they had
+// acknowledged). It is refused, and a run whose lock is taken from it stops.
 func (m *MigratePartitions) Handle(ctx context.Context, req MigrateRequest) (MigrateResult, error) {
 	started := time.Now()
 	report := req.Report
 	if report == nil {
 		report = func(string) {}
 	}
+	lost, release, err := m.lock(ctx, req, report)
+	if err != nil {
+		return MigrateResult{}, err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = release(rctx) // it expires by itself otherwise
+	}()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-lost:
+			cancel(errMigrateLockLost)
+		case <-ctx.Done():
+		}
+	}()
+	res, err := m.handle(ctx, req, report, started)
+	if err != nil && errors.Is(context.Cause(ctx), errMigrateLockLost) {
+		return res, fmt.Errorf("%w (%w)", errMigrateLockLost, err)
+	}
+	return res, err
+}
+
+// lock takes the migration's lock, waiting up to req.LockWait for another run to let go of it.
+func (m *MigratePartitions) lock(ctx context.Context, req MigrateRequest, report func(string)) (<-chan struct{}, func(context.Context) error, error) {
+	wait := req.LockWait
+	if wait <= 0 {
+		wait = MigrateLockTTL + 5*time.Second
+	}
+	deadline := time.Now().Add(wait)
+	for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		lost, release, ok, err := m.b.Lock(ctx, MigrateLockTTL)
+		if err != nil || ok {
+			return lost, release, err
+		}
+		if delay == 50*time.Millisecond {
+			report(fmt.Sprintf("another run holds the migration: waiting up to %s for it to end (or, if its process died, for its lock to expire)", wait.Round(time.Second)))
+		}
+		if time.Now().Add(delay).After(deadline) {
+			return nil, nil, fmt.Errorf("%w: it held the migration for %s; wait for it to end, then run the command again to carry on or check", ErrMigrationRunning, wait.Round(time.Second))
+		}
+		if err := pause(ctx, delay); err != nil {
+			return nil, nil, err
+		}
+	}
+}
+
+func (m *MigratePartitions) handle(ctx context.Context, req MigrateRequest, report func(string), started time.Time) (MigrateResult, error) {
 	if req.Batch <= 0 {
 		req.Batch = 1000
 	}
@@ -164,6 +236,8 @@ func (m *MigratePartitions) Handle(ctx context.Context, req MigrateRequest) (Mig
 		if err := m.b.SaveProgress(ctx, p); err != nil {
 			return MigrateResult{}, err
 		}
+	} else if !slices.Contains([]string{PhaseQuiesce, PhaseCopy, PhasePosition, PhaseCleanup}, p.Phase) {
+		return MigrateResult{}, fmt.Errorf("the recorded migration from %d to %d partitions is in a phase this release does not know, %q: carry it on with the release that started it", p.From, p.To, p.Phase)
 	} else if p.To != req.To {
 		return MigrateResult{}, fmt.Errorf("a migration from %d to %d partitions is under way (phase %s): finish it with `checkins partitions migrate --to %d` first",
 			p.From, p.To, p.Phase, p.To)
