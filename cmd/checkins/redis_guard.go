@@ -29,6 +29,7 @@ type evictionGuard struct {
 	warnEvery time.Duration
 
 	mu         sync.Mutex
+	known      bool // the policy has been read (or Redis said it will not tell)
 	problem    string
 	lastWarn   time.Time
 	toldUnseen bool
@@ -64,9 +65,11 @@ func (g *evictionGuard) Start(ctx context.Context) error {
 	return nil
 }
 
-// Run checks every interval until ctx ends.
+// Run checks every interval until ctx ends; every second until it has read the policy once
+// (Redis did not answer at start), so that a Redis that comes up evicting is caught at once, not
+// an interval later.
 func (g *evictionGuard) Run(ctx context.Context) error {
-	t := time.NewTicker(g.interval)
+	t := time.NewTimer(g.next())
 	defer t.Stop()
 	for {
 		select {
@@ -74,6 +77,7 @@ func (g *evictionGuard) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
+		t.Reset(g.next())
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		m, err := adapters.ReadMemoryInfo(cctx, g.client)
 		cancel()
@@ -83,9 +87,19 @@ func (g *evictionGuard) Run(ctx context.Context) error {
 	}
 }
 
+func (g *evictionGuard) next() time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.known {
+		return g.interval
+	}
+	return min(time.Second, g.interval)
+}
+
 func (g *evictionGuard) judge(m adapters.MemoryInfo, now time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.known = true
 	due := now.Sub(g.lastWarn) >= g.warnEvery
 	switch {
 	case m.Policy == "":
@@ -116,9 +130,13 @@ func (g *evictionGuard) judge(m adapters.MemoryInfo, now time.Time) {
 	}
 }
 
-// Problem is why the process should not be ready ("" when it may).
+// Problem is why the process should not be ready ("" when it may): until the policy has been
+// read, that it is not known.
 func (g *evictionGuard) Problem() string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if !g.known {
+		return "redis maxmemory-policy not read yet: Redis has not answered since the start"
+	}
 	return g.problem
 }

@@ -77,6 +77,25 @@ func TestResourcePolicyChangedAtRuntimeMakesNotReady(t *testing.T) {
 	require.Eventually(t, func() bool { code, _ := ready(); return code == http.StatusOK }, 10*time.Second, 20*time.Millisecond)
 }
 
+// TestResourceEvictingRedisThatComesUpLate: a service started while Redis does not answer, which
+// then comes up evicting, is not ready, naming the policy, within seconds (not an interval later:
+// the default REDIS_CHECK_INTERVAL is a minute).
+func TestResourceEvictingRedisThatComesUpLate(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{Args: []string{"--maxmemory-policy", "allkeys-lru"}})
+	srv.Stop()
+	p := startSvc(t, "api", map[string]string{"REDIS_URL": srv.URL()})
+	code, body := faultGet(t, p.base+"/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code, body)
+	srv.Restart()
+	require.Eventually(t, func() bool {
+		code, body := faultGet(t, p.base+"/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, `maxmemory-policy is \"allkeys-lru\"`)
+	}, 15*time.Second, 50*time.Millisecond, "not ready on an evicting Redis")
+	require.Never(t, func() bool { code, _ := faultGet(t, p.base+"/readyz"); return code == http.StatusOK },
+		time.Second, 50*time.Millisecond)
+}
+
 // TestResourceRedisThatHidesItsPolicy: a user that may run neither INFO nor CONFIG (as on some
 // managed services) gets one warning, and the service runs.
 func TestResourceRedisThatHidesItsPolicy(t *testing.T) {
