@@ -368,3 +368,21 @@ func TestVisibilityPollerTimesEachRead(t *testing.T) {
 	assert.Less(t, p.latencies[6], 500*time.Millisecond, "the seven quick reads are not held to the slow one's end: %v", p.latencies)
 	assert.GreaterOrEqual(t, p.latencies[7], time.Second, "the slow read: %v", p.latencies)
 }
+
+// The memory phase says how many markers the projector still held when it stopped waiting for
+// them, instead of counting them in the projections' memory without a word.
+func TestWaitMarkersSweptSaysWhatIsLeft(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	c := redistest.Client(t, srv.URL())
+	ctx := context.Background()
+	b := &bencher{admin: c, redis: &benchRedis{private: true}}
+	keys := adapters.KeySpace{Prefix: "tmarkers"}
+	left, err := b.waitMarkersSwept(ctx, keys)
+	require.NoError(t, err)
+	assert.Zero(t, left)
+	require.NoError(t, c.ZAdd(ctx, keys.Prefix+":applied:users", redis.Z{Score: 1, Member: "a"}, redis.Z{Score: 2, Member: "b"}).Err())
+	left, err = b.waitMarkersSwept(ctx, keys)
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, left, "two markers never swept")
+}
