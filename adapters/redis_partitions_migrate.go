@@ -43,7 +43,9 @@ import (
 // Meta fields of a migration.
 const (
 	metaQuiesce = "quiesce"
-	metaMigrate = "migrate"
+	// metaRequestTimeout is the longest REQUEST_TIMEOUT (ms) of an API process on the stream.
+	metaRequestTimeout = "max_request_timeout_ms"
+	metaMigrate        = "migrate"
 )
 
 // QuiescePoll is how often running processes look at the quiesce flag.
@@ -102,6 +104,19 @@ func (m *PartitionMigrator) SaveProgress(ctx context.Context, p command.Migratio
 		return err
 	}
 	return m.client.HSet(ctx, m.keys.Meta(), metaMigrate, raw).Err()
+}
+
+// MaxRequestTimeout is the longest REQUEST_TIMEOUT an API process has recorded
+// (QuiesceWatch.WithRequestTimeout); 0 when none has.
+func (m *PartitionMigrator) MaxRequestTimeout(ctx context.Context) (time.Duration, error) {
+	ms, err := m.client.HGet(ctx, m.keys.Meta(), metaRequestTimeout).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read %s field %s: %w", m.keys.Meta(), metaRequestTimeout, err)
+	}
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
 // Lock holds the migration (<prefix>:migrate-lock, a token with a TTL extended every ttl/3) for

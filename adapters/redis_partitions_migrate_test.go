@@ -407,3 +407,33 @@ func TestMigrateOneRunAtATime(t *testing.T) {
 	assert.Contains(t, err.Error(), `a phase this release does not know, "verify"`)
 	assert.Zero(t, client.HExists(ctx, keys.Meta(), "quiesce").Val(), "nothing quiesced")
 }
+
+// TestMigrateSettlesForTheLongestRequestTimeout: API processes record their REQUEST_TIMEOUT (the
+// longest stays), and a migration run from a CLI with a shorter one waits, after setting the
+// flag, for the longest: a request an API process admitted just before must have ended before
+// the copy reads the old partitions.
+func TestMigrateSettlesForTheLongestRequestTimeout(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	ctx := context.Background()
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	for _, d := range []time.Duration{1500 * time.Millisecond, 700 * time.Millisecond} {
+		require.NoError(t, adapters.NewQuiesceWatch(client, keys).WithRequestTimeout(d).Check(ctx))
+	}
+	got, err := adapters.NewPartitionMigrator(client, keys).MaxRequestTimeout(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1500*time.Millisecond, got, "the longest stays")
+
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: checkinValues("c", userOn(0, 2))}).Err())
+	mp, err := command.NewMigratePartitions(adapters.NewPartitionMigrator(client, keys))
+	require.NoError(t, err)
+	var said []string
+	start := time.Now()
+	_, err = mp.Handle(ctx, command.MigrateRequest{To: 2, Wait: time.Second, Settle: 200 * time.Millisecond, RequestTimeout: 100 * time.Millisecond,
+		Report: func(s string) { said = append(said, s) }})
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, time.Since(start), 1600*time.Millisecond)
+	require.NotEmpty(t, said)
+	assert.Contains(t, said[0], "waiting 1.6s", "200ms of settle, of which the CLI's 100ms request timeout becomes the recorded 1.5s")
+}

@@ -25,7 +25,26 @@ type QuiesceWatch struct {
 	// startCheck, until it has passed (verified), is the partition guard a start could not run.
 	startCheck func(context.Context) error
 	verified   atomic.Bool
+	// requestTimeout, once recorded (published), is this API process's REQUEST_TIMEOUT in
+	// <prefix>:meta, kept as the longest of every process's, for a migration's settle.
+	requestTimeout time.Duration
+	published      atomic.Bool
 }
+
+// WithRequestTimeout makes the watch record d (an API process's REQUEST_TIMEOUT) in
+// <prefix>:meta, where it stays as the longest of every process's: a partition migration waits,
+// after it sets the flag, for requests admitted just before to end, and the CLI that runs it
+// knows only its own REQUEST_TIMEOUT. Recorded on the first check that reaches Redis.
+func (w *QuiesceWatch) WithRequestTimeout(d time.Duration) *QuiesceWatch {
+	w.requestTimeout = d
+	return w
+}
+
+var recordLongerLua = redis.NewScript(`
+local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') or 0
+if tonumber(ARGV[2]) > cur then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) return 1 end
+return 0
+`)
 
 // notVerified is the reason a process stands still until its start check has passed.
 const notVerified = "the event stream's partition count has not been checked yet (Redis was unreachable at start)"
@@ -95,6 +114,12 @@ func (w *QuiesceWatch) Check(ctx context.Context) error {
 		}
 	}
 	w.state.Store(&reason)
+	if w.requestTimeout > 0 && !w.published.Load() {
+		if err := recordLongerLua.Run(ctx, w.client, []string{w.keys.Meta()}, metaRequestTimeout, w.requestTimeout.Milliseconds()).Err(); err != nil {
+			return err // recorded on a later check
+		}
+		w.published.Store(true)
+	}
 	return nil
 }
 

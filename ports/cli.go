@@ -28,7 +28,10 @@ type CLISession struct {
 	// process to see it and for requests admitted before to finish (poll interval plus
 	// REQUEST_TIMEOUT).
 	Settle time.Duration
-	Close  func()
+	// RequestTimeout is the REQUEST_TIMEOUT that Settle allows for (this process's own): a
+	// migration waits longer when an API process records a longer one.
+	RequestTimeout time.Duration
+	Close          func()
 }
 
 // Connect parses args on fs (the verb's flags, plus the service's settings that cmd adds) and

@@ -64,7 +64,7 @@ func PartitionsCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 			fmt.Fprintln(stdout, line)
 		}
 	}
-	res, err := mp.Handle(ctx, command.MigrateRequest{To: *to, Force: *force, Wait: *wait, Settle: s.Settle, Poll: s.Poll,
+	res, err := mp.Handle(ctx, command.MigrateRequest{To: *to, Force: *force, Wait: *wait, Settle: s.Settle, RequestTimeout: s.RequestTimeout, Poll: s.Poll,
 		Batch: *batch, Pause: *batchPause, Report: report})
 	if err != nil {
 		return err

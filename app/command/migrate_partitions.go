@@ -28,6 +28,9 @@ type PartitionMigration interface {
 	// another run holds it); lost closes if the lock was taken from this run.
 	Lock(ctx context.Context, ttl time.Duration) (lost <-chan struct{}, release func(context.Context) error, ok bool, err error)
 	Recorded(ctx context.Context) (int, error)
+	// MaxRequestTimeout is the longest REQUEST_TIMEOUT an API process on this stream has
+	// recorded (0: none recorded).
+	MaxRequestTimeout(ctx context.Context) (time.Duration, error)
 	Progress(ctx context.Context) (MigrationProgress, error)
 	SaveProgress(ctx context.Context, p MigrationProgress) error
 	Quiesce(ctx context.Context, reason string) error
@@ -110,10 +113,15 @@ type MigrateRequest struct {
 	// process sees it within its poll interval, and a request admitted just before may still write
 	// until its deadline.
 	Settle time.Duration
-	Poll   time.Duration
-	Batch  int
-	Pause  time.Duration // between copy batches
-	Report func(string)  // progress for people
+	// RequestTimeout is the request deadline Settle allows for (this process's REQUEST_TIMEOUT):
+	// an API process that recorded a longer one (PartitionMigration.MaxRequestTimeout) makes the
+	// settle longer by the difference, so that a request it admitted just before the flag has
+	// ended before the copy reads the old partitions.
+	RequestTimeout time.Duration
+	Poll           time.Duration
+	Batch          int
+	Pause          time.Duration // between copy batches
+	Report         func(string)  // progress for people
 	// LockWait is how long to wait for another run's lock to be let go, or to expire when that
 	// run died (0: MigrateLockTTL and a few seconds, so that a rerun right after a crash carries
 	// on).
@@ -256,8 +264,16 @@ func (m *MigratePartitions) handle(ctx context.Context, req MigrateRequest, repo
 		return nil
 	}
 	if p.Phase == PhaseQuiesce {
-		report(fmt.Sprintf("quiescing: the API answers 503 and projectors stop reading; waiting %s for them to see it", req.Settle))
-		if err := pause(ctx, req.Settle); err != nil {
+		settle := req.Settle
+		longest, err := m.b.MaxRequestTimeout(ctx)
+		if err != nil {
+			return res, err
+		}
+		if longest > req.RequestTimeout {
+			settle += longest - req.RequestTimeout
+		}
+		report(fmt.Sprintf("quiescing: the API answers 503 and projectors stop reading; waiting %s for them to see it and for requests admitted before to end", settle))
+		if err := pause(ctx, settle); err != nil {
 			return res, err
 		}
 		if err := m.waitIdle(ctx, p.From, req, report); err != nil {

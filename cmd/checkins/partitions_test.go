@@ -206,8 +206,8 @@ func TestPartitionGuard(t *testing.T) {
 	require.Equal(t, 0, svc.exit(t, syscall.SIGTERM))
 	meta, err := redistest.Client(t, old.URL).HGetAll(context.Background(), adapters.KeySpace{Prefix: old.Prefix}.Meta()).Result()
 	require.NoError(t, err)
-	assert.Equal(t, map[string]string{"idem-format": "compact"}, meta,
-		"one stream on a single server records no partition count: the keys are those of before (a new one records its records' format)")
+	assert.Equal(t, map[string]string{"idem-format": "compact", "max_request_timeout_ms": "5000"}, meta,
+		"one stream on a single server records no partition count: the keys are those of before (a new one records its records' format, and the API its REQUEST_TIMEOUT for a migration's settle)")
 	oldEnv["STREAM_PARTITIONS"] = "4"
 	code, _, stderr := runOps(t, oldEnv, "serve")
 	assert.Equal(t, 1, code, stderr)

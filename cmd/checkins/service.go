@@ -143,6 +143,9 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 		s.keys = s.keys.WithRecordsInUserSlots()
 	}
 	s.quiesce = adapters.NewQuiesceWatch(s.client, s.keys)
+	if mode.API {
+		s.quiesce.WithRequestTimeout(cfg.RequestTimeout)
+	}
 	if startCheck != nil {
 		s.quiesce.WithStartCheck(startCheck)
 	}

@@ -96,7 +96,8 @@ func connectMigrate(getenv func(string) string, _ io.Writer) ports.Connect {
 		var a app.Application
 		a.Commands.MigratePartitions = mp
 		return &ports.CLISession{App: a, Args: rest, Poll: 200 * time.Millisecond,
-			Settle: adapters.QuiescePoll + cfg.RequestTimeout + time.Second, Close: func() { _ = client.Close() }}, nil
+			Settle: adapters.QuiescePoll + cfg.RequestTimeout + time.Second, RequestTimeout: cfg.RequestTimeout,
+			Close: func() { _ = client.Close() }}, nil
 	}
 }
 
