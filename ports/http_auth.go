@@ -74,6 +74,10 @@ func ParseBearer(h string) (string, error) {
 
 const principalKey = "checkins.principal"
 
+// tokenKey holds the verified token itself, for a long answer (the dashboard's event stream)
+// that verifies it again as it goes.
+const tokenKey = "checkins.token"
+
 // principalOf is the verified token's principal of the request, if it sent one.
 func principalOf(c echo.Context) (Principal, bool) {
 	p, ok := c.Get(principalKey).(Principal)
@@ -120,6 +124,7 @@ func (s *HTTPServer) authenticate(c echo.Context) (bool, error) {
 		return false, challenge(c, http.StatusUnauthorized, CodeInvalidToken, err.Error(), "")
 	}
 	c.Set(principalKey, p)
+	c.Set(tokenKey, raw)
 	return true, nil
 }
 

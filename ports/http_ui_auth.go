@@ -39,6 +39,7 @@ func (s *HTTPServer) uiAuth(c echo.Context, next echo.HandlerFunc) error {
 			p, err := s.cfg.Auth.Verifier.Verify(r.Context(), ck.Value)
 			if err == nil {
 				c.Set(principalKey, p)
+				c.Set(tokenKey, ck.Value)
 				ok = true
 			} else {
 				clearUICookie(c) // expired or from another key: log in again

@@ -264,7 +264,10 @@ func (h *uiHub) unsubscribe(c chan struct{}) {
 
 // serveEvents is GET /ui/events: every sample, an "overview" event (the overview's live
 // fragment), a "chart" event (the charts' data, JSON) and a "tick" (other pages refresh their
-// live parts on it); a comment line every heartbeat.
+// live parts on it); a comment line every heartbeat. The token it was opened with is verified
+// again at every heartbeat (a cache hit but once a minute): the stream ends, with a "bye" that
+// says why, once the token has expired or its key is gone from the key set, as any other
+// request with it would be refused.
 func (u *UI) serveEvents(c echo.Context) error {
 	ch, err := u.hub.subscribe()
 	if errors.Is(err, errTooManyStreams) {
@@ -334,6 +337,11 @@ func (u *UI) serveEvents(c echo.Context) error {
 			w.Flush()
 			return nil
 		case <-hb.C:
+			if why := u.streamRefused(c); why != "" {
+				_ = writeSSE(w, "bye", []byte(why))
+				w.Flush()
+				return nil
+			}
 			if _, err := fmt.Fprint(w, ": heartbeat\n\n"); err != nil {
 				return nil
 			}
@@ -344,6 +352,22 @@ func (u *UI) serveEvents(c echo.Context) error {
 			}
 		}
 	}
+}
+
+// streamRefused verifies again the token an event stream was opened with ("": still good).
+func (u *UI) streamRefused(c echo.Context) string {
+	if u.srv.cfg.Auth == nil {
+		return ""
+	}
+	raw, _ := c.Get(tokenKey).(string)
+	p, err := u.srv.cfg.Auth.Verifier.Verify(c.Request().Context(), raw)
+	switch {
+	case err != nil:
+		return "session ended: " + err.Error() + "; log in again"
+	case !p.HasScope(ScopeOps) && !p.HasScope(ScopeOpsRead):
+		return "session ended: the token no longer has scope " + ScopeOpsRead
+	}
+	return ""
 }
 
 // writeSSE writes one event; every line of data becomes a data: line.

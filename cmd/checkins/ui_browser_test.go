@@ -410,3 +410,23 @@ func TestBrowserReadOnlyViewerSeesNoActions(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), n, "nothing purged")
 }
+
+// TestBrowserExpiredSessionGoesToTheLogin: once the token a dashboard logged in with expires, the
+// open page's event stream ends with a "bye" and the page sends the browser to the login,
+// which brings it back to where it was.
+func TestBrowserExpiredSessionGoesToTheLogin(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "OPS_ADDR": "localhost:0",
+		"UI_HEARTBEAT": "200ms", "AUTH_CLOCK_LEEWAY": "0s"}, Mode{API: true})
+	issuer, err := ports.NewTokenIssuer([]byte(testAuthSecret), defaultIssuer, defaultIssuer)
+	require.NoError(t, err)
+	short, err := issuer.Mint(1, []string{ports.ScopeOpsRead}, 3*time.Second)
+	require.NoError(t, err)
+	b := newBrowser(t)
+	b.login(svc.ops, short.Token)
+	b.run(chromedp.Navigate(svc.ops+"/ui/projections"), chromedp.WaitVisible(chromedp.CSS("#projections-live")))
+	b.live()
+	b.eventually(`location.pathname === "/ui/login" && new URLSearchParams(location.search).get("next") === "/ui/projections"`,
+		"the expired session is sent to the login, to come back to the projections page")
+}

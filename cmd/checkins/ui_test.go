@@ -342,3 +342,55 @@ func TestUIEventStreamOutlivesTimeoutsAndEndsOnShutdown(t *testing.T) {
 	}
 	assert.Equal(t, "bye", last)
 }
+
+// TestUIEventStreamEndsWhenItsTokenExpires: a dashboard stream opened with a token is not
+// authorized for ever: once the token has expired it ends with a "bye" that says why (the page
+// then sends the browser to the login), as any other request with the token would be refused.
+func TestUIEventStreamEndsWhenItsTokenExpires(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "OPS_ADDR": "localhost:0",
+		"UI_HEARTBEAT": "200ms", "AUTH_CLOCK_LEEWAY": "0s"}, Mode{API: true})
+	issuer, err := ports.NewTokenIssuer([]byte(testAuthSecret), defaultIssuer, defaultIssuer)
+	require.NoError(t, err)
+	short, err := issuer.Mint(5, []string{ports.ScopeOpsRead}, 2*time.Second)
+	require.NoError(t, err)
+	resp, events := openSSE(t, svc.ops+"/ui/events", short.Token)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	long, longEvents := openSSE(t, svc.ops+"/ui/events", testToken(5, ports.ScopeOpsRead))
+	require.Equal(t, http.StatusOK, long.StatusCode)
+
+	var bye string
+	deadline := time.After(15 * time.Second)
+	for bye == "" {
+		select {
+		case ev, ok := <-events:
+			require.True(t, ok, "the stream ended without a bye")
+			if ev.Event == "bye" {
+				bye = ev.Data
+			}
+		case <-deadline:
+			t.Fatal("the stream of an expired token is still open after 15s")
+		}
+	}
+	assert.Equal(t, "session ended: token is expired; log in again", bye)
+	for range events { // and the answer ends
+	}
+	// The stream of a token that is still good goes on.
+	for range 3 {
+		select {
+		case ev, ok := <-longEvents:
+			require.True(t, ok, "the stream of a good token ended")
+			require.NotEqual(t, "bye", ev.Event)
+		case <-time.After(5 * time.Second):
+			t.Fatal("the stream of a good token went quiet")
+		}
+	}
+	req, err := http.NewRequest(http.MethodGet, svc.ops+"/ui/events", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+short.Token)
+	again, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_ = again.Body.Close()
+	assert.Equal(t, http.StatusUnauthorized, again.StatusCode, "a new stream with it is refused too")
+}

@@ -42,6 +42,10 @@
 
   document.addEventListener("htmx:sseMessage", function (e) {
     if (e.detail && e.detail.type === "chart") { onChart(e.detail.data); }
+    // The stream ended because the token expired (or lost its key): log in again.
+    if (e.detail && e.detail.type === "bye" && String(e.detail.data).indexOf("session ended") === 0) {
+      window.location.assign("/ui/login?next=" + encodeURIComponent(window.location.pathname + window.location.search));
+    }
   });
   document.addEventListener("htmx:sseOpen", function () {
     var c = document.getElementById("conn");
