@@ -758,6 +758,44 @@ func isOwnGroup(name string, reg registryState) bool {
 	return false
 }
 
+// WaitReplicas waits until n replicas of the master of every new partition (to) have everything
+// written to it so far, within timeout each: the copy goes to new partitions, often on other
+// masters than the old ones, and the old ones (replicated long ago) are deleted next. A WAIT
+// counts only its own connection's writes, so each is sent right after a write of its own to the
+// partition's registry (field migrate-synced), on the partition's master: the master replicates
+// in order, so that write is the last of the copy's.
+func (m *PartitionMigrator) WaitReplicas(ctx context.Context, to, n int, timeout time.Duration) error {
+	dst, err := NewPartitions(m.keys, to)
+	if err != nil {
+		return err
+	}
+	for j := range to {
+		key := dst.Registry(j)
+		node := redis.Cmdable(m.client)
+		if cc, ok := m.client.(*redis.ClusterClient); ok {
+			master, err := cc.MasterForKey(ctx, key)
+			if err != nil {
+				return fmt.Errorf("the master of %s: %w", key, err)
+			}
+			node = master
+		}
+		var wait *redis.IntCmd
+		_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+			p.HSet(ctx, key, "migrate-synced", time.Now().UnixMilli())
+			wait = redis.NewIntCmd(ctx, "wait", n, timeout.Milliseconds())
+			_ = p.Process(ctx, wait)
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("WAIT %d on %s: %w", n, dst.Stream(j), err)
+		}
+		if got := wait.Val(); got < int64(n) {
+			return fmt.Errorf("%w: %s: %d of %d replicas confirmed within %s", domain.ErrNotReplicated, dst.Stream(j), got, n, timeout)
+		}
+	}
+	return nil
+}
+
 // Record records to as the stream's partition count.
 func (m *PartitionMigrator) Record(ctx context.Context, to int) error {
 	return m.client.HSet(ctx, m.keys.Meta(), metaPartitions, to).Err()

@@ -437,3 +437,40 @@ func TestMigrateSettlesForTheLongestRequestTimeout(t *testing.T) {
 	require.NotEmpty(t, said)
 	assert.Contains(t, said[0], "waiting 1.6s", "200ms of settle, of which the CLI's 100ms request timeout becomes the recorded 1.5s")
 }
+
+// TestMigrateWaitsForReplicasOfTheCopy: with MinReplicas (INGEST_MIN_REPLICAS), a migration whose
+// copy the replicas do not have stops before it records the count or deletes the old stream,
+// which the replica has had all along; run again once the replica is back, it carries on.
+func TestMigrateWaitsForReplicasOfTheCopy(t *testing.T) {
+	t.Parallel()
+	master, replica, mc := startReplicated(t)
+	ctx := context.Background()
+	keys := adapters.KeySpace{Prefix: "t-migrate-replicas"}
+	for i := range 20 {
+		require.NoError(t, mc.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: checkinValues("c"+strconv.Itoa(i), int64(1+i%5))}).Err())
+	}
+	require.NoError(t, mc.XGroupCreate(ctx, keys.Stream(), "live", "$").Err())
+	client := redistest.Client(t, master.URL())
+	mp, err := command.NewMigratePartitions(adapters.NewPartitionMigrator(client, keys))
+	require.NoError(t, err)
+	req := command.MigrateRequest{To: 2, Wait: time.Second, MinReplicas: 1, ReplicaTimeout: 300 * time.Millisecond}
+
+	resume := lagReplica(t, mc, replica.Signal)
+	_, err = mp.Handle(ctx, req)
+	require.ErrorIs(t, err, domain.ErrNotReplicated)
+	assert.ErrorContains(t, err, "the old partitions are kept")
+	recorded, err := adapters.NewPartitionMigrator(client, keys).Recorded(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, recorded, "the count is not recorded")
+	assert.EqualValues(t, 20, mc.XLen(ctx, keys.Stream()).Val(), "the old stream is kept")
+
+	resume()
+	require.Eventually(t, func() bool {
+		_, err := mp.Handle(ctx, req)
+		return err == nil
+	}, 30*time.Second, 200*time.Millisecond, "the replica is back: the run carries on and ends")
+	recorded, err = adapters.NewPartitionMigrator(client, keys).Recorded(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 2, recorded)
+	assert.Zero(t, mc.Exists(ctx, keys.Stream()).Val(), "the old stream is deleted once the copy is replicated")
+}

@@ -31,6 +31,10 @@ type CLISession struct {
 	// RequestTimeout is the REQUEST_TIMEOUT that Settle allows for (this process's own): a
 	// migration waits longer when an API process records a longer one.
 	RequestTimeout time.Duration
+	// MinReplicas and ReplicaTimeout (INGEST_MIN_REPLICAS, INGEST_REPLICA_TIMEOUT): a migration's
+	// copy counts as written once that many replicas of each new partition have it.
+	MinReplicas    int
+	ReplicaTimeout time.Duration
 	Close          func()
 }
 

@@ -65,6 +65,7 @@ func PartitionsCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 		}
 	}
 	res, err := mp.Handle(ctx, command.MigrateRequest{To: *to, Force: *force, Wait: *wait, Settle: s.Settle, RequestTimeout: s.RequestTimeout, Poll: s.Poll,
+		MinReplicas: s.MinReplicas, ReplicaTimeout: s.ReplicaTimeout,
 		Batch: *batch, Pause: *batchPause, Report: report})
 	if err != nil {
 		return err

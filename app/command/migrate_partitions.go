@@ -42,6 +42,9 @@ type PartitionMigration interface {
 	// Position reads the old partitions up to seen (per partition, the last entry the copy read;
 	// nil: to their ends).
 	Position(ctx context.Context, from, to, batch int, force bool, seen []string) (PositionResult, error)
+	// WaitReplicas waits until n replicas of every new partition's master have what was
+	// written to it, within timeout each (an error wrapping domain.ErrNotReplicated otherwise).
+	WaitReplicas(ctx context.Context, to, n int, timeout time.Duration) error
 	Record(ctx context.Context, to int) error
 	// Cleanup deletes the old partitions (from) of a stream moved to `to` partitions. seen is,
 	// per old partition, the last entry the copy read there ("" for none): entries after it
@@ -122,6 +125,11 @@ type MigrateRequest struct {
 	Batch          int
 	Pause          time.Duration // between copy batches
 	Report         func(string)  // progress for people
+	// MinReplicas > 0 (INGEST_MIN_REPLICAS): the new partitions count as written, and the count
+	// is recorded and the old partitions deleted, only once that many replicas of each have the
+	// copy, within ReplicaTimeout each; otherwise the run stops before it changes anything more.
+	MinReplicas    int
+	ReplicaTimeout time.Duration
 	// LockWait is how long to wait for another run's lock to be let go, or to expire when that
 	// run died (0: MigrateLockTTL and a few seconds, so that a rerun right after a crash carries
 	// on).
@@ -315,6 +323,12 @@ func (m *MigratePartitions) handle(ctx context.Context, req MigrateRequest, repo
 		report(fmt.Sprintf("positioned %d consumer groups on each of the %d partitions in %s", pos.Groups, p.To, time.Since(t0).Round(time.Millisecond)))
 		if pos.Holes > 0 {
 			report(fmt.Sprintf("on %d group partitions, entries a group had not delivered before others it had are pending for consumer partitions-migrate: projectors take them over within CLAIM_INTERVAL", pos.Holes))
+		}
+		if req.MinReplicas > 0 {
+			report(fmt.Sprintf("waiting for %d replicas of every new partition to have the copy", req.MinReplicas))
+			if err := m.b.WaitReplicas(ctx, p.To, req.MinReplicas, req.ReplicaTimeout); err != nil {
+				return res, fmt.Errorf("the copy is not yet on enough replicas, so the old partitions are kept and the count is not recorded; run the command again once the replicas have caught up: %w", err)
+			}
 		}
 		if err := m.b.Record(ctx, p.To); err != nil {
 			return res, err

@@ -97,6 +97,7 @@ func connectMigrate(getenv func(string) string, _ io.Writer) ports.Connect {
 		a.Commands.MigratePartitions = mp
 		return &ports.CLISession{App: a, Args: rest, Poll: 200 * time.Millisecond,
 			Settle: adapters.QuiescePoll + cfg.RequestTimeout + time.Second, RequestTimeout: cfg.RequestTimeout,
+			MinReplicas: cfg.IngestMinReplicas, ReplicaTimeout: cfg.IngestReplicaTimeout,
 			Close: func() { _ = client.Close() }}, nil
 	}
 }
