@@ -44,19 +44,25 @@ func acquireLease(ctx context.Context, client redis.UniversalClient, key string,
 		defer close(stopped)
 		t := time.NewTicker(max(ttl/3, time.Millisecond))
 		defer t.Stop()
+		// The key expires ttl after the last extension Redis took, which was sent at extended at
+		// the latest. An extension that fails when half the ttl has passed since then is the
+		// last chance: the next tick (ttl/3 later, plus the ttl/6 an extension may take) would
+		// come when the key may be gone and another holder may have it, so the lease counts as
+		// lost before that can happen, not after.
 		extended := time.Now()
 		for {
 			select {
 			case <-stop:
 				return
 			case <-t.C:
-				ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(ttl/3, time.Millisecond))
+				sent := time.Now()
+				ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(ttl/6, time.Millisecond))
 				n, err := extendLeaseLua.Run(ectx, client, []string{key}, token, ttl.Milliseconds()).Int()
 				cancel()
 				switch {
 				case err == nil && n == 1:
-					extended = time.Now()
-				case err == nil || time.Since(extended) >= ttl: // taken, or expired meanwhile
+					extended = sent
+				case err == nil || time.Since(extended) >= ttl/2: // taken, or it may expire before the next try
 					l.lostOnce.Do(func() { close(l.lost) })
 					return
 				} // else retried at the next tick

@@ -134,6 +134,8 @@ type MigrateRequest struct {
 	// run died (0: MigrateLockTTL and a few seconds, so that a rerun right after a crash carries
 	// on).
 	LockWait time.Duration
+	// LockTTL is how long the lock outlives a run whose process died (0: MigrateLockTTL).
+	LockTTL time.Duration
 }
 
 // MigrateResult is what a run did.
@@ -207,7 +209,11 @@ func (m *MigratePartitions) lock(ctx context.Context, req MigrateRequest, report
 	}
 	deadline := time.Now().Add(wait)
 	for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
-		lost, release, ok, err := m.b.Lock(ctx, MigrateLockTTL)
+		ttl := req.LockTTL
+		if ttl <= 0 {
+			ttl = MigrateLockTTL
+		}
+		lost, release, ok, err := m.b.Lock(ctx, ttl)
 		if err != nil || ok {
 			return lost, release, err
 		}
@@ -279,6 +285,7 @@ func (m *MigratePartitions) handle(ctx context.Context, req MigrateRequest, repo
 		}
 		if longest > req.RequestTimeout {
 			settle += longest - req.RequestTimeout
+			report(fmt.Sprintf("an API process ran with REQUEST_TIMEOUT %s (recorded in <prefix>:meta max_request_timeout_ms; HDEL it once no process runs with so long a timeout)", longest))
 		}
 		report(fmt.Sprintf("quiescing: the API answers 503 and projectors stop reading; waiting %s for them to see it and for requests admitted before to end", settle))
 		if err := pause(ctx, settle); err != nil {
