@@ -119,7 +119,11 @@ func settings() []setting {
 				return nil
 			}
 			u, err := url.Parse(v)
-			if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
+			// An '@' the URL's user info does not account for is a password with an unescaped
+			// '/', '#' or '?' (or '@'), which ended the host early: the rest is not a host, a
+			// database or a fragment, and must not be echoed as one.
+			stray := strings.Contains(v, "@") && (err != nil || u.User == nil || strings.ContainsAny(u.Host+u.Path+u.RawQuery+u.Fragment, "@"))
+			if err != nil || stray || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
 				return fmt.Errorf("must look like redis://[:password@]host:port/db (or rediss://; a password's %%, #, ?, / and @ percent-encoded), got %q", redact(v))
 			}
 			if db := strings.Trim(u.Path, "/"); db != "" {

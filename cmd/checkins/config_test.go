@@ -16,6 +16,8 @@ func TestConfigRedisURLNeverEchoesItsPassword(t *testing.T) {
 		{"redis://:pa#ss3cret@127.0.0.1:6379", "ss3cret", `got "redis://xxxxx@127.0.0.1:6379"`},
 		{"redis://app:pa?ss3cret@127.0.0.1:6379", "ss3cret", `got "redis://xxxxx@127.0.0.1:6379"`},
 		{"http://:hunter2pw@127.0.0.1:6379", "hunter2pw", `got "http://:xxxxx@127.0.0.1:6379"`},
+		{"redis://default:6379/Zk9s3cret@redis.internal:6379", "Zk9s3cret", `got "redis://xxxxx@redis.internal:6379"`},
+		{"redis://user:12345#s3cret@h:6379", "s3cret", `got "redis://xxxxx@h:6379"`},
 		{"redis://127.0.0.1:6379/x", "", `database must be a number, got "x"`},
 	} {
 		_, err := parseEnv(map[string]string{"REDIS_URL": tc.url})
