@@ -75,9 +75,11 @@ func NewJWKSVerifier(ctx context.Context, cfg JWKSConfig) (*Verifier, error) {
 		NoErrorReturnFirstHTTPReq: &noErrFirst,
 		RefreshInterval:           cfg.RefreshInterval,
 		RefreshUnknownKID:         rate.NewLimiter(rate.Every(cfg.MinRefreshInterval), 1),
-		// A request with an unknown kid waits for a refresh at most this long (and never past its
-		// own deadline); when the limiter has no fetch to give before then, it fails at once.
-		RateLimitWaitMax: cfg.FetchTimeout,
+		// jwkset bounds the limiter's wait and the refresh that follows together by this: room
+		// for a wait of up to one fetch and a whole fetch after it (the client's Timeout bounds
+		// the fetch itself). When the limiter has no fetch to give within it, the lookup fails at
+		// once; a request never waits past its own deadline (below).
+		RateLimitWaitMax: 2 * cfg.FetchTimeout,
 		RefreshErrorHandlerFunc: func(u string) func(context.Context, error) {
 			return func(ctx context.Context, err error) {
 				cfg.Logger.WarnContext(ctx, "JWKS fetch failed", "url", u, "error", err)
@@ -88,11 +90,11 @@ func NewJWKSVerifier(ctx context.Context, cfg JWKSConfig) (*Verifier, error) {
 		return nil, fmt.Errorf("JWKS %s: %w", cfg.URL, err)
 	}
 	// The key lookup (and the refresh an unknown kid triggers) runs on a context of its own,
-	// bounded by the limiter's wait and one fetch, and the request waits for it only as long as
-	// its own context lasts. On the request's context, a client that hangs up mid-fetch (or a
+	// bounded by RateLimitWaitMax inside jwkset, and the request waits for it only as long as its
+	// own context lasts. On the request's context, a client that hangs up mid-fetch (or a
 	// request deadline shorter than the fetch) would cancel the refresh after it used up the
 	// one MinRefreshInterval allows, and a key just published would be refused until then.
-	lookupTimeout := 2 * cfg.FetchTimeout
+	lookupTimeout := 3 * cfg.FetchTimeout // beyond RateLimitWaitMax: jwkset's bound is the one that acts
 	return newVerifier(cfg.VerifierConfig, AsymmetricAlgorithms, func(ctx context.Context) jwt.Keyfunc {
 		return func(t *jwt.Token) (any, error) {
 			if _, ok := t.Method.(*jwt.SigningMethodHMAC); ok {
