@@ -42,9 +42,10 @@
 
   document.addEventListener("htmx:sseMessage", function (e) {
     if (e.detail && e.detail.type === "chart") { onChart(e.detail.data); }
-    // The stream ended because the token expired (or lost its key): log in again.
+    // The stream ended because the token expired (or lost its key): load the page again, which
+    // goes to the login unless another tab has logged in meanwhile.
     if (e.detail && e.detail.type === "bye" && String(e.detail.data).indexOf("session ended") === 0) {
-      window.location.assign("/ui/login?next=" + encodeURIComponent(window.location.pathname + window.location.search));
+      window.location.reload();
     }
   });
   document.addEventListener("htmx:sseOpen", function () {
