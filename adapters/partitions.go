@@ -204,7 +204,7 @@ func EnsurePartitions(ctx context.Context, client redis.UniversalClient, keys Ke
 // CheckPartitions is EnsurePartitions without recording anything: it fails only when another
 // partition count than p is recorded. A single server with one stream uses it, so that its keys
 // stay exactly those of a service without partitions (a new keyspace's <prefix>:meta holds only
-// the idempotency records' format).
+// the idempotency records' format and the API's longest REQUEST_TIMEOUT).
 func CheckPartitions(ctx context.Context, client redis.UniversalClient, keys KeySpace, p int) error {
 	cur, err := client.HGet(ctx, keys.Meta(), metaPartitions).Result()
 	if errors.Is(err, redis.Nil) {
