@@ -214,6 +214,7 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
     for x = 1, #g, 2 do
       if g[x] == 'name' then name = g[x+1] elseif g[x] == 'last-delivered-id' then ld = g[x+1] end
     end
+    if ld == '0' then ld = '0-0' end -- miniredis (the embedded quick start) says '0'
     if name == ARGV[1] then live = ld elseif name == ARGV[2] then own = ld end
   end
 end

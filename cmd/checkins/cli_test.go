@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -240,7 +241,8 @@ func TestCLIServeEmbeddedRedis(t *testing.T) {
 	cmd := exec.Command(checkinsBinary(t), "serve")
 	state := t.TempDir()
 	// A short STALL_AFTER: an idle service must stay ready on the embedded Redis too.
-	env := map[string]string{"HTTP_ADDR": "127.0.0.1:0", "OPS_ADDR": "localhost:0", "LOG_LEVEL": "info", "STALL_AFTER": "200ms", "STATE_DIR": state}
+	env := map[string]string{"HTTP_ADDR": "127.0.0.1:0", "OPS_ADDR": "localhost:0", "LOG_LEVEL": "info", "STALL_AFTER": "200ms", "STATE_DIR": state,
+		"RETENTION": "1", "RETENTION_INTERVAL": "100ms"}
 	cmd.Env = cliEnv(env)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
@@ -300,6 +302,44 @@ func TestCLIServeEmbeddedRedis(t *testing.T) {
 		if assert.NoError(c, err) && assert.Equal(c, http.StatusOK, status) {
 			assert.Equal(c, map[string]int64{"locationId": 9, "numCheckins": 1, "numStars": 5, "averageStars": 5}, got)
 		}
+	}, 30*time.Second, 100*time.Millisecond, "stderr so far:\n%s", &logs)
+
+	// A first start of every projection on an empty stream needs no backfill (miniredis names a
+	// group that delivered nothing "0", where Redis says "0-0"): the live group alone feeds them,
+	// and with RETENTION=1 the stream is trimmed to its last entry once that is projected.
+	assert.NotContains(t, logs.String(), `"backfill":"running"`, "every projection joined the live group with nothing to backfill")
+	opsURL := regexp.MustCompile(`http://\S+/ops/status`).FindString(dev["ops_curl"].(string))
+	require.NotEmpty(t, opsURL, dev["ops_curl"])
+	status, _, err = testPostCheckin(base, `{"userId":7,"locationId":9,"starRating":4,"timestamp":1700000000001}`, auth)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusAccepted, status)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		req, err := http.NewRequest(http.MethodGet, opsURL, nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+dev["ops_token"].(string))
+		resp, err := testHTTPClient.Do(req)
+		if !assert.NoError(c, err) {
+			return
+		}
+		defer resp.Body.Close()
+		var st struct {
+			StreamLength int64 `json:"streamLength"`
+			Projections  []struct {
+				Group       string `json:"group"`
+				GroupExists bool   `json:"groupExists"`
+			} `json:"projections"`
+		}
+		if !assert.NoError(c, json.NewDecoder(resp.Body).Decode(&st)) {
+			return
+		}
+		var groups []string
+		for _, p := range st.Projections {
+			if p.GroupExists {
+				groups = append(groups, p.Group)
+			}
+		}
+		assert.Equal(c, []string{"live"}, groups, "no backfill group on a first start")
+		assert.EqualValues(c, 1, st.StreamLength, "RETENTION=1 trims the stream")
 	}, 30*time.Second, 100*time.Millisecond, "stderr so far:\n%s", &logs)
 
 	// miniredis reports a group's lag as the stream's length; the service must not take that for
