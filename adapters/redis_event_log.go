@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"regexp"
 	"slices"
 	"strconv"
@@ -216,17 +217,23 @@ func (l *EventLog) rangeMerged(ctx context.Context, fromMs int64, after *entryPo
 			// earlier partition, they do not.
 			start = after.id()
 			if p <= after.partition {
+				if after.ms == math.MaxUint64 && after.seq == math.MaxUint64 {
+					continue // nothing comes after the greatest ID (Redis refuses the range)
+				}
 				start = "(" + start
 			}
 		}
 		cmds[p] = pipe.XRangeN(ctx, stream, start, end, int64(want))
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if _, err := pipe.Exec(ctx); err != nil { // nothing to send: no error
 		return nil, false, err
 	}
 	var all []mergedEntry
 	full := false
 	for p, cmd := range cmds {
+		if cmd == nil {
+			continue
+		}
 		xs := cmd.Val()
 		if len(xs) == want {
 			full = true // this partition may hold more

@@ -173,6 +173,21 @@ func TestEventLogRangeInvalidCursor(t *testing.T) {
 	}
 }
 
+// A cursor at the greatest stream ID is well formed, and nothing comes after it: an empty last
+// page, not a storage failure (Redis refuses a range that starts after that ID).
+func TestEventLogRangeAfterTheGreatestID(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	rangeStream(t, env)
+	log := adapters.NewEventLog(env.client, env.keys)
+	for _, cursor := range []string{"18446744073709551615-18446744073709551615", "18446744073709551615-18446744073709551614"} {
+		page, err := log.Range(context.Background(), 0, 1<<62, cursor, 10)
+		require.NoError(t, err, cursor)
+		assert.Empty(t, page.Checkins, cursor)
+		assert.Empty(t, page.Next, cursor)
+	}
+}
+
 func TestEventLogUnavailable(t *testing.T) {
 	t.Parallel()
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})

@@ -2,6 +2,7 @@ package ports
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
@@ -62,7 +64,13 @@ func (s *HTTPServer) postCheckin(c echo.Context) error {
 	}
 	var res command.RecordCheckinResult
 	if err != nil {
-		res, err = rec.CountRejected(ctx, limitUser, err)
+		cctx := ctx
+		if ctx.Err() != nil { // a body that arrived too slowly outlived the request's deadline
+			var cancel context.CancelFunc
+			cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+		}
+		res, err = rec.CountRejected(cctx, limitUser, err)
 	} else {
 		res, err = rec.Handle(ctx, command.RecordCheckin{Input: in, CorrelationID: CorrelationID(ctx), LimitUser: limitUser})
 	}
@@ -144,6 +152,14 @@ func decodeCheckin(r *http.Request) (domain.CheckinInput, error) {
 		return domain.CheckinInput{}, err
 	}
 	if key := r.Header.Get(HeaderIdempotencyKey); key != "" {
+		if err := domain.ValidateCheckinID(key); err != nil {
+			var ve *domain.ValidationError
+			if errors.As(err, &ve) {
+				return domain.CheckinInput{}, apiError(http.StatusBadRequest, ve.Code, HeaderIdempotencyKey,
+					HeaderIdempotencyKey+" header (the checkinId): "+ve.Message)
+			}
+			return domain.CheckinInput{}, err
+		}
 		if in.CheckinID != nil && *in.CheckinID != key {
 			return domain.CheckinInput{}, apiError(http.StatusBadRequest, domain.CodeInvalid, "checkinId",
 				fmt.Sprintf("checkinId %q differs from the Idempotency-Key header %q", *in.CheckinID, key))
@@ -479,6 +495,13 @@ func recordedResponse(r query.RecordedCheckin) CheckinResponse {
 	resp := toResponse(r.Checkin)
 	resp.RecordedAt = r.RecordedAt
 	resp.EntryID = r.EntryID
+	if resp.RecordedAt == 0 {
+		// An entry another producer added without recordedAt: the time Redis recorded it, the
+		// milliseconds of its entry ID (the contract makes recordedAt required).
+		if ms, _, ok := strings.Cut(r.EntryID, "-"); ok {
+			resp.RecordedAt, _ = strconv.ParseInt(ms, 10, 64)
+		}
+	}
 	return resp
 }
 

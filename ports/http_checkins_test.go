@@ -296,7 +296,9 @@ func TestPostCheckinRejectsBadInput(t *testing.T) {
 		{name: "Idempotency-Key differs from checkinId", header: map[string]string{"Idempotency-Key": "k-1"},
 			body: `{"userId":1,"locationId":1,"starRating":1,"checkinId":"k-2"}`, status: 400, field: "checkinId"},
 		{name: "Idempotency-Key with bad characters", header: map[string]string{"Idempotency-Key": "k 1"},
-			body: `{"userId":1,"locationId":1,"starRating":1}`, status: 400, field: "checkinId"},
+			body: `{"userId":1,"locationId":1,"starRating":1}`, status: 400, code: "invalid", field: "Idempotency-Key"},
+		{name: "Idempotency-Key too long", header: map[string]string{"Idempotency-Key": strings.Repeat("k", 129)},
+			body: `{"userId":1,"locationId":1,"starRating":1}`, status: 400, code: "out_of_range", field: "Idempotency-Key"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

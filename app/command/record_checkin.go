@@ -231,9 +231,12 @@ func (h *RecordCheckinHandler) CountRejected(ctx context.Context, user int64, ca
 		return RecordCheckinResult{}, cause
 	}
 	rate, err := h.count(ctx, user)
-	if err != nil {
+	var limited *RateLimitedError
+	if errors.As(err, &limited) {
 		return RecordCheckinResult{Rate: rate}, err
 	}
+	// A limiter that could not count (Redis unavailable, or the request's deadline gone while
+	// the body trickled in) does not hide why the request is refused.
 	return RecordCheckinResult{Rate: rate}, cause
 }
 

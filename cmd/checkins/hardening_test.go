@@ -393,3 +393,30 @@ func TestHardeningInvalidSettingsStopTheStart(t *testing.T) {
 		})
 	}
 }
+
+// TestHardeningSlowBodyWithTheUserLimitIs408: a body that arrives slower than HTTP_READ_TIMEOUT
+// is answered 408 (as the contract says) with the per-user limit on and REQUEST_TIMEOUT below
+// the read timeout, as by default: counting the refused request against the user's limit must
+// not turn it into a 503 once the request's own deadline has passed.
+func TestHardeningSlowBodyWithTheUserLimitIs408(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix,
+		"RATE_LIMIT_USER": "10/s,burst=20", "REQUEST_TIMEOUT": "1s", "HTTP_READ_HEADER_TIMEOUT": "1s", "HTTP_READ_TIMEOUT": "2s", "HTTP_WRITE_TIMEOUT": "5s"},
+		Mode{API: true})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(svc.base, "http://"))
+	require.NoError(t, err)
+	defer conn.Close()
+	body := `{"locationId":1,"starRating":1}`
+	_, err = fmt.Fprintf(conn, "POST /checkins HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		testToken(42), len(body), body[:3])
+	require.NoError(t, err)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(30*time.Second)))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	assert.Equal(t, http.StatusRequestTimeout, resp.StatusCode, "%s", b)
+	assert.Contains(t, string(b), "request_timeout")
+	assert.NotEmpty(t, resp.Header.Get("RateLimit"), "it still counted against the user's limit")
+}

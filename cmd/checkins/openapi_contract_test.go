@@ -2,16 +2,19 @@ package main
 
 import (
 	"context"
-	"github.com/labstack/echo/v4"
+	"io"
 	"net/http"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/labstack/echo/v4"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
 	"github.com/checkins/checkins/examples/checkinsclient"
 	"github.com/checkins/checkins/ports"
@@ -157,4 +160,26 @@ func TestGeneratedClientDrivesTheService(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, st.JSON200, "%s", st.Body)
 	assert.EqualValues(t, 1, st.JSON200.StreamLength)
+}
+
+// TestForeignEntryAnswersTheContract: an entry another producer added without recordedAt is a
+// check-in (the stream is open to every writer); /checkins/latest and /checkins still answer the
+// RecordedCheckin schema, recordedAt the time Redis recorded the entry (its ID's milliseconds).
+func TestForeignEntryAnswersTheContract(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix}, Mode{API: true})
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	id, err := redistest.Client(t, rdb.URL).XAdd(context.Background(), &redis.XAddArgs{Stream: keys.Stream(), Values: map[string]any{
+		"type": "checkin.recorded.v1", "checkinId": "hand-1", "userId": "44", "locationId": "8", "starRating": "3", "timestamp": "1609602085397"}}).Result()
+	require.NoError(t, err)
+	ms, _, _ := strings.Cut(id, "-")
+	for _, path := range []string{"/checkins/latest", "/checkins"} {
+		resp, err := plainClient.Get(svc.base + path) // the transport checks the answer against openapi.yml
+		require.NoError(t, err, path)
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", path, b)
+		assert.Contains(t, string(b), `"recordedAt":`+ms, path)
+	}
 }

@@ -544,6 +544,9 @@ type OpsNotHere = ErrorBody
 // PayloadTooLarge defines model for PayloadTooLarge.
 type PayloadTooLarge = ErrorBody
 
+// RequestTimeout defines model for RequestTimeout.
+type RequestTimeout = ErrorBody
+
 // TooManyRequests defines model for TooManyRequests.
 type TooManyRequests = ErrorBody
 
@@ -639,10 +642,10 @@ type GetLocationParams struct {
 // GetLocationDailyParams defines parameters for GetLocationDaily.
 type GetLocationDailyParams struct {
 	// From first day, YYYY-MM-DD (UTC)
-	From *openapi_types.Date `form:"from,omitempty" json:"from,omitempty"`
+	From openapi_types.Date `form:"from" json:"from"`
 
-	// To last day, YYYY-MM-DD (UTC), inclusive
-	To *openapi_types.Date `form:"to,omitempty" json:"to,omitempty"`
+	// To last day, YYYY-MM-DD (UTC), inclusive (at most 366 days from `from`)
+	To openapi_types.Date `form:"to" json:"to"`
 
 	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
@@ -2017,28 +2020,20 @@ func NewGetLocationDailyRequest(server string, id LocationID, params *GetLocatio
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
-		if params.From != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "from", *params.From, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "date"}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "from", params.From, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "date"}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
 			}
-
 		}
 
-		if params.To != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "to", *params.To, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "date"}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "to", params.To, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "date"}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
 			}
-
 		}
 
 		if encoded := queryValues.Encode(); encoded != "" {
@@ -3340,6 +3335,13 @@ type PostCheckinResponse403Headers struct {
 	XCorrelationID  string
 }
 
+// PostCheckinResponse408Headers the declared response headers of an HTTP 408 response for PostCheckin
+type PostCheckinResponse408Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // PostCheckinResponse409Headers the declared response headers of an HTTP 409 response for PostCheckin
 type PostCheckinResponse409Headers struct {
 	RateLimit       *string
@@ -3394,6 +3396,8 @@ type PostCheckinResponse struct {
 	JSON401 *Unauthorized
 	// JSON403 the response for an HTTP 403 `application/json` response
 	JSON403 *Forbidden
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *RequestTimeout
 	// JSON409 the response for an HTTP 409 `application/json` response
 	JSON409 *Conflict
 	// JSON413 the response for an HTTP 413 `application/json` response
@@ -3414,6 +3418,8 @@ type PostCheckinResponse struct {
 	Headers401 *PostCheckinResponse401Headers
 	// Headers403 the parsed response headers for an HTTP 403 response
 	Headers403 *PostCheckinResponse403Headers
+	// Headers408 the parsed response headers for an HTTP 408 response
+	Headers408 *PostCheckinResponse408Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostCheckinResponse409Headers
 	// Headers413 the parsed response headers for an HTTP 413 response
@@ -3446,6 +3452,11 @@ func (r PostCheckinResponse) GetJSON401() *Unauthorized {
 // GetJSON403 returns the response for an HTTP 403 `application/json` response
 func (r PostCheckinResponse) GetJSON403() *Forbidden {
 	return r.JSON403
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PostCheckinResponse) GetJSON408() *RequestTimeout {
+	return r.JSON408
 }
 
 // GetJSON409 returns the response for an HTTP 409 `application/json` response
@@ -7122,6 +7133,13 @@ func ParsePostCheckinResponse(rsp *http.Response) (*PostCheckinResponse, error) 
 		}
 		response.JSON403 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest RequestTimeout
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
 		var dest Conflict
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7284,6 +7302,30 @@ func ParsePostCheckinResponse(rsp *http.Response) (*PostCheckinResponse, error) 
 			headers.XCorrelationID = value
 		}
 		response.Headers403 = &headers
+	case rsp.StatusCode == 408:
+		var headers PostCheckinResponse408Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers408 = &headers
 	case rsp.StatusCode == 409:
 		var headers PostCheckinResponse409Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {

@@ -498,6 +498,9 @@ type OpsNotHere = ErrorBody
 // PayloadTooLarge defines model for PayloadTooLarge.
 type PayloadTooLarge = ErrorBody
 
+// RequestTimeout defines model for RequestTimeout.
+type RequestTimeout = ErrorBody
+
 // TooManyRequests defines model for TooManyRequests.
 type TooManyRequests = ErrorBody
 
