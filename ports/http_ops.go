@@ -109,8 +109,18 @@ func (h opsHandlers) replayAll(c echo.Context) error {
 		return err
 	}
 	res, err := h.c.ReplayPoisoned.ReplayAll(c.Request().Context(), r)
+	return bulkAnswer(c, res, err)
+}
+
+// bulkAnswer answers a bulk run. One that stopped on an error after it had done part of its
+// work answers 200 with what it did, where to continue and why it stopped: a bare 503 would
+// hide that entries were replayed or purged.
+func bulkAnswer(c echo.Context, res command.BulkResult, err error) error {
 	if err != nil {
-		return err
+		if !res.Progressed() || res.Next == "" {
+			return err
+		}
+		res.StoppedBy = err.Error()
 	}
 	return c.JSON(http.StatusOK, res)
 }
@@ -128,10 +138,7 @@ func (h opsHandlers) purgeAll(c echo.Context) error {
 		return err
 	}
 	res, err := h.c.PurgePoisoned.PurgeAll(c.Request().Context(), r)
-	if err != nil {
-		return err
-	}
-	return c.JSON(http.StatusOK, res)
+	return bulkAnswer(c, res, err)
 }
 
 func (h opsHandlers) listProjections(c echo.Context) error {

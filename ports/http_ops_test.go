@@ -6,11 +6,13 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -491,4 +493,66 @@ func TestOpsStatusShowsPendingAndLag(t *testing.T) {
 	assert.Equal(t, int64(1), v2.OldestPending.Deliveries)
 	require.Len(t, v2.Consumers, 1)
 	assert.Equal(t, int64(2), v2.Consumers[0].Pending)
+}
+
+// failNthXDel fails every XDEL of a client from the nth on: Redis lost in the middle of a bulk
+// purge.
+type failNthXDel struct {
+	n, seen int
+}
+
+func (h *failNthXDel) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *failNthXDel) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *failNthXDel) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if strings.EqualFold(cmd.Name(), "xdel") {
+			if h.seen++; h.seen >= h.n {
+				cmd.SetErr(&net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET})
+				return cmd.Err()
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestOpsBulkRunCutShortByAnOutageSaysWhatItDid: a bulk purge over HTTP that loses Redis after
+// it purged a chunk answers what it purged, where to continue and why it stopped, not a bare
+// 503 (the entries are gone either way); one that did nothing yet is a 503.
+func TestOpsBulkRunCutShortByAnOutageSaysWhatItDid(t *testing.T) {
+	t.Parallel()
+	h := startHarness(t, newFaulty("faulty", nil), harnessOptions{})
+	for i := range 250 {
+		h.park("outage-"+strconv.Itoa(i), 1)
+	}
+	hook := &failNthXDel{n: 2}
+	hooked := redis.NewClient(h.client.Options())
+	t.Cleanup(func() { _ = hooked.Close() })
+	hooked.AddHook(hook)
+	a := opsApp(t, hooked, h.keys, []projection.Projection{h.proj}, app.OpsConfig{})
+	srv := ports.NewHTTPServer(app.Application{}, nil, ports.HTTPConfig{RequestTimeout: 5 * time.Second}, slog.New(slog.DiscardHandler))
+	require.NoError(t, ports.RegisterOpsRoutes(srv.Echo(), a))
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+
+	var res command.BulkResult
+	require.Equal(t, http.StatusOK, call(t, "DELETE", ts.URL+"/ops/poison", &res))
+	assert.EqualValues(t, 100, res.Purged, "the first chunk went")
+	assert.Contains(t, res.StoppedBy, "connection reset by peer")
+	require.NotEmpty(t, res.Next)
+	require.NotEmpty(t, res.Until)
+	assert.Len(t, h.poison(), 150)
+
+	// Redis still lost: a run that purges nothing is a 503.
+	var body map[string]any
+	assert.Equal(t, http.StatusServiceUnavailable, call(t, "DELETE", ts.URL+"/ops/poison?after="+res.Next+"&until="+res.Until, &body))
+
+	// Back: the run continues where it stopped.
+	hook.n = 1 << 30
+	var more command.BulkResult
+	require.Equal(t, http.StatusOK, call(t, "DELETE", ts.URL+"/ops/poison?after="+res.Next+"&until="+res.Until, &more))
+	assert.EqualValues(t, 150, more.Purged)
+	assert.Empty(t, more.StoppedBy)
+	assert.Empty(t, h.poison())
 }

@@ -37,6 +37,14 @@ type BulkResult struct {
 	// when the run is complete.
 	Next  string `json:"next,omitempty"`
 	Until string `json:"until,omitempty"`
+	// StoppedBy is why a run that had done part of its work stopped before the end (an outage):
+	// the counts above are what it did, and Next and Until continue it.
+	StoppedBy string `json:"stoppedBy,omitempty"`
+}
+
+// Progressed reports whether the run changed anything (or found entries another run handled).
+func (r BulkResult) Progressed() bool {
+	return r.Replayed+r.Gone+r.Failed+r.NotReplayable > 0 || r.Purged > 0
 }
 
 const maxReportedFailures = 100

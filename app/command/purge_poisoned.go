@@ -45,7 +45,7 @@ func (h *PurgePoisoned) PurgeAll(ctx context.Context, r BulkRequest) (BulkResult
 		}
 		n, err := h.queue.DeleteIDs(ctx, ids...)
 		if err != nil {
-			return chunk[0].ID, err
+			return chunk[0].ID, ops.Unavailable(err) // as Purge: a storage failure, not a bug (503)
 		}
 		res.Purged += n
 		return "", nil

@@ -160,7 +160,10 @@ type BulkResult struct {
 	NotReplayable *int    `json:"notReplayable,omitempty"`
 	Purged        *int64  `json:"purged,omitempty"`
 	Replayed      *int    `json:"replayed,omitempty"`
-	Until         *string `json:"until,omitempty"`
+
+	// StoppedBy present when the run stopped on an error (an outage) after doing part of its work; the counts are what it did, continue with after=next&until=until once the cause is gone
+	StoppedBy *string `json:"stoppedBy,omitempty"`
+	Until     *string `json:"until,omitempty"`
 }
 
 // Checkin defines model for Checkin.
