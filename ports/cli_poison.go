@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -18,7 +17,7 @@ const poisonUsage = `Usage:
   checkins poison list [--projection P] [--limit N] [--cursor ID] [--json]
   checkins poison show <id>
   checkins poison replay <id> | --all [--projection P] [--json]
-  checkins poison purge <id> | --all [--projection P]
+  checkins poison purge <id> | --all [--projection P] [--json]
 
 Parked events live in the stream <KEY_PREFIX>:events:poison. Replay runs an event through the
 projection that failed, against its store (which dedupes: a replay never double counts), and
@@ -49,6 +48,9 @@ func PoisonCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 	case "list":
 		if err := listOnly(s); err != nil {
 			return err
+		}
+		if *limit < 1 || *limit > query.MaxPoisonListLimit { // as GET /ops/poison?limit=
+			return fmt.Errorf("--limit must be from 1 to %d, got %d", query.MaxPoisonListLimit, *limit)
 		}
 		page, err := q.ListPoisoned.List(ctx, query.PoisonFilter{Projection: *projection, Cursor: *cursor, Limit: *limit})
 		if err != nil {
@@ -85,8 +87,12 @@ func PoisonCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 		}
 		res, err := c.ReplayPoisoned.Replay(ctx, id)
 		if *asJSON {
-			if werr := WriteJSON(stdout, res); werr != nil {
-				return werr
+			// A result only when there is one: the replay ran (and maybe failed, the entry kept
+			// under a new ID), not when the entry was not found or the ID was refused.
+			if err == nil || errors.Is(err, command.ErrReplayFailed) || errors.Is(err, command.ErrNotReplayable) {
+				if werr := WriteJSON(stdout, res); werr != nil {
+					return werr
+				}
 			}
 		} else if err == nil {
 			fmt.Fprintf(stdout, "replayed %s into %s (applied: %t; false means it was already counted), entry deleted\n", id, res.Projection, res.Applied)
@@ -106,6 +112,12 @@ func PoisonCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 		}
 		if err := c.PurgePoisoned.Purge(ctx, id); err != nil {
 			return err
+		}
+		if *asJSON {
+			return WriteJSON(stdout, struct {
+				ID     string `json:"id"`
+				Purged bool   `json:"purged"`
+			}{id, true})
 		}
 		fmt.Fprintf(stdout, "purged %s\n", id)
 		return nil
@@ -153,7 +165,7 @@ func writeBulk(w io.Writer, res command.BulkResult, asJSON bool, what string) er
 		fmt.Fprintf(w, "  %s %s: %s (kept as %s)\n", f.Projection, f.Status, f.Error, kept)
 	}
 	if res.Next != "" {
-		_, err := fmt.Fprintf(w, "stopped early; continue after %s (until %s)\n", res.Next, strconv.Quote(res.Until))
+		_, err := fmt.Fprintf(w, "stopped early, after entry %s; run the command again to go on\n", res.Next)
 		return err
 	}
 	return nil

@@ -19,7 +19,7 @@ func TestBulkRunStoppedEarlyIsNotSuccess(t *testing.T) {
 	for _, what := range []string{"purged", "replayed"} {
 		var out bytes.Buffer
 		require.NoError(t, writeBulk(&out, stopped, false, what))
-		assert.Contains(t, out.String(), "stopped early; continue after 1700000000000-4", what)
+		assert.Contains(t, out.String(), "stopped early, after entry 1700000000000-4; run the command again to go on", what)
 	}
 	err := bulkStopped(stopped, nil, "purge")
 	require.Error(t, err)

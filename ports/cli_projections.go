@@ -75,8 +75,9 @@ func rebuild(ctx context.Context, rb *command.RebuildProjection, name string, po
 		}
 		return nil
 	}
-	last := ""
+	last, latest := "", rp
 	rp, err = rb.Drive(ctx, name, poll, func(p ops.RebuildProgress) {
+		latest = p
 		if asJSON {
 			return
 		}
@@ -99,6 +100,9 @@ func rebuild(ctx context.Context, rb *command.RebuildProjection, name string, po
 		}
 	})
 	if errors.Is(err, context.Canceled) {
+		if asJSON { // the last progress seen: stdout stays JSON
+			return WriteJSON(stdout, latest)
+		}
 		fmt.Fprintln(stdout, "stopped waiting; running projectors carry the rebuild on (see: checkins projections list)")
 		return nil
 	}

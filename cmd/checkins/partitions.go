@@ -20,6 +20,15 @@ func streamPartitions(cfg Config, cluster bool) int {
 	return 1
 }
 
+// checkedPartitions is withPartitions that records nothing: a count recorded other than p fails;
+// none recorded passes.
+func checkedPartitions(ctx context.Context, client redis.UniversalClient, keys adapters.KeySpace, p int) (adapters.KeySpace, error) {
+	if err := adapters.CheckPartitions(ctx, client, keys, p); err != nil {
+		return adapters.KeySpace{}, err
+	}
+	return keys.WithPartitions(p)
+}
+
 // withPartitions checks P against the one recorded for the stream (a start with another P is
 // refused, naming the migration) and returns keys with the partitions. A single server with
 // P = 1 records nothing, so its keys stay exactly those of a service without partitions (a

@@ -58,7 +58,10 @@ func connectOps(getenv func(string) string, stderr io.Writer) ports.Connect {
 			return nil, err
 		}
 		partsCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		keys, err = withPartitions(partsCtx, client, keys, streamPartitions(cfg, keys.Cluster))
+		// An ops verb never records the count: run against a mistyped prefix, or from a shell
+		// whose STREAM_PARTITIONS is not the service's before its first start, it would create
+		// the keyspace or fix a count the service then refuses. It only checks it.
+		keys, err = checkedPartitions(partsCtx, client, keys, streamPartitions(cfg, keys.Cluster))
 		cancel()
 		if err != nil {
 			_ = client.Close()

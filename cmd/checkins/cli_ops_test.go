@@ -1,0 +1,58 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/ops"
+	"github.com/checkins/checkins/domain"
+)
+
+// TestCLIOpsVerbsReadNothingIntoRedisAndKeepJSON: an ops verb records nothing (run against a
+// mistyped prefix, or with another STREAM_PARTITIONS than the service's before its first start,
+// it would fix a count the service then refuses); --limit is checked as over HTTP; with --json,
+// stdout is JSON or nothing, never text or a made-up result.
+func TestCLIOpsVerbsReadNothingIntoRedisAndKeepJSON(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	ctx := context.Background()
+	env := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix}
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+
+	for _, args := range [][]string{{"status", "--stream-partitions", "4"}, {"poison", "list", "--stream-partitions", "8"}, {"projections", "list", "--stream-partitions", "4"}} {
+		code, _, stderr := runOps(t, env, args...)
+		require.Equal(t, 0, code, "%v: %s", args, stderr)
+		assert.Zero(t, client.Exists(ctx, keys.Meta()).Val(), "%v recorded nothing", args)
+	}
+
+	code, _, stderr := runOps(t, env, "poison", "list", "--limit", "0")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "--limit must be from 1 to 1000, got 0")
+
+	ev := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "cli-json", UserID: 9, LocationID: 2, StarRating: 3, Timestamp: 1_700_000_000_000}, RecordedAt: 1_700_000_000_000}
+	id, err := adapters.NewPoisonQueue(client, keys).Park(ctx, ops.PoisonEntry{Stream: keys.Stream(), EntryID: "1-1",
+		Projection: "users", Group: "users.v1", Version: 1, Error: "handler bug", Attempts: 5, FailedAt: time.Now(), Fields: ev.Fields()})
+	require.NoError(t, err)
+	code, out, stderr := runOps(t, env, "poison", "purge", id, "--json")
+	require.Equal(t, 0, code, stderr)
+	var purged struct {
+		ID     string `json:"id"`
+		Purged bool   `json:"purged"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &purged), "stdout is JSON: %q", out)
+	assert.Equal(t, id, purged.ID)
+	assert.True(t, purged.Purged)
+
+	code, out, stderr = runOps(t, env, "poison", "replay", "1-0", "--json")
+	assert.Equal(t, 1, code)
+	assert.Empty(t, out, "no result for an entry that is not there")
+	assert.Contains(t, stderr, "not found")
+}
