@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
@@ -55,4 +58,42 @@ func TestCLIOpsVerbsReadNothingIntoRedisAndKeepJSON(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Empty(t, out, "no result for an entry that is not there")
 	assert.Contains(t, stderr, "not found")
+}
+
+// TestCLIRebuildJSONInterruptedPrintsJSON: `projections rebuild --json` stopped while it waits
+// (no projector runs here) prints the last progress it saw as JSON, not a sentence.
+func TestCLIRebuildJSONInterruptedPrintsJSON(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	env := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "PROJECTION_POLL_INTERVAL": "50ms"}
+	cmd := exec.Command(checkinsBinary(t), "projections", "rebuild", "users", "--json")
+	cmd.Env = cliEnv(env)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Start())
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	require.Eventually(t, func() bool {
+		st, err := adapters.NewProjectionVersions(client, keys).State(context.Background(), "users")
+		return err == nil && st.Building == 2
+	}, 20*time.Second, 50*time.Millisecond, "the rebuild started; stderr: %s", &stderr)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	select {
+	case err := <-done:
+		require.NoError(t, err, "exit 0: running projectors carry the rebuild on; stderr: %s", &stderr)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no exit after SIGINT")
+	}
+	var rp struct {
+		Projection string `json:"projection"`
+		State      string `json:"state"`
+		To         int    `json:"to"`
+	}
+	require.NoError(t, json.Unmarshal(stdout.Bytes(), &rp), "stdout is JSON: %q", stdout.String())
+	assert.Equal(t, "users", rp.Projection)
+	assert.Equal(t, "building", rp.State)
+	assert.Equal(t, 2, rp.To)
 }
