@@ -206,7 +206,9 @@ type mergedEntry struct {
 }
 
 // rangeMerged returns the first want entries of every partition in [after or fromMs, end], in
-// merged order, and whether more may follow them.
+// merged order, and whether more follow them: each partition is asked for one entry more than
+// want, so a last page of exactly want entries says there is nothing after it (no cursor to an
+// empty page).
 func (l *EventLog) rangeMerged(ctx context.Context, fromMs int64, after *entryPos, end string, want int) ([]mergedEntry, bool, error) {
 	cmds := make([]*redis.XMessageSliceCmd, len(l.streams))
 	pipe := l.client.Pipeline()
@@ -223,21 +225,17 @@ func (l *EventLog) rangeMerged(ctx context.Context, fromMs int64, after *entryPo
 				start = "(" + start
 			}
 		}
-		cmds[p] = pipe.XRangeN(ctx, stream, start, end, int64(want))
+		cmds[p] = pipe.XRangeN(ctx, stream, start, end, int64(want)+1)
 	}
 	if _, err := pipe.Exec(ctx); err != nil { // nothing to send: no error
 		return nil, false, err
 	}
 	var all []mergedEntry
-	full := false
 	for p, cmd := range cmds {
 		if cmd == nil {
 			continue
 		}
 		xs := cmd.Val()
-		if len(xs) == want {
-			full = true // this partition may hold more
-		}
 		for _, x := range xs {
 			pos, ok := parseEntryID(x.ID)
 			if !ok {
@@ -251,7 +249,7 @@ func (l *EventLog) rangeMerged(ctx context.Context, fromMs int64, after *entryPo
 	if len(all) > want {
 		return all[:want], true, nil
 	}
-	return all, full, nil
+	return all, false, nil
 }
 
 func toCheckin(x redis.XMessage) (query.RecordedCheckin, bool) {

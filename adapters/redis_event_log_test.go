@@ -125,6 +125,14 @@ func TestEventLogRange(t *testing.T) {
 	assert.Equal(t, want(0, 20000)[:3], got, "limit")
 	assert.NotEmpty(t, next)
 
+	// A last page of exactly limit check-ins has no cursor (to an empty page).
+	got, next = ids(0, 1<<62, "", len(want(0, 20000)))
+	assert.Equal(t, want(0, 20000), got)
+	assert.Empty(t, next, "nothing after the last page")
+	got, next = ids(2000, 3000, "", len(want(2000, 3000)))
+	assert.Equal(t, want(2000, 3000), got)
+	assert.Empty(t, next, "nothing after the last page of a time range")
+
 	// Walk all pages of every size: each entry exactly once, in order.
 	for limit := 1; limit <= 7; limit++ {
 		var all []string
