@@ -9,6 +9,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -550,6 +551,9 @@ func (s *HTTPServer) listCheckins(c echo.Context) error {
 
 func pathID(c echo.Context, name string) (int64, error) {
 	v := c.Param("id")
+	if u, err := url.PathUnescape(v); err == nil { // /users/%34%32 is /users/42
+		v = u
+	}
 	id, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || id < 1 {
 		return 0, apiError(http.StatusBadRequest, domain.CodeInvalid, name, fmt.Sprintf("%s must be an integer >= 1, got %q", name, v))

@@ -58,6 +58,10 @@ func TestGetStatsReturnsNumbers(t *testing.T) {
 	assert.Equal(t, map[string]any{"userId": json.Number("42"), "numCheckins": json.Number("2"),
 		"lastCheckin": json.Number("2000"), "lastSeenAt": json.Number("7")}, resp.json(t))
 
+	resp = e.get(t, "/users/%34%32") // the same URI as /users/42
+	require.Equal(t, http.StatusOK, resp.status, "body %s", resp.body)
+	assert.Equal(t, json.Number("42"), resp.json(t)["userId"])
+
 	resp = e.get(t, "/locations/7")
 	require.Equal(t, http.StatusOK, resp.status, "body %s", resp.body)
 	assert.Equal(t, map[string]any{"locationId": json.Number("7"), "numCheckins": json.Number("2"),
