@@ -146,6 +146,10 @@ func (s *HTTPServer) publicAuth(next echo.HandlerFunc) echo.HandlerFunc {
 		switch {
 		case c.Path() == "/healthz" || c.Path() == "/readyz" || isDocsPath(c.Path()):
 			return next(c)
+		case c.Path() == "" || c.Request().Method == http.MethodOptions:
+			// No route (404), or the methods a route allows (204 with Allow): nothing to guard,
+			// and the contract's answer whatever the token.
+			return next(c)
 		case c.Request().URL.Path == "/":
 			return next(c) // "/" only redirects a browser to the dashboard or the docs
 		case (c.Request().Method == http.MethodGet || c.Request().Method == http.MethodHead) && s.cfg.Auth.PublicReads:

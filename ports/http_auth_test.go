@@ -212,6 +212,14 @@ func TestAuthReads(t *testing.T) {
 	for _, path := range []string{"/healthz", "/readyz"} {
 		assert.Equal(t, http.StatusOK, private.get(t, path).status, path)
 	}
+	// No route, and the methods of a route, are the contract's answers whatever the token.
+	assert.Equal(t, http.StatusNotFound, private.do(t, http.MethodPut, "/nope", "", nil, nil).status, "no route: 404, not 401")
+	assert.Equal(t, http.StatusNotFound, private.get(t, "/no/such/route").status)
+	resp := private.do(t, http.MethodOptions, "/checkins", "", nil, nil)
+	assert.Equal(t, http.StatusNoContent, resp.status, "OPTIONS without a token: %s", resp.body)
+	assert.Contains(t, resp.header.Get("Allow"), "POST")
+	assert.Equal(t, http.StatusUnauthorized, private.do(t, http.MethodPost, "/checkins", "application/json",
+		strings.NewReader(`{"locationId":1,"starRating":1}`), nil).status, "the route itself still needs one")
 }
 
 // TestVerifiedTokensEndAtTheirExpiry: a verified token is remembered (verified once), but never
