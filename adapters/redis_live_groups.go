@@ -475,10 +475,7 @@ func readStreamsProgress(ctx context.Context, client redis.UniversalClient, stre
 		}
 		out[i] = make(map[string]ops.GroupPosition, len(gs))
 		for _, g := range gs {
-			last := g.LastDeliveredID
-			if last == "0" { // a group that has delivered nothing, as the embedded Redis says it
-				last = "0-0"
-			}
+			last := fullEntryID(g.LastDeliveredID) // the embedded Redis says "0" for 0-0
 			out[i][g.Name] = ops.GroupPosition{LastDeliveredID: last, Pending: g.Pending, AckedThrough: last}
 			if g.Pending > 0 {
 				pend = append(pend, pending{i, g.Name, pipe.XPending(ctx, stream, g.Name)})

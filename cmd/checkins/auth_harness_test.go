@@ -16,7 +16,10 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/checkins/checkins/ports"
 )
@@ -71,6 +74,16 @@ func testToken(user int64, scopes ...string) string {
 	}
 	testTokens.Store(key, t.Token)
 	return t.Token
+}
+
+// shortLivedToken is a token of the test secret for user that expires after ttl (not cached).
+func shortLivedToken(t *testing.T, user int64, ttl time.Duration, scopes ...string) string {
+	t.Helper()
+	issuer, err := ports.NewTokenIssuer([]byte(testAuthSecret), defaultIssuer, defaultIssuer)
+	require.NoError(t, err)
+	tok, err := issuer.Mint(user, scopes, ttl)
+	require.NoError(t, err)
+	return tok.Token
 }
 
 // authTransport adds a token to requests without an Authorization header.

@@ -419,12 +419,9 @@ func TestBrowserExpiredSessionGoesToTheLogin(t *testing.T) {
 	rdb := redistest.Open(t)
 	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "OPS_ADDR": "localhost:0",
 		"UI_HEARTBEAT": "200ms", "AUTH_CLOCK_LEEWAY": "0s"}, Mode{API: true})
-	issuer, err := ports.NewTokenIssuer([]byte(testAuthSecret), defaultIssuer, defaultIssuer)
-	require.NoError(t, err)
-	short, err := issuer.Mint(1, []string{ports.ScopeOpsRead}, 3*time.Second)
-	require.NoError(t, err)
+	short := shortLivedToken(t, 1, 3*time.Second, ports.ScopeOpsRead)
 	b := newBrowser(t)
-	b.login(svc.ops, short.Token)
+	b.login(svc.ops, short)
 	b.run(chromedp.Navigate(svc.ops+"/ui/projections"), chromedp.WaitVisible(chromedp.CSS("#projections-live")))
 	b.live()
 	b.eventually(`location.pathname === "/ui/login" && new URLSearchParams(location.search).get("next") === "/ui/projections"`,

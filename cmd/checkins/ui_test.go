@@ -351,11 +351,8 @@ func TestUIEventStreamEndsWhenItsTokenExpires(t *testing.T) {
 	rdb := redistest.Open(t)
 	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "OPS_ADDR": "localhost:0",
 		"UI_HEARTBEAT": "200ms", "AUTH_CLOCK_LEEWAY": "0s"}, Mode{API: true})
-	issuer, err := ports.NewTokenIssuer([]byte(testAuthSecret), defaultIssuer, defaultIssuer)
-	require.NoError(t, err)
-	short, err := issuer.Mint(5, []string{ports.ScopeOpsRead}, 2*time.Second)
-	require.NoError(t, err)
-	resp, events := openSSE(t, svc.ops+"/ui/events", short.Token)
+	short := shortLivedToken(t, 5, 2*time.Second, ports.ScopeOpsRead)
+	resp, events := openSSE(t, svc.ops+"/ui/events", short)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	long, longEvents := openSSE(t, svc.ops+"/ui/events", testToken(5, ports.ScopeOpsRead))
 	require.Equal(t, http.StatusOK, long.StatusCode)
@@ -388,7 +385,7 @@ func TestUIEventStreamEndsWhenItsTokenExpires(t *testing.T) {
 	}
 	req, err := http.NewRequest(http.MethodGet, svc.ops+"/ui/events", nil)
 	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+short.Token)
+	req.Header.Set("Authorization", "Bearer "+short)
 	again, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	_ = again.Body.Close()
