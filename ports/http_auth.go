@@ -146,9 +146,10 @@ func (s *HTTPServer) publicAuth(next echo.HandlerFunc) echo.HandlerFunc {
 		switch {
 		case c.Path() == "/healthz" || c.Path() == "/readyz" || isDocsPath(c.Path()):
 			return next(c)
-		case c.Path() == "" || c.Request().Method == http.MethodOptions:
-			// No route (404), or the methods a route allows (204 with Allow): nothing to guard,
-			// and the contract's answer whatever the token.
+		case c.Path() == "" || c.Request().Method == http.MethodOptions || methodNotAllowed(c):
+			// No route (404), the methods a route allows (204 with Allow), or a method the route
+			// does not have (405 with Allow): nothing to guard, and the contract's answer
+			// whatever the token.
 			return next(c)
 		case c.Request().URL.Path == "/":
 			return next(c) // "/" only redirects a browser to the dashboard or the docs
@@ -163,6 +164,13 @@ func (s *HTTPServer) publicAuth(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		return next(c)
 	}
+}
+
+// methodNotAllowed says the router matched the path but not the method: Echo's router leaves
+// the route's Allow header in the context for its 405 (and for OPTIONS) and nothing else.
+func methodNotAllowed(c echo.Context) bool {
+	_, ok := c.Get(echo.ContextKeyHeaderAllow).(string)
+	return ok
 }
 
 // opsAuth guards the ops listener: every /ops route needs scope checkins:ops, and GET routes

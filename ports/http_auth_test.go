@@ -218,6 +218,10 @@ func TestAuthReads(t *testing.T) {
 	resp := private.do(t, http.MethodOptions, "/checkins", "", nil, nil)
 	assert.Equal(t, http.StatusNoContent, resp.status, "OPTIONS without a token: %s", resp.body)
 	assert.Contains(t, resp.header.Get("Allow"), "POST")
+	resp = private.do(t, http.MethodDelete, "/checkins", "", nil, nil)
+	assert.Equal(t, http.StatusMethodNotAllowed, resp.status, "a method the route does not have, without a token: %s", resp.body)
+	assert.Contains(t, resp.header.Get("Allow"), "POST")
+	assert.Equal(t, http.StatusMethodNotAllowed, private.do(t, http.MethodPatch, "/users/1", "", nil, nil).status)
 	assert.Equal(t, http.StatusUnauthorized, private.do(t, http.MethodPost, "/checkins", "application/json",
 		strings.NewReader(`{"locationId":1,"starRating":1}`), nil).status, "the route itself still needs one")
 }
