@@ -532,10 +532,8 @@ func (s *HTTPServer) listCheckins(c echo.Context) error {
 			}
 		}
 	}
-	if v := c.QueryParam("limit"); v != "" {
-		if q.Limit, err = strconv.Atoi(v); err != nil || q.Limit < 1 {
-			return apiError(http.StatusBadRequest, domain.CodeOutOfRange, "limit", fmt.Sprintf("limit must be an integer from 1 to %d, got %q", domain.MaxPageLimit, v))
-		}
+	if q.Limit, err = queryLimit(c, q.Limit, domain.MaxPageLimit); err != nil {
+		return err
 	}
 	q.Cursor = c.QueryParam("cursor")
 	page, err := s.app.Queries.Checkins.Range(c.Request().Context(), q)

@@ -2,9 +2,7 @@ package ports
 
 import (
 	"errors"
-	"fmt"
 	"net/http"
-	"strconv"
 
 	"github.com/labstack/echo/v4"
 
@@ -55,7 +53,7 @@ func (h opsHandlers) getStatus(c echo.Context) error {
 }
 
 func (h opsHandlers) listPoison(c echo.Context) error {
-	limit, err := queryInt(c, "limit", 0)
+	limit, err := queryLimit(c, 0, query.MaxPoisonListLimit)
 	if err != nil {
 		return err
 	}
@@ -96,7 +94,7 @@ func (h opsHandlers) replayOne(c echo.Context) error {
 }
 
 func bulkRequest(c echo.Context) (command.BulkRequest, error) {
-	limit, err := queryInt(c, "limit", DefaultHTTPBulkLimit)
+	limit, err := queryLimit(c, DefaultHTTPBulkLimit, 0)
 	if err != nil {
 		return command.BulkRequest{}, err
 	}
@@ -161,16 +159,4 @@ func (h opsHandlers) rebuild(c echo.Context) error {
 	}
 	c.Response().Header().Set(echo.HeaderLocation, "/ops/projections")
 	return c.JSON(http.StatusAccepted, rp)
-}
-
-func queryInt(c echo.Context, name string, def int) (int, error) {
-	v := c.QueryParam(name)
-	if v == "" {
-		return def, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		return 0, &domain.ValidationError{Code: domain.CodeInvalid, Field: name, Message: fmt.Sprintf("must be a positive integer, got %q", v)}
-	}
-	return n, nil
 }

@@ -132,8 +132,17 @@ func TestOpsPoisonListShowReplayPurgeOverHTTP(t *testing.T) {
 
 	// Bad input and missing entries, in the API's error format.
 	var e apiErr
-	assert.Equal(t, http.StatusBadRequest, call(t, "GET", ts.URL+"/ops/poison?limit=0", &e))
-	assert.Equal(t, "limit", e.Error.Field)
+	for url, code := range map[string]string{
+		"/ops/poison?limit=0":    domain.CodeOutOfRange, // the same codes as the public routes' limits
+		"/ops/poison?limit=1001": domain.CodeOutOfRange,
+		"/ops/poison?limit=many": domain.CodeInvalid,
+	} {
+		e = apiErr{}
+		assert.Equal(t, http.StatusBadRequest, call(t, "GET", ts.URL+url, &e), url)
+		assert.Equal(t, "limit", e.Error.Field, url)
+		assert.Equal(t, code, e.Error.Code, url)
+		assert.Contains(t, e.Error.Message, "must be an integer from 1 to 1000", url)
+	}
 	assert.Equal(t, http.StatusBadRequest, call(t, "GET", ts.URL+"/ops/poison?cursor=yesterday", &e))
 	assert.Equal(t, "cursor", e.Error.Field)
 	// The bulk calls name their own parameters.
@@ -142,6 +151,12 @@ func TestOpsPoisonListShowReplayPurgeOverHTTP(t *testing.T) {
 			e = apiErr{}
 			assert.Equal(t, http.StatusBadRequest, call(t, bulk.method, ts.URL+bulk.path+"?"+param+"=yesterday", &e), "%s %s", bulk.method, param)
 			assert.Equal(t, param, e.Error.Field, "%s %s?%s=", bulk.method, bulk.path, param)
+		}
+		for limit, code := range map[string]string{"0": domain.CodeOutOfRange, "-5": domain.CodeOutOfRange, "all": domain.CodeInvalid} {
+			e = apiErr{}
+			assert.Equal(t, http.StatusBadRequest, call(t, bulk.method, ts.URL+bulk.path+"?limit="+limit, &e), "%s limit=%s", bulk.method, limit)
+			assert.Equal(t, "limit", e.Error.Field)
+			assert.Equal(t, code, e.Error.Code, "%s limit=%s", bulk.method, limit)
 		}
 	}
 	assert.Equal(t, http.StatusBadRequest, call(t, "GET", ts.URL+"/ops/poison/not-an-id", &e))

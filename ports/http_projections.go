@@ -30,7 +30,7 @@ type userBoardResponse struct {
 }
 
 func (s *HTTPServer) getLocationLeaderboard(c echo.Context) error {
-	limit, err := queryLimit(c)
+	limit, err := queryLimit(c, 0, projection.MaxLeaderboardLimit)
 	if err != nil {
 		return err
 	}
@@ -46,7 +46,7 @@ func (s *HTTPServer) getLocationLeaderboard(c echo.Context) error {
 }
 
 func (s *HTTPServer) getUserLeaderboard(c echo.Context) error {
-	limit, err := queryLimit(c)
+	limit, err := queryLimit(c, 0, projection.MaxLeaderboardLimit)
 	if err != nil {
 		return err
 	}
@@ -88,15 +88,24 @@ func effectiveLimit(limit int) int {
 	return limit
 }
 
-// queryLimit parses ?limit=; 0 when absent, so the query applies its default.
-func queryLimit(c echo.Context) (int, error) {
+// queryLimit reads ?limit=, def when it is absent. Every route answers the same way: a value
+// that is not an integer is invalid, an integer outside 1..max (max 0: no upper bound) is
+// out_of_range, and the message names the range.
+func queryLimit(c echo.Context, def, max int) (int, error) {
 	v := c.QueryParam("limit")
 	if v == "" {
-		return 0, nil
+		return def, nil
+	}
+	want := "an integer >= 1"
+	if max > 0 {
+		want = fmt.Sprintf("an integer from 1 to %d", max)
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		return 0, apiError(http.StatusBadRequest, domain.CodeInvalid, "limit", fmt.Sprintf("limit must be an integer >= 1, got %q", v))
+	switch {
+	case err != nil:
+		return 0, &domain.ValidationError{Code: domain.CodeInvalid, Field: "limit", Message: fmt.Sprintf("must be %s, got %q", want, v)}
+	case n < 1 || (max > 0 && n > max):
+		return 0, &domain.ValidationError{Code: domain.CodeOutOfRange, Field: "limit", Message: fmt.Sprintf("must be %s, got %q", want, v)}
 	}
 	return n, nil
 }

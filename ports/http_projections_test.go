@@ -111,6 +111,19 @@ func TestProjectionRoutesRejectBadInput(t *testing.T) {
 		assert.Equal(t, tc.field, body.Error.Field, tc.path)
 		assert.NotEmpty(t, body.Error.Message, tc.path)
 	}
+	// A limit that is not an integer is invalid; an integer outside the range out_of_range, as
+	// on every other route with a limit.
+	for path, code := range map[string]string{
+		"/leaderboards/locations?limit=ten": domain.CodeInvalid,
+		"/leaderboards/users?limit=0":       domain.CodeOutOfRange,
+		"/leaderboards/users?limit=-3":      domain.CodeOutOfRange,
+		"/leaderboards/locations?limit=101": domain.CodeOutOfRange,
+	} {
+		var body projAPIError
+		require.Equal(t, http.StatusBadRequest, a.get(t, path, &body), path)
+		assert.Equal(t, code, body.Error.Code, path)
+		assert.Contains(t, body.Error.Message, "must be an integer from 1 to 100", path)
+	}
 	var nf projAPIError
 	require.Equal(t, http.StatusNotFound, a.get(t, "/users/7/checkins", &nf), "a user with no check-ins")
 	assert.Equal(t, domain.CodeNotFound, nf.Error.Code)

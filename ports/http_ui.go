@@ -233,13 +233,9 @@ func (u *UI) poisonData(c echo.Context) (poisonView, error) {
 		return v, &domain.ValidationError{Code: domain.CodeInvalid, Field: "projection",
 			Message: fmt.Sprintf("unknown projection %q; this build has %s", v.Projection, strings.Join(u.cfg.Names, ", "))}
 	}
-	if l := c.QueryParam("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > query.MaxPoisonListLimit {
-			return v, &domain.ValidationError{Code: domain.CodeInvalid, Field: "limit",
-				Message: fmt.Sprintf("must be from 1 to %d, got %q", query.MaxPoisonListLimit, l)}
-		}
-		v.Limit = n
+	var err error
+	if v.Limit, err = queryLimit(c, uiPoisonPageSize, query.MaxPoisonListLimit); err != nil {
+		return v, err
 	}
 	list, err := u.cfg.App.Queries.ListPoisoned.List(c.Request().Context(), query.PoisonFilter{Projection: v.Projection, Cursor: v.Cursor, Limit: v.Limit})
 	if err != nil {

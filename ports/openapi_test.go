@@ -125,7 +125,9 @@ func TestOpenAPIGlueKeepsTheParameterErrors(t *testing.T) {
 		{"/users/99999999999999999999", "userId", "invalid", `userId must be an integer >= 1, got "99999999999999999999"`},
 		{"/users/0", "userId", "invalid", `userId must be an integer >= 1, got "0"`},
 		{"/locations/-3", "locationId", "invalid", `locationId must be an integer >= 1, got "-3"`},
-		{"/checkins?limit=x", "limit", "out_of_range", `limit must be an integer from 1 to 1000, got "x"`},
+		{"/checkins?limit=x", "limit", "invalid", `limit: must be an integer from 1 to 1000, got "x"`},
+		{"/checkins?limit=0", "limit", "out_of_range", `limit: must be an integer from 1 to 1000, got "0"`},
+		{"/checkins?limit=1001", "limit", "out_of_range", `limit: must be an integer from 1 to 1000, got "1001"`},
 		{"/checkins?from=yesterday", "from", "invalid", `from must be milliseconds since the epoch, got "yesterday"`},
 	} {
 		r := env.do(t, http.MethodGet, tc.path, "", nil, nil)
