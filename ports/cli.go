@@ -45,7 +45,16 @@ type Connect func(name string, fs *flag.FlagSet, args []string) (*CLISession, er
 // PermuteArgs moves positional arguments after the flags, because package flag stops at the
 // first non-flag. Flags not listed in boolFlags take a value unless written --name=value.
 func PermuteArgs(args []string, boolFlags map[string]bool) []string {
-	var flags, pos []string
+	flags, pos := splitArgs(args, boolFlags)
+	if len(pos) == 0 {
+		return flags
+	}
+	return append(append(flags, "--"), pos...) // positional, whatever they look like
+}
+
+// splitArgs parts args into flags (each with its value, boolFlags take none) and positional
+// arguments, in their order; everything after "--" is positional.
+func splitArgs(args []string, boolFlags map[string]bool) (flags, pos []string) {
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		if a == "--" {
@@ -66,28 +75,34 @@ func PermuteArgs(args []string, boolFlags map[string]bool) []string {
 			i++
 		}
 	}
-	return append(flags, pos...)
+	return flags, pos
 }
 
-// pickVerb reads the verb that args starts with, one of verbs; otherwise it prints usage and
-// says what is wrong (flag.ErrHelp for -h).
-func pickVerb(args []string, usage string, stderr io.Writer, verbs ...string) (string, error) {
+// pickVerb reads the verb, one of verbs: the first argument that is neither a flag nor a
+// flag's value (boolFlags take none), so that flags may also come before it ("poison --json
+// list"). It returns the verb and the other arguments, flags first; otherwise it prints usage
+// and says what is wrong (flag.ErrHelp for -h).
+func pickVerb(args []string, boolFlags map[string]bool, usage string, stderr io.Writer, verbs ...string) (string, []string, error) {
 	alternatives := verbs[0]
 	if len(verbs) > 1 {
 		alternatives = strings.Join(verbs[:len(verbs)-1], ", ") + " or " + verbs[len(verbs)-1]
 	}
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+	flags, pos := splitArgs(args, boolFlags)
+	if len(pos) == 0 {
 		fmt.Fprint(stderr, usage)
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-			return "", flag.ErrHelp
+		if slices.Contains(flags, "-h") || slices.Contains(flags, "--help") || slices.Contains(flags, "-help") {
+			return "", nil, flag.ErrHelp
 		}
-		return "", errors.New("missing verb: " + alternatives)
+		return "", nil, errors.New("missing verb: " + alternatives)
 	}
-	if !slices.Contains(verbs, args[0]) {
+	if !slices.Contains(verbs, pos[0]) {
 		fmt.Fprint(stderr, usage)
-		return "", fmt.Errorf("unknown verb %q: use %s", args[0], alternatives)
+		return "", nil, fmt.Errorf("unknown verb %q: use %s", pos[0], alternatives)
 	}
-	return args[0], nil
+	if len(pos) > 1 {
+		flags = append(append(flags, "--"), pos[1:]...) // positional, whatever they look like
+	}
+	return pos[0], flags, nil
 }
 
 // listOnly is for a verb that takes no positional arguments.

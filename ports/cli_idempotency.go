@@ -27,13 +27,14 @@ Connection flags (--redis-url, --key-prefix, ...) are those of "checkins serve -
 
 // IdempotencyCommand is `checkins idempotency format [compact|json]`.
 func IdempotencyCommand(ctx context.Context, args []string, stdout, stderr io.Writer, connect Connect) error {
-	verb, err := pickVerb(args, idempotencyUsage, stderr, "format")
+	boolFlags := map[string]bool{"json": true, "h": true, "help": true}
+	verb, args, err := pickVerb(args, boolFlags, idempotencyUsage, stderr, "format")
 	if err != nil {
 		return err
 	}
 	fs := newVerbFlags("idempotency "+verb, idempotencyUsage, stderr)
 	asJSON := fs.Bool("json", false, "print JSON")
-	s, err := connect("idempotency "+verb, fs, PermuteArgs(args[1:], map[string]bool{"json": true, "h": true, "help": true}))
+	s, err := connect("idempotency "+verb, fs, PermuteArgs(args, boolFlags))
 	if err != nil {
 		return err
 	}

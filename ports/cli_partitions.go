@@ -28,7 +28,8 @@ STREAM_PARTITIONS is not read (the recorded count is the one migrated from).
 
 // PartitionsCommand is `checkins partitions migrate`.
 func PartitionsCommand(ctx context.Context, args []string, stdout, stderr io.Writer, connect Connect) error {
-	verb, err := pickVerb(args, partitionsUsage, stderr, "migrate")
+	boolFlags := map[string]bool{"json": true, "force": true, "h": true, "help": true}
+	verb, args, err := pickVerb(args, boolFlags, partitionsUsage, stderr, "migrate")
 	if err != nil {
 		return err
 	}
@@ -39,7 +40,7 @@ func PartitionsCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	batch := fs.Int("batch", 1000, "entries per read and per write round trip")
 	batchPause := fs.Duration("batch-pause", 0, "wait this long after each copied batch (spares a busy Redis)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
-	s, err := connect("partitions "+verb, fs, PermuteArgs(args[1:], map[string]bool{"json": true, "force": true, "h": true, "help": true}))
+	s, err := connect("partitions "+verb, fs, PermuteArgs(args, boolFlags))
 	if err != nil {
 		return err
 	}

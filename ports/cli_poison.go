@@ -28,7 +28,8 @@ Connection flags (--redis-url, --key-prefix, ...) are those of "checkins serve -
 
 // PoisonCommand is `checkins poison list|show|replay|purge`.
 func PoisonCommand(ctx context.Context, args []string, stdout, stderr io.Writer, connect Connect) error {
-	verb, err := pickVerb(args, poisonUsage, stderr, "list", "show", "replay", "purge")
+	boolFlags := map[string]bool{"json": true, "all": true, "h": true, "help": true}
+	verb, args, err := pickVerb(args, boolFlags, poisonUsage, stderr, "list", "show", "replay", "purge")
 	if err != nil {
 		return err
 	}
@@ -38,7 +39,7 @@ func PoisonCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 	projection := fs.String("projection", "", "only entries of this projection")
 	limit := fs.Int("limit", query.DefaultPoisonListLimit, "entries per page (list)")
 	cursor := fs.String("cursor", "", "continue a list after this entry ID")
-	s, err := connect("poison "+verb, fs, PermuteArgs(args[1:], map[string]bool{"json": true, "all": true, "h": true, "help": true}))
+	s, err := connect("poison "+verb, fs, PermuteArgs(args, boolFlags))
 	if err != nil {
 		return err
 	}

@@ -33,14 +33,15 @@ Connection flags (--redis-url, --key-prefix, ...) are those of "checkins serve -
 
 // ProjectionsCommand is `checkins projections list|rebuild`.
 func ProjectionsCommand(ctx context.Context, args []string, stdout, stderr io.Writer, connect Connect) error {
-	verb, err := pickVerb(args, projectionsUsage, stderr, "list", "rebuild")
+	boolFlags := map[string]bool{"json": true, "no-wait": true, "h": true, "help": true}
+	verb, args, err := pickVerb(args, boolFlags, projectionsUsage, stderr, "list", "rebuild")
 	if err != nil {
 		return err
 	}
 	fs := newVerbFlags("projections "+verb, projectionsUsage, stderr)
 	asJSON := fs.Bool("json", false, "print JSON")
 	noWait := fs.Bool("no-wait", false, "rebuild: start it and return; projectors carry it out")
-	s, err := connect("projections "+verb, fs, PermuteArgs(args[1:], map[string]bool{"json": true, "no-wait": true, "h": true, "help": true}))
+	s, err := connect("projections "+verb, fs, PermuteArgs(args, boolFlags))
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
 	"github.com/checkins/checkins/app/ops"
+	"github.com/checkins/checkins/app/query"
 	"github.com/checkins/checkins/domain"
 )
 
@@ -58,6 +59,37 @@ func TestCLIOpsVerbsReadNothingIntoRedisAndKeepJSON(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Empty(t, out, "no result for an entry that is not there")
 	assert.Contains(t, stderr, "not found")
+
+	// Flags may come before the verb too, a flag's value is never taken for it, and "--" ends
+	// the flags.
+	code, out, stderr = runOps(t, env, "poison", "--json", "--projection", "list", "list")
+	require.Equal(t, 0, code, stderr)
+	var page query.PoisonPage
+	require.NoError(t, json.Unmarshal([]byte(out), &page), "stdout is JSON: %q", out)
+	code, out, stderr = runOps(t, env, "projections", "--json", "list")
+	require.Equal(t, 0, code, stderr)
+	var rep query.ProjectionsReport
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), "stdout is JSON: %q", out)
+	assert.Len(t, rep.Projections, 5)
+	code, _, stderr = runOps(t, env, "poison", "--json")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "missing verb: list, show, replay or purge")
+	code, _, stderr = runOps(t, env, "poison", "show", "--", "-1-1")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, `"-1-1"`, "taken as the ID, not as a flag")
+
+	// A bad flag says what is wrong without the seventy-odd settings' usage; -h lists them.
+	code, _, stderr = runOps(t, env, "poison", "list", "--bogus")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, `flag provided but not defined: -bogus ("checkins poison list --help" lists the flags)`)
+	assert.NotContains(t, stderr, "-redis-url", "no flag list after a bad flag: %s", stderr)
+	code, _, stderr = runOps(t, env, "status", "--limit", "3")
+	assert.Equal(t, 1, code)
+	assert.NotContains(t, stderr, "-redis-url")
+	code, _, stderr = runOps(t, env, "poison", "list", "-h")
+	assert.Equal(t, 0, code)
+	assert.Contains(t, stderr, "-redis-url", "-h lists every flag")
+	assert.Contains(t, stderr, "checkins poison list [--projection P]")
 }
 
 // TestCLIRebuildJSONInterruptedPrintsJSON: `projections rebuild --json` stopped while it waits

@@ -2,8 +2,10 @@ package main
 
 import (
 	"crypto/tls"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/url"
@@ -266,6 +268,32 @@ func settings() []setting {
 	}, append(append(accessSettings(), httpSettings(dur)...), uiSettings(dur, integer)...)...)
 }
 
+// parseQuietly parses args on fs. -h prints the usage with every flag; a bad flag only says
+// what is wrong and where the flags are listed, instead of burying the error under the
+// seventy-odd settings' usage.
+func parseQuietly(fs *flag.FlagSet, args []string) error {
+	out, usage := fs.Output(), fs.Usage
+	if usage == nil {
+		usage = func() {
+			fmt.Fprintf(out, "Usage of %s:\n", fs.Name())
+			fs.PrintDefaults()
+		}
+	}
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	fs.Usage = usage
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		usage()
+		return err
+	case err != nil:
+		return fmt.Errorf("%w (%q lists the flags)", err, fs.Name()+" --help")
+	}
+	return nil
+}
+
 // parseConfig fills Config from defaults, then the environment, then flags; the first invalid
 // value fails with a message naming the variable.
 func parseConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (Config, []string, error) {
@@ -282,7 +310,7 @@ func parseConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (C
 		}
 		flagVals[s.flag] = fs.String(s.flag, "", usage)
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseQuietly(fs, args); err != nil {
 		return Config{}, nil, err
 	}
 	explicit := map[string]bool{}
