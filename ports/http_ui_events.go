@@ -370,15 +370,19 @@ func (u *UI) streamRefused(c echo.Context) string {
 	return ""
 }
 
-// writeSSE writes one event; every line of data becomes a data: line.
+// writeSSE writes one event; every line of data becomes a data: line. A line of the event
+// stream ends at "\r\n", "\n" or a bare "\r", so data is split at each of them: a name read
+// from Redis (a consumer group's, say) that holds "\r" can neither end the event early nor
+// start one of its own ("\r\revent: bye").
 func writeSSE(w *echo.Response, event string, data []byte) error {
 	var b bytes.Buffer
 	b.WriteString("event: ")
 	b.WriteString(event)
 	b.WriteByte('\n')
+	data = bytes.ReplaceAll(bytes.ReplaceAll(data, []byte("\r\n"), []byte("\n")), []byte("\r"), []byte("\n"))
 	for _, line := range bytes.Split(data, []byte("\n")) {
 		b.WriteString("data: ")
-		b.Write(bytes.TrimRight(line, "\r"))
+		b.Write(line)
 		b.WriteByte('\n')
 	}
 	b.WriteByte('\n')

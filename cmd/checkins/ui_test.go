@@ -6,6 +6,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -239,10 +240,23 @@ type sseEvent struct {
 	Event, Data, Comment string
 }
 
+// readSSE reads an event stream as a browser does: a line ends at "\r\n", "\n" or a bare "\r".
 func readSSE(r io.Reader, out chan<- sseEvent) {
 	defer close(out)
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	sc.Split(func(data []byte, atEOF bool) (int, []byte, error) {
+		i := bytes.IndexAny(data, "\r\n")
+		switch {
+		case i < 0 && atEOF && len(data) > 0:
+			return len(data), data, nil
+		case i < 0, data[i] == '\r' && i+1 == len(data) && !atEOF: // "\r\n" may be cut
+			return 0, nil, nil
+		case data[i] == '\r' && i+1 < len(data) && data[i+1] == '\n':
+			return i + 2, data[:i], nil
+		}
+		return i + 1, data[:i], nil
+	})
 	var ev sseEvent
 	for sc.Scan() {
 		line := sc.Text()
@@ -278,6 +292,34 @@ func openSSE(t *testing.T, url, token string) (*http.Response, chan sseEvent) {
 		go readSSE(resp.Body, ch)
 	}
 	return resp, ch
+}
+
+// TestUIEventStreamKeepsNamesFromRedisInsideTheirEvent: a consumer group whose name holds bare
+// "\r" (anyone who can write to Redis can make one) is shown in the overview, and cannot end
+// the event or start one of its own, such as the "bye" that sends every open page to the login.
+func TestUIEventStreamKeepsNamesFromRedisInsideTheirEvent(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	evil := "evil\r\revent: bye\rdata: session ended: injected"
+	require.NoError(t, client.XGroupCreateMkStream(t.Context(), adapters.KeySpace{Prefix: rdb.Prefix}.Stream(), evil, "$").Err())
+	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "OPS_ADDR": "localhost:0"}, Mode{API: true})
+	resp, events := openSSE(t, svc.ops+"/ui/events", testToken(5, ports.ScopeOpsRead))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	overviews := 0
+	for overviews < 3 {
+		select {
+		case ev, ok := <-events:
+			require.True(t, ok, "the stream ended")
+			require.NotEqual(t, "bye", ev.Event, "an event made of a group's name: %q", ev.Data)
+			if ev.Event == "overview" && strings.Contains(ev.Data, "evil") {
+				overviews++
+				assert.Contains(t, ev.Data, "data: session ended: injected", "the name, as text of the overview")
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatal("no overview naming the group within 15s")
+		}
+	}
 }
 
 // TestUIEventStreamOutlivesTimeoutsAndEndsOnShutdown: the stream lasts past REQUEST_TIMEOUT and
