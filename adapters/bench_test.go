@@ -21,7 +21,7 @@ func BenchmarkParseEvent(b *testing.B) {
 	f := sampleFields()
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := domain.ParseEvent(f); err != nil {
+		if _, err := domain.ParseEvent("1-0", f); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -259,7 +259,7 @@ func toCheckin(x redis.XMessage) (query.RecordedCheckin, bool) {
 			f[k] = s
 		}
 	}
-	ev, err := domain.ParseEvent(f)
+	ev, err := domain.ParseEvent(x.ID, f)
 	if err != nil {
 		return query.RecordedCheckin{}, false
 	}

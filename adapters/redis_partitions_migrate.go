@@ -276,7 +276,7 @@ func (m *PartitionMigrator) walk(ctx context.Context, from, to, batch int, ends 
 		}
 		msg := cur[best].buf[0]
 		cur[best].buf = cur[best].buf[1:]
-		e := migrateEntry{old: best, id: bestID, newID: bestID, to: newPartitionOf(msg.Values, to), msg: msg}
+		e := migrateEntry{old: best, id: bestID, newID: bestID, to: newPartitionOf(msg.ID, msg.Values, to), msg: msg}
 		if !last[e.to].Less(e.newID) {
 			e.newID = last[e.to].Next()
 		}
@@ -304,7 +304,7 @@ return 0
 // position, so a group that has not applied it yet (a rebuild behind the live group) would take
 // it at its new ID for another copy and drop it. An entry that is not a check-in has none.
 func (m *PartitionMigrator) moveDecision(ctx context.Context, c redis.Scripter, e migrateEntry) *redis.Cmd {
-	c0, ok := checkinOf(e.msg.Values)
+	c0, ok := checkinOf(e.msg.ID, e.msg.Values)
 	if !ok {
 		cmd := redis.NewCmd(ctx)
 		cmd.SetVal(int64(0))
@@ -317,8 +317,8 @@ func (m *PartitionMigrator) moveDecision(ctx context.Context, c redis.Scripter, 
 
 // newPartitionOf is the partition of an entry among p: its user's, or 0 for an entry that is
 // not a valid check-in.
-func newPartitionOf(values map[string]any, p int) int {
-	c, ok := checkinOf(values)
+func newPartitionOf(id string, values map[string]any, p int) int {
+	c, ok := checkinOf(id, values)
 	if !ok {
 		return 0
 	}
@@ -326,13 +326,13 @@ func newPartitionOf(values map[string]any, p int) int {
 }
 
 // checkinOf is the check-in a stream entry's values hold (ok false: none, or not valid).
-func checkinOf(values map[string]any) (domain.CheckinRecorded, bool) {
+func checkinOf(id string, values map[string]any) (domain.CheckinRecorded, bool) {
 	f := make(map[string]string, len(values))
 	for k, v := range values {
 		s, _ := v.(string)
 		f[k] = s
 	}
-	ev, err := domain.ParseEvent(f)
+	ev, err := domain.ParseEvent(id, f)
 	if err != nil {
 		return domain.CheckinRecorded{}, false
 	}
@@ -963,7 +963,7 @@ func (m *PartitionMigrator) copyTail(ctx context.Context, stream string, k int, 
 			if err != nil {
 				return n, last, err
 			}
-			j := newPartitionOf(msg.Values, dst.Count())
+			j := newPartitionOf(msg.ID, msg.Values, dst.Count())
 			t, d, err := top(j)
 			if err != nil {
 				return n, last, err

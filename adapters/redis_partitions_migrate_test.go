@@ -147,7 +147,7 @@ func TestMigrateMovesTheDecisionOfARenumberedEntry(t *testing.T) {
 	for k, v := range d {
 		fields[k] = v.(string)
 	}
-	parsed, err := domain.ParseEvent(fields)
+	parsed, err := domain.ParseEvent("5-0", fields)
 	require.NoError(t, err)
 	ev := parsed.(domain.CheckinRecorded)
 

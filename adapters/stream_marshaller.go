@@ -241,7 +241,7 @@ func (FlatMarshaller) DecodeEntries(msgs []*message.Message, out []projection.En
 			d.Err = err
 			continue
 		}
-		d.Event, d.Err = domain.ParseEvent(fields)
+		d.Event, d.Err = domain.ParseEvent(d.ID, fields)
 	}
 }
 

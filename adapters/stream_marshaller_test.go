@@ -52,7 +52,7 @@ func TestFlatMarshallerWritesReadableEntries(t *testing.T) {
 	fields, err := adapters.DecodeFields(got)
 	require.NoError(t, err)
 	assert.Equal(t, sampleFields(), fields)
-	ev, err := domain.ParseEvent(fields)
+	ev, err := domain.ParseEvent(got.Metadata.Get(adapters.MetaEntryID), fields)
 	require.NoError(t, err)
 	assert.Equal(t, recorded("ck-9", 42, 7, 5, 1_700_000_000_000), ev)
 }

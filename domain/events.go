@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -82,10 +83,12 @@ func (e CheckinRecorded) Fields() map[string]string {
 
 // ParseEvent decodes the flat form written by Fields, validating it as strictly as the API does,
 // because anyone can XADD to the stream.
-func ParseEvent(f map[string]string) (Event, error) {
+// entryID is the stream entry's ID ("<ms>-<seq>"): the time Redis recorded an entry that
+// carries no recordedAt (one a producer wrote by hand), by which its timestamp is bounded.
+func ParseEvent(entryID string, f map[string]string) (Event, error) {
 	switch t := f[FieldType]; t {
 	case EventCheckinRecorded:
-		e, err := parseCheckinRecorded(f)
+		e, err := parseCheckinRecorded(entryID, f)
 		if err != nil {
 			return nil, err // never a zero event beside an error
 		}
@@ -97,7 +100,7 @@ func ParseEvent(f map[string]string) (Event, error) {
 	}
 }
 
-func parseCheckinRecorded(f map[string]string) (CheckinRecorded, error) {
+func parseCheckinRecorded(entryID string, f map[string]string) (CheckinRecorded, error) {
 	var in CheckinInput
 	for _, p := range []struct {
 		name string
@@ -118,24 +121,30 @@ func parseCheckinRecorded(f map[string]string) (CheckinRecorded, error) {
 		return CheckinRecorded{}, invalid(CodeInvalidEvent, FieldCheckinID, "is missing")
 	}
 	in.CheckinID = &id
-	// The future bound protects the API from clock-skewed clients; an event already recorded is
-	// judged against when it was recorded, not against now, so old events replay fine.
+	// The future bound protects the read models from clock-skewed clients; an event already
+	// recorded is judged against when it was recorded, not against now, so old events replay
+	// fine: its recordedAt, or for an entry a producer wrote without one, the time Redis gave
+	// it in its entry ID. (Bounding by the timestamp itself, as before, let such an entry set a
+	// user's latest check-in to the year 9999 for good.)
+	// A recordedAt of 0 is none (what Fields writes for an event that has none).
 	recordedAt := int64(0)
+	var ref time.Time
 	if s, ok := f[FieldRecordedAt]; ok {
 		v, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
 			return CheckinRecorded{}, invalid(CodeInvalidEvent, FieldRecordedAt, "is not an integer: %q", s)
 		}
-		if v > MaxTimestamp {
-			return CheckinRecorded{}, invalid(CodeInvalidEvent, FieldRecordedAt, "must be milliseconds since the epoch up to %d, got %d", int64(MaxTimestamp), v)
+		if v < 0 || v > MaxTimestamp {
+			return CheckinRecorded{}, invalid(CodeInvalidEvent, FieldRecordedAt, "must be milliseconds since the epoch from 1 to %d (0: none), got %d", int64(MaxTimestamp), v)
 		}
-		recordedAt = v
+		recordedAt, ref = v, time.UnixMilli(v)
 	}
-	// Without recordedAt (an entry written by hand) there is no reference to bound it by. With
-	// it, max(recordedAt, timestamp) would accept any future timestamp, so recordedAt alone rules.
-	ref := time.UnixMilli(*in.Timestamp)
-	if recordedAt > 0 {
-		ref = time.UnixMilli(recordedAt)
+	if recordedAt == 0 {
+		ms, ok := entryMillis(entryID)
+		if !ok {
+			return CheckinRecorded{}, invalid(CodeInvalidEvent, FieldRecordedAt, "is missing, and the stream entry ID %q gives no time to bound the timestamp by", entryID)
+		}
+		ref = time.UnixMilli(ms)
 	}
 	c, err := NewCheckin(in, ref, nil)
 	if err != nil {
@@ -146,6 +155,19 @@ func parseCheckinRecorded(f map[string]string) (CheckinRecorded, error) {
 		return CheckinRecorded{}, invalid(CodeInvalidEvent, FieldFingerprint, "must be 32 lowercase hex digits, got %q", fp)
 	}
 	return CheckinRecorded{Checkin: c, RecordedAt: recordedAt, Fingerprint: fp}, nil
+}
+
+// entryMillis is the milliseconds part of a stream entry ID ("<ms>-<seq>").
+func entryMillis(id string) (int64, bool) {
+	ms, seq, ok := strings.Cut(id, "-")
+	if !ok {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(ms, 10, 64)
+	if _, serr := strconv.ParseUint(seq, 10, 64); err != nil || serr != nil || v < 0 {
+		return 0, false
+	}
+	return v, true
 }
 
 // isFingerprint: what CheckinInput.Fingerprint writes.

@@ -14,6 +14,9 @@ import (
 	"github.com/checkins/checkins/domain"
 )
 
+// testEntryID is the stream entry ID Redis would give sampleEvent: recorded at testNow.
+var testEntryID = strconv.FormatInt(testNow.UnixMilli(), 10) + "-0"
+
 func sampleEvent() domain.CheckinRecorded {
 	return domain.CheckinRecorded{
 		Checkin: domain.Checkin{
@@ -32,7 +35,7 @@ func TestCheckinRecordedRoundTrip(t *testing.T) {
 		"type": "checkin.recorded.v1", "checkinId": "ck-7", "userId": "42", "locationId": "9",
 		"starRating": "3", "timestamp": strconv.FormatInt(ev.Timestamp, 10), "recordedAt": strconv.FormatInt(ev.RecordedAt, 10),
 	}, f)
-	got, err := domain.ParseEvent(f)
+	got, err := domain.ParseEvent(testEntryID, f)
 	require.NoError(t, err)
 	assert.Equal(t, ev, got)
 	assert.Equal(t, domain.EventCheckinRecorded, got.EventName())
@@ -64,7 +67,7 @@ func TestParseEventAcceptsOldAndPartialEvents(t *testing.T) {
 			t.Parallel()
 			f := sampleEvent().Fields()
 			change(f)
-			ev, err := domain.ParseEvent(f)
+			ev, err := domain.ParseEvent(testEntryID, f)
 			require.NoError(t, err)
 			c, ok := ev.(domain.CheckinRecorded)
 			require.True(t, ok)
@@ -108,6 +111,18 @@ func TestParseEventRejects(t *testing.T) {
 			f["timestamp"] = strconv.FormatInt(testNow.Add(time.Hour).UnixMilli(), 10)
 		}, "timestamp"},
 		{"recordedAt not an integer", func(f map[string]string) { f["recordedAt"] = "yesterday" }, "recordedAt"},
+		{"recordedAt 0, timestamp far after the entry ID", func(f map[string]string) {
+			f["recordedAt"] = "0"
+			f["timestamp"] = "253402300799999"
+		}, "timestamp"},
+		{"recordedAt negative", func(f map[string]string) { f["recordedAt"] = "-5" }, "recordedAt"},
+		{"recordedAt empty", func(f map[string]string) { f["recordedAt"] = "" }, "recordedAt"},
+		// Without recordedAt (an entry a producer wrote by hand) the entry ID's time bounds the
+		// timestamp: the year 9999 would otherwise be a user's latest check-in for good.
+		{"no recordedAt, timestamp far after the entry ID", func(f map[string]string) {
+			delete(f, "recordedAt")
+			f["timestamp"] = "253402300799999"
+		}, "timestamp"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -115,7 +130,7 @@ func TestParseEventRejects(t *testing.T) {
 			f := sampleEvent().Fields()
 			tt.change(f)
 			before := maps.Clone(f)
-			ev, err := domain.ParseEvent(f)
+			ev, err := domain.ParseEvent(testEntryID, f)
 			require.Error(t, err)
 			assert.Nil(t, ev)
 			var ve *domain.ValidationError
@@ -127,10 +142,35 @@ func TestParseEventRejects(t *testing.T) {
 	}
 }
 
+// TestParseEventWithoutRecordedAtNeedsItsEntryID: an entry without recordedAt is bounded by the
+// time in its stream entry ID; without a usable one it is refused, saying so.
+func TestParseEventWithoutRecordedAtNeedsItsEntryID(t *testing.T) {
+	t.Parallel()
+	f := sampleEvent().Fields()
+	delete(f, "recordedAt")
+	for _, id := range []string{"", "x", "12", "-1-0", "12-x"} {
+		_, err := domain.ParseEvent(id, f)
+		var ve *domain.ValidationError
+		require.ErrorAs(t, err, &ve, "entry ID %q", id)
+		assert.Equal(t, "recordedAt", ve.Field)
+		assert.Contains(t, err.Error(), "is missing, and the stream entry ID")
+	}
+	ahead := strconv.FormatInt(testNow.Add(4*time.Minute).UnixMilli(), 10)
+	f["timestamp"] = ahead
+	_, err := domain.ParseEvent(testEntryID, f)
+	require.NoError(t, err, "within the 5 minutes of skew the API allows")
+	f["timestamp"] = strconv.FormatInt(testNow.Add(6*time.Minute).UnixMilli(), 10)
+	_, err = domain.ParseEvent(testEntryID, f)
+	require.ErrorContains(t, err, "in the future")
+	ev, err := domain.ParseEvent(strconv.FormatInt(testNow.Add(2*time.Minute).UnixMilli(), 10)+"-3", f)
+	require.NoError(t, err, "an entry Redis recorded later")
+	assert.Zero(t, ev.(domain.CheckinRecorded).RecordedAt, "no recordedAt is made up")
+}
+
 func TestParseEventEmpty(t *testing.T) {
 	t.Parallel()
 	for _, f := range []map[string]string{nil, {}, {"foo": "bar"}} {
-		_, err := domain.ParseEvent(f)
+		_, err := domain.ParseEvent(testEntryID, f)
 		var ve *domain.ValidationError
 		require.ErrorAs(t, err, &ve)
 		assert.Equal(t, "type", ve.Field)
@@ -154,7 +194,8 @@ func TestExtremeIntegersGetTheRightReason(t *testing.T) {
 		{"timestamp max int64", func(f map[string]string) { f["timestamp"] = maxI }, "timestamp", "got " + maxI},
 		{"timestamp min int64", func(f map[string]string) { f["timestamp"] = minI }, "timestamp", "got " + minI},
 		{"timestamp one past year 9999", func(f map[string]string) { delete(f, "recordedAt"); f["timestamp"] = "253402300800000" }, "timestamp", "got 253402300800000"},
-		{"recordedAt max int64", func(f map[string]string) { f["recordedAt"] = maxI }, "recordedAt", "up to 253402300799999, got " + maxI},
+		{"recordedAt max int64", func(f map[string]string) { f["recordedAt"] = maxI }, "recordedAt", "from 1 to 253402300799999 (0: none), got " + maxI},
+		{"recordedAt min int64", func(f map[string]string) { f["recordedAt"] = minI }, "recordedAt", "from 1 to 253402300799999 (0: none), got " + minI},
 		{"userId min int64", func(f map[string]string) { f["userId"] = minI }, "userId", "must be an integer >= 1, got " + minI},
 		{"starRating max int64", func(f map[string]string) { f["starRating"] = maxI }, "starRating", "from 0 to 5, got " + maxI},
 	}
@@ -163,7 +204,7 @@ func TestExtremeIntegersGetTheRightReason(t *testing.T) {
 			t.Parallel()
 			f := sampleEvent().Fields()
 			tt.change(f)
-			_, err := domain.ParseEvent(f)
+			_, err := domain.ParseEvent(testEntryID, f)
 			var ve *domain.ValidationError
 			require.ErrorAs(t, err, &ve)
 			assert.Equal(t, tt.field, ve.Field)
@@ -173,9 +214,8 @@ func TestExtremeIntegersGetTheRightReason(t *testing.T) {
 	}
 	// At the limits, valid values are taken as they are.
 	f := sampleEvent().Fields()
-	delete(f, "recordedAt")
-	f["timestamp"], f["userId"], f["locationId"] = "253402300799999", maxI, maxI
-	ev, err := domain.ParseEvent(f)
+	f["recordedAt"], f["timestamp"], f["userId"], f["locationId"] = "253402300799999", "253402300799999", maxI, maxI
+	ev, err := domain.ParseEvent(testEntryID, f)
 	require.NoError(t, err)
 	c := ev.(domain.CheckinRecorded).Checkin
 	assert.Equal(t, int64(domain.MaxTimestamp), c.Timestamp)
@@ -221,13 +261,13 @@ func TestEventIdentity(t *testing.T) {
 	assert.NotEqual(t, plain.Identity(), domain.CheckinRecorded{Checkin: later.Checkin}.Identity())
 	assert.GreaterOrEqual(t, a.Identity(), int64(0))
 
-	ev, err := domain.ParseEvent(a.Fields())
+	ev, err := domain.ParseEvent(testEntryID, a.Fields())
 	require.NoError(t, err)
 	assert.Equal(t, a, ev)
 	for _, bad := range []string{"", "xyz", strings.Repeat("A", 32), strings.Repeat("0", 31)} {
 		f := a.Fields()
 		f["fingerprint"] = bad
-		_, err := domain.ParseEvent(f)
+		_, err := domain.ParseEvent(testEntryID, f)
 		require.Error(t, err, "fingerprint %q", bad)
 		assert.Contains(t, err.Error(), "fingerprint")
 	}

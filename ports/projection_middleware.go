@@ -313,7 +313,7 @@ func (r *ProjectionRouter) park(ctx context.Context, b *batch, group string, fai
 // replay decides as every other projection did, whatever the registry forgets meanwhile ("" for
 // an entry that is not a check-in: it is never counted).
 func (r *ProjectionRouter) decision(ctx context.Context, e ops.PoisonEntry) (string, error) {
-	parsed, err := domain.ParseEvent(e.Fields)
+	parsed, err := domain.ParseEvent(e.EntryID, e.Fields)
 	if err != nil {
 		return "", nil
 	}

@@ -105,7 +105,7 @@ func (h *ReplayPoisoned) Replay(ctx context.Context, id string) (ReplayResult, e
 
 func (h *ReplayPoisoned) replay(ctx context.Context, e ops.PoisonEntry) (ReplayResult, error) {
 	res := ReplayResult{ID: e.ID, Projection: e.Projection}
-	parsed, err := domain.ParseEvent(e.Fields)
+	parsed, err := domain.ParseEvent(e.EntryID, e.Fields)
 	if err != nil {
 		res.Status, res.Error = ReplayNotReplayable, fmt.Sprintf("the parked entry is not a valid event: %v", err)
 		return res, fmt.Errorf("%w: poison entry %s: %s", ErrNotReplayable, e.ID, res.Error)

@@ -264,7 +264,7 @@ func TestUpgradeRebuildsTheLeaderboardsInShards(t *testing.T) {
 	xs, err := c.XRange(ctx, keys.Stream(), "-", "+").Result()
 	require.NoError(t, err)
 	parked := xs[len(xs)/2]
-	ev, err := domain.ParseEvent(entryFields(parked.Values))
+	ev, err := domain.ParseEvent(parked.ID, entryFields(parked.Values))
 	require.NoError(t, err)
 	pe := ev.(domain.CheckinRecorded)
 	loc, user := strconv.FormatInt(pe.LocationID, 10), strconv.FormatInt(pe.UserID, 10)

@@ -371,7 +371,7 @@ func (c baselineConsumer) run(ctx context.Context, keys adapters.KeySpace) error
 						fields[k] = s
 					}
 				}
-				ev, err := domain.ParseEvent(fields)
+				ev, err := domain.ParseEvent(m.ID, fields)
 				if err != nil {
 					continue // never in the preloaded data; a real consumer would park it
 				}

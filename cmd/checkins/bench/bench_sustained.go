@@ -406,7 +406,7 @@ func (b *bencher) streamModel(ctx context.Context, keys adapters.KeySpace) (*exp
 					s, _ := v.(string)
 					fields[k] = s
 				}
-				ev, err := domain.ParseEvent(fields)
+				ev, err := domain.ParseEvent(m.ID, fields)
 				if err != nil {
 					return nil, fmt.Sprintf("read models not compared: entry %s of %s is not an event (%v)", m.ID, stream, err), nil
 				}
