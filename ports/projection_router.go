@@ -503,6 +503,33 @@ func (r *ProjectionRouter) swapHandlers(want map[string]string) (stopping []stop
 	if running && (r.runCtx.Err() != nil || r.router.IsClosed()) {
 		return nil, nil, nil, ErrRouterNotRunning
 	}
+	// A handler no longer wanted that has not started goes first: the router is starting it (a
+	// backfill that finishes at once, on a first start) or its subscription failed. Watermill
+	// panics on stopping a handler before its start, and waiting for one that will never start
+	// would hold r.mu for good: its subscription is retired instead, so that it ends as it
+	// starts. It is never the last handler running either.
+	retiredUnstarted := false
+	if running {
+		for group, h := range r.handlers {
+			if _, ok := want[group]; ok || len(r.handlers) == 1 {
+				continue
+			}
+			w, ok := h.sub.(*watchedSubscriber)
+			if !ok {
+				continue
+			}
+			select {
+			case <-h.h.Started():
+				continue
+			default:
+			}
+			w.retire()
+			r.retired[group] = true
+			delete(r.handlers, group)
+			removed = append(removed, group)
+			retiredUnstarted = true
+		}
+	}
 	groups := make([]string, 0, len(want))
 	for g := range want {
 		groups = append(groups, g)
@@ -518,16 +545,23 @@ func (r *ProjectionRouter) swapHandlers(want map[string]string) (stopping []stop
 			r.cfg.Applier.HoldRegistryFloors()
 		}
 		if err := r.addHandler(group, want[group]); err != nil {
-			return nil, added, nil, err
+			return nil, added, removed, err
 		}
 		added = append(added, group)
 	}
-	if running && len(added) > 0 {
+	// A handler whose subscription fails (Redis loading, out of memory) stays added and not
+	// started; Watermill's RunHandlers starts what has not started, so the next call (the next
+	// SetTargets) tries it again, and until then the error reaches readiness. It also starts,
+	// and so ends, the retired ones: Watermill's Close waits for every handler it holds. (A
+	// router still starting does both itself.)
+	if running && (len(added) > 0 || r.router.IsRunning() && (retiredUnstarted || r.unstartedLocked())) {
+		for _, g := range added {
+			go r.watchHandler(r.runCtx, g, r.handlers[g]) // it waits for the handler's start
+		}
 		if err := r.router.RunHandlers(r.runCtx); err != nil {
-			return nil, added, nil, fmt.Errorf("start handlers %v: %w", added, err)
+			return nil, added, removed, fmt.Errorf("start handlers %v: %w", added, err)
 		}
 		for _, g := range added {
-			go r.watchHandler(r.runCtx, g, r.handlers[g])
 			r.log.Info("projection handler started", "group", g)
 		}
 	}
@@ -541,9 +575,7 @@ func (r *ProjectionRouter) swapHandlers(want map[string]string) (stopping []stop
 		}
 		r.retired[group] = true
 		if running {
-			// A handler the router added at its start may not have started yet (a backfill that
-			// finishes at once, on a first start): Watermill panics on stopping it before then.
-			select {
+			select { // only started ones are left (above)
 			case <-h.h.Started():
 				h.h.Stop()
 				stopping = append(stopping, stoppingHandler{group, h})
@@ -554,6 +586,19 @@ func (r *ProjectionRouter) swapHandlers(want map[string]string) (stopping []stop
 		removed = append(removed, group)
 	}
 	return stopping, added, removed, nil
+}
+
+// unstartedLocked says whether a handler was added and has not started (its subscription
+// failed, when the router runs); callers hold r.mu.
+func (r *ProjectionRouter) unstartedLocked() bool {
+	for _, h := range r.handlers {
+		select {
+		case <-h.h.Started():
+		default:
+			return true
+		}
+	}
+	return false
 }
 
 // Running reports whether the router consumes.

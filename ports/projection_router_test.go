@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -763,4 +764,111 @@ func TestRouterBackfillKeepsTheRegistryItDecidesBy(t *testing.T) {
 	require.Contains(t, added, "backfill.v2")
 	require.Eventually(t, func() bool { return backfilled("backfill.v2") }, 15*time.Second, 20*time.Millisecond, "version 2 backfilled")
 	assert.Equal(t, int64(fillers+1), countOf(2), "the copy 10 s later is a duplicate in version 2, as in version 1")
+}
+
+// failingSubscriber fails Subscribe while fail is above zero (counting it down), as when Redis
+// answers LOADING or OOM while a group is created.
+type failingSubscriber struct {
+	message.Subscriber
+	fail *atomic.Int32
+}
+
+func (f failingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if f.fail.Add(-1) >= 0 {
+		return nil, errors.New("LOADING Redis is loading the dataset in memory (injected)")
+	}
+	return f.Subscriber.Subscribe(ctx, topic)
+}
+
+// TestBackfillWhoseSubscriptionFailedStartsLaterOrRetires: a new version's own group whose
+// subscription fails once is started by the next SetTargets (it was left added and never
+// started, so the version was "running" with nothing feeding it); and retiring a version whose
+// handler never started returns at once (it waited for the start for good, holding the
+// router's lock, so checkpoints and Groups stopped too).
+func TestBackfillWhoseSubscriptionFailedStartsLaterOrRetires(t *testing.T) {
+	t.Parallel()
+	env := redistest.Open(t)
+	keys := adapters.KeySpace{Prefix: env.Prefix}
+	client := redistest.Client(t, env.URL)
+	fails := &atomic.Int32{}
+	var subClients []*redis.Client
+	var subMu sync.Mutex
+	t.Cleanup(func() {
+		for _, c := range subClients {
+			_ = c.Close()
+		}
+	})
+	newSub := func(group string, start func(ctx context.Context, stream string) (string, error)) (message.Subscriber, error) {
+		o, err := redis.ParseURL(env.URL)
+		require.NoError(t, err)
+		s, err := adapters.Subscribers{NewClient: func() (redis.UniversalClient, error) {
+			c := redis.NewClient(o)
+			subMu.Lock()
+			subClients = append(subClients, c)
+			subMu.Unlock()
+			return c, nil
+		}, Consumer: "c1", BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: 100 * time.Millisecond,
+			ClaimInterval: time.Second, ClaimIdle: 5 * time.Second, DrainTimeout: 2 * time.Second, Logger: watermill.NopLogger{}}.New(group, start)
+		if err != nil || group == testGroup {
+			return s, err
+		}
+		return failingSubscriber{s, fails}, nil
+	}
+	p := newFaulty("p", nil)
+	r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
+		Targets: []ops.ProjectionTarget{{Projection: p, Version: 1}}, Backend: adapters.NewProjectorBackend(client, keys),
+		Applier: testApplier(t, client, keys), NewSubscriber: newSub, Retry: ports.DefaultRetryPolicy(), CloseTimeout: 5 * time.Second,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	runErr := make(chan error, 1)
+	go func() { runErr <- r.Run(ctx) }()
+	require.Eventually(t, r.Running, 10*time.Second, 10*time.Millisecond)
+	h := &harness{t: t, keys: keys, client: client}
+	for i := range 5 {
+		h.add("e"+strconv.Itoa(i), 1)
+	}
+	count := func(version int) int64 {
+		n, _ := client.HGet(ctx, keys.ProjectionKey("p", version, "all", "stats"), "count").Int64()
+		return n
+	}
+	require.Eventually(t, func() bool { return count(1) == 5 }, 10*time.Second, 20*time.Millisecond)
+
+	both := []ops.ProjectionTarget{{Projection: p, Version: 1}, {Projection: p, Version: 2}}
+	fails.Store(1)
+	_, _, err = r.SetTargets(ctx, both)
+	require.ErrorContains(t, err, "LOADING", "the failed start is reported (readiness shows it)")
+	_, _, err = r.SetTargets(ctx, both)
+	require.NoError(t, err, "the next call starts it")
+	require.Eventually(t, func() bool { return count(2) == 5 }, 10*time.Second, 20*time.Millisecond, "v2 backfills")
+
+	// A version whose handler never starts is retired without waiting for it.
+	three := []ops.ProjectionTarget{{Projection: p, Version: 1}, {Projection: p, Version: 2}, {Projection: p, Version: 3}}
+	fails.Store(1 << 20)
+	_, _, err = r.SetTargets(ctx, three)
+	require.Error(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, removed, err := r.SetTargets(ctx, both)
+		assert.Equal(t, []string{"p.v3"}, removed)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("retiring a version whose handler never started blocks SetTargets")
+	}
+	assert.NotContains(t, r.Groups(), "p.v3")
+	assert.True(t, r.Running())
+	h.add("e5", 1)
+	require.Eventually(t, func() bool { return count(1) == 6 && count(2) == 6 }, 10*time.Second, 20*time.Millisecond, "the others go on")
+	cancel()
+	select {
+	case err := <-runErr:
+		require.NoError(t, err, "a clean stop: no handler left that never ends")
+	case <-time.After(20 * time.Second):
+		t.Fatal("the router did not stop")
+	}
 }

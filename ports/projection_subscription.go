@@ -15,18 +15,34 @@ import (
 // watchedSubscriber tells when its subscription's channel closed, i.e. the handler stopped
 // consuming. Watermill's Handler.Stopped() cannot be used for that: RunHandlers assigns the
 // channel after closing Started(), without synchronisation (a data race under -race).
+// It can also be retired before the router started it (retire).
 type watchedSubscriber struct {
 	message.Subscriber
 	ended chan struct{}
 	once  sync.Once
+
+	mu      sync.Mutex
+	retired bool
+	cancel  context.CancelFunc // of the subscription, once it was asked for
 }
 
 func watchSubscription(s message.Subscriber) message.Subscriber {
 	return &watchedSubscriber{Subscriber: s, ended: make(chan struct{})}
 }
 
-// Subscribe forwards the inner subscription and closes ended after it closed.
+// Subscribe forwards the inner subscription and closes ended after it closed. Once retired it
+// gives a closed channel: the handler the router starts with it ends at once.
 func (w *watchedSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	w.mu.Lock()
+	if w.retired {
+		w.mu.Unlock()
+		w.once.Do(func() { close(w.ended) })
+		out := make(chan *message.Message)
+		close(out)
+		return out, nil
+	}
+	ctx, w.cancel = context.WithCancel(ctx)
+	w.mu.Unlock()
 	in, err := w.Subscriber.Subscribe(ctx, topic)
 	if err != nil {
 		return nil, err
@@ -40,6 +56,18 @@ func (w *watchedSubscriber) Subscribe(ctx context.Context, topic string) (<-chan
 		}
 	}()
 	return out, nil
+}
+
+// retire makes sure the subscription of a handler that is being retired before it started never
+// consumes: the router may be subscribing it right now (its start) or may do so at its next
+// RunHandlers (its subscription had failed), and Watermill stops no handler before it started.
+func (w *watchedSubscriber) retire() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.retired = true
+	if w.cancel != nil {
+		w.cancel()
+	}
 }
 
 // subscriptionEnded is closed when s's subscription ended; never for other subscribers.
