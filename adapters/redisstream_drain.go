@@ -91,9 +91,9 @@ func (s *DrainingSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 				// the stock subscriber delivers it again after its nack delay.
 				s.cfg.Logger.Error("Could not find the entry ID of a message; it is retried", err, watermill.LogFields{"topic": topic})
 			case id == "":
-				// Not pending for this consumer: the entry is someone else's now, acknowledged,
-				// or (after Redis restarted) not delivered any more, and then delivered again.
-				// Its processing is not this message's to do.
+				// Pending for no consumer: acknowledged, or (after Redis restarted) not
+				// delivered any more, and then delivered again. Its processing is not this
+				// message's to do, and the stock subscriber's XACK of it changes nothing.
 				s.cfg.Logger.Info("Skipped a message whose entry is no longer pending for this consumer",
 					watermill.LogFields{"topic": topic, "message_uuid": m.UUID})
 				m.Ack()
@@ -110,29 +110,33 @@ func (s *DrainingSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 
 // entryID finds m among this consumer's pending entries (a few: the stock subscriber waits for
 // each message's ack; after an outage it may also hold many it claimed), page by page. It looks
-// three times before it says the entry is not pending ("").
+// three times, then among every consumer's: an entry the stock subscriber read ahead may have
+// been taken over by another consumer meanwhile, and it is handled here all the same (the
+// projections dedupe it) because its ack is the group's XACK: acking it unhandled would take it
+// from the other consumer, which may crash before handling it. "": pending for no one.
 func (s *DrainingSubscriber) entryID(ctx context.Context, topic string, m *message.Message) (string, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	for attempt, wait := range []time.Duration{0, 50 * time.Millisecond, 250 * time.Millisecond} {
+	for _, wait := range []time.Duration{0, 50 * time.Millisecond, 250 * time.Millisecond} {
 		select {
 		case <-time.After(wait):
 		case <-ctx.Done():
 			return "", ctx.Err()
 		}
-		id, err := s.findPending(ctx, topic, m)
-		if err != nil || id != "" || attempt == 2 {
+		id, err := s.findPending(ctx, topic, s.cfg.Consumer, m)
+		if err != nil || id != "" {
 			return id, err
 		}
 	}
-	return "", nil
+	return s.findPending(ctx, topic, "", m)
 }
 
-func (s *DrainingSubscriber) findPending(ctx context.Context, topic string, m *message.Message) (string, error) {
+// findPending finds m among consumer's pending entries (every consumer's for "").
+func (s *DrainingSubscriber) findPending(ctx context.Context, topic, consumer string, m *message.Message) (string, error) {
 	start := "-"
 	for {
 		ps, err := s.cfg.Client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: topic, Group: s.cfg.ConsumerGroup,
-			Consumer: s.cfg.Consumer, Start: start, End: "+", Count: 100}).Result()
+			Consumer: consumer, Start: start, End: "+", Count: 100}).Result()
 		if err != nil || len(ps) == 0 {
 			return "", err
 		}

@@ -60,7 +60,9 @@ func (FlatMarshaller) Marshal(_ string, msg *message.Message) (map[string]any, e
 		}
 	}
 	for k, v := range msg.Metadata {
-		values[MetaFieldPrefix+k] = v
+		if !strings.HasPrefix(k, "_") { // a subscriber's, of the process that read it
+			values[MetaFieldPrefix+k] = v
+		}
 	}
 	values[redisstream.UUIDHeaderKey] = msg.UUID
 	return values, nil
@@ -84,6 +86,9 @@ func (FlatMarshaller) Unmarshal(values map[string]any) (*message.Message, error)
 		switch {
 		case k == redisstream.UUIDHeaderKey:
 			id = s
+		case strings.HasPrefix(k, MetaFieldPrefix+"_"):
+			// "_" keys are the subscribers' own (the entry ID, the stream, what is queued
+			// behind): an entry anyone can XADD must not set them.
 		case strings.HasPrefix(k, MetaFieldPrefix):
 			md[strings.TrimPrefix(k, MetaFieldPrefix)] = s
 		default:
