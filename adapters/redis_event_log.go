@@ -146,26 +146,40 @@ func (l *EventLog) Range(ctx context.Context, fromMs, toMs int64, cursor string,
 	}
 	end := strconv.FormatInt(toMs, 10)
 	page := query.CheckinPage{Checkins: []query.RecordedCheckin{}}
-	for len(page.Checkins) < limit {
-		want := limit - len(page.Checkins)
-		batch, more, err := l.rangeMerged(ctx, fromMs, after, end, want)
+	for scanned := 0; len(page.Checkins) < limit; {
+		if scanned >= RangeScanBudget {
+			break // a short page; its cursor goes on where the scan stopped
+		}
+		// Entries that are no check-ins (other event types, anything a producer XADDs) are
+		// skipped: read at least a hundred per round trip, whatever is still wanted.
+		batch, more, err := l.rangeMerged(ctx, fromMs, after, end, max(limit-len(page.Checkins), 100))
 		if err != nil {
 			return query.CheckinPage{}, fmt.Errorf("%w: %w", domain.ErrUnavailable, err)
 		}
-		for _, e := range batch {
+		for i, e := range batch {
+			scanned++
 			if c, ok := toCheckin(e.msg); ok {
 				page.Checkins = append(page.Checkins, c)
 			}
-			page.Next = l.cursorOf(e.pos)
+			page.Next, after = l.cursorOf(e.pos), &batch[i].pos
+			if len(page.Checkins) == limit {
+				more = more || i < len(batch)-1
+				break
+			}
 		}
 		if !more {
 			page.Next = ""
 			break
 		}
-		after = &batch[len(batch)-1].pos
 	}
 	return page, nil
 }
+
+// RangeScanBudget is the most stream entries one page of Range reads: past it, the page is
+// answered as far as it got, with a cursor to go on from. Without it a range of many entries
+// that are no check-ins took a round trip per entry, and one request could hold Redis for
+// seconds.
+const RangeScanBudget = 10_000
 
 // parseCursor reads a cursor of this log; a partition beyond the log's is refused, a cursor
 // without one means after its ID in every partition.

@@ -3,6 +3,7 @@ package adapters_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/redistest"
 	"github.com/checkins/checkins/domain"
 )
 
@@ -302,4 +304,62 @@ func TestPartitionedEventLogMergesExactly(t *testing.T) {
 			assert.Equal(t, "cursor", ve.Field)
 		}
 	})
+}
+
+// xrangeCounter counts the XRANGE commands a client sends, pipelined or not.
+type xrangeCounter struct{ n atomic.Int64 }
+
+func (h *xrangeCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *xrangeCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "xrange" {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *xrangeCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			if c.Name() == "xrange" {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestEventLogRangeOverEntriesThatAreNoCheckins: a range of many entries that are no check-ins
+// (another event type, anything a producer XADDs) is read a hundred or more at a time, and one
+// page reads at most RangeScanBudget entries, answering what it found with a cursor to go on:
+// it took a round trip per entry (20,000 entries: 2.7 s), and one request could hold Redis.
+func TestEventLogRangeOverEntriesThatAreNoCheckins(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	ctx := context.Background()
+	pipe := env.client.Pipeline()
+	junk := adapters.RangeScanBudget + 2_000
+	for i := range junk {
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: env.keys.Stream(), ID: fmt.Sprintf("1000-%d", i+1), Values: []string{"type", "other.v1"}})
+	}
+	_, err := pipe.Exec(ctx)
+	require.NoError(t, err)
+	c := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "real", UserID: 1, LocationID: 2, StarRating: 3, Timestamp: 1000}, RecordedAt: 1000}
+	real := xadd(t, env.client, env.keys.Stream(), "1001-0", c.Fields())
+
+	counter := &xrangeCounter{}
+	client := redistest.Client(t, env.url)
+	client.AddHook(counter)
+	log := adapters.NewEventLog(client, env.keys)
+	page, err := log.Range(ctx, 0, 2000, "", 1)
+	require.NoError(t, err)
+	assert.Empty(t, page.Checkins, "the budget ends the first page")
+	require.NotEmpty(t, page.Next, "with a cursor to go on")
+	assert.LessOrEqual(t, counter.n.Load(), int64(adapters.RangeScanBudget/100+1), "a hundred entries or more per XRANGE")
+	page, err = log.Range(ctx, 0, 2000, page.Next, 1)
+	require.NoError(t, err)
+	require.Len(t, page.Checkins, 1)
+	assert.Equal(t, real, page.Checkins[0].EntryID)
+	assert.Empty(t, page.Next, "nothing after it")
+	assert.LessOrEqual(t, counter.n.Load(), int64(junk/100+2))
 }

@@ -857,7 +857,9 @@ type ClientInterface interface {
 	// Pages through the event stream by the time each check-in's stream entry was written
 	// (the time part of `entryId`, ms since the epoch, inclusive bounds: for a check-in the API
 	// recorded, within milliseconds of its `recordedAt`). `nextCursor` is absent on the last
-	// page.
+	// page. A page reads at most 10,000 stream entries: over a stretch of entries that are no
+	// check-ins (other event types) it may hold fewer than `limit`, even none, with a
+	// `nextCursor` to go on.
 	//
 	// Corresponds with GET /checkins (the `ListCheckins` operationId).
 	ListCheckins(ctx context.Context, params *ListCheckinsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1023,7 +1025,9 @@ type ClientInterface interface {
 // Pages through the event stream by the time each check-in's stream entry was written
 // (the time part of `entryId`, ms since the epoch, inclusive bounds: for a check-in the API
 // recorded, within milliseconds of its `recordedAt`). `nextCursor` is absent on the last
-// page.
+// page. A page reads at most 10,000 stream entries: over a stretch of entries that are no
+// check-ins (other event types) it may hold fewer than `limit`, even none, with a
+// `nextCursor` to go on.
 //
 // Corresponds with GET /checkins (the `ListCheckins` operationId).
 func (c *Client) ListCheckins(ctx context.Context, params *ListCheckinsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2966,7 +2970,9 @@ type ClientWithResponsesInterface interface {
 	// Pages through the event stream by the time each check-in's stream entry was written
 	// (the time part of `entryId`, ms since the epoch, inclusive bounds: for a check-in the API
 	// recorded, within milliseconds of its `recordedAt`). `nextCursor` is absent on the last
-	// page.
+	// page. A page reads at most 10,000 stream entries: over a stretch of entries that are no
+	// check-ins (other event types) it may hold fewer than `limit`, even none, with a
+	// `nextCursor` to go on.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -6508,7 +6514,9 @@ func (r GetUserRecentCheckinsResponse) ContentType() string {
 // Pages through the event stream by the time each check-in's stream entry was written
 // (the time part of `entryId`, ms since the epoch, inclusive bounds: for a check-in the API
 // recorded, within milliseconds of its `recordedAt`). `nextCursor` is absent on the last
-// page.
+// page. A page reads at most 10,000 stream entries: over a stretch of entries that are no
+// check-ins (other event types) it may hold fewer than `limit`, even none, with a
+// `nextCursor` to go on.
 //
 // Returns a wrapper object for the known response body format(s).
 //
