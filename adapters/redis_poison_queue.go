@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -34,6 +36,16 @@ type PoisonQueue struct {
 	client redis.UniversalClient
 	stream string
 	repark *redis.Script
+
+	countMu sync.Mutex
+	counted poisonCount // what CountByProjection counted last
+}
+
+// poisonCount is a count of the queue per projection, with the stream's state it was made at.
+type poisonCount struct {
+	by            map[string]int64 // nil: none yet
+	added, length int64            // the stream's entries-added and length before the count
+	last          string           // the last entry counted
 }
 
 // NewPoisonQueue uses keys.PoisonStream().
@@ -140,17 +152,20 @@ func (q *PoisonQueue) List(ctx context.Context, cursor string, count int64) ([]o
 		}
 		start = "(" + cursor
 	}
-	xs, err := q.client.XRangeN(ctx, q.stream, start, "+", count).Result()
+	// One more than asked, to know whether a page follows: a last page of exactly count
+	// entries has no cursor to an empty one.
+	xs, err := q.client.XRangeN(ctx, q.stream, start, "+", count+1).Result()
 	if err != nil {
 		return nil, "", err
+	}
+	next := ""
+	if count > 0 && int64(len(xs)) > count {
+		xs = xs[:count]
+		next = xs[len(xs)-1].ID
 	}
 	out := make([]ops.PoisonEntry, len(xs))
 	for i, x := range xs {
 		out[i] = toPoisonEntry(x)
-	}
-	next := ""
-	if int64(len(xs)) == count && count > 0 {
-		next = xs[len(xs)-1].ID
 	}
 	return out, next, nil
 }
@@ -190,23 +205,56 @@ func (q *PoisonQueue) Len(ctx context.Context) (int64, error) {
 	return q.client.XLen(ctx, q.stream).Result()
 }
 
-// CountByProjection counts parked entries per projection (a full scan, in chunks).
+// CountByProjection counts parked entries per projection. The status (and the dashboard, every
+// second) asks for it, and a queue can hold a great many entries: the count is kept and only
+// what changed is read again. Unchanged (the stream's entries-added and length as at the last
+// count): nothing is read. Entries added and none deleted: those after the last one counted.
+// Otherwise (a replay or purge deleted some), or on a server that does not report
+// entries-added (the embedded quick start's), the whole queue, in chunks.
 func (q *PoisonQueue) CountByProjection(ctx context.Context) (map[string]int64, error) {
-	out := map[string]int64{}
-	cursor := ""
+	q.countMu.Lock()
+	defer q.countMu.Unlock()
+	info, err := q.client.XInfoStream(ctx, q.stream).Result()
+	if err != nil {
+		if isNoSuchKey(err) {
+			q.counted = poisonCount{}
+			return map[string]int64{}, nil
+		}
+		return nil, err
+	}
+	c := q.counted
+	switch {
+	case c.by != nil && info.EntriesAdded > 0 && info.EntriesAdded == c.added && info.Length == c.length:
+		return maps.Clone(c.by), nil
+	case c.by != nil && info.EntriesAdded > 0 && info.EntriesAdded-c.added == info.Length-c.length:
+		c.by = maps.Clone(c.by)
+	default:
+		c = poisonCount{by: map[string]int64{}}
+	}
+	c.added, c.length = info.EntriesAdded, info.Length
+	start := "-"
+	if c.last != "" {
+		start = "(" + c.last
+	}
 	for {
-		es, next, err := q.List(ctx, cursor, 1000)
+		xs, err := q.client.XRangeN(ctx, q.stream, start, "+", 1000).Result()
 		if err != nil {
 			return nil, err
 		}
-		for _, e := range es {
-			out[e.Projection]++
+		for _, x := range xs {
+			p, _ := x.Values[PoisonFieldProjection].(string)
+			c.by[p]++
 		}
-		if next == "" {
-			return out, nil
+		if len(xs) > 0 {
+			c.last = xs[len(xs)-1].ID
+			start = "(" + c.last
 		}
-		cursor = next
+		if len(xs) < 1000 {
+			break
+		}
 	}
+	q.counted = c
+	return maps.Clone(c.by), nil
 }
 
 func toPoisonEntry(x redis.XMessage) ops.PoisonEntry {
