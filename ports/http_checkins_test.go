@@ -347,6 +347,17 @@ func TestPostCheckinAccepts(t *testing.T) {
 	assert.Equal(t, "corr-1", xs[0].Values["meta:correlation_id"], "the correlation ID flows into the event")
 	assert.Equal(t, "42", xs[0].Values["userId"])
 
+	// A correlation ID that is not 1-128 visible ASCII characters (no quotes or markup) is
+	// replaced by a new one: it would travel into the event, the logs and the answer as it is.
+	for _, bad := range []string{"a\tb", "a b", "caf\xc3\xa9", "\xff\xfe", "<script>", `a"b`, strings.Repeat("x", 129)} {
+		resp := e.do(t, http.MethodGet, "/healthz", "", nil, map[string]string{"X-Correlation-ID": bad})
+		got := resp.header.Get("X-Correlation-ID")
+		assert.NotEqual(t, bad, got, "%q", bad)
+		_, err := uuid.Parse(got)
+		assert.NoError(t, err, "a new UUID for %q, got %q", bad, got)
+	}
+	assert.Equal(t, "Req-42_x.y:z/1", e.do(t, http.MethodGet, "/healthz", "", nil, map[string]string{"X-Correlation-ID": "Req-42_x.y:z/1"}).header.Get("X-Correlation-ID"))
+
 	// Retry: same answer, no second event.
 	again := e.post(t, fmt.Sprintf(`{"checkinId":"ck-1","userId":42,"locationId":7,"starRating":5,"timestamp":%d}`, ts), nil)
 	require.Equal(t, http.StatusAccepted, again.status)

@@ -153,6 +153,21 @@ func (s *HTTPServer) SharedHandler() http.Handler {
 
 type ctxKeyCorrelation struct{}
 
+// validCorrelationID: 1 to 128 visible ASCII characters. The ID goes into the event's metadata,
+// every log line and the answer's header: a control character, a byte that is no UTF-8 or
+// markup would travel with it.
+func validCorrelationID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e || id[i] == '<' || id[i] == '>' || id[i] == '"' || id[i] == '\'' || id[i] == '\\' {
+			return false
+		}
+	}
+	return true
+}
+
 // CorrelationID returns the request's correlation ID.
 func CorrelationID(ctx context.Context) string {
 	s, _ := ctx.Value(ctxKeyCorrelation{}).(string)
@@ -165,7 +180,7 @@ func (s *HTTPServer) requestContext(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		r := c.Request()
 		id := r.Header.Get(HeaderCorrelationID)
-		if id == "" || len(id) > 128 {
+		if !validCorrelationID(id) {
 			id = uuid.NewString()
 		}
 		c.Response().Header().Set(HeaderCorrelationID, id)

@@ -576,7 +576,7 @@ type ListCheckinsParams struct {
 	// Cursor the previous page's nextCursor
 	Cursor *string `form:"cursor,omitempty" json:"cursor,omitempty"`
 
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
@@ -585,31 +585,31 @@ type PostCheckinParams struct {
 	// IdempotencyKey the checkinId, when the body has none (a body's checkinId must equal it)
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
 // GetLatestCheckinParams defines parameters for GetLatestCheckin.
 type GetLatestCheckinParams struct {
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
 // GetDocsParams defines parameters for GetDocs.
 type GetDocsParams struct {
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
 // GetDocsAssetParams defines parameters for GetDocsAsset.
 type GetDocsAssetParams struct {
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
 // GetHealthzParams defines parameters for GetHealthz.
 type GetHealthzParams struct {
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
@@ -620,7 +620,7 @@ type GetLocationLeaderboardParams struct {
 	// Limit rows of the board
 	Limit *BoardLimit `form:"limit,omitempty" json:"limit,omitempty"`
 
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
@@ -632,13 +632,13 @@ type GetUserLeaderboardParams struct {
 	// Limit rows of the board
 	Limit *BoardLimit `form:"limit,omitempty" json:"limit,omitempty"`
 
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
 // GetLocationParams defines parameters for GetLocation.
 type GetLocationParams struct {
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
@@ -650,25 +650,25 @@ type GetLocationDailyParams struct {
 	// To last day, YYYY-MM-DD (UTC), inclusive (at most 366 days from `from`)
 	To openapi_types.Date `form:"to" json:"to"`
 
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
 // GetMetricsParams defines parameters for GetMetrics.
 type GetMetricsParams struct {
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
 // GetOpenAPIJSONParams defines parameters for GetOpenAPIJSON.
 type GetOpenAPIJSONParams struct {
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
 // GetOpenAPIYAMLParams defines parameters for GetOpenAPIYAML.
 type GetOpenAPIYAMLParams struct {
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
@@ -686,7 +686,7 @@ type PurgeOpsPoisonParams struct {
 	// Limit entries this call handles at most
 	Limit *BulkLimit `form:"limit,omitempty" json:"limit,omitempty"`
 
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
@@ -699,7 +699,7 @@ type ListOpsPoisonParams struct {
 	Cursor *string `form:"cursor,omitempty" json:"cursor,omitempty"`
 	Limit  *int    `form:"limit,omitempty" json:"limit,omitempty"`
 
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
@@ -717,61 +717,61 @@ type ReplayOpsPoisonParams struct {
 	// Limit entries this call handles at most
 	Limit *BulkLimit `form:"limit,omitempty" json:"limit,omitempty"`
 
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
 // PurgeOpsPoisonEntryParams defines parameters for PurgeOpsPoisonEntry.
 type PurgeOpsPoisonEntryParams struct {
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
 // ShowOpsPoisonParams defines parameters for ShowOpsPoison.
 type ShowOpsPoisonParams struct {
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
 // ReplayOpsPoisonEntryParams defines parameters for ReplayOpsPoisonEntry.
 type ReplayOpsPoisonEntryParams struct {
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
 // ListOpsProjectionsParams defines parameters for ListOpsProjections.
 type ListOpsProjectionsParams struct {
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
 // RebuildOpsProjectionParams defines parameters for RebuildOpsProjection.
 type RebuildOpsProjectionParams struct {
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
 // GetOpsStatusParams defines parameters for GetOpsStatus.
 type GetOpsStatusParams struct {
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
 // GetReadyzParams defines parameters for GetReadyz.
 type GetReadyzParams struct {
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
 // GetUserParams defines parameters for GetUser.
 type GetUserParams struct {
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
 // GetUserRecentCheckinsParams defines parameters for GetUserRecentCheckins.
 type GetUserRecentCheckinsParams struct {
-	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent or longer than 128 characters
+	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
 
