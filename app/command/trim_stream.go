@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -45,7 +46,13 @@ func ParseRetention(s string) (RetentionPolicy, error) {
 		return RetentionPolicy{MaxEntries: n}, nil
 	}
 	if days, ok := strings.CutSuffix(s, "d"); ok {
-		if n, err := strconv.Atoi(days); err == nil && n >= 1 {
+		if n, err := strconv.Atoi(days); err == nil {
+			// The most days a time.Duration holds: beyond, n days overflowed into any age at
+			// all ("106752d" was off, "213504d" 25m26s).
+			const maxDays = int(math.MaxInt64 / int64(24*time.Hour))
+			if n < 1 || n > maxDays {
+				return RetentionPolicy{}, fmt.Errorf("an age in days must be from 1 to %d, got %q", maxDays, s)
+			}
 			return RetentionPolicy{MaxAge: time.Duration(n) * 24 * time.Hour}, nil
 		}
 	}

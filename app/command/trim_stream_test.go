@@ -27,6 +27,10 @@ func TestParseRetention(t *testing.T) {
 		{in: "-5", bad: true},
 		{in: "10ms", bad: true},
 		{in: "forever", bad: true},
+		{in: "106751d", want: command.RetentionPolicy{MaxAge: 106751 * 24 * time.Hour}},
+		{in: "106752d", bad: true}, // a time.Duration overflowed: off
+		{in: "213504d", bad: true}, // overflowed: 25m26s
+		{in: "0d", bad: true},
 	} {
 		got, err := command.ParseRetention(tc.in)
 		if tc.bad {
