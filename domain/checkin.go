@@ -90,14 +90,16 @@ func ValidateCheckinID(id string) error {
 	if id == "" {
 		return invalid(CodeRequired, "checkinId", "must not be empty")
 	}
-	if len(id) > MaxCheckinIDLen {
-		return invalid(CodeOutOfRange, "checkinId", "must be at most %d characters, got %d", MaxCheckinIDLen, len(id))
-	}
+	// The characters first: with them all ASCII, the length in bytes is the length a client
+	// counted (65 "é" were "at most 128 characters, got 130").
 	for _, r := range id {
 		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.' || r == ':'
 		if !ok {
 			return invalid(CodeInvalid, "checkinId", "may contain only letters, digits and . _ : - (got %q)", r)
 		}
+	}
+	if len(id) > MaxCheckinIDLen {
+		return invalid(CodeOutOfRange, "checkinId", "must be at most %d characters, got %d", MaxCheckinIDLen, len(id))
 	}
 	return nil
 }

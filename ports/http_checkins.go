@@ -152,7 +152,10 @@ func decodeCheckin(r *http.Request) (domain.CheckinInput, error) {
 	if err != nil {
 		return domain.CheckinInput{}, err
 	}
-	if key := r.Header.Get(HeaderIdempotencyKey); key != "" {
+	// A header sent empty is refused like any bad key, not taken for no header: its retries
+	// would each have been recorded as a new check-in.
+	if keys := r.Header.Values(HeaderIdempotencyKey); len(keys) > 0 {
+		key := keys[0]
 		if err := domain.ValidateCheckinID(key); err != nil {
 			var ve *domain.ValidationError
 			if errors.As(err, &ve) {
@@ -470,6 +473,10 @@ func jsonError(err error) error {
 	case errors.As(err, &te) && te.Field == "":
 		// The body itself is not an object (an array, a string...): no field to blame.
 		return apiError(http.StatusBadRequest, "malformed_json", "", "request body must be a JSON object, got JSON "+te.Value)
+	case errors.As(err, &te) && te.Field != "checkinId" && isIntegerLiteral(strings.TrimPrefix(te.Value, "number ")):
+		// An integer, only too large for any field: not a wrong type.
+		return apiError(http.StatusBadRequest, domain.CodeOutOfRange, te.Field,
+			fmt.Sprintf("%s is out of range: %s does not fit a 64-bit integer", te.Field, strings.TrimPrefix(te.Value, "number ")))
 	case errors.As(err, &te):
 		return apiError(http.StatusBadRequest, "wrong_type", te.Field,
 			fmt.Sprintf("%s must be %s, got JSON %s", te.Field, jsonTypeName(te.Field), te.Value))
@@ -483,6 +490,20 @@ func jsonError(err error) error {
 		return apiError(http.StatusBadRequest, "unknown_field", field, fmt.Sprintf("unknown field %q", field))
 	}
 	return apiError(http.StatusBadRequest, "malformed_json", "", "request body is not a valid check-in: "+err.Error())
+}
+
+// isIntegerLiteral: an optional minus and digits only.
+func isIntegerLiteral(s string) bool {
+	s = strings.TrimPrefix(s, "-")
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 func jsonTypeName(field string) string {
