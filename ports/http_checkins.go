@@ -569,12 +569,17 @@ func (s *HTTPServer) listCheckins(c echo.Context) error {
 }
 
 func pathID(c echo.Context, name string) (int64, error) {
+	// Echo matches the escaped path (and so hands the parameter on escaped) only when the
+	// request's path has a non-default escaping: /users/%34%32 is /users/42, but /users/%2531
+	// arrives decoded once already ("%31"), and is no number.
 	v := c.Param("id")
-	if u, err := url.PathUnescape(v); err == nil { // /users/%34%32 is /users/42
-		v = u
+	if c.Request().URL.RawPath != "" {
+		if u, err := url.PathUnescape(v); err == nil {
+			v = u
+		}
 	}
 	id, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || id < 1 {
+	if err != nil || id < 1 || v[0] == '+' || v[0] == '0' { // the integer as written in JSON: no "+1", no "01"
 		return 0, apiError(http.StatusBadRequest, domain.CodeInvalid, name, fmt.Sprintf("%s must be an integer >= 1, got %q", name, v))
 	}
 	return id, nil

@@ -125,6 +125,9 @@ func TestOpenAPIGlueKeepsTheParameterErrors(t *testing.T) {
 		{"/users/99999999999999999999", "userId", "invalid", `userId must be an integer >= 1, got "99999999999999999999"`},
 		{"/users/0", "userId", "invalid", `userId must be an integer >= 1, got "0"`},
 		{"/locations/-3", "locationId", "invalid", `locationId must be an integer >= 1, got "-3"`},
+		{"/users/%2531", "userId", "invalid", `userId must be an integer >= 1, got "%31"`}, // decoded once, not twice
+		{"/users/+1", "userId", "invalid", `userId must be an integer >= 1, got "+1"`},
+		{"/users/01", "userId", "invalid", `userId must be an integer >= 1, got "01"`},
 		{"/checkins?limit=x", "limit", "invalid", `limit: must be an integer from 1 to 1000, got "x"`},
 		{"/checkins?limit=0", "limit", "out_of_range", `limit: must be an integer from 1 to 1000, got "0"`},
 		{"/checkins?limit=1001", "limit", "out_of_range", `limit: must be an integer from 1 to 1000, got "1001"`},
