@@ -322,3 +322,25 @@ func TestContractValidatorRejectsWhatTheSpecDoesNotDescribe(t *testing.T) {
 	assert.Contains(t, err.Error(), "does not describe")
 	assert.Error(t, v.Err(), "the mismatch is kept for TestMain")
 }
+
+// TestCheckinRequestNullsAreInTheContract: the API takes an optional field sent as null for
+// absent; the contract says so (it refused what the service accepts).
+func TestCheckinRequestNullsAreInTheContract(t *testing.T) {
+	t.Parallel()
+	doc, err := openapitest.Load(context.Background())
+	require.NoError(t, err)
+	schema := doc.Components.Schemas["CheckinRequest"].Value
+	body := `{"checkinId":null,"userId":null,"locationId":3,"starRating":2,"timestamp":null}`
+	var v any
+	require.NoError(t, json.Unmarshal([]byte(body), &v))
+	assert.NoError(t, schema.VisitJSON(v))
+	var nullRequired any
+	require.NoError(t, json.Unmarshal([]byte(`{"locationId":null,"starRating":2}`), &nullRequired))
+	assert.Error(t, schema.VisitJSON(nullRequired), "a required field is never null")
+
+	env := newAPIEnv(t)
+	resp := env.post(t, `{"checkinId":null,"userId":4,"locationId":3,"starRating":2,"timestamp":null}`, nil)
+	assert.Equal(t, http.StatusAccepted, resp.status, "%s", resp.body)
+	resp = env.post(t, `{"userId":4,"locationId":null,"starRating":2}`, nil)
+	assert.Equal(t, http.StatusBadRequest, resp.status, "%s", resp.body)
+}

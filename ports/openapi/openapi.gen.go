@@ -183,7 +183,7 @@ type CheckinPage struct {
 	NextCursor *string `json:"nextCursor,omitempty"`
 }
 
-// CheckinRequest defines model for CheckinRequest.
+// CheckinRequest An optional field sent as `null` is taken as absent.
 type CheckinRequest struct {
 	// CheckinId business ID; the same ID with the same content is answered as the first time (defaults to a new UUID)
 	CheckinId  *string `json:"checkinId,omitempty"`
