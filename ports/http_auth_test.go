@@ -255,3 +255,24 @@ func TestVerifiedTokensEndAtTheirExpiry(t *testing.T) {
 	_, err = v.Verify(ctx, bad)
 	assert.ErrorIs(t, err, ports.ErrTokenBadSignature)
 }
+
+// TestReadyzReasonsAreForOperators: a service that is not ready says why (Redis's address, a
+// stalled group) only to a caller with an ops scope on the public listener; anyone else gets
+// the 503 and where to look. It told any anonymous caller.
+func TestReadyzReasonsAreForOperators(t *testing.T) {
+	t.Parallel()
+	e := newAPIEnvWith(t, apiOptions{http: ports.HTTPConfig{Auth: hs256Policy(t, 0)}})
+	e.redis.Kill()
+	reason := func(header map[string]string) string {
+		t.Helper()
+		resp := e.do(t, http.MethodGet, "/readyz", "", nil, header)
+		require.Equal(t, http.StatusServiceUnavailable, resp.status, "%s", resp.body)
+		return fmt.Sprint(resp.json(t)["reason"])
+	}
+	assert.Equal(t, ports.ReadyReasonWithheld, reason(nil), "anonymous")
+	assert.Equal(t, ports.ReadyReasonWithheld, reason(bearer(signHS(t, validClaims("1"), []byte(testSecret)))), "a user's token")
+	assert.Equal(t, ports.ReadyReasonWithheld, reason(map[string]string{"Authorization": "Bearer nonsense"}), "a bad token: no 401 for a probe")
+	ops := reason(bearer(signHS(t, validClaims("1").with("scope", ports.ScopeOpsRead), []byte(testSecret))))
+	assert.NotEqual(t, ports.ReadyReasonWithheld, ops, "an operator's token")
+	assert.NotEmpty(t, ops)
+}

@@ -296,10 +296,33 @@ func (s *HTTPServer) healthz(c echo.Context) error {
 func (s *HTTPServer) readyz(c echo.Context) error {
 	if s.ready != nil {
 		if err := s.ready.Ready(c.Request().Context()); err != nil {
-			return c.JSON(http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": err.Error()})
+			reason := err.Error()
+			if !s.mayReadReasons(c) {
+				reason = ReadyReasonWithheld
+			}
+			return c.JSON(http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": reason})
 		}
 	}
 	return c.JSON(http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// ReadyReasonWithheld is /readyz's reason for a caller that may not read the real one.
+const ReadyReasonWithheld = "not ready; the reason is on the ops listener's /readyz (or with an ops token) and in the logs"
+
+// mayReadReasons: why the service is not ready (Redis's address, a stalled group, what a
+// migration waits for) is for operators: on the ops listener of its own, with authentication
+// off (every listener is on loopback then), or with a token of an ops scope. Any token
+// problem just withholds it: a probe is never refused.
+func (s *HTTPServer) mayReadReasons(c echo.Context) bool {
+	if s.cfg.Auth == nil || (c.Echo() == s.ops && !s.cfg.Auth.OpsShared) {
+		return true
+	}
+	raw, err := ParseBearer(c.Request().Header.Get(echo.HeaderAuthorization))
+	if err != nil || s.cfg.Auth.Verifier == nil {
+		return false
+	}
+	p, err := s.cfg.Auth.Verifier.Verify(c.Request().Context(), raw)
+	return err == nil && (p.HasScope(ScopeOps) || p.HasScope(ScopeOpsRead))
 }
 
 // StatusClientClosedRequest is the status logged and counted for a request whose client went away
