@@ -1,9 +1,11 @@
 package projection
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -149,5 +151,14 @@ func (RecentCheckins) Get(ctx context.Context, r Reader, userID int64) (RecentCh
 		}
 		v.Checkins[i] = c
 	}
+	// Of equal timestamps the greater checkinId first, the one users takes for the latest
+	// (HMaxBy's tie): Redis orders them by the member's bytes, which compare location IDs as
+	// text ("10" before "9").
+	slices.SortStableFunc(v.Checkins, func(a, b RecentCheckin) int {
+		if c := cmp.Compare(b.Timestamp, a.Timestamp); c != 0 {
+			return c
+		}
+		return strings.Compare(b.CheckinID, a.CheckinID)
+	})
 	return v, nil
 }

@@ -130,3 +130,28 @@ func TestRecentCheckinsRejectsAMalformedMember(t *testing.T) {
 		assert.ErrorContains(t, err, fmt.Sprintf("user 7 recent check-in %q", bad))
 	}
 }
+
+// TestRecentCheckinsAgreeWithUserStatsOnTies: of check-ins at the same timestamp, the one the
+// recent list shows first is the one users takes for the latest (the greater checkinId). The
+// list ordered them by the member's bytes, which compare the location IDs as text: "a" at
+// location 9 came first while users said lastSeenAt 10.
+func TestRecentCheckinsAgreeWithUserStatsOnTies(t *testing.T) {
+	t.Parallel()
+	p, q := newProjTest(t), newProjTest(t) // one each: the applier dedupes per group
+	ctx := context.Background()
+	rc, us := projection.RecentCheckins{}, projection.UserStats{}
+	events := []domain.CheckinRecorded{
+		{Checkin: domain.Checkin{ID: "a", UserID: 6, LocationID: 9, StarRating: 1, Timestamp: 5_000}, RecordedAt: 5_000},
+		{Checkin: domain.Checkin{ID: "b", UserID: 6, LocationID: 10, StarRating: 1, Timestamp: 5_000}, RecordedAt: 5_000},
+		{Checkin: domain.Checkin{ID: "c", UserID: 6, LocationID: 2, StarRating: 1, Timestamp: 4_000}, RecordedAt: 5_000},
+	}
+	p.applyAll(t, rc, events, 1)
+	q.applyAll(t, us, events, 1)
+	stats, err := us.Get(ctx, q.reader(us.Name()), 6)
+	require.NoError(t, err)
+	recent, err := rc.Get(ctx, p.reader(rc.Name()), 6)
+	require.NoError(t, err)
+	require.Len(t, recent.Checkins, 3)
+	assert.Equal(t, stats.LastSeenAt, recent.Checkins[0].LocationID, "the same latest check-in")
+	assert.Equal(t, []string{"b", "a", "c"}, []string{recent.Checkins[0].CheckinID, recent.Checkins[1].CheckinID, recent.Checkins[2].CheckinID})
+}
