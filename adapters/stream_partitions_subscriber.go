@@ -56,11 +56,21 @@ func (s *PartitionedSubscriber) Subscribe(ctx context.Context, topic string) (<-
 		return s.inner.Subscribe(ctx, s.topicOf(topic))
 	}
 	ins := make([]<-chan *message.Message, s.parts.Count())
+	pctx, cancel := context.WithCancel(ctx)
 	for i, stream := range s.parts.Streams() {
-		in, err := s.inner.Subscribe(ctx, stream)
+		in, err := s.inner.Subscribe(pctx, stream)
 		if err != nil {
-			// The partitions subscribed so far end with ctx or the inner subscriber's Close,
-			// which the caller owes either way.
+			// The partitions subscribed so far end now, with what they read handed back: nobody
+			// reads them, and they held their entries (which no other consumer may take while
+			// held) and their topics (a new Subscribe was refused) until the drain's timeout.
+			cancel()
+			for _, in := range ins[:i] {
+				go func() {
+					for m := range in {
+						m.Nack()
+					}
+				}()
+			}
 			return nil, fmt.Errorf("subscribe partition %d (%s): %w", i, stream, err)
 		}
 		ins[i] = in
@@ -94,6 +104,7 @@ func (s *PartitionedSubscriber) Subscribe(ctx context.Context, topic string) (<-
 	}()
 	out := make(chan *message.Message)
 	go func() {
+		defer cancel()
 		defer close(out)
 		var timer *time.Timer
 		for run := range runs {

@@ -2,8 +2,10 @@ package adapters_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -194,5 +196,61 @@ func TestPartitionedSubscriberLingersForOtherPartitions(t *testing.T) {
 			assert.Equal(t, parts.Stream(1), second.Metadata.Get(adapters.MetaStream))
 
 		})
+	}
+}
+
+// failPartition fails the Subscribe of one stream while fail is set.
+type failPartition struct {
+	message.Subscriber
+	stream string
+	fail   *atomic.Bool
+}
+
+func (f failPartition) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if topic == f.stream && f.fail.Load() {
+		return nil, errors.New("OOM command not allowed when used memory > 'maxmemory' (injected)")
+	}
+	return f.Subscriber.Subscribe(ctx, topic)
+}
+
+// TestPartitionedSubscribeThatFailsEndsThePartitionsItStarted: when one partition's subscription
+// fails, those already started end at once, handing back what they read; a new Subscribe then
+// works and delivers everything. They went on unread, holding their entries and their topics
+// (the next Subscribe refused as already subscribed) until their drain timed out.
+func TestPartitionedSubscribeThatFailsEndsThePartitionsItStarted(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	parts, pub := partitionedPublisher(t, env, 4)
+	const users = 40
+	for u := int64(1); u <= users; u++ {
+		require.NoError(t, pub.PublishCheckinRecorded(ctx, recorded(uuid.NewString(), u, 1, 1, 1_700_000_000_000), ""))
+	}
+	inner, err := batchsub.NewSubscriber(batchsub.Config{Client: env.newClient(t), ConsumerGroup: "g", Consumer: "c1",
+		Unmarshaller: adapters.FlatMarshaller{}, BatchSize: 7, DrainTimeout: time.Minute})
+	require.NoError(t, err)
+	fail := &atomic.Bool{}
+	fail.Store(true)
+	sub := adapters.NewPartitionedSubscriber(failPartition{inner, parts.Streams()[2], fail}, parts, env.keys.Stream())
+	t.Cleanup(func() { _ = sub.Close() })
+	_, err = sub.Subscribe(ctx, env.keys.Stream())
+	require.ErrorContains(t, err, "subscribe partition 2")
+	fail.Store(false)
+
+	var msgs <-chan *message.Message
+	require.Eventually(t, func() bool {
+		msgs, err = sub.Subscribe(ctx, env.keys.Stream())
+		return err == nil
+	}, 10*time.Second, 50*time.Millisecond, "a new Subscribe well before the minute of drain: %v", err)
+	seen := map[string]bool{}
+	for len(seen) < users {
+		select {
+		case m := <-msgs:
+			seen[m.UUID] = true
+			m.Ack()
+		case <-time.After(15 * time.Second):
+			t.Fatalf("%d of %d check-ins delivered", len(seen), users)
+		}
 	}
 }
