@@ -110,10 +110,12 @@ func (u *UI) login(c echo.Context) error {
 	if !p.HasScope(ScopeOps) && !p.HasScope(ScopeOpsRead) {
 		return fail("this token has neither scope " + ScopeOps + " nor " + ScopeOpsRead + ": it cannot see the dashboard")
 	}
-	// #nosec G124 -- HttpOnly and SameSite=Strict always; Secure whenever the listener speaks TLS
-	// (a Secure cookie over plain HTTP on loopback would never be sent back).
+	// #nosec G124 -- HttpOnly and SameSite=Strict always; Secure whenever the browser speaks
+	// HTTPS: to this listener, or to a proxy in front that says so (X-Forwarded-Proto: the ops
+	// listener never speaks TLS itself). A Secure cookie over plain HTTP on loopback would never
+	// be sent back; a client that claims HTTPS falsely only loses its own cookie.
 	ck := &http.Cookie{Name: UICookie, Value: raw, Path: "/ui", HttpOnly: true, SameSite: http.SameSiteStrictMode,
-		Secure: c.Request().TLS != nil}
+		Secure: c.Scheme() == "https"}
 	if exp, ok := tokenExpiry(raw); ok {
 		ck.Expires = exp
 	}
@@ -129,7 +131,7 @@ func (u *UI) logout(c echo.Context) error {
 func clearUICookie(c echo.Context) {
 	// #nosec G124 -- the login cookie's attributes (see login), emptied and expired
 	c.SetCookie(&http.Cookie{Name: UICookie, Value: "", Path: "/ui", HttpOnly: true, SameSite: http.SameSiteStrictMode,
-		Secure: c.Request().TLS != nil, MaxAge: -1, Expires: time.Unix(0, 0)})
+		Secure: c.Scheme() == "https", MaxAge: -1, Expires: time.Unix(0, 0)})
 }
 
 // safeNext keeps a post-login redirect on the dashboard (no open redirect to another site).

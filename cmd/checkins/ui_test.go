@@ -140,6 +140,12 @@ func TestUILoginCookieScopesAndCrossOrigin(t *testing.T) {
 	assert.Equal(t, http.SameSiteStrictMode, read.SameSite)
 	assert.Equal(t, "/ui", read.Path)
 	assert.False(t, read.Secure, "plain HTTP: a Secure cookie would never come back")
+	// Behind a proxy that speaks HTTPS to the browser (the ops listener never speaks TLS itself),
+	// the cookie is Secure.
+	resp, _ = uiDo(t, uiReq{method: http.MethodPost, url: svc.ops + "/ui/login", form: url.Values{"token": {testToken(3, ports.ScopeOpsRead)}},
+		header: map[string]string{"X-Forwarded-Proto": "https"}})
+	require.Len(t, resp.Cookies(), 1)
+	assert.True(t, resp.Cookies()[0].Secure, "HTTPS at the proxy")
 	assert.WithinDuration(t, time.Now().Add(6*time.Hour), read.Expires, 2*time.Minute, "the cookie expires with the token")
 	ops := uiLogin(t, svc.ops, testToken(4, ports.ScopeOps))
 
