@@ -64,7 +64,8 @@ func ParseDayRange(from, to string) (time.Time, time.Time, error) {
 	if t.Before(f) {
 		return time.Time{}, time.Time{}, &domain.ValidationError{Code: domain.CodeOutOfRange, Field: "to", Message: fmt.Sprintf("must not be before from (%s), got %s", from, to)}
 	}
-	if days := int(t.Sub(f).Hours()/24) + 1; days > MaxDailyRangeDays {
+	// Counted by the days since the epoch: t.Sub(f) saturates at about 292 years.
+	if days := (t.Unix()-f.Unix())/86400 + 1; days > MaxDailyRangeDays {
 		return time.Time{}, time.Time{}, &domain.ValidationError{Code: domain.CodeOutOfRange, Field: "to",
 			Message: fmt.Sprintf("range covers %d days; at most %d are allowed", days, MaxDailyRangeDays)}
 	}

@@ -53,19 +53,24 @@ func TestParseDayRange(t *testing.T) {
 	for _, tc := range []struct {
 		name, from, to string
 		field          string // "" when valid
+		covers         string // the message says so
 	}{
-		{"one day", "2024-03-01", "2024-03-01", ""},
-		{"leap year is 366 days", "2024-01-01", "2024-12-31", ""},
-		{"367 days", "2024-01-01", "2025-01-01", "to"},
-		{"to before from", "2024-03-02", "2024-03-01", "to"},
-		{"missing from", "", "2024-03-01", "from"},
-		{"missing to", "2024-03-01", "", "to"},
-		{"not a date", "2024-13-01", "2024-03-01", "from"},
-		{"timestamp instead of date", "2024-03-01", "2024-03-01T00:00:00Z", "to"},
+		{"the whole calendar", "0001-01-01", "9999-12-31", "to", "range covers 3652059 days"}, // not a duration's 106752
+		{"one day", "2024-03-01", "2024-03-01", "", ""},
+		{"leap year is 366 days", "2024-01-01", "2024-12-31", "", ""},
+		{"367 days", "2024-01-01", "2025-01-01", "to", "range covers 367 days"},
+		{"to before from", "2024-03-02", "2024-03-01", "to", ""},
+		{"missing from", "", "2024-03-01", "from", ""},
+		{"missing to", "2024-03-01", "", "to", ""},
+		{"not a date", "2024-13-01", "2024-03-01", "from", ""},
+		{"timestamp instead of date", "2024-03-01", "2024-03-01T00:00:00Z", "to", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			_, _, err := projection.ParseDayRange(tc.from, tc.to)
+			if tc.covers != "" {
+				assert.ErrorContains(t, err, tc.covers)
+			}
 			if tc.field == "" {
 				assert.NoError(t, err)
 				return
