@@ -69,6 +69,17 @@ var _ command.PartitionMigration = (*PartitionMigrator)(nil)
 func (m *PartitionMigrator) Recorded(ctx context.Context) (int, error) {
 	cur, err := m.client.HGet(ctx, m.keys.Meta(), metaPartitions).Result()
 	if errors.Is(err, redis.Nil) {
+		// No count recorded: the one stream of before partitions, if there is one. Without it
+		// there is nothing to move, most likely a mistyped KEY_PREFIX, and recording a count
+		// would make the next start with another STREAM_PARTITIONS refuse.
+		n, err := m.client.Exists(ctx, m.keys.Stream()).Result()
+		if err != nil {
+			return 0, fmt.Errorf("read the event stream: %w", err)
+		}
+		if n == 0 {
+			return 0, fmt.Errorf("nothing to migrate under KEY_PREFIX %q: no partition count in %s and no stream %s (is KEY_PREFIX right? a new deployment takes its count from STREAM_PARTITIONS at its first start)",
+				m.keys.Prefix, m.keys.Meta(), m.keys.Stream())
+		}
 		return 1, nil
 	}
 	if err != nil {

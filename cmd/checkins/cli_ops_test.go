@@ -37,7 +37,14 @@ func TestCLIOpsVerbsReadNothingIntoRedisAndKeepJSON(t *testing.T) {
 		assert.Zero(t, client.Exists(ctx, keys.Meta()).Val(), "%v recorded nothing", args)
 	}
 
-	code, _, stderr := runOps(t, env, "poison", "list", "--limit", "0")
+	// A migration with nothing to move (a mistyped KEY_PREFIX) records no count either: the
+	// next start with another STREAM_PARTITIONS would be refused.
+	code, _, stderr := runOps(t, env, "partitions", "migrate", "--to", "4")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "nothing to migrate under KEY_PREFIX")
+	assert.Zero(t, client.Exists(ctx, keys.Meta()).Val(), "migrate on an empty keyspace recorded nothing")
+
+	code, _, stderr = runOps(t, env, "poison", "list", "--limit", "0")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "--limit must be from 1 to 1000, got 0")
 
