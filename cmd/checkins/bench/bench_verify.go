@@ -110,8 +110,10 @@ func (m *expectedModel) count(c domain.Checkin, recent bool) {
 
 func utcDay(ms int64) string { return time.UnixMilli(ms).UTC().Format(projection.DayLayout) }
 
-// latest is what RecentCheckins keeps of a user in layout: the newest by timestamp, ties broken
-// by the sorted-set member's bytes (the layout's encoding), newest first.
+// latest is what RecentCheckins keeps of a user in layout and how it lists them: the newest by
+// timestamp, ties broken by the sorted-set member's bytes (the layout's encoding) for which are
+// kept; listed newest first, equal timestamps the greater checkinId first (as users takes the
+// latest).
 func (u *userExpect) latest(layout int) []projection.RecentCheckin {
 	s := slices.Clone(u.checkins)
 	member := func(c projection.RecentCheckin) string { m, _ := c.Member(layout); return m }
@@ -121,7 +123,14 @@ func (u *userExpect) latest(layout int) []projection.RecentCheckin {
 		}
 		return strings.Compare(member(b), member(a))
 	})
-	return s[:min(len(s), projection.RecentCheckinsKept)]
+	s = s[:min(len(s), projection.RecentCheckinsKept)]
+	slices.SortStableFunc(s, func(a, b projection.RecentCheckin) int {
+		if c := cmp.Compare(b.Timestamp, a.Timestamp); c != 0 {
+			return c
+		}
+		return strings.Compare(b.CheckinID, a.CheckinID)
+	})
+	return s
 }
 
 // problems collects the differences of one projection from concurrent checks: how many, and
