@@ -86,11 +86,12 @@ func shortLivedToken(t *testing.T, user int64, ttl time.Duration, scopes ...stri
 	return tok.Token
 }
 
-// authTransport adds a token to requests without an Authorization header.
+// authTransport adds a token to requests without an Authorization header: an ops one to the ops
+// routes and to /readyz (whose reasons are for operators), and to writes.
 type authTransport struct{ next http.RoundTripper }
 
 func (a authTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	ops := r.URL.Path == "/metrics" || strings.HasPrefix(r.URL.Path, "/ops")
+	ops := r.URL.Path == "/metrics" || r.URL.Path == "/readyz" || strings.HasPrefix(r.URL.Path, "/ops")
 	if r.Header.Get("Authorization") != "" || (!ops && r.Method == http.MethodGet) {
 		return a.next.RoundTrip(r) // reads are public: they get no token they did not ask for
 	}
