@@ -111,23 +111,67 @@ func (l *EventLog) Latest(ctx context.Context) (query.RecordedCheckin, error) {
 }
 
 func latestIn(ctx context.Context, client redis.UniversalClient, stream string) (query.RecordedCheckin, bool, error) {
+	cs, err := newestIn(ctx, client, stream, "-", 1)
+	if err != nil || len(cs) == 0 {
+		return query.RecordedCheckin{}, false, err
+	}
+	return cs[0], true, nil
+}
+
+// newestScanBudget is how many entries newestIn reads back from the end of one stream at most:
+// a stream ending in that many entries that are no check-ins answers with what it found.
+const newestScanBudget = 1000
+
+// newestIn reads stream from its end down to from (an entry ID or "-"): its newest limit check-ins, newest first.
+func newestIn(ctx context.Context, client redis.UniversalClient, stream, from string, limit int) ([]query.RecordedCheckin, error) {
+	var out []query.RecordedCheckin
 	end := "+"
-	for range 10 {
-		xs, err := client.XRevRangeN(ctx, stream, end, "-", 100).Result()
+	batch := max(limit, 100)
+	for scanned := 0; scanned < newestScanBudget; scanned += batch {
+		xs, err := client.XRevRangeN(ctx, stream, end, from, int64(batch)).Result()
 		if err != nil {
-			return query.RecordedCheckin{}, false, err
+			return nil, err
 		}
 		for _, x := range xs {
 			if c, ok := toCheckin(x); ok {
-				return c, true, nil
+				if out = append(out, c); len(out) == limit {
+					return out, nil
+				}
 			}
 		}
-		if len(xs) < 100 {
+		if len(xs) < batch {
 			break
 		}
 		end = "(" + xs[len(xs)-1].ID
 	}
-	return query.RecordedCheckin{}, false, nil
+	return out, nil
+}
+
+// Newest implements query.EventLog: each partition's newest limit check-ins since sinceMs,
+// merged (entry ID, then partition) from the end.
+func (l *EventLog) Newest(ctx context.Context, sinceMs int64, limit int) ([]query.RecordedCheckin, error) {
+	type at struct {
+		pos entryPos
+		c   query.RecordedCheckin
+	}
+	var all []at
+	for p, stream := range l.streams {
+		cs, err := newestIn(ctx, l.client, stream, strconv.FormatInt(sinceMs, 10), limit)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", domain.ErrUnavailable, err)
+		}
+		for _, c := range cs {
+			pos, _ := parseEntryID(c.EntryID)
+			pos.partition = p
+			all = append(all, at{pos, c})
+		}
+	}
+	slices.SortFunc(all, func(a, b at) int { return b.pos.compare(a.pos) })
+	out := make([]query.RecordedCheckin, 0, min(len(all), limit))
+	for _, a := range all[:min(len(all), limit)] {
+		out = append(out, a.c)
+	}
+	return out, nil
 }
 
 // Range implements query.EventLog.

@@ -3,6 +3,7 @@ package adapters_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 
@@ -296,6 +297,24 @@ func TestPartitionedEventLogMergesExactly(t *testing.T) {
 		require.NoError(t, err)
 		last := want[len(want)-1]
 		assert.Equal(t, last, at{latest.EntryID, int(latest.UserID - 1)})
+
+		// Newest is the same merged order read from its end, down to since.
+		for limit := 1; limit <= len(want)+1; limit++ {
+			for _, since := range []int64{0, 4000} {
+				cs, err := log.Newest(ctx, since, limit)
+				require.NoError(t, err)
+				var got, rev []at
+				for _, c := range cs {
+					got = append(got, at{c.EntryID, int(c.UserID - 1)})
+				}
+				for _, a := range slices.Backward(inRange(since, 1<<40)) {
+					if len(rev) < limit {
+						rev = append(rev, a)
+					}
+				}
+				require.Equal(t, rev, got, "limit %d since %d", limit, since)
+			}
+		}
 
 		for _, bad := range []string{"1000-0.4", "1000-0.", "1000-0.-1", "1000-0.00000", "1000-0:1", "x.1"} {
 			_, err := log.Range(ctx, 0, 1<<40, bad, 10)

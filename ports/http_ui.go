@@ -455,6 +455,9 @@ func (u *UI) rebuild(c echo.Context) error {
 	return back(c, "/ui/projections", "msg", fmt.Sprintf("rebuild of %s started: v%d to v%d; projectors build it while v%d serves", name, rp.From, rp.To, rp.From))
 }
 
+// uiRecentCheckins is how many of the newest check-ins the Explore page lists.
+const uiRecentCheckins = 20
+
 type exploreView struct {
 	Page      page
 	UserID    string
@@ -529,13 +532,10 @@ func (u *UI) explore(c echo.Context) error {
 		}
 	}
 	// The newest check-ins of the last minute, newest first.
-	now := time.Now().UnixMilli()
-	if pg, err := q.Checkins.Range(ctx, query.RangeQuery{From: now - 60*1000, To: now, Limit: domain.MaxPageLimit}); err != nil {
+	if cs, err := q.Checkins.Newest(ctx, time.Now().Add(-time.Minute).UnixMilli(), uiRecentCheckins); err != nil {
 		v.LatestErr = err.Error()
 	} else {
-		cs := pg.Checkins
-		slices.Reverse(cs)
-		v.Latest = cs[:min(len(cs), 20)]
+		v.Latest = cs
 	}
 	return u.render(c, http.StatusOK, "explore", v)
 }

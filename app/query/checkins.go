@@ -26,6 +26,8 @@ type EventLog interface {
 	Latest(ctx context.Context) (RecordedCheckin, error)
 	// Range lists check-ins recorded in [fromMs, toMs], oldest first, after the cursor.
 	Range(ctx context.Context, fromMs, toMs int64, cursor string, limit int) (CheckinPage, error)
+	// Newest lists the newest check-ins recorded at or after sinceMs, newest first, at most limit.
+	Newest(ctx context.Context, sinceMs int64, limit int) ([]RecordedCheckin, error)
 }
 
 // Checkins answers questions about the recorded check-ins.
@@ -38,6 +40,18 @@ func NewCheckins(log EventLog) Checkins { return Checkins{log: log} }
 
 // Latest is the newest check-in on the stream.
 func (q Checkins) Latest(ctx context.Context) (RecordedCheckin, error) { return q.log.Latest(ctx) }
+
+// Newest is at most limit check-ins recorded at or after sinceMs (ms since epoch), newest first:
+// read from the end of the stream, so a busy minute still shows what came last.
+func (q Checkins) Newest(ctx context.Context, sinceMs int64, limit int) ([]RecordedCheckin, error) {
+	if sinceMs < 0 {
+		return nil, &domain.ValidationError{Code: domain.CodeOutOfRange, Field: "since", Message: "must be >= 0"}
+	}
+	if limit < 1 || limit > domain.MaxPageLimit {
+		return nil, &domain.ValidationError{Code: domain.CodeOutOfRange, Field: "limit", Message: fmt.Sprintf("must be from 1 to %d, got %d", domain.MaxPageLimit, limit)}
+	}
+	return q.log.Newest(ctx, sinceMs, limit)
+}
 
 // RangeQuery selects check-ins recorded between From and To (ms since epoch, inclusive).
 type RangeQuery struct {

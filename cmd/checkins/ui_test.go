@@ -9,9 +9,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +24,7 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/domain"
 	"github.com/checkins/checkins/ports"
 )
 
@@ -438,4 +441,43 @@ func TestUIEventStreamEndsWhenItsTokenExpires(t *testing.T) {
 	require.NoError(t, err)
 	_ = again.Body.Close()
 	assert.Equal(t, http.StatusUnauthorized, again.StatusCode, "a new stream with it is refused too")
+}
+
+// TestUIExploreListsTheNewestCheckins: the Explore page's recent check-ins are the newest ones,
+// newest first, however many came in the last minute (it read the minute oldest first, at most
+// a thousand, so past that it listed old check-ins and never the newest).
+func TestUIExploreListsTheNewestCheckins(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "OPS_ADDR": "localhost:0"}, Mode{API: true})
+	ctx := context.Background()
+	stream := adapters.KeySpace{Prefix: rdb.Prefix}.Stream()
+	cmds := make([]*redis.StringCmd, 1100)
+	pipe := client.Pipeline()
+	now := time.Now().UnixMilli()
+	for i := range cmds {
+		ev := domain.CheckinRecorded{Checkin: domain.Checkin{ID: fmt.Sprintf("ck-%d", i), UserID: 1, LocationID: 2, StarRating: 3, Timestamp: now}, RecordedAt: now}
+		values := map[string]any{}
+		for k, v := range ev.Fields() {
+			values[k] = v
+		}
+		cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: values})
+	}
+	_, err := pipe.Exec(ctx)
+	require.NoError(t, err)
+	var want []string
+	for i := len(cmds) - 1; i >= len(cmds)-20; i-- {
+		want = append(want, cmds[i].Val())
+	}
+
+	resp, body := uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + "/ui/explore", header: map[string]string{"Authorization": "Bearer " + testToken(1, ports.ScopeOpsRead)}})
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	_, table, ok := strings.Cut(body, `<table id="recent">`)
+	require.True(t, ok, body)
+	var got []string
+	for _, m := range regexp.MustCompile(`<tr><td>([0-9]+-[0-9]+)</td>`).FindAllStringSubmatch(table, -1) {
+		got = append(got, m[1])
+	}
+	assert.Equal(t, want, got, "the 20 newest, newest first")
 }
