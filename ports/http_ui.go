@@ -215,44 +215,63 @@ func (u *UI) overview(c echo.Context) error {
 	return u.render(c, http.StatusOK, "overview", overviewView{Page: p, Sample: s, CanAct: p.CanAct})
 }
 
-type poisonView struct {
-	Page       page
-	Names      []string
+// poisonState is where an operator is in the poison queue (filter, page size, page): links and
+// actions carry it, so paging keeps the size and an action comes back to the same page.
+type poisonState struct {
 	Projection string
 	Cursor     string
 	Limit      int
-	List       query.PoisonPage
-	Query      string
+}
+
+// query is the state as a query string ("" when it is the first page of everything); at
+// replaces the cursor.
+func (s poisonState) query(at string) string {
+	q := url.Values{}
+	if s.Projection != "" {
+		q.Set("projection", s.Projection)
+	}
+	if at != "" {
+		q.Set("cursor", at)
+	}
+	if s.Limit != 0 && s.Limit != uiPoisonPageSize {
+		q.Set("limit", strconv.Itoa(s.Limit))
+	}
+	return q.Encode()
+}
+
+type poisonView struct {
+	Page  page
+	Names []string
+	poisonState
+	List query.PoisonPage
+	// Query is this page's; FirstQuery the first page's, NextQuery the next one's (URL typed:
+	// already encoded, so a link's query keeps its & and =).
+	Query, FirstQuery, NextQuery template.URL
 }
 
 const uiPoisonPageSize = 20
 
 func (u *UI) poisonData(c echo.Context) (poisonView, error) {
-	v := poisonView{Names: u.cfg.Names, Projection: c.QueryParam("projection"), Cursor: c.QueryParam("cursor"), Limit: uiPoisonPageSize}
+	v := poisonView{Names: u.cfg.Names, poisonState: poisonState{Projection: c.QueryParam("projection"), Cursor: c.QueryParam("cursor"), Limit: uiPoisonPageSize}}
 	if v.Projection != "" && !slices.Contains(u.cfg.Names, v.Projection) {
 		return v, &domain.ValidationError{Code: domain.CodeInvalid, Field: "projection",
 			Message: fmt.Sprintf("unknown projection %q; this build has %s", v.Projection, strings.Join(u.cfg.Names, ", "))}
 	}
-	var err error
-	if v.Limit, err = queryLimit(c, uiPoisonPageSize, query.MaxPoisonListLimit); err != nil {
+	limit, err := queryLimit(c, uiPoisonPageSize, query.MaxPoisonListLimit)
+	if err != nil {
 		return v, err
 	}
+	v.Limit = limit
 	list, err := u.cfg.App.Queries.ListPoisoned.List(c.Request().Context(), query.PoisonFilter{Projection: v.Projection, Cursor: v.Cursor, Limit: v.Limit})
 	if err != nil {
 		return v, err
 	}
 	v.List = list
-	q := url.Values{}
-	if v.Projection != "" {
-		q.Set("projection", v.Projection)
+	// #nosec G203 -- url.Values.Encode escapes every value
+	v.Query, v.FirstQuery = template.URL(v.query(v.Cursor)), template.URL(v.query(""))
+	if list.Next != "" {
+		v.NextQuery = template.URL(v.query(list.Next)) // #nosec G203 -- as above
 	}
-	if v.Cursor != "" {
-		q.Set("cursor", v.Cursor)
-	}
-	if v.Limit != uiPoisonPageSize {
-		q.Set("limit", strconv.Itoa(v.Limit))
-	}
-	v.Query = q.Encode()
 	return v, nil
 }
 
@@ -281,7 +300,9 @@ func (u *UI) poisonTable(c echo.Context) error {
 }
 
 type poisonEntryView struct {
-	Page   page
+	Page page
+	poisonState
+	Back   string // the poison page the entry was opened from
 	Entry  ops.PoisonEntry
 	Meta   [][2]string
 	Fields [][2]string
@@ -289,15 +310,15 @@ type poisonEntryView struct {
 
 func (u *UI) poisonEntry(c echo.Context) error {
 	e, err := u.cfg.App.Queries.ListPoisoned.Show(c.Request().Context(), c.Param("id"))
-	p := u.page(c, "Poison entry "+c.Param("id"), "poison")
+	v := poisonEntryView{Page: u.page(c, "Poison entry "+c.Param("id"), "poison"), poisonState: u.poisonStateOf(c), Back: u.poisonBack(c)}
 	if err != nil {
 		if errors.Is(err, domain.ErrNotFound) || ops.IsClientError(err) {
-			p.Error = err.Error()
-			return u.render(c, http.StatusNotFound, "poison_entry", poisonEntryView{Page: p})
+			v.Page.Error = err.Error()
+			return u.render(c, http.StatusNotFound, "poison_entry", v)
 		}
 		return err
 	}
-	v := poisonEntryView{Page: p, Entry: e}
+	v.Entry = e
 	v.Meta = [][2]string{
 		{"poison:stream", e.Stream}, {"poison:entry_id", e.EntryID},
 		{"poison:projection", e.Projection}, {"poison:group", e.Group},
@@ -325,15 +346,29 @@ func back(c echo.Context, to, msgKey, msg string) error {
 	return c.Redirect(http.StatusSeeOther, to+sep+msgKey+"="+url.QueryEscape(msg))
 }
 
-func poisonBack(c echo.Context) string {
-	q := url.Values{}
-	if p := c.FormValue("projection"); p != "" {
-		q.Set("projection", p)
+// poisonStateOf reads the state a link or an action's form carries, leaving out what is not
+// valid.
+func (u *UI) poisonStateOf(c echo.Context) poisonState {
+	s := poisonState{Projection: c.FormValue("projection"), Cursor: c.FormValue("cursor")}
+	if !slices.Contains(u.cfg.Names, s.Projection) {
+		s.Projection = ""
 	}
-	if len(q) == 0 {
-		return "/ui/poison"
+	if ops.ValidateCursor("cursor", s.Cursor) != nil {
+		s.Cursor = ""
 	}
-	return "/ui/poison?" + q.Encode()
+	if n, err := strconv.Atoi(c.FormValue("limit")); err == nil && n >= 1 && n <= query.MaxPoisonListLimit {
+		s.Limit = n
+	}
+	return s
+}
+
+// poisonBack is the poison page an action came from.
+func (u *UI) poisonBack(c echo.Context) string {
+	s := u.poisonStateOf(c)
+	if q := s.query(s.Cursor); q != "" {
+		return "/ui/poison?" + q
+	}
+	return "/ui/poison"
 }
 
 func (u *UI) replayOne(c echo.Context) error {
@@ -341,9 +376,9 @@ func (u *UI) replayOne(c echo.Context) error {
 	res, err := u.cfg.App.Commands.ReplayPoisoned.Replay(c.Request().Context(), id)
 	switch {
 	case err == nil:
-		return back(c, poisonBack(c), "msg", fmt.Sprintf("replayed %s into %s (applied: %t), entry deleted", id, res.Projection, res.Applied))
+		return back(c, u.poisonBack(c), "msg", fmt.Sprintf("replayed %s into %s (applied: %t), entry deleted", id, res.Projection, res.Applied))
 	case errors.Is(err, command.ErrReplayFailed), errors.Is(err, command.ErrNotReplayable), errors.Is(err, domain.ErrNotFound), ops.IsClientError(err):
-		return back(c, poisonBack(c), "err", fmt.Sprintf("replay of %s: %v", id, err))
+		return back(c, u.poisonBack(c), "err", fmt.Sprintf("replay of %s: %v", id, err))
 	}
 	return err
 }
@@ -352,11 +387,11 @@ func (u *UI) purgeOne(c echo.Context) error {
 	id := c.Param("id")
 	if err := u.cfg.App.Commands.PurgePoisoned.Purge(c.Request().Context(), id); err != nil {
 		if errors.Is(err, domain.ErrNotFound) || ops.IsClientError(err) {
-			return back(c, poisonBack(c), "err", fmt.Sprintf("purge of %s: %v", id, err))
+			return back(c, u.poisonBack(c), "err", fmt.Sprintf("purge of %s: %v", id, err))
 		}
 		return err
 	}
-	return back(c, poisonBack(c), "msg", "purged "+id)
+	return back(c, u.poisonBack(c), "msg", "purged "+id)
 }
 
 func (u *UI) bulkProjection(c echo.Context) (string, error) {
@@ -370,7 +405,7 @@ func (u *UI) bulkProjection(c echo.Context) (string, error) {
 func (u *UI) replayAll(c echo.Context) error {
 	p, err := u.bulkProjection(c)
 	if err != nil {
-		return back(c, "/ui/poison", "err", err.Error())
+		return back(c, u.poisonBack(c), "err", err.Error())
 	}
 	res, err := u.cfg.App.Commands.ReplayPoisoned.ReplayAll(c.Request().Context(), command.BulkRequest{Projection: p, Max: DefaultHTTPBulkLimit})
 	if err != nil && !ops.IsClientError(err) {
@@ -384,9 +419,9 @@ func (u *UI) replayAll(c echo.Context) error {
 		if err != nil {
 			msg += ": " + err.Error()
 		}
-		return back(c, poisonBack(c), "err", msg)
+		return back(c, u.poisonBack(c), "err", msg)
 	}
-	return back(c, poisonBack(c), "msg", msg)
+	return back(c, u.poisonBack(c), "msg", msg)
 }
 
 // purgeAll deletes every entry of one projection (or of all with "all"), once the operator
@@ -394,14 +429,14 @@ func (u *UI) replayAll(c echo.Context) error {
 func (u *UI) purgeAll(c echo.Context) error {
 	p, err := u.bulkProjection(c)
 	if err != nil {
-		return back(c, "/ui/poison", "err", err.Error())
+		return back(c, u.poisonBack(c), "err", err.Error())
 	}
 	want := p
 	if want == "" {
 		want = "all"
 	}
 	if got := strings.TrimSpace(c.FormValue("confirm")); got != want {
-		return back(c, poisonBack(c), "err", fmt.Sprintf("nothing purged: type %q to confirm purging every entry (got %q)", want, got))
+		return back(c, u.poisonBack(c), "err", fmt.Sprintf("nothing purged: type %q to confirm purging every entry (got %q)", want, got))
 	}
 	res, err := u.cfg.App.Commands.PurgePoisoned.PurgeAll(c.Request().Context(), command.BulkRequest{Projection: p, Max: DefaultHTTPBulkLimit})
 	if err != nil && !ops.IsClientError(err) {
@@ -412,9 +447,9 @@ func (u *UI) purgeAll(c echo.Context) error {
 		msg += "; stopped after " + strconv.Itoa(DefaultHTTPBulkLimit) + ", purge again for the rest"
 	}
 	if err != nil {
-		return back(c, poisonBack(c), "err", msg+": "+err.Error())
+		return back(c, u.poisonBack(c), "err", msg+": "+err.Error())
 	}
-	return back(c, poisonBack(c), "msg", msg)
+	return back(c, u.poisonBack(c), "msg", msg)
 }
 
 type projectionsView struct {

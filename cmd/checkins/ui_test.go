@@ -10,10 +10,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"html"
 	"io"
 	"net/http"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +26,7 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/domain"
 	"github.com/checkins/checkins/ports"
 )
@@ -480,4 +483,91 @@ func TestUIExploreListsTheNewestCheckins(t *testing.T) {
 		got = append(got, m[1])
 	}
 	assert.Equal(t, want, got, "the 20 newest, newest first")
+}
+
+// TestUIPoisonPagingKeepsTheFilterSizeAndPlace: the poison page's links keep its page size and
+// projection filter, and an action on an entry comes back to the page it was taken on (the
+// next and first page links dropped limit, and replay and purge went back to the first page).
+func TestUIPoisonPagingKeepsTheFilterSizeAndPlace(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "OPS_ADDR": "localhost:0"}, Mode{API: true})
+	q := adapters.NewPoisonQueue(client, keys)
+	var ids []string
+	for i := range 8 {
+		proj := "users"
+		if i%4 == 3 {
+			proj = "locations" // filtered out
+		}
+		id, err := q.Park(context.Background(), ops.PoisonEntry{Stream: keys.Stream(), EntryID: "1-1", Projection: proj, Error: "bug",
+			FailedAt: time.Now(), Fields: map[string]string{"n": strconv.Itoa(i)}})
+		require.NoError(t, err)
+		if proj == "users" {
+			ids = append(ids, id)
+		}
+	}
+	require.Len(t, ids, 6)
+	auth := map[string]string{"Authorization": "Bearer " + testToken(1, ports.ScopeOps)}
+	get := func(u string) string {
+		t.Helper()
+		resp, body := uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + u, header: auth})
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", u, body)
+		return body
+	}
+	listed := func(body string) []string {
+		var out []string
+		for _, m := range regexp.MustCompile(`<tr data-id="([^"]+)">`).FindAllStringSubmatch(body, -1) {
+			out = append(out, m[1])
+		}
+		return out
+	}
+	href := func(body, id string) url.Values {
+		t.Helper()
+		m := regexp.MustCompile(`id="` + id + `" href="([^"]*)"`).FindStringSubmatch(body)
+		require.NotNil(t, m, "no #%s in %s", id, body)
+		u, err := url.Parse(html.UnescapeString(m[1]))
+		require.NoError(t, err)
+		assert.Equal(t, "/ui/poison", u.Path)
+		return u.Query()
+	}
+
+	first := get("/ui/poison?projection=users&limit=2")
+	assert.Equal(t, ids[:2], listed(first))
+	next := href(first, "next-page")
+	assert.Equal(t, url.Values{"projection": {"users"}, "limit": {"2"}, "cursor": {ids[1]}}, next)
+	second := get("/ui/poison?" + next.Encode())
+	assert.Equal(t, ids[2:4], listed(second))
+	assert.Equal(t, url.Values{"projection": {"users"}, "limit": {"2"}}, href(second, "first-page"))
+	assert.Equal(t, url.Values{"projection": {"users"}, "limit": {"2"}, "cursor": {ids[3]}}, href(second, "next-page"))
+
+	// Purging an entry of the second page, with the form the page shows, comes back to it.
+	m := regexp.MustCompile(`action="/ui/poison/entry/` + ids[2] + `/purge" class="inline">(.*?)<button`).FindStringSubmatch(second)
+	require.NotNil(t, m, second)
+	form := url.Values{}
+	for _, in := range regexp.MustCompile(`name="(\w+)" value="([^"]*)"`).FindAllStringSubmatch(m[1], -1) {
+		form.Set(in[1], html.UnescapeString(in[2]))
+	}
+	resp, body := uiDo(t, uiReq{method: http.MethodPost, url: svc.ops + "/ui/poison/entry/" + ids[2] + "/purge", header: auth, form: form})
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode, body)
+	back, err := url.Parse(resp.Header.Get("Location"))
+	require.NoError(t, err)
+	assert.Equal(t, "/ui/poison", back.Path)
+	bq := back.Query()
+	assert.Equal(t, []string{"users", "2", ids[1]}, []string{bq.Get("projection"), bq.Get("limit"), bq.Get("cursor")}, back)
+	assert.Equal(t, []string{ids[3], ids[4]}, listed(get(back.String())), "the same page, without the purged entry")
+
+	// The entry page, opened from that page, goes back to it; a state that is not valid is left out.
+	entry := get("/ui/poison/entry/" + ids[3] + "?" + next.Encode())
+	assert.Equal(t, url.Values{"projection": {"users"}, "limit": {"2"}, "cursor": {ids[1]}}, href(entry, "back"))
+	resp, _ = uiDo(t, uiReq{method: http.MethodPost, url: svc.ops + "/ui/poison/entry/" + ids[3] + "/purge", header: auth,
+		form: url.Values{"projection": {"nope"}, "cursor": {"x"}, "limit": {"0"}}})
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	back, err = url.Parse(resp.Header.Get("Location"))
+	require.NoError(t, err)
+	assert.Equal(t, "/ui/poison", back.Path)
+	for _, k := range []string{"projection", "cursor", "limit"} {
+		assert.False(t, back.Query().Has(k), "%s in %s", k, back)
+	}
 }
