@@ -48,6 +48,12 @@ func (s *HTTPServer) uiAuth(c echo.Context, next echo.HandlerFunc) error {
 	}
 	read := r.Method == http.MethodGet || r.Method == http.MethodHead
 	if !ok {
+		if r.Header.Get("HX-Request") == "true" {
+			// A fragment htmx asked for: it would follow a redirect and swap the login page into
+			// the fragment's place. HX-Redirect sends the whole page to the login instead.
+			c.Response().Header().Set("HX-Redirect", "/ui/login?next="+url.QueryEscape(hxNext(r)))
+			return challenge(c, http.StatusUnauthorized, CodeUnauthenticated, "log in at /ui/login", "")
+		}
 		if read && path != uiPathEvents {
 			return c.Redirect(http.StatusSeeOther, "/ui/login?next="+url.QueryEscape(r.URL.RequestURI()))
 		}
@@ -140,6 +146,16 @@ func safeNext(n string) string {
 		return "/ui/"
 	}
 	return n
+}
+
+// hxNext is where the login sends an htmx request's page back to: the page's own URL
+// (HX-Current-URL), kept on the dashboard as any next is.
+func hxNext(r *http.Request) string {
+	u, err := url.Parse(r.Header.Get("HX-Current-URL"))
+	if err != nil {
+		return "/ui/"
+	}
+	return safeNext(u.RequestURI())
 }
 
 // tokenExpiry reads the exp claim of a token the verifier accepted.

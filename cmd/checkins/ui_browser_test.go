@@ -427,3 +427,30 @@ func TestBrowserExpiredSessionGoesToTheLogin(t *testing.T) {
 	b.eventually(`location.pathname === "/ui/login" && new URLSearchParams(location.search).get("next") === "/ui/projections"`,
 		"the expired session is sent to the login, to come back to the projections page")
 }
+
+// TestBrowserExpiredSessionOnAFragmentGoesToTheLogin: a fragment htmx fetches once the session
+// has expired sends the whole page to the login, not the login page into the fragment. The
+// stream's "bye" would reload the page first, so the test keeps it from the page's script.
+func TestBrowserExpiredSessionOnAFragmentGoesToTheLogin(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "OPS_ADDR": "localhost:0",
+		"UI_HEARTBEAT": "200ms", "AUTH_CLOCK_LEEWAY": "0s"}, Mode{API: true})
+	short := shortLivedToken(t, 1, 3*time.Second, ports.ScopeOpsRead)
+	b := newBrowser(t)
+	b.login(svc.ops, short)
+	b.run(chromedp.Navigate(svc.ops+"/ui/poison?limit=5"), chromedp.WaitVisible(chromedp.CSS("#poison")))
+	eval[bool](b, `window.addEventListener("htmx:sseMessage", e => { if (e.detail && e.detail.type === "bye") { e.stopImmediatePropagation(); } }, true); true`)
+	require.Eventually(t, func() bool {
+		resp, _ := uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + "/ui/poison/table", cookie: short})
+		return resp.StatusCode != http.StatusOK
+	}, 15*time.Second, 100*time.Millisecond, "the token expires")
+	// What the page does on every tick (a last tick may have done it already, and the page be
+	// at the login).
+	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	_, _ = chromedp.Run(ctx, chromedp.Evaluate[bool](`window.htmx && htmx.ajax("GET", "/ui/poison/table?limit=5", {target: "#poison-live", swap: "innerHTML"}); true`))
+	cancel()
+	b.eventually(`location.pathname === "/ui/login" && new URLSearchParams(location.search).get("next") === "/ui/poison?limit=5"`,
+		"the page goes to the login, to come back to the poison page")
+	assert.Zero(t, eval[int](b, `document.querySelectorAll("#poison-live").length`), "no login page inside the poison page")
+}

@@ -571,3 +571,38 @@ func TestUIPoisonPagingKeepsTheFilterSizeAndPlace(t *testing.T) {
 		assert.False(t, back.Query().Has(k), "%s in %s", k, back)
 	}
 }
+
+// TestUIExpiredSessionSendsAnHtmxPageToTheLogin: a fragment htmx polls for with an expired
+// session gets a 401 whose HX-Redirect sends the whole page to the login (and back to the page
+// after it), not a redirect that htmx follows and swaps the login page into the fragment.
+func TestUIExpiredSessionSendsAnHtmxPageToTheLogin(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "OPS_ADDR": "localhost:0", "AUTH_CLOCK_LEEWAY": "0s"}, Mode{API: true})
+	short := shortLivedToken(t, 1, 2*time.Second, ports.ScopeOpsRead)
+	resp, body := uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + "/ui/poison/table", cookie: short})
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.Eventually(t, func() bool {
+		resp, _ := uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + "/ui/poison/table", cookie: short})
+		return resp.StatusCode == http.StatusSeeOther
+	}, 10*time.Second, 50*time.Millisecond, "the token expires")
+
+	for current, next := range map[string]string{
+		svc.ops + "/ui/poison?projection=users&limit=5": "/ui/poison?projection=users&limit=5",
+		"https://evil.example/ui/projections":           "/ui/projections", // only the path is taken
+		"https://evil.example/phish":                    "/ui/",
+		"":                                              "/ui/",
+	} {
+		for _, fragment := range []string{"/ui/poison/table", "/ui/projections/table"} {
+			resp, body := uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + fragment, cookie: short,
+				header: map[string]string{"HX-Request": "true", "HX-Current-URL": current}})
+			assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, "%s from %q: %s", fragment, current, body)
+			assert.Equal(t, "/ui/login?next="+url.QueryEscape(next), resp.Header.Get("HX-Redirect"), "%s from %q", fragment, current)
+			assert.Empty(t, resp.Header.Get("Location"), fragment)
+		}
+	}
+	// A browser's navigation still goes to the login by a redirect.
+	resp, _ = uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + "/ui/poison", cookie: short})
+	assert.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	assert.Equal(t, "/ui/login?next="+url.QueryEscape("/ui/poison"), resp.Header.Get("Location"))
+}
