@@ -453,13 +453,25 @@ func (u *UI) purgeAll(c echo.Context) error {
 }
 
 type projectionsView struct {
-	Page   page
-	Report query.ProjectionsReport
+	Page     page
+	Report   query.ProjectionsReport
+	Versions []versionRow
+}
+
+// versionRow is a version with its state in one word (StateCode: the CSS class), next to
+// the sentence.
+type versionRow struct {
+	query.ProjectionVersionStatus
+	StateCode string
 }
 
 func (u *UI) projectionsData(c echo.Context, title string) (projectionsView, error) {
 	rep, err := u.cfg.App.Queries.ProjectionVersions.List(c.Request().Context())
-	return projectionsView{Page: u.page(c, title, "projections"), Report: rep}, err
+	v := projectionsView{Page: u.page(c, title, "projections"), Report: rep}
+	for _, vs := range rep.Versions {
+		v.Versions = append(v.Versions, versionRow{ProjectionVersionStatus: vs, StateCode: query.VersionStateCode(vs)})
+	}
+	return v, err
 }
 
 func (u *UI) projectionsPage(c echo.Context) error {

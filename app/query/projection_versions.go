@@ -196,6 +196,28 @@ func VersionState(v ProjectionVersionStatus) string {
 	}
 }
 
+// VersionStateCode is VersionState in one word, for what has to tell states apart (the
+// dashboard's colours): stalled, retired, idle (not started), building (a backfill or a
+// rebuild on its way), ok (caught up) or behind.
+func VersionStateCode(v ProjectionVersionStatus) string {
+	switch {
+	case v.Stalled:
+		return "stalled"
+	case v.Role == RoleRetiring:
+		return "retired"
+	case !v.GroupExists:
+		return "idle"
+	case v.Backfill == ops.BackfillRunning && v.Lag != nil:
+		return "building"
+	case v.Lag != nil && *v.Lag == 0 && v.Pending == 0:
+		return "ok"
+	case v.Lag != nil && v.Role == RoleBuilding:
+		return "building"
+	default:
+		return "behind"
+	}
+}
+
 // Rebuilds is the progress of every projection's last rebuild.
 func (q *ProjectionVersions) Rebuilds(ctx context.Context) ([]ops.RebuildProgress, error) {
 	out := []ops.RebuildProgress{}

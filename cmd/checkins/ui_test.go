@@ -606,3 +606,29 @@ func TestUIExpiredSessionSendsAnHtmxPageToTheLogin(t *testing.T) {
 	assert.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	assert.Equal(t, "/ui/login?next="+url.QueryEscape("/ui/poison"), resp.Header.Get("Location"))
 }
+
+// TestUIProjectionVersionsStateIsOneWordClass: the versions table marks each state with a class
+// of one word the stylesheet knows (state-ok for a caught-up version), the sentence as its text
+// and title; the class was made of the sentence ("state-caught up"), so no colour ever applied.
+func TestUIProjectionVersionsStateIsOneWordClass(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "OPS_ADDR": "localhost:0"}, Mode{API: true, Projections: true})
+	status, body, err := testPostCheckin(svc.base, `{"userId": 1, "locationId": 2, "starRating": 3}`, nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusAccepted, status, "%v", body)
+	auth := map[string]string{"Authorization": "Bearer " + testToken(1, ports.ScopeOpsRead)}
+	state := regexp.MustCompile(`<tr[^>]*><td>users\.v1</td>.*?<span class="state state-([^"]*)"( title="[^"]*")?>([^<]*)</span>`)
+	var m []string
+	require.Eventually(t, func() bool {
+		resp, b := uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + "/ui/projections/table", header: auth})
+		m = state.FindStringSubmatch(b)
+		return resp.StatusCode == http.StatusOK && m != nil && m[3] == "caught up"
+	}, 30*time.Second, 100*time.Millisecond, "users.v1 catches up")
+	assert.Equal(t, []string{"ok", ` title="caught up"`}, m[1:3], "a class of one word; the sentence is the text and the title")
+	css, err := ports.UIAssets().Open("ui/static/app.css")
+	require.NoError(t, err)
+	b, err := io.ReadAll(css)
+	require.NoError(t, err)
+	assert.Contains(t, string(b), ".state-ok", "the stylesheet colours it")
+}
