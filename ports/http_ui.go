@@ -192,7 +192,7 @@ type page struct {
 
 func (u *UI) page(c echo.Context, title, nav string) page {
 	return page{Title: title, Nav: nav, CanAct: u.canAct(c), Auth: u.srv.cfg.Auth != nil,
-		Flash: c.QueryParam("msg"), Error: c.QueryParam("err")}
+		Flash: u.noteText(c, "msg"), Error: u.noteText(c, "err")}
 }
 
 type overviewView struct {
@@ -337,15 +337,6 @@ func (u *UI) poisonEntry(c echo.Context) error {
 	return u.render(c, http.StatusOK, "poison_entry", v)
 }
 
-// back redirects to the page the action came from, with a message.
-func back(c echo.Context, to, msgKey, msg string) error {
-	sep := "?"
-	if strings.Contains(to, "?") {
-		sep = "&"
-	}
-	return c.Redirect(http.StatusSeeOther, to+sep+msgKey+"="+url.QueryEscape(msg))
-}
-
 // poisonStateOf reads the state a link or an action's form carries, leaving out what is not
 // valid.
 func (u *UI) poisonStateOf(c echo.Context) poisonState {
@@ -375,81 +366,84 @@ func (u *UI) replayOne(c echo.Context) error {
 	id := c.Param("id")
 	res, err := u.cfg.App.Commands.ReplayPoisoned.Replay(c.Request().Context(), id)
 	switch {
+	case err == nil && res.Applied:
+		return back(c, u.poisonBack(c), "msg", uiNote{Key: "replayed", ID: id, Name: res.Projection})
 	case err == nil:
-		return back(c, u.poisonBack(c), "msg", fmt.Sprintf("replayed %s into %s (applied: %t), entry deleted", id, res.Projection, res.Applied))
-	case errors.Is(err, command.ErrReplayFailed), errors.Is(err, command.ErrNotReplayable), errors.Is(err, domain.ErrNotFound), ops.IsClientError(err):
-		return back(c, u.poisonBack(c), "err", fmt.Sprintf("replay of %s: %v", id, err))
+		return back(c, u.poisonBack(c), "msg", uiNote{Key: "replayed-already", ID: id, Name: res.Projection})
+	case errors.Is(err, command.ErrReplayFailed):
+		kept := res.NewID
+		if kept == "" {
+			kept = id
+		}
+		return back(c, u.poisonBack(c), "err", uiNote{Key: "replay-failed", ID: kept})
+	case errors.Is(err, command.ErrNotReplayable):
+		return back(c, u.poisonBack(c), "err", uiNote{Key: "not-replayable", ID: id})
+	case errors.Is(err, domain.ErrNotFound):
+		return back(c, u.poisonBack(c), "err", uiNote{Key: "not-found", ID: id})
+	case ops.IsClientError(err):
+		return back(c, u.poisonBack(c), "err", uiNote{Key: "bad-id"})
 	}
 	return err
 }
 
 func (u *UI) purgeOne(c echo.Context) error {
 	id := c.Param("id")
-	if err := u.cfg.App.Commands.PurgePoisoned.Purge(c.Request().Context(), id); err != nil {
-		if errors.Is(err, domain.ErrNotFound) || ops.IsClientError(err) {
-			return back(c, u.poisonBack(c), "err", fmt.Sprintf("purge of %s: %v", id, err))
-		}
-		return err
+	err := u.cfg.App.Commands.PurgePoisoned.Purge(c.Request().Context(), id)
+	switch {
+	case err == nil:
+		return back(c, u.poisonBack(c), "msg", uiNote{Key: "purged", ID: id})
+	case errors.Is(err, domain.ErrNotFound):
+		return back(c, u.poisonBack(c), "err", uiNote{Key: "not-found", ID: id})
+	case ops.IsClientError(err):
+		return back(c, u.poisonBack(c), "err", uiNote{Key: "bad-id"})
 	}
-	return back(c, u.poisonBack(c), "msg", "purged "+id)
+	return err
 }
 
-func (u *UI) bulkProjection(c echo.Context) (string, error) {
+func (u *UI) bulkProjection(c echo.Context) (string, bool) {
 	p := c.FormValue("projection")
-	if p != "" && !slices.Contains(u.cfg.Names, p) {
-		return "", fmt.Errorf("unknown projection %q", p)
-	}
-	return p, nil
+	return p, p == "" || slices.Contains(u.cfg.Names, p)
 }
 
 func (u *UI) replayAll(c echo.Context) error {
-	p, err := u.bulkProjection(c)
-	if err != nil {
-		return back(c, u.poisonBack(c), "err", err.Error())
+	p, ok := u.bulkProjection(c)
+	if !ok {
+		return back(c, u.poisonBack(c), "err", uiNote{Key: "unknown-projection"})
 	}
 	res, err := u.cfg.App.Commands.ReplayPoisoned.ReplayAll(c.Request().Context(), command.BulkRequest{Projection: p, Max: DefaultHTTPBulkLimit})
 	if err != nil && !ops.IsClientError(err) {
 		return err
 	}
-	msg := fmt.Sprintf("replayed %d, failed %d, not replayable %d", res.Replayed, res.Failed, res.NotReplayable)
-	if res.Next != "" {
-		msg += "; stopped after " + strconv.Itoa(DefaultHTTPBulkLimit) + " entries, replay all again for the rest"
-	}
+	n := uiNote{Key: "replayed-all", N: int64(res.Replayed), Failed: int64(res.Failed), Skipped: int64(res.NotReplayable), More: res.Next != "" || err != nil}
 	if err != nil || res.Failed+res.NotReplayable > 0 {
-		if err != nil {
-			msg += ": " + err.Error()
-		}
-		return back(c, u.poisonBack(c), "err", msg)
+		return back(c, u.poisonBack(c), "err", n)
 	}
-	return back(c, u.poisonBack(c), "msg", msg)
+	return back(c, u.poisonBack(c), "msg", n)
 }
 
 // purgeAll deletes every entry of one projection (or of all with "all"), once the operator
 // typed that name into the confirmation field.
 func (u *UI) purgeAll(c echo.Context) error {
-	p, err := u.bulkProjection(c)
-	if err != nil {
-		return back(c, u.poisonBack(c), "err", err.Error())
+	p, ok := u.bulkProjection(c)
+	if !ok {
+		return back(c, u.poisonBack(c), "err", uiNote{Key: "unknown-projection"})
 	}
 	want := p
 	if want == "" {
 		want = "all"
 	}
-	if got := strings.TrimSpace(c.FormValue("confirm")); got != want {
-		return back(c, u.poisonBack(c), "err", fmt.Sprintf("nothing purged: type %q to confirm purging every entry (got %q)", want, got))
+	if strings.TrimSpace(c.FormValue("confirm")) != want {
+		return back(c, u.poisonBack(c), "err", uiNote{Key: "purge-unconfirmed", Name: p})
 	}
 	res, err := u.cfg.App.Commands.PurgePoisoned.PurgeAll(c.Request().Context(), command.BulkRequest{Projection: p, Max: DefaultHTTPBulkLimit})
 	if err != nil && !ops.IsClientError(err) {
 		return err
 	}
-	msg := fmt.Sprintf("purged %d entries", res.Purged)
-	if res.Next != "" {
-		msg += "; stopped after " + strconv.Itoa(DefaultHTTPBulkLimit) + ", purge again for the rest"
-	}
+	n := uiNote{Key: "purged-all", N: res.Purged, More: res.Next != "" || err != nil}
 	if err != nil {
-		return back(c, u.poisonBack(c), "err", msg+": "+err.Error())
+		return back(c, u.poisonBack(c), "err", n)
 	}
-	return back(c, u.poisonBack(c), "msg", msg)
+	return back(c, u.poisonBack(c), "msg", n)
 }
 
 type projectionsView struct {
@@ -494,12 +488,14 @@ func (u *UI) rebuild(c echo.Context) error {
 	name := c.Param("name")
 	rp, err := u.cfg.App.Commands.RebuildProjection.Start(c.Request().Context(), name)
 	switch {
-	case errors.Is(err, domain.ErrNotFound), errors.Is(err, command.ErrRebuildBusy):
-		return back(c, "/ui/projections", "err", err.Error())
+	case errors.Is(err, domain.ErrNotFound):
+		return back(c, "/ui/projections", "err", uiNote{Key: "rebuild-unknown"})
+	case errors.Is(err, command.ErrRebuildBusy):
+		return back(c, "/ui/projections", "err", uiNote{Key: "rebuild-busy", Name: name})
 	case err != nil:
 		return err
 	}
-	return back(c, "/ui/projections", "msg", fmt.Sprintf("rebuild of %s started: v%d to v%d; projectors build it while v%d serves", name, rp.From, rp.To, rp.From))
+	return back(c, "/ui/projections", "msg", uiNote{Key: "rebuild-started", Name: name, From: int64(rp.From), To: int64(rp.To)})
 }
 
 // uiRecentCheckins is how many of the newest check-ins the Explore page lists.

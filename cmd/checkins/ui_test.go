@@ -632,3 +632,57 @@ func TestUIProjectionVersionsStateIsOneWordClass(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(b), ".state-ok", "the stylesheet colours it")
 }
+
+// TestUIBannersAreTheServersOwnTexts: a page's banner is asked for by a key the server maps to
+// its own text, with values it checks; a link with words of its own (?err=Session expired.
+// Paste your token at ...) shows nothing, where it showed them as an alert of the dashboard.
+func TestUIBannersAreTheServersOwnTexts(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "OPS_ADDR": "localhost:0"}, Mode{API: true})
+	auth := map[string]string{"Authorization": "Bearer " + testToken(1, ports.ScopeOps)}
+	banners := regexp.MustCompile(`<p class="(?:flash|error)" role="(?:status|alert)">([^<]*)</p>`)
+	shown := func(u string) []string {
+		t.Helper()
+		resp, body := uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + u, header: auth})
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", u, body)
+		assert.False(t, strings.Contains(body, "evil"), "%s shows the words of the link", u)
+		var out []string
+		for _, m := range banners.FindAllStringSubmatch(body, -1) {
+			out = append(out, html.UnescapeString(m[1]))
+		}
+		return out
+	}
+	phish := url.QueryEscape("Session expired. Paste your token at https://evil.example")
+	for _, u := range []string{
+		"/ui/?err=" + phish + "&msg=" + phish,
+		"/ui/poison?msg=" + phish,
+		"/ui/projections?err=" + phish,
+		"/ui/explore?msg=purged&id=" + phish,             // a value not of its kind
+		"/ui/?msg=rebuild-started&name=evil&from=1&to=2", // a projection this build does not have
+		"/ui/?msg=replayed-all&n=evil",
+	} {
+		assert.Empty(t, shown(u), u)
+	}
+	assert.Equal(t, []string{`nothing purged: type "all" to confirm purging every entry`}, shown("/ui/poison?err=purge-unconfirmed&name=evil"))
+
+	// The actions' redirects ask for their banners by key.
+	id, err := adapters.NewPoisonQueue(client, keys).Park(context.Background(), ops.PoisonEntry{Stream: keys.Stream(), EntryID: "1-1",
+		Projection: "users", Error: "bug", FailedAt: time.Now(), Fields: map[string]string{"garbage": "x"}})
+	require.NoError(t, err)
+	for _, tc := range [][2]string{ // in order: the second purge finds nothing
+		{"/ui/poison/entry/" + id + "/replay", id + " cannot be replayed"},
+		{"/ui/poison/entry/" + id + "/purge", "purged " + id},
+		{"/ui/poison/entry/" + id + "/purge", "poison entry " + id + " is not there"},
+		{"/ui/projections/nope/rebuild", "no projection of that name"},
+	} {
+		action, want := tc[0], tc[1]
+		resp, body := uiDo(t, uiReq{method: http.MethodPost, url: svc.ops + action, header: auth, form: url.Values{}})
+		require.Equal(t, http.StatusSeeOther, resp.StatusCode, "%s: %s", action, body)
+		got := shown(resp.Header.Get("Location"))
+		require.Len(t, got, 1, action)
+		assert.Contains(t, got[0], want, action)
+	}
+}
