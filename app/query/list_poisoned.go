@@ -57,10 +57,12 @@ func (q *ListPoisoned) List(ctx context.Context, f PoisonFilter) (PoisonPage, er
 	if err := ops.ValidateCursor("cursor", f.Cursor); err != nil {
 		return PoisonPage{}, err
 	}
+	// One matching entry more than asked, to know whether a page follows: a last page of
+	// exactly the limit has no cursor to an empty one.
 	page := PoisonPage{Entries: []ops.PoisonEntry{}}
 	after := f.Cursor
 	for {
-		chunk := int64(f.Limit - len(page.Entries))
+		chunk := int64(f.Limit + 1 - len(page.Entries))
 		if f.Projection != "" {
 			chunk = max(chunk, poisonScanChunk)
 		}
@@ -69,16 +71,15 @@ func (q *ListPoisoned) List(ctx context.Context, f PoisonFilter) (PoisonPage, er
 			return PoisonPage{}, ops.Unavailable(err)
 		}
 		for _, e := range es {
+			after = e.ID
 			if f.Projection != "" && e.Projection != f.Projection {
-				after = e.ID
 				continue
 			}
-			page.Entries = append(page.Entries, e)
-			after = e.ID
 			if len(page.Entries) == f.Limit {
-				page.Next = e.ID
+				page.Next = page.Entries[len(page.Entries)-1].ID
 				return page, nil
 			}
+			page.Entries = append(page.Entries, e)
 		}
 		if int64(len(es)) < chunk {
 			return page, nil

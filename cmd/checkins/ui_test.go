@@ -686,3 +686,34 @@ func TestUIBannersAreTheServersOwnTexts(t *testing.T) {
 		assert.Contains(t, got[0], want, action)
 	}
 }
+
+// TestUIPoisonLastFullPageHasNoNextLink: a last page of exactly the page size offers no next
+// page (it linked to an empty one), filtered or not.
+func TestUIPoisonLastFullPageHasNoNextLink(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "OPS_ADDR": "localhost:0"}, Mode{API: true})
+	for i := range 5 {
+		proj := "users"
+		if i == 4 {
+			proj = "locations"
+		}
+		_, err := adapters.NewPoisonQueue(client, keys).Park(context.Background(), ops.PoisonEntry{Stream: keys.Stream(), EntryID: "1-1",
+			Projection: proj, Error: "bug", FailedAt: time.Now(), Fields: map[string]string{"n": strconv.Itoa(i)}})
+		require.NoError(t, err)
+	}
+	auth := map[string]string{"Authorization": "Bearer " + testToken(1, ports.ScopeOpsRead)}
+	for u, next := range map[string]bool{
+		"/ui/poison?limit=5":                  false,
+		"/ui/poison?limit=4":                  true,
+		"/ui/poison?limit=4&projection=users": false,
+		"/ui/poison?limit=2&projection=users": true,
+	} {
+		resp, body := uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + u, header: auth})
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+		assert.Equal(t, next, strings.Contains(body, `id="next-page"`), u)
+		assert.Equal(t, next, strings.Contains(body, "(more after)"), u)
+	}
+}
