@@ -99,7 +99,6 @@ func RegisterUI(s *HTTPServer, cfg UIConfig) (*UI, error) {
 			return strconv.FormatInt(l, 10)
 		},
 		"rate": func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
-		"q":    url.QueryEscape,
 		"sub":  func(a, b int64) int64 { return a - b },
 	}).ParseFS(uiFiles, "ui/templates/*.html")
 	if err != nil {
