@@ -47,6 +47,12 @@ func (m memberRef) on(stream string) (join, legacy string, ok bool) {
 	return p.Join, p.Legacy, ok
 }
 
+// backfillDone says whether m's own group finished its backfill on stream.
+func (m memberRef) backfillDone(stream string) bool {
+	lm, ok := m.m.On(stream)
+	return ok && lm.Own == ops.BackfillDone
+}
+
 // units lists every unit of b: each entry for each member it is for.
 func (f *feed) units(b *batch, ms ops.Membership) ([]unit, map[string]memberRef, error) {
 	refs := map[string]memberRef{}
@@ -69,8 +75,8 @@ func (f *feed) units(b *batch, ms ops.Membership) ([]unit, map[string]memberRef,
 		n := len(out)
 		for name, ref := range refs {
 			join, _, ok := ref.on(d.Stream)
-			if !ok {
-				continue
+			if !ok || (f.member != "" && ref.backfillDone(d.Stream)) {
+				continue // a finished backfill applies nothing more: all it had to is acknowledged
 			}
 			after := ops.CompareEntryIDs(d.ID, join) > 0
 			if after == (f.member == "") {

@@ -255,9 +255,12 @@ func (r *ProjectionRouter) groupStart(ctx context.Context, stream, group, member
 			// its join would then take them as backfilled.
 			return "", fmt.Errorf("%s is not in live group %s: nothing to create its own group for", member, r.cfg.LiveGroup)
 		}
-		if m, ok := ms.Members[member].On(stream); ok && ms.Members[member].Parts != nil && m.Own == ops.BackfillDone {
-			// A partition it joined at the start (nothing to backfill there): the own group has
-			// nothing to deliver on it, so it starts at the partition's end.
+		if m, ok := ms.Members[member].On(stream); ok && m.Own == ops.BackfillDone {
+			// Its backfill is done there (or there was none: a partition it joined at the start):
+			// the own group has nothing to deliver, so it starts at the stream's end. Never at
+			// "0": a finished backfill's group is removed with its dedupe markers, and one
+			// recreated at the start by a process still running its handler delivered the whole
+			// history again to a version that serves reads.
 			return "$", nil
 		}
 		return "0", nil
