@@ -121,7 +121,11 @@ func (l *LiveGroups) sumMemberships(group string, raws []string) (ops.Membership
 	}
 	out := ops.Membership{Raw: strings.Join(raws, "\n"), Members: map[string]ops.LiveMember{}}
 	for name, ps := range parts {
-		out.Members[name] = ops.SumMembers(ps)
+		m := ops.SumMembers(ps)
+		if m.Missing = l.parts.Count() - len(ps); m.Missing > 0 {
+			m.Own, m.DoneAt = ops.BackfillRunning, ""
+		}
+		out.Members[name] = m
 	}
 	return out, nil
 }

@@ -75,6 +75,12 @@ func (f *feed) units(b *batch, ms ops.Membership) ([]unit, map[string]memberRef,
 		n := len(out)
 		for name, ref := range refs {
 			join, _, ok := ref.on(d.Stream)
+			if !ok && f.member != "" {
+				// The join that made this own group on this partition made the membership with
+				// it: gone, Redis lost it. Nothing is acknowledged unapplied; the router joins
+				// the partition again.
+				return nil, nil, fmt.Errorf("%s is not a member of live group %s on %s (lost?); will retry", name, f.r.cfg.LiveGroup, d.Stream)
+			}
 			if !ok || (f.member != "" && ref.backfillDone(d.Stream)) {
 				continue // a finished backfill applies nothing more: all it had to is acknowledged
 			}

@@ -126,6 +126,7 @@ type ProjectionRouter struct {
 	retired  map[string]bool
 	stopped  chan string
 	joined   map[string]bool // members this process joined (or found joined)
+	partial  map[string]bool // joined members found missing from a partition at the last look
 
 	ackMu sync.RWMutex
 	acked map[string]string // group -> acknowledged through (the registry's checkpoints)
@@ -179,7 +180,7 @@ func NewProjectionRouter(cfg ProjectionRouterConfig) (*ProjectionRouter, error) 
 	r := &ProjectionRouter{cfg: cfg, router: router, backend: cfg.Backend, projs: map[string]projection.Projection{},
 		atVersion: map[string]projection.Projection{}, log: cfg.Logger,
 		handlers: map[string]*runningHandler{}, retired: map[string]bool{}, stopped: make(chan string, 64),
-		joined: map[string]bool{}, acked: map[string]string{}, lastDelivered: map[string]string{},
+		joined: map[string]bool{}, partial: map[string]bool{}, acked: map[string]string{}, lastDelivered: map[string]string{},
 		problem: map[string]string{}}
 	for _, p := range cfg.Projections {
 		if !validProjectionName(p.Name()) {
@@ -255,7 +256,14 @@ func (r *ProjectionRouter) groupStart(ctx context.Context, stream, group, member
 			// its join would then take them as backfilled.
 			return "", fmt.Errorf("%s is not in live group %s: nothing to create its own group for", member, r.cfg.LiveGroup)
 		}
-		if m, ok := ms.Members[member].On(stream); ok && m.Own == ops.BackfillDone {
+		m, ok := ms.Members[member].On(stream)
+		if !ok {
+			// Not joined on this partition (a join under way, or one Redis lost): its own group
+			// there is made by the join, at the right place; one made now would deliver entries
+			// that are not for it yet, acknowledged unapplied.
+			return "", fmt.Errorf("%s has not joined live group %s on %s: its own group there comes with the join", member, r.cfg.LiveGroup, stream)
+		}
+		if m.Own == ops.BackfillDone {
 			// Its backfill is done there (or there was none: a partition it joined at the start):
 			// the own group has nothing to deliver, so it starts at the stream's end. Never at
 			// "0": a finished backfill's group is removed with its dedupe markers, and one
@@ -408,6 +416,31 @@ func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.Project
 	return added, removed, err
 }
 
+// rejoinPartial forgets having joined a member that is missing from some partition at two looks
+// in a row (a join or a leave under way is done well within one poll): Redis lost its join
+// there (a failover before the join script reached the replica). SetTargets then joins it there
+// again, if it is still a target, with an own group to backfill that partition; until then its
+// backfill does not count as done, so reads never switch to a version without a partition.
+func (r *ProjectionRouter) rejoinPartial(had []string, ms ops.Membership) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, name := range had {
+		m, ok := ms.Members[name]
+		if !ok || m.Missing == 0 {
+			delete(r.partial, name)
+			continue
+		}
+		if !r.partial[name] {
+			r.partial[name] = true
+			continue
+		}
+		r.log.Warn("a projection version is missing from partitions of the live group (Redis lost its join there?): joining them again",
+			"group", r.cfg.LiveGroup, "member", name, "missing", m.Missing)
+		delete(r.joined, name)
+		delete(r.partial, name)
+	}
+}
+
 // rejoinIfLost forgets which members this process joined, so that SetTargets joins every target
 // again as at a start (at the stream as it is now, with an own group to backfill what it already
 // holds), when Redis lost the group's
@@ -431,8 +464,12 @@ func (r *ProjectionRouter) rejoinIfLost(ctx context.Context) error {
 		return nil
 	}
 	ms, err := r.backend.Read(ctx, r.cfg.LiveGroup)
-	if err != nil || len(ms.Members) > 0 {
+	if err != nil {
 		return err
+	}
+	if len(ms.Members) > 0 {
+		r.rejoinPartial(had, ms)
+		return nil
 	}
 	sort.Strings(had)
 	r.log.Warn("the live group's membership is gone from Redis (it lost its data?): joining again as at a start",

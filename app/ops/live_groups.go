@@ -29,6 +29,10 @@ type LiveMember struct {
 	// The fields above then sum them up (Own is BackfillRunning while any partition's backfill
 	// runs, Join the latest join); nil with one stream.
 	Parts map[string]LiveMember `json:"-"`
+	// Missing, with stream partitions, is how many partitions the version is not a member of:
+	// a join under way, or one Redis lost (a failover before the join reached the replica).
+	// Own is then never BackfillDone: a version missing a partition has none of its entries.
+	Missing int `json:"-"`
 }
 
 // On is the membership on partition stream: m itself with one stream; ok is false when the
