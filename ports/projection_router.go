@@ -315,7 +315,14 @@ func (r *ProjectionRouter) Run(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 		r.running.Store(false)
+		// Watermill's Run returns once every handler stopped (their subscriptions end with
+		// ctx), or once Close ran: with none running (Redis was down at the start, so nothing
+		// was ever added), only Close ends it, and SIGTERM was waited out until SIGKILL.
+		cerr := r.router.Close()
 		err := <-errc
+		if err == nil {
+			err = cerr
+		}
 		if err != nil {
 			return fmt.Errorf("projection router: %w", err)
 		}

@@ -872,3 +872,30 @@ func TestBackfillWhoseSubscriptionFailedStartsLaterOrRetires(t *testing.T) {
 		t.Fatal("the router did not stop")
 	}
 }
+
+// TestRouterWithoutHandlersStopsWithItsContext: a router that never got a handler (Redis was
+// down at the start, so the registry watch could not set its targets) ends when its context
+// does; Watermill's Run waited for a Close that never came, and SIGTERM for SIGKILL.
+func TestRouterWithoutHandlersStopsWithItsContext(t *testing.T) {
+	t.Parallel()
+	env := redistest.Open(t)
+	client := redistest.Client(t, env.URL)
+	keys := adapters.KeySpace{Prefix: env.Prefix}
+	r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{Backend: adapters.NewProjectorBackend(client, keys),
+		Applier: testApplier(t, client, keys), NewSubscriber: adapters.Subscribers{NewClient: func() (redis.UniversalClient, error) {
+			return redistest.Client(t, env.URL), nil
+		}, Consumer: "c1", Logger: watermill.NopLogger{}}.New, Retry: ports.DefaultRetryPolicy(), CloseTimeout: 2 * time.Second,
+		Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	time.Sleep(200 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		assert.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a router without handlers did not stop with its context")
+	}
+}
