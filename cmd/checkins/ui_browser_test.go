@@ -419,7 +419,7 @@ func TestBrowserExpiredSessionGoesToTheLogin(t *testing.T) {
 	rdb := redistest.Open(t)
 	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "OPS_ADDR": "localhost:0",
 		"UI_HEARTBEAT": "200ms", "AUTH_CLOCK_LEEWAY": "0s"}, Mode{API: true})
-	short := shortLivedToken(t, 1, 3*time.Second, ports.ScopeOpsRead)
+	short := shortLivedToken(t, 1, 8*time.Second, ports.ScopeOpsRead) // long enough to log in and load the page on a busy machine
 	b := newBrowser(t)
 	b.login(svc.ops, short)
 	b.run(chromedp.Navigate(svc.ops+"/ui/projections"), chromedp.WaitVisible(chromedp.CSS("#projections-live")))
@@ -436,7 +436,7 @@ func TestBrowserExpiredSessionOnAFragmentGoesToTheLogin(t *testing.T) {
 	rdb := redistest.Open(t)
 	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "OPS_ADDR": "localhost:0",
 		"UI_HEARTBEAT": "200ms", "AUTH_CLOCK_LEEWAY": "0s"}, Mode{API: true})
-	short := shortLivedToken(t, 1, 3*time.Second, ports.ScopeOpsRead)
+	short := shortLivedToken(t, 1, 8*time.Second, ports.ScopeOpsRead) // long enough to log in and load the page on a busy machine
 	b := newBrowser(t)
 	b.login(svc.ops, short)
 	b.run(chromedp.Navigate(svc.ops+"/ui/poison?limit=5"), chromedp.WaitVisible(chromedp.CSS("#poison")))
@@ -444,7 +444,7 @@ func TestBrowserExpiredSessionOnAFragmentGoesToTheLogin(t *testing.T) {
 	require.Eventually(t, func() bool {
 		resp, _ := uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + "/ui/poison/table", cookie: short})
 		return resp.StatusCode != http.StatusOK
-	}, 15*time.Second, 100*time.Millisecond, "the token expires")
+	}, 30*time.Second, 100*time.Millisecond, "the token expires")
 	// What the page does on every tick (a last tick may have done it already, and the page be
 	// at the login).
 	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
