@@ -190,7 +190,7 @@ func settings() []setting {
 			return nil
 		}},
 		{"REQUEST_TIMEOUT", "request-timeout", "5s", "longest an HTTP request may take (503 beyond it when Redis does not answer)", dur(func(c *Config) *time.Duration { return &c.RequestTimeout }, time.Millisecond)},
-		{"DRAIN_TIMEOUT", "drain-timeout", "30s", "on SIGTERM/SIGINT: how long in-flight requests and handlers may take to finish", dur(func(c *Config) *time.Duration { return &c.DrainTimeout }, 0)},
+		{"DRAIN_TIMEOUT", "drain-timeout", "30s", "on SIGTERM/SIGINT: how long in-flight requests and handlers may take to finish (at least 1s)", dur(func(c *Config) *time.Duration { return &c.DrainTimeout }, time.Second)},
 		{"PROJECTIONS", "projections", "", "comma-separated projections to run (default: all)", func(c *Config, v string) error {
 			c.Projections = nil
 			for _, p := range strings.Split(v, ",") {
@@ -329,6 +329,10 @@ func parseConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (C
 	}
 	if err := c.loadRedisTLS(); err != nil {
 		return Config{}, nil, err
+	}
+	if c.UI.MaxStreams > opsMaxConns-uiReservedOpsConns {
+		return Config{}, nil, fmt.Errorf("invalid UI_MAX_STREAMS: %d leaves too few of the ops listener's %d connections for health checks, /metrics and the ops API (each stream holds one); at most %d",
+			c.UI.MaxStreams, opsMaxConns, opsMaxConns-uiReservedOpsConns)
 	}
 	if c.RetireGrace <= c.ProjectionPoll {
 		return Config{}, nil, fmt.Errorf("invalid PROJECTION_RETIRE_GRACE: %s must be above PROJECTION_POLL_INTERVAL %s, or projectors may still write to a version being removed", c.RetireGrace, c.ProjectionPoll)

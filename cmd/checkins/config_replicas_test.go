@@ -59,3 +59,25 @@ func TestParseConfigDedupeWindow(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "invalid DEDUPE_WINDOW: 48h0m0s is below IDEMPOTENCY_TTL 72h0m0s")
 }
+
+// TestParseConfigRefusesWhatStarvesTheService: dashboard streams that could take every
+// connection of the ops listener (its health checks went unanswered), and a drain too short to
+// drain anything (0s: none for HTTP, Watermill's 30s default for the projections) are refused,
+// naming the setting.
+func TestParseConfigRefusesWhatStarvesTheService(t *testing.T) {
+	t.Parallel()
+	for env, want := range map[[2]string]string{
+		{"UI_MAX_STREAMS", "49"}:     "invalid UI_MAX_STREAMS: 49 leaves too few of the ops listener's 64 connections",
+		{"UI_MAX_STREAMS", "100000"}: "at most 48",
+		{"DRAIN_TIMEOUT", "0s"}:      "invalid DRAIN_TIMEOUT",
+		{"DRAIN_TIMEOUT", "500ms"}:   "invalid DRAIN_TIMEOUT",
+	} {
+		_, err := parseEnv(map[string]string{env[0]: env[1]})
+		require.Error(t, err, "%v", env)
+		assert.Contains(t, err.Error(), want, "%v", env)
+	}
+	for env := range map[[2]string]bool{{"UI_MAX_STREAMS", "48"}: true, {"DRAIN_TIMEOUT", "1s"}: true} {
+		_, err := parseEnv(map[string]string{env[0]: env[1]})
+		assert.NoError(t, err, "%v", env)
+	}
+}

@@ -42,6 +42,10 @@ func (s *Service) publicLimits() (ports.ServerLimits, error) {
 // handful at a time. It comes out of the descriptors reservedDescriptors keeps aside.
 const opsMaxConns = 64
 
+// uiReservedOpsConns of the ops listener's connections are never the dashboard streams': with
+// every connection a stream, /healthz and /readyz there went unanswered.
+const uiReservedOpsConns = 16
+
 // listenHTTP binds the public listener and, on another address (OPS_ADDR), the ops listener.
 // Each listener has its own limits: the connection cap is the public API's, so the ops listener
 // (operations, /metrics, /healthz, /readyz) keeps answering while the public one is saturated.
