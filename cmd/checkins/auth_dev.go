@@ -56,6 +56,15 @@ func devKey(dir string) (key []byte, path string, created bool, err error) {
 }
 
 func readDevKey(path string) ([]byte, error) {
+	// Whoever could write the key could mint ops tokens: a key this user does not own, or that
+	// others may read or write (a shared STATE_DIR), is refused, not trusted.
+	info, err := os.Lstat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !info.Mode().IsRegular() || info.Mode().Perm()&0o077 != 0 || !ownedByMe(info) {
+		return nil, fmt.Errorf("dev key %s must be a file of this user's that no one else may read or write (mode 0600), found %s: anyone who can write it can mint ops tokens; delete it to make a new one", path, info.Mode())
+	}
 	b, err := os.ReadFile(path) // #nosec G304 -- the dev key file in STATE_DIR, chosen by the operator
 	if err != nil {
 		return nil, err
