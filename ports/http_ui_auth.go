@@ -117,9 +117,9 @@ func (u *UI) login(c echo.Context) error {
 		return fail("this token has neither scope " + ScopeOps + " nor " + ScopeOpsRead + ": it cannot see the dashboard")
 	}
 	// #nosec G124 -- HttpOnly and SameSite=Strict always; Secure whenever the browser speaks
-	// HTTPS: to this listener, or to a proxy in front that says so (X-Forwarded-Proto: the ops
-	// listener never speaks TLS itself). A Secure cookie over plain HTTP on loopback would never
-	// be sent back; a client that claims HTTPS falsely only loses its own cookie.
+	// HTTPS: to this listener (TLS_CERT_FILE), or to a proxy in front that says so
+	// (X-Forwarded-Proto). A Secure cookie over plain HTTP on loopback would never be sent back;
+	// a client that claims HTTPS falsely only loses its own cookie.
 	ck := &http.Cookie{Name: UICookie, Value: raw, Path: "/ui", HttpOnly: true, SameSite: http.SameSiteStrictMode,
 		Secure: c.Scheme() == "https"}
 	if exp, ok := tokenExpiry(raw); ok {

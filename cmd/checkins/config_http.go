@@ -62,7 +62,7 @@ func httpSettings(dur durSetter) []setting {
 			c.HTTP.CORSOrigins = o
 			return nil
 		}},
-		{"TLS_CERT_FILE", "tls-cert-file", "", "PEM certificate (chain) for HTTPS on HTTP_ADDR, with TLS_KEY_FILE; TLS 1.2 at least. Empty: plain HTTP", func(c *Config, v string) error {
+		{"TLS_CERT_FILE", "tls-cert-file", "", "PEM certificate (chain) for HTTPS on HTTP_ADDR and OPS_ADDR, with TLS_KEY_FILE; TLS 1.2 at least. Empty: plain HTTP", func(c *Config, v string) error {
 			c.HTTP.TLSCertFile = v
 			return nil
 		}},
