@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/url"
 	"os"
 	"strconv"
@@ -173,8 +172,8 @@ func settings() []setting {
 			return nil
 		}},
 		{"HTTP_ADDR", "http-addr", ":8080", "listen address of the public API (check-ins, reads, health)", func(c *Config, v string) error {
-			if _, _, err := net.SplitHostPort(v); err != nil {
-				return fmt.Errorf("must be host:port or :port, got %q", v)
+			if err := checkListenAddr(v); err != nil {
+				return err
 			}
 			c.HTTPAddr = v
 			return nil

@@ -82,8 +82,12 @@ func accessSettings() []setting {
 		}},
 		{"AUTH_JWKS_URL", "auth-jwks-url", "", "JWK Set URL of the identity provider (jwks mode; https, or http on loopback)", func(c *Config, v string) error {
 			if v != "" {
-				if u, err := url.Parse(v); err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
+				u, err := url.Parse(v)
+				if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
 					return fmt.Errorf("must be an https:// URL, got %q", v)
+				}
+				if u.Scheme == "http" && !isLoopback(u.Hostname()) { // refused here, naming the setting, not after connecting to Redis
+					return fmt.Errorf("must use https (plain http only on loopback), got %q", v)
 				}
 			}
 			c.JWKSURL = v
@@ -124,8 +128,8 @@ func accessSettings() []setting {
 			return nil
 		}},
 		{"OPS_ADDR", "ops-addr", "127.0.0.1:8081", "listen address of /ops and /metrics (and /healthz, /readyz); the same as HTTP_ADDR serves everything on one port", func(c *Config, v string) error {
-			if _, _, err := net.SplitHostPort(v); err != nil {
-				return fmt.Errorf("must be host:port or :port, got %q", v)
+			if err := checkListenAddr(v); err != nil {
+				return err
 			}
 			c.OpsAddr = v
 			return nil
@@ -220,6 +224,15 @@ func (c Config) checkListeners() error {
 		if !isLoopback(host) {
 			return fmt.Errorf("AUTH_MODE=off is allowed only when every listener is on loopback: %s is %q (use 127.0.0.1:port, or an authentication mode)", a.name, a.addr)
 		}
+	}
+	return nil
+}
+
+// checkListenAddr: host:port or :port, the port given (0 asks for any free one); "host:" would
+// listen on a port nobody chose.
+func checkListenAddr(v string) error {
+	if _, port, err := net.SplitHostPort(v); err != nil || port == "" {
+		return fmt.Errorf("must be host:port or :port, got %q", v)
 	}
 	return nil
 }

@@ -88,6 +88,9 @@ func TestConfigAccessRejectsBadSettings(t *testing.T) {
 		{map[string]string{"AUTH_JWKS_REFRESH": "0s"}, "invalid AUTH_JWKS_REFRESH: must be from 1s to 24h0m0s"},
 		{map[string]string{"AUTH_JWKS_MIN_REFRESH": "1ms"}, "invalid AUTH_JWKS_MIN_REFRESH: must be from 100ms to 1h0m0s"},
 		{map[string]string{"OPS_ADDR": "8081"}, `invalid OPS_ADDR: must be host:port or :port, got "8081"`},
+		{map[string]string{"HTTP_ADDR": "127.0.0.1:"}, `invalid HTTP_ADDR: must be host:port or :port, got "127.0.0.1:"`},
+		{map[string]string{"AUTH_JWKS_URL": "http://idp.example.com/jwks", "AUTH_ISSUER": "x"}, `invalid AUTH_JWKS_URL: must use https (plain http only on loopback), got "http://idp.example.com/jwks"`},
+		{map[string]string{"AUTH_JWKS_URL": "http://127.0.0.1:9/jwks", "AUTH_ISSUER": "x"}, ""},
 		{map[string]string{"RATE_LIMIT_USER": "10 per second"}, `invalid RATE_LIMIT_USER: must be off or like 10/s,burst=20`},
 		{map[string]string{"RATE_LIMIT_IP": "0/s"}, `invalid RATE_LIMIT_IP: must be off or like 10/s,burst=20`},
 		{map[string]string{"TRUSTED_PROXIES": "10.0.0.0/8,proxy"}, `invalid TRUSTED_PROXIES: "proxy" is neither an IP address nor a CIDR range`},
@@ -142,6 +145,7 @@ func TestCLIToken(t *testing.T) {
 		{env, []string{"token", "--user", "1", "--scope", "admin"}, `unknown scope "admin": use checkins:ops or checkins:ops:read`},
 		{env, []string{"token", "--user", "1", "--ttl", "0s"}, "--ttl must be from 1s to 720h0m0s, got 0s"},
 		{env, []string{"token", "--user", "1", "--ttl", "1000h"}, "--ttl must be from 1s to 720h0m0s"},
+		{env, []string{"token", "--user", "1", "--ttl", "500ms"}, "--ttl must be from 1s to 720h0m0s, got 500ms"}, // exp == iat
 		{env, []string{"token", "--user", "1", "extra"}, "unexpected arguments: [extra]"},
 		{map[string]string{"AUTH_JWKS_URL": "https://idp.example/jwks", "AUTH_ISSUER": "https://idp.example"}, []string{"token", "--user", "1"},
 			"AUTH_MODE=jwks: tokens come from your identity provider (issuer https://idp.example)"},

@@ -68,7 +68,7 @@ func tokenCommand(_ context.Context, args []string, getenv func(string) string, 
 	switch {
 	case *user < 1:
 		return fmt.Errorf("--user must be an integer >= 1, got %d", *user)
-	case *ttl <= 0 || *ttl > maxTokenTTL:
+	case *ttl < time.Second || *ttl > maxTokenTTL: // below a second, exp (in seconds) is iat
 		return fmt.Errorf("--ttl must be from 1s to %s, got %s", maxTokenTTL, *ttl)
 	}
 	switch cfg.AuthMode {
