@@ -314,15 +314,16 @@ func parseConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (C
 	}
 	explicit := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	// A flag wins over its variable, and only the value that wins is read: a bad value in the
+	// environment does not stop the flag that overrides it.
 	for _, s := range ss {
-		if v, ok := lookup(getenv, s.env); ok {
-			if err := s.set(&c, v); err != nil {
-				return Config{}, nil, fmt.Errorf("invalid %s: %w", s.env, err)
-			}
-		}
 		if explicit[s.flag] {
 			if err := s.set(&c, *flagVals[s.flag]); err != nil {
 				return Config{}, nil, fmt.Errorf("invalid --%s (%s): %w", s.flag, s.env, err)
+			}
+		} else if v, ok := lookup(getenv, s.env); ok {
+			if err := s.set(&c, v); err != nil {
+				return Config{}, nil, fmt.Errorf("invalid %s: %w", s.env, err)
 			}
 		}
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"testing"
 	"time"
 
@@ -80,4 +81,17 @@ func TestParseConfigRefusesWhatStarvesTheService(t *testing.T) {
 		_, err := parseEnv(map[string]string{env[0]: env[1]})
 		assert.NoError(t, err, "%v", env)
 	}
+}
+
+// TestParseConfigFlagWinsOverABadVariable: a flag overrides its variable, and the variable's
+// value is then not read at all: BATCH_SIZE=abc with --batch-size 10 refused to start.
+func TestParseConfigFlagWinsOverABadVariable(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"BATCH_SIZE": "abc", "READ_LINGER": "2ms"}
+	cfg, _, err := parseConfig(flag.NewFlagSet("t", flag.ContinueOnError), []string{"--batch-size", "10"}, func(k string) string { return env[k] })
+	require.NoError(t, err)
+	assert.Equal(t, 10, cfg.BatchSize)
+	assert.Equal(t, 2*time.Millisecond, cfg.ReadLinger, "a variable without a flag still counts")
+	_, err = parseEnv(env)
+	assert.ErrorContains(t, err, "invalid BATCH_SIZE", "without the flag the bad value is refused")
 }
