@@ -1,10 +1,13 @@
 package main
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters/redistest"
 )
 
 // A REDIS_URL that is refused names the problem and never echoes its password, even when the
@@ -30,4 +33,17 @@ func TestConfigRedisURLNeverEchoesItsPassword(t *testing.T) {
 	}
 	assert.Equal(t, "redis://:xxxxx@h:1/0", redact("redis://:pw@h:1/0"))
 	assert.Equal(t, "redis://h:1/0", redact("redis://h:1/0"), "nothing to hide")
+}
+
+// TestServiceRefusesADatabaseTheServerLacks: a REDIS_URL naming a database the server does not
+// have (db 99999 of the default 16) stops the start with a message naming REDIS_URL; it started
+// and stayed not ready for good, since no waiting heals it.
+func TestServiceRefusesADatabaseTheServerLacks(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	env := withTestAuth(map[string]string{"REDIS_URL": strings.TrimSuffix(srv.URL(), "/0") + "/99999", "HTTP_ADDR": "127.0.0.1:0"})
+	code, _, stderr := runCLI(t, env, "api")
+	assert.Equal(t, 1, code, stderr)
+	assert.Contains(t, stderr, "invalid REDIS_URL")
+	assert.Contains(t, stderr, "DB index is out of range")
 }

@@ -116,7 +116,11 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 	s.closers = append(s.closers, s.client.Close)
 	parts := streamPartitions(cfg, s.keys.Cluster)
 	var startCheck func(context.Context) error
-	if err := s.client.Ping(pingCtx).Err(); err != nil {
+	if err := s.client.Ping(pingCtx).Err(); err != nil && strings.Contains(err.Error(), "DB index is out of range") {
+		// The server answered, and it will never have that database: no waiting heals it.
+		s.close()
+		return nil, fmt.Errorf("invalid REDIS_URL %s: %w (the server has fewer databases; see its `databases` setting)", redact(cfg.RedisURL), err)
+	} else if err != nil {
 		// Not fatal: the service starts, answers 503 and /readyz says why, and recovers by itself.
 		// The partition count is checked against the recorded one once Redis answers: until
 		// then the API and the projectors stand still (QuiesceWatch.WithStartCheck).
