@@ -45,6 +45,7 @@ type PoisonQueue struct {
 type poisonCount struct {
 	by            map[string]int64 // nil: none yet
 	added, length int64            // the stream's entries-added and length before the count
+	first         string           // its first entry then: another one after a delete, or a new stream
 	last          string           // the last entry counted
 }
 
@@ -223,15 +224,18 @@ func (q *PoisonQueue) CountByProjection(ctx context.Context) (map[string]int64, 
 		return nil, err
 	}
 	c := q.counted
+	// The same stream, grown by additions only: entries-added never went back (a stream deleted
+	// and made again, a failover to a replica that lagged), and the first entry is the same.
+	same := c.by != nil && info.EntriesAdded > 0 && info.EntriesAdded >= c.added && info.FirstEntry.ID == c.first
 	switch {
-	case c.by != nil && info.EntriesAdded > 0 && info.EntriesAdded == c.added && info.Length == c.length:
+	case same && info.EntriesAdded == c.added && info.Length == c.length:
 		return maps.Clone(c.by), nil
-	case c.by != nil && info.EntriesAdded > 0 && info.EntriesAdded-c.added == info.Length-c.length:
+	case same && info.EntriesAdded-c.added == info.Length-c.length:
 		c.by = maps.Clone(c.by)
 	default:
 		c = poisonCount{by: map[string]int64{}}
 	}
-	c.added, c.length = info.EntriesAdded, info.Length
+	c.added, c.length, c.first = info.EntriesAdded, info.Length, info.FirstEntry.ID
 	start := "-"
 	if c.last != "" {
 		start = "(" + c.last

@@ -64,6 +64,19 @@ func TestPoisonCountReadsOnlyWhatChanged(t *testing.T) {
 	_, err := q.DeleteIDs(ctx, ids[1:2501]...)
 	require.NoError(t, err)
 	assert.Equal(t, map[string]int64{"users": 1, "locations": 1, "": 1}, count())
+
+	// The stream deleted and made again (or a failover to a replica that lagged) with as many
+	// or more entries: counted anew, not added to the old count.
+	require.NoError(t, env.client.Del(ctx, env.keys.PoisonStream()).Err())
+	for range 4 {
+		park("daily_checkins")
+	}
+	assert.Equal(t, map[string]int64{"daily_checkins": 4}, count())
+	require.NoError(t, env.client.Del(ctx, env.keys.PoisonStream()).Err())
+	for range 2 {
+		park("users")
+	}
+	assert.Equal(t, map[string]int64{"users": 2}, count())
 }
 
 // TestPoisonListLastPageHasNoCursor: a last page of exactly the limit carries no cursor to an
