@@ -261,7 +261,7 @@ func (r *ProjectionRouter) groupStart(ctx context.Context, stream, group, member
 			// Not joined on this partition (a join under way, or one Redis lost): its own group
 			// there is made by the join, at the right place; one made now would deliver entries
 			// that are not for it yet, acknowledged unapplied.
-			return "", fmt.Errorf("%s has not joined live group %s on %s: its own group there comes with the join", member, r.cfg.LiveGroup, stream)
+			return "", fmt.Errorf("%w: %s in live group %s on %s (its own group there comes with the join)", errNotJoinedThere, member, r.cfg.LiveGroup, stream)
 		}
 		if m.Own == ops.BackfillDone {
 			// Its backfill is done there (or there was none: a partition it joined at the start):
@@ -318,6 +318,25 @@ func (r *ProjectionRouter) Run(ctx context.Context) error {
 		// Watermill's Run returns once every handler stopped (their subscriptions end with
 		// ctx), or once Close ran: with none running (Redis was down at the start, so nothing
 		// was ever added), only Close ends it, and SIGTERM was waited out until SIGKILL.
+		// A handler whose subscription failed never started, and Watermill's Close would wait
+		// the whole close timeout for it: retired, it ends as the router starts it.
+		r.mu.Lock()
+		retired := false
+		for group, h := range r.handlers {
+			select {
+			case <-h.h.Started():
+			default:
+				if w, ok := h.sub.(*watchedSubscriber); ok {
+					w.retire()
+					r.retired[group] = true
+					retired = true
+				}
+			}
+		}
+		r.mu.Unlock()
+		if retired && r.router.IsRunning() {
+			_ = r.router.RunHandlers(runCtx)
+		}
 		cerr := r.router.Close()
 		err := <-errc
 		if err == nil {
@@ -364,6 +383,10 @@ func (r *ProjectionRouter) watchHandler(ctx context.Context, group string, h *ru
 	case <-ctx.Done():
 	}
 }
+
+// errNotJoinedThere: a version's own group is asked for on a partition the version has not
+// joined (a join Redis lost).
+var errNotJoinedThere = errors.New("not joined on this partition")
 
 // ErrRouterNotRunning is returned by SetTargets after the router stopped.
 var ErrRouterNotRunning = errors.New("projection router is not running")
@@ -723,6 +746,10 @@ func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
 					member = g
 				}
 				start, err := r.groupStart(ctx, stream, g, member)
+				if errors.Is(err, errNotJoinedThere) {
+					quiet = false // its join there (the router makes it again) creates the group
+					continue
+				}
 				if err != nil {
 					return err
 				}

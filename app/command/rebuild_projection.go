@@ -260,8 +260,8 @@ func (h *RebuildProjection) lockStart(ctx context.Context, name string) (func(co
 // With stream partitions the rule holds on every partition whose backfill runs, each against
 // its own join position.
 func BackfillCaughtUp(m ops.LiveMember, b *ops.GroupInfo) bool {
-	if m.Own != ops.BackfillRunning || b == nil {
-		return false
+	if m.Own != ops.BackfillRunning || b == nil || m.Missing > 0 {
+		return false // a version missing a partition (a join Redis lost) has none of its entries
 	}
 	if m.Parts == nil {
 		return b.Pending == 0 && ops.CompareEntryIDs(b.LastDeliveredID, m.Join) >= 0

@@ -53,6 +53,14 @@ func TestBackfillCaughtUp(t *testing.T) {
 		{"its own group is gone", running, nil, false},
 		{"already done", ops.LiveMember{Join: "100-5", Own: ops.BackfillDone}, group("100-5", 0), false},
 		{"joined at the start: ids compare numerically", ops.LiveMember{Join: "9-0", Own: ops.BackfillRunning}, group("10-0", 0), true},
+		// With partitions: every partition it has is caught up, but Redis lost its join on
+		// another (a failover): it has none of that partition's entries.
+		{"caught up where it joined, missing a partition", ops.LiveMember{Join: "100-5", Own: ops.BackfillRunning, Missing: 1,
+			Parts: map[string]ops.LiveMember{"s0": {Join: "100-5", Own: ops.BackfillRunning}}},
+			&ops.GroupInfo{Name: "users.v2", Parts: map[string]ops.GroupInfo{"s0": {LastDeliveredID: "100-5"}}}, false},
+		{"caught up on every partition", ops.LiveMember{Join: "100-5", Own: ops.BackfillRunning,
+			Parts: map[string]ops.LiveMember{"s0": {Join: "100-5", Own: ops.BackfillRunning}}},
+			&ops.GroupInfo{Name: "users.v2", Parts: map[string]ops.GroupInfo{"s0": {LastDeliveredID: "100-5"}}}, true},
 	} {
 		assert.Equal(t, tc.want, command.BackfillCaughtUp(tc.m, tc.g), tc.name)
 	}
