@@ -196,12 +196,14 @@ func (l *EventLog) Range(ctx context.Context, fromMs, toMs int64, cursor string,
 		}
 		// Entries that are no check-ins (other event types, anything a producer XADDs) are
 		// skipped: read at least a hundred per round trip, whatever is still wanted.
-		batch, more, err := l.rangeMerged(ctx, fromMs, after, end, max(limit-len(page.Checkins), 100))
+		// The budget counts what Redis read, every partition's: a round reads up to want+1 of
+		// each and keeps want of them merged, so with many partitions far more than it keeps.
+		batch, more, read, err := l.rangeMerged(ctx, fromMs, after, end, max(limit-len(page.Checkins), 100))
 		if err != nil {
 			return query.CheckinPage{}, fmt.Errorf("%w: %w", domain.ErrUnavailable, err)
 		}
+		scanned += read
 		for i, e := range batch {
-			scanned++
 			if c, ok := toCheckin(e.msg); ok {
 				page.Checkins = append(page.Checkins, c)
 			}
@@ -219,7 +221,7 @@ func (l *EventLog) Range(ctx context.Context, fromMs, toMs int64, cursor string,
 	return page, nil
 }
 
-// RangeScanBudget is the most stream entries one page of Range reads: past it, the page is
+// RangeScanBudget is about the most stream entries one page of Range reads (of every partition): past it, the page is
 // answered as far as it got, with a cursor to go on from. Without it a range of many entries
 // that are no check-ins took a round trip per entry, and one request could hold Redis for
 // seconds.
@@ -267,7 +269,7 @@ type mergedEntry struct {
 // merged order, and whether more follow them: each partition is asked for one entry more than
 // want, so a last page of exactly want entries says there is nothing after it (no cursor to an
 // empty page).
-func (l *EventLog) rangeMerged(ctx context.Context, fromMs int64, after *entryPos, end string, want int) ([]mergedEntry, bool, error) {
+func (l *EventLog) rangeMerged(ctx context.Context, fromMs int64, after *entryPos, end string, want int) (_ []mergedEntry, more bool, read int, _ error) {
 	cmds := make([]*redis.XMessageSliceCmd, len(l.streams))
 	pipe := l.client.Pipeline()
 	for p, stream := range l.streams {
@@ -286,7 +288,7 @@ func (l *EventLog) rangeMerged(ctx context.Context, fromMs int64, after *entryPo
 		cmds[p] = pipe.XRangeN(ctx, stream, start, end, int64(want)+1)
 	}
 	if _, err := pipe.Exec(ctx); err != nil { // nothing to send: no error
-		return nil, false, err
+		return nil, false, 0, err
 	}
 	var all []mergedEntry
 	for p, cmd := range cmds {
@@ -297,7 +299,7 @@ func (l *EventLog) rangeMerged(ctx context.Context, fromMs int64, after *entryPo
 		for _, x := range xs {
 			pos, ok := parseEntryID(x.ID)
 			if !ok {
-				return nil, false, fmt.Errorf("stream %s returned entry ID %q", l.streams[p], x.ID)
+				return nil, false, 0, fmt.Errorf("stream %s returned entry ID %q", l.streams[p], x.ID)
 			}
 			pos.partition = p
 			all = append(all, mergedEntry{pos: pos, msg: x})
@@ -305,9 +307,9 @@ func (l *EventLog) rangeMerged(ctx context.Context, fromMs int64, after *entryPo
 	}
 	slices.SortFunc(all, func(a, b mergedEntry) int { return a.pos.compare(b.pos) })
 	if len(all) > want {
-		return all[:want], true, nil
+		return all[:want], true, len(all), nil
 	}
-	return all, false, nil
+	return all, false, len(all), nil
 }
 
 func toCheckin(x redis.XMessage) (query.RecordedCheckin, bool) {

@@ -382,3 +382,48 @@ func TestEventLogRangeOverEntriesThatAreNoCheckins(t *testing.T) {
 	assert.Empty(t, page.Next, "nothing after it")
 	assert.LessOrEqual(t, counter.n.Load(), int64(junk/100+2))
 }
+
+// xrangeReads counts the entries XRANGE commands bring back.
+type xrangeReads struct{ n atomic.Int64 }
+
+func (h *xrangeReads) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *xrangeReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *xrangeReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			if x, ok := c.(*redis.XMessageSliceCmd); ok && c.Name() == "xrange" {
+				h.n.Add(int64(len(x.Val())))
+			}
+		}
+		return err
+	}
+}
+
+// TestEventLogRangeBudgetCountsEveryPartitionsReads: with partitions a round reads up to
+// want+1 entries of each and keeps want merged; the page's budget counts what was read, so a
+// page over entries that are no check-ins reads about RangeScanBudget entries whatever the
+// partition count (it counted the kept ones: 8 partitions read eight times the budget).
+func TestEventLogRangeBudgetCountsEveryPartitionsReads(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	ctx := context.Background()
+	keys, err := env.keys.WithPartitions(8)
+	require.NoError(t, err)
+	pipe := env.client.Pipeline()
+	for p, stream := range keys.Partitions().Streams() {
+		for i := range 3_000 {
+			pipe.XAdd(ctx, &redis.XAddArgs{Stream: stream, ID: fmt.Sprintf("1000-%d", i*8+p+1), Values: []string{"type", "other.v1"}})
+		}
+	}
+	_, err = pipe.Exec(ctx)
+	require.NoError(t, err)
+	reads := &xrangeReads{}
+	client := redistest.Client(t, env.url)
+	client.AddHook(reads)
+	page, err := adapters.NewEventLog(client, keys).Range(ctx, 0, 2000, "", 1)
+	require.NoError(t, err)
+	assert.Empty(t, page.Checkins)
+	assert.NotEmpty(t, page.Next)
+	assert.LessOrEqual(t, reads.n.Load(), int64(adapters.RangeScanBudget+8*101), "entries read for one page")
+}
