@@ -24,100 +24,159 @@ import (
 	"github.com/checkins/checkins/ports"
 )
 
+// lostJoinEnv is a projector of users on 4 stream partitions, whose rebuild to v2 loses its join
+// on one partition.
+type lostJoinEnv struct {
+	t      *testing.T
+	ctx    context.Context
+	client *redis.Client
+	keys   adapters.KeySpace
+	parts  adapters.Partitions
+	log    *slog.Logger
+	projs  []projection.Projection
+	a      app.Application
+	router *ports.ProjectionRouter
+	n      int
+}
+
+func newLostJoinEnv(t *testing.T) *lostJoinEnv {
+	env := redistest.Open(t)
+	client := redistest.Client(t, env.URL)
+	keys, err := adapters.KeySpace{Prefix: env.Prefix}.WithPartitions(4)
+	require.NoError(t, err)
+	e := &lostJoinEnv{t: t, ctx: context.Background(), client: client, keys: keys, parts: keys.Partitions(),
+		log: slog.New(slog.NewTextHandler(io.Discard, nil)), projs: []projection.Projection{projection.UserStats{}}}
+	e.a = opsApp(t, client, keys, e.projs, app.OpsConfig{RetireGrace: 300 * time.Millisecond, Logger: e.log})
+	e.router, err = ports.NewProjectionRouter(ports.ProjectionRouterConfig{
+		Targets: []ops.ProjectionTarget{{Projection: projection.UserStats{}, Version: 1}},
+		Backend: adapters.NewProjectorBackend(client, keys), Applier: testApplier(t, client, keys),
+		Logger: e.log, CloseTimeout: 10 * time.Second, Retry: ports.DefaultRetryPolicy(),
+		NewSubscriber: adapters.Subscribers{Kind: "batched", NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, env.URL), nil },
+			Parts: e.parts, Consumer: "c1", BlockTime: 50 * time.Millisecond, DrainTimeout: 5 * time.Second, Logger: watermill.NopLogger{}}.New,
+	})
+	require.NoError(t, err)
+	redistest.Background(t, "router", 20*time.Second, e.router.Run)
+	require.Eventually(t, e.router.Running, 10*time.Second, 10*time.Millisecond)
+	return e
+}
+
+// add records per check-ins of each of 40 users on their partitions.
+func (e *lostJoinEnv) add(per int) {
+	for u := int64(1); u <= 40; u++ {
+		for range per {
+			e.n++
+			c := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "pl" + strconv.Itoa(e.n), UserID: u, LocationID: 1, StarRating: 2, Timestamp: int64(e.n)}}
+			values := map[string]any{}
+			for k, v := range c.Fields() {
+				values[k] = v
+			}
+			require.NoError(e.t, e.client.XAdd(e.ctx, &redis.XAddArgs{Stream: e.parts.Stream(adapters.PartitionOf(u, 4)), Values: values}).Err())
+		}
+	}
+}
+
+// total is the served check-in count, in all and by partition.
+func (e *lostJoinEnv) total() (int64, map[int]int64) {
+	var s int64
+	byPart := map[int]int64{}
+	for u := int64(1); u <= 40; u++ {
+		v, err := projection.UserStats{}.Get(e.ctx, adapters.NewProjectionReader(e.client, e.keys, "users"), u)
+		if errors.Is(err, domain.ErrNotFound) {
+			continue
+		}
+		require.NoError(e.t, err)
+		s += v.NumCheckins
+		byPart[adapters.PartitionOf(u, 4)] += v.NumCheckins
+	}
+	return s, byPart
+}
+
+// rebuildLosingJoin starts the rebuild, lets v2 join every partition, then loses its join on
+// partition 3 as a failover of that partition's master right after the join script would
+// (asynchronous replication): its membership there is what it was before (v1 alone), and with
+// group also the own group the join created.
+func (e *lostJoinEnv) rebuildLosingJoin(group bool) {
+	_, err := e.a.Commands.RebuildProjection.Start(e.ctx, "users")
+	require.NoError(e.t, err)
+	targets, err := e.a.Queries.ProjectionVersions.Targets(e.ctx, e.projs)
+	require.NoError(e.t, err)
+	_, _, err = e.router.SetTargets(e.ctx, targets) // v2 joins every partition
+	require.NoError(e.t, err)
+	reg := e.parts.Registry(3)
+	raw, err := e.client.HGet(e.ctx, reg, "live:live").Result()
+	require.NoError(e.t, err)
+	var m map[string]any
+	require.NoError(e.t, json.Unmarshal([]byte(raw), &m))
+	delete(m, "users.v2")
+	b, _ := json.Marshal(m)
+	require.NoError(e.t, e.client.HSet(e.ctx, reg, "live:live", string(b)).Err())
+	if group {
+		_ = e.client.XGroupDestroy(e.ctx, e.parts.Stream(3), "users.v2").Err()
+	}
+}
+
 // TestRebuildWithAJoinLostOnAPartition: with 4 partitions, v2's join record on one partition is
-// lost (a failover of that partition's master right after the join script: asynchronous
-// replication). Reads switched to v2 all the same, without that partition's check-ins, and the
+// lost. Reads switched to v2 all the same, without that partition's check-ins, and the
 // partition's live group, left without members when v1 left, acknowledged its new check-ins
 // unapplied for good. Now the version counts as not caught up while it misses a partition, the
 // router joins it there again, and the switch comes with every partition's check-ins.
 func TestRebuildWithAJoinLostOnAPartition(t *testing.T) {
 	t.Parallel()
-	env := redistest.Open(t)
-	client := redistest.Client(t, env.URL)
-	keys, err := adapters.KeySpace{Prefix: env.Prefix}.WithPartitions(4)
-	require.NoError(t, err)
-	parts := keys.Partitions()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ctx := context.Background()
-	projs := []projection.Projection{projection.UserStats{}}
-	a := opsApp(t, client, keys, projs, app.OpsConfig{RetireGrace: 300 * time.Millisecond, Logger: log})
-	router, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-		Targets: []ops.ProjectionTarget{{Projection: projection.UserStats{}, Version: 1}},
-		Backend: adapters.NewProjectorBackend(client, keys), Applier: testApplier(t, client, keys),
-		Logger: log, CloseTimeout: 10 * time.Second, Retry: ports.DefaultRetryPolicy(),
-		NewSubscriber: adapters.Subscribers{Kind: "batched", NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, env.URL), nil },
-			Parts: parts, Consumer: "c1", BlockTime: 50 * time.Millisecond, DrainTimeout: 5 * time.Second, Logger: watermill.NopLogger{}}.New,
-	})
-	require.NoError(t, err)
-	redistest.Background(t, "router", 20*time.Second, router.Run)
-	require.Eventually(t, router.Running, 10*time.Second, 10*time.Millisecond)
+	e := newLostJoinEnv(t)
+	e.add(10)
+	require.Eventually(t, func() bool { s, _ := e.total(); return s == 400 }, 10*time.Second, 20*time.Millisecond)
+	e.rebuildLosingJoin(false)
 
-	n := 0
-	add := func(per int) {
-		for u := int64(1); u <= 40; u++ {
-			for range per {
-				n++
-				e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "pl" + strconv.Itoa(n), UserID: u, LocationID: 1, StarRating: 2, Timestamp: int64(n)}}
-				values := map[string]any{}
-				for k, v := range e.Fields() {
-					values[k] = v
-				}
-				require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(adapters.PartitionOf(u, 4)), Values: values}).Err())
-			}
-		}
-	}
-	total := func() (int64, map[int]int64) {
-		var s int64
-		byPart := map[int]int64{}
-		for u := int64(1); u <= 40; u++ {
-			v, err := projection.UserStats{}.Get(ctx, adapters.NewProjectionReader(client, keys, "users"), u)
-			if errors.Is(err, domain.ErrNotFound) {
-				continue
-			}
-			require.NoError(t, err)
-			s += v.NumCheckins
-			byPart[adapters.PartitionOf(u, 4)] += v.NumCheckins
-		}
-		return s, byPart
-	}
-	add(10)
-	require.Eventually(t, func() bool { s, _ := total(); return s == 400 }, 10*time.Second, 20*time.Millisecond)
-
-	_, err = a.Commands.RebuildProjection.Start(ctx, "users")
-	require.NoError(t, err)
-	targets, err := a.Queries.ProjectionVersions.Targets(ctx, projs)
-	require.NoError(t, err)
-	_, _, err = router.SetTargets(ctx, targets) // v2 joins every partition
-	require.NoError(t, err)
-
-	// Partition 3's master fails over and the replica never got the join script: its membership
-	// is what it was before (v1 alone).
-	reg := parts.Registry(3)
-	raw, err := client.HGet(ctx, reg, "live:live").Result()
-	require.NoError(t, err)
-	var m map[string]any
-	require.NoError(t, json.Unmarshal([]byte(raw), &m))
-	delete(m, "users.v2")
-	b, _ := json.Marshal(m)
-	require.NoError(t, client.HSet(ctx, reg, "live:live", string(b)).Err())
-
-	watch := ports.RegistryWatch{Router: router, Versions: a.Queries.ProjectionVersions, Rebuild: a.Commands.RebuildProjection,
-		Projections: projs, Interval: 50 * time.Millisecond, Logger: log}
+	watch := ports.RegistryWatch{Router: e.router, Versions: e.a.Queries.ProjectionVersions, Rebuild: e.a.Commands.RebuildProjection,
+		Projections: e.projs, Interval: 50 * time.Millisecond, Logger: e.log}
 	redistest.Background(t, "registry watcher", 20*time.Second, watch.Run)
-	versions := adapters.NewProjectionVersions(client, keys)
+	versions := adapters.NewProjectionVersions(e.client, e.keys)
 	require.Eventually(t, func() bool {
-		st, err := versions.State(ctx, "users")
+		st, err := versions.State(e.ctx, "users")
 		require.NoError(t, err)
 		return st.Serving == 2 && st.Building == 0 && st.Retiring == 0
 	}, 20*time.Second, 20*time.Millisecond, "the rebuild never finished")
-	s, byPart := total()
+	s, byPart := e.total()
 	require.Equal(t, int64(400), s, "after the switch, by partition %v", byPart)
-	add(5)
-	require.Eventually(t, func() bool { s, _ := total(); return s == 600 }, 10*time.Second, 20*time.Millisecond,
+	e.add(5)
+	require.Eventually(t, func() bool { s, _ := e.total(); return s == 600 }, 10*time.Second, 20*time.Millisecond,
 		"every partition's new check-ins reach v2")
 	for i := range 4 {
-		raw, err := client.HGet(ctx, parts.Registry(i), "live:live").Result()
+		raw, err := e.client.HGet(e.ctx, e.parts.Registry(i), "live:live").Result()
 		require.NoError(t, err)
 		assert.Contains(t, raw, "users.v2", "partition %d", i)
 	}
+}
+
+// TestRebuildStepWaitsForAPartitionItsJoinLost: a rebuild step (as `checkins projections
+// rebuild` drives it, with no router to join the partition again) does not switch reads to a
+// version missing a partition, however caught up it is on the others; and the projector's
+// checkpoints go on for the other partitions meanwhile (they stopped at the missing group).
+func TestRebuildStepWaitsForAPartitionItsJoinLost(t *testing.T) {
+	t.Parallel()
+	e := newLostJoinEnv(t)
+	e.add(10)
+	e.rebuildLosingJoin(true)
+
+	live := adapters.NewLiveGroups(e.client, e.keys)
+	require.Eventually(t, func() bool { // the checkpoints finish the other partitions' backfills
+		ms, err := live.Read(e.ctx, "live")
+		require.NoError(t, err)
+		v2 := ms.Members["users.v2"]
+		if v2.Missing != 1 || len(v2.Parts) != 3 {
+			return false
+		}
+		for _, p := range v2.Parts {
+			if p.Own != ops.BackfillDone {
+				return false
+			}
+		}
+		return true
+	}, 15*time.Second, 50*time.Millisecond, "the backfills of the partitions v2 has joined finish")
+	_, err := e.a.Commands.RebuildProjection.Step(e.ctx, "users")
+	require.NoError(t, err)
+	st, err := adapters.NewProjectionVersions(e.client, e.keys).State(e.ctx, "users")
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Serving, "reads stay on v1 while v2 misses partition 3")
+	require.Equal(t, 2, st.Building)
 }
