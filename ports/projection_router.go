@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -124,6 +125,7 @@ type ProjectionRouter struct {
 	runCtx   context.Context
 	handlers map[string]*runningHandler
 	retired  map[string]bool
+	adds     map[string]int // handlers added for each group so far: Watermill's handler names
 	stopped  chan string
 	joined   map[string]bool // members this process joined (or found joined)
 	partial  map[string]bool // joined members found missing from a partition at the last look
@@ -179,7 +181,7 @@ func NewProjectionRouter(cfg ProjectionRouterConfig) (*ProjectionRouter, error) 
 	}
 	r := &ProjectionRouter{cfg: cfg, router: router, backend: cfg.Backend, projs: map[string]projection.Projection{},
 		atVersion: map[string]projection.Projection{}, log: cfg.Logger,
-		handlers: map[string]*runningHandler{}, retired: map[string]bool{}, stopped: make(chan string, 64),
+		handlers: map[string]*runningHandler{}, retired: map[string]bool{}, adds: map[string]int{}, stopped: make(chan string, 64),
 		joined: map[string]bool{}, partial: map[string]bool{}, acked: map[string]string{}, lastDelivered: map[string]string{},
 		problem: map[string]string{}}
 	for _, p := range cfg.Projections {
@@ -219,7 +221,14 @@ func (r *ProjectionRouter) addHandler(group, member string) error {
 	}
 	sub = watchSubscription(batching(sub, r.cfg.BatchSize))
 	f := &feed{r: r, group: group, member: member}
-	h := r.router.AddConsumerHandler(group, r.backend.Stream(), sub, func(msg *message.Message) error {
+	// Watermill holds a retired handler until it has started and ended, and panics on a second
+	// one of the same name: a group wanted again meanwhile gets a handler of another name.
+	name := group
+	if n := r.adds[group]; n > 0 {
+		name = group + "#" + strconv.Itoa(n+1)
+	}
+	r.adds[group]++
+	h := r.router.AddConsumerHandler(name, r.backend.Stream(), sub, func(msg *message.Message) error {
 		_, err := f.handle(msg)
 		return err
 	})
@@ -574,31 +583,30 @@ func (r *ProjectionRouter) swapHandlers(want map[string]string) (stopping []stop
 		return nil, nil, nil, ErrRouterNotRunning
 	}
 	// A handler no longer wanted that has not started goes first: the router is starting it (a
-	// backfill that finishes at once, on a first start) or its subscription failed. Watermill
-	// panics on stopping a handler before its start, and waiting for one that will never start
-	// would hold r.mu for good: its subscription is retired instead, so that it ends as it
-	// starts. It is never the last handler running either.
+	// backfill that finishes at once, on a first start), its subscription failed, or Run has not
+	// started Watermill yet (the registry watch and Run start together), which starts every
+	// handler it was given. Watermill panics on stopping a handler before its start, and waiting
+	// for one that will never start would hold r.mu for good: its subscription is retired
+	// instead, so that it ends as it starts. It is never the last handler running either.
 	retiredUnstarted := false
-	if running {
-		for group, h := range r.handlers {
-			if _, ok := want[group]; ok || len(r.handlers) == 1 {
-				continue
-			}
-			w, ok := h.sub.(*watchedSubscriber)
-			if !ok {
-				continue
-			}
-			select {
-			case <-h.h.Started():
-				continue
-			default:
-			}
-			w.retire()
-			r.retired[group] = true
-			delete(r.handlers, group)
-			removed = append(removed, group)
-			retiredUnstarted = true
+	for group, h := range r.handlers {
+		if _, ok := want[group]; ok || len(r.handlers) == 1 {
+			continue
 		}
+		w, ok := h.sub.(*watchedSubscriber)
+		if !ok {
+			continue
+		}
+		select {
+		case <-h.h.Started():
+			continue
+		default:
+		}
+		w.retire()
+		r.retired[group] = true
+		delete(r.handlers, group)
+		removed = append(removed, group)
+		retiredUnstarted = true
 	}
 	groups := make([]string, 0, len(want))
 	for g := range want {

@@ -768,6 +768,17 @@ func TestRouterBackfillKeepsTheRegistryItDecidesBy(t *testing.T) {
 
 // failingSubscriber fails Subscribe while fail is above zero (counting it down), as when Redis
 // answers LOADING or OOM while a group is created.
+// closeCounting counts the Close calls of a group's subscribers.
+type closeCounting struct {
+	message.Subscriber
+	closed *atomic.Int32
+}
+
+func (c closeCounting) Close() error {
+	c.closed.Add(1)
+	return c.Subscriber.Close()
+}
+
 type failingSubscriber struct {
 	message.Subscriber
 	fail *atomic.Int32
@@ -903,5 +914,90 @@ func TestRouterWithoutHandlersStopsWithItsContext(t *testing.T) {
 		assert.NoError(t, err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("a router without handlers did not stop with its context")
+	}
+}
+
+// TestHandlerDroppedBeforeRunNeverConsumesAndCanComeBack: the registry watch and Run start
+// together, so SetTargets may drop a handler before Run started Watermill. Watermill still held
+// it: Run started it with a real subscription that nobody watched (the dropped version's own
+// group was consumed), and wanting the version again added a second handler of the same name,
+// which Watermill answers with a panic.
+func TestHandlerDroppedBeforeRunNeverConsumesAndCanComeBack(t *testing.T) {
+	t.Parallel()
+	env := redistest.Open(t)
+	keys := adapters.KeySpace{Prefix: env.Prefix}
+	client := redistest.Client(t, env.URL)
+	h := &harness{t: t, keys: keys, client: client}
+	for i := range 5 {
+		h.add("e"+strconv.Itoa(i), 1)
+	}
+	p := newFaulty("p", nil)
+	v2Closed := &atomic.Int32{}
+	newSub := func(group string, start func(ctx context.Context, stream string) (string, error)) (message.Subscriber, error) {
+		s, err := adapters.Subscribers{NewClient: func() (redis.UniversalClient, error) {
+			return redistest.Client(t, env.URL), nil
+		}, Consumer: "c1", BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, Logger: watermill.NopLogger{}}.New(group, start)
+		if err != nil || group != "p.v2" {
+			return s, err
+		}
+		return closeCounting{s, v2Closed}, nil
+	}
+	newRouter := func() *ports.ProjectionRouter {
+		r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
+			Projections: []projection.Projection{p}, Backend: adapters.NewProjectorBackend(client, keys), Applier: testApplier(t, client, keys),
+			NewSubscriber: newSub,
+			Retry:         ports.DefaultRetryPolicy(), CloseTimeout: 5 * time.Second, Logger: slog.New(slog.DiscardHandler),
+		})
+		require.NoError(t, err)
+		return r
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	count := func(version int) int64 {
+		n, _ := client.HGet(ctx, keys.ProjectionKey("p", version, "all", "stats"), "count").Int64()
+		return n
+	}
+	v1 := []ops.ProjectionTarget{{Projection: p, Version: 1}}
+	both := []ops.ProjectionTarget{{Projection: p, Version: 1}, {Projection: p, Version: 2}}
+	// A first run of v1 alone: the live group delivers e0-e4.
+	first := newRouter()
+	_, _, err := first.SetTargets(ctx, v1)
+	require.NoError(t, err)
+	firstCtx, stopFirst := context.WithCancel(ctx)
+	firstErr := make(chan error, 1)
+	go func() { firstErr <- first.Run(firstCtx) }()
+	require.Eventually(t, func() bool { return count(1) == 5 }, 10*time.Second, 20*time.Millisecond)
+	stopFirst()
+	require.NoError(t, <-firstErr)
+
+	// The next start: v2 (a rebuild) joins at the stream's end with an own group to backfill
+	// e0-e4, and is dropped again before Run (the registry said otherwise a moment later).
+	r := newRouter()
+	added, _, err := r.SetTargets(ctx, both)
+	require.NoError(t, err)
+	require.Equal(t, []string{"live", "p.v2"}, added)
+	_, removed, err := r.SetTargets(ctx, v1)
+	require.NoError(t, err)
+	require.Equal(t, []string{"p.v2"}, removed)
+
+	runErr := make(chan error, 1)
+	go func() { runErr <- r.Run(ctx) }()
+	require.Eventually(t, r.Running, 10*time.Second, 10*time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // a handler left running would have backfilled v2 by now
+	require.Zero(t, count(2), "the dropped handler consumed its group")
+	assert.Equal(t, int32(1), v2Closed.Load(), "the dropped handler's subscriber is closed (the stock one holds a client)")
+
+	added, _, err = r.SetTargets(ctx, both)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"p.v2"}, added)
+	require.Eventually(t, func() bool { return count(2) == 5 }, 10*time.Second, 20*time.Millisecond, "v2 backfills once wanted again")
+	h.add("e5", 1)
+	require.Eventually(t, func() bool { return count(1) == 6 && count(2) == 6 }, 10*time.Second, 20*time.Millisecond)
+	cancel()
+	select {
+	case err := <-runErr:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the router did not stop")
 	}
 }

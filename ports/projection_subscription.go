@@ -24,6 +24,16 @@ type watchedSubscriber struct {
 	mu      sync.Mutex
 	retired bool
 	cancel  context.CancelFunc // of the subscription, once it was asked for
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Close closes the inner subscriber once: the router closes a stopped handler's, a retired one
+// closes itself when it ends, and Watermill closes whatever it still holds when it closes.
+func (w *watchedSubscriber) Close() error {
+	w.closeOnce.Do(func() { w.closeErr = w.Subscriber.Close() })
+	return w.closeErr
 }
 
 func watchSubscription(s message.Subscriber) message.Subscriber {
@@ -37,6 +47,7 @@ func (w *watchedSubscriber) Subscribe(ctx context.Context, topic string) (<-chan
 	if w.retired {
 		w.mu.Unlock()
 		w.once.Do(func() { close(w.ended) })
+		_ = w.Close() // nothing else will: Watermill closes only what it holds when it closes
 		out := make(chan *message.Message)
 		close(out)
 		return out, nil
@@ -53,6 +64,12 @@ func (w *watchedSubscriber) Subscribe(ctx context.Context, topic string) (<-chan
 		defer close(out)
 		for m := range in {
 			out <- m
+		}
+		w.mu.Lock()
+		retired := w.retired
+		w.mu.Unlock()
+		if retired { // retired while it subscribed: it ends here, and nothing else closes it
+			_ = w.Close()
 		}
 	}()
 	return out, nil
