@@ -40,7 +40,7 @@ func TransientReason(err error) (reason string, ok bool) {
 		return "", false
 	}
 	for _, p := range transientPrefixes {
-		if redis.HasErrorPrefix(err, p.prefix) {
+		if hasErrorCode(err, p.prefix) {
 			return p.reason, true
 		}
 	}
@@ -55,7 +55,7 @@ func TransientReason(err error) (reason string, ok bool) {
 	if errors.As(err, &rErr) {
 		msg := rErr.Error()
 		for _, p := range transientPrefixes {
-			if strings.Contains(msg, " "+p.prefix+" ") || strings.Contains(msg, ": "+p.prefix) {
+			if strings.Contains(msg, " "+p.prefix+" ") || strings.HasSuffix(msg, " "+p.prefix) {
 				return p.reason, true
 			}
 		}
@@ -99,3 +99,14 @@ type RedisErrors struct{}
 
 // TransientReason implements ops.Failures.
 func (RedisErrors) TransientReason(err error) (string, bool) { return TransientReason(err) }
+
+// hasErrorCode says whether err is Redis's reply with that error code: its first word, so that
+// BUSY (a script running) is not BUSYGROUP or BUSYKEY, which are answers about what was asked.
+func hasErrorCode(err error, code string) bool {
+	var rErr redis.Error
+	if !errors.As(err, &rErr) {
+		return false
+	}
+	msg := strings.TrimPrefix(rErr.Error(), "ERR ") // as redis.HasErrorPrefix (KVRocks adds it)
+	return msg == code || strings.HasPrefix(msg, code+" ")
+}
