@@ -118,3 +118,88 @@ func partitionedGroup(t *testing.T, p int) (*redis.Client, adapters.KeySpace, *a
 	require.NoError(t, admin.CreateGroup(context.Background(), "g", "0"))
 	return c, keys, admin
 }
+
+// TestPartitionWithoutTheGroupCountsAsLag: with 2 partitions, the group exists on
+// partition 0 (caught up) but not on partition 1 (a master that came back empty, a lost join),
+// where 5 entries wait. With one stream a missing group makes the whole stream lag (and stalls
+// after STALL_AFTER); with partitions those 5 entries must count as lag too, and the group must
+// be reported stalled after STALL_AFTER (README: "/readyz answers 503 after STALL_AFTER, naming
+// the group").
+func TestPartitionWithoutTheGroupCountsAsLag(t *testing.T) {
+	t.Parallel()
+	c, keys, admin := partitionedGroup(t, 2)
+	ctx := context.Background()
+	parts := keys.Partitions()
+	// partition 0: one entry, read and acknowledged.
+	require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(0), Values: map[string]any{"k": "v"}}).Err())
+	xs, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c", Streams: []string{parts.Stream(0), ">"}, Count: 10, Block: -1}).Result()
+	require.NoError(t, err)
+	require.NoError(t, c.XAck(ctx, parts.Stream(0), "g", xs[0].Messages[0].ID).Err())
+	// partition 1 loses the group; entries keep arriving there.
+	require.NoError(t, c.XGroupDestroy(ctx, parts.Stream(1), "g").Err())
+	for range 5 {
+		require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(1), Values: map[string]any{"k": "v"}}).Err())
+	}
+
+	info, err := admin.Info(ctx)
+	require.NoError(t, err)
+	g := info.Group("g")
+	require.NotNil(t, g)
+	assert.Equal(t, int64(5), g.Lag, "the 5 entries of the partition without the group are undelivered")
+
+	mon := query.NewProgressMonitor(adapters.NewOpsBackend(c, keys), 200*time.Millisecond, query.FixedGroups([]string{"g"}))
+	gs, _, err := mon.Check(ctx)
+	require.NoError(t, err)
+	time.Sleep(400 * time.Millisecond)
+	gs, _, err = mon.Check(ctx)
+	require.NoError(t, err)
+	require.Len(t, gs, 1)
+	assert.Equal(t, int64(5), gs[0].Lag, "lag as reported to /metrics and status")
+	assert.True(t, gs[0].Stalled, "nothing can consume partition 1: stalled after STALL_AFTER: %+v", gs[0])
+	assert.Contains(t, gs[0].StallCause, parts.Stream(1)+" (lag 5: the group does not exist there")
+	p1, ok := g.On(parts.Stream(1))
+	assert.False(t, ok, "the group is not on partition 1: %+v", p1)
+}
+
+// stallUnderOOM: a group stuck with an entry pending for ever, and Redis refusing writes (out
+// of memory), so the monitor cannot store its observations. /readyz and /metrics "only read,
+// and keep working under OOM" (README): the process keeps the observation itself
+// (ProgressMonitor.local), and the group must still be reported stalled after STALL_AFTER.
+func stallUnderOOM(t *testing.T, partitions int) query.GroupProgress {
+	srv := redistest.Start(t, redistest.Options{})
+	c := redistest.Client(t, srv.URL())
+	ctx := context.Background()
+	keys, err := adapters.KeySpace{Prefix: "oom"}.WithPartitions(partitions)
+	require.NoError(t, err)
+	admin := adapters.NewStreamAdmin(c, keys)
+	require.NoError(t, admin.CreateGroup(ctx, "g", "0"))
+	parts := keys.Partitions()
+	for i := range partitions {
+		require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(i), Values: map[string]any{"k": "v"}}).Err())
+		// read, never acknowledged: stuck
+		require.NoError(t, c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "g", Consumer: "c", Streams: []string{parts.Stream(i), ">"}, Count: 1, Block: -1}).Err())
+	}
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
+	t.Cleanup(func() { _ = c.ConfigSet(context.Background(), "maxmemory", "0").Err() })
+	require.ErrorContains(t, c.HSet(ctx, keys.Progress(), "x", "y").Err(), "OOM", "writes are refused")
+
+	mon := query.NewProgressMonitor(adapters.NewOpsBackend(c, keys), 200*time.Millisecond, query.FixedGroups([]string{"g"}))
+	_, _, err = mon.Check(ctx)
+	require.NoError(t, err)
+	time.Sleep(400 * time.Millisecond)
+	gs, _, err := mon.Check(ctx)
+	require.NoError(t, err)
+	require.Len(t, gs, 1)
+	return gs[0]
+}
+
+// TestStallUnderOOM: with one stream and with partitions, a group stuck while Redis refuses
+// the monitor's writes is stalled after STALL_AFTER; with partitions every check started again
+// from "now" (the observation the process kept was not read).
+func TestStallUnderOOM(t *testing.T) {
+	t.Parallel()
+	for _, p := range []int{1, 2} {
+		g := stallUnderOOM(t, p)
+		assert.True(t, g.Stalled, "%d partitions: stuck for longer than STALL_AFTER: %+v", p, g)
+	}
+}

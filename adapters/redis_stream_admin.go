@@ -254,6 +254,15 @@ func (s *StreamAdmin) Info(ctx context.Context) (ops.StreamInfo, error) {
 		for _, p := range parts {
 			pg := p.info.Group(name)
 			if pg == nil {
+				if p.info.Exists {
+					// The group is missing on this partition (a master that came back empty):
+					// all of it is undelivered, as with one stream whose group is missing.
+					g.Parts[p.info.Stream] = ops.GroupInfo{Name: name, LastDeliveredID: "0-0", Lag: p.info.Length, Missing: true}
+					g.Lag += p.info.Length
+					if p.info.Length > 0 {
+						behind = "0-0"
+					}
+				}
 				continue
 			}
 			lag, err := ops.GroupLag(ctx, p.admin, p.info, pg)

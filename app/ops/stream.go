@@ -47,6 +47,9 @@ type GroupInfo struct {
 	// partition's stream; the fields above sum them up (see StreamAdmin.Info). nil with one
 	// stream.
 	Parts map[string]GroupInfo
+	// Missing, in Parts only: the partition exists and the group does not there (a master that
+	// came back empty); everything on it is undelivered, so its Lag is the partition's length.
+	Missing bool
 }
 
 // On is the group on partition stream: g itself with one stream; ok is false when the group
@@ -56,7 +59,7 @@ func (g GroupInfo) On(stream string) (GroupInfo, bool) {
 		return g, true
 	}
 	p, ok := g.Parts[stream]
-	return p, ok
+	return p, ok && !p.Missing
 }
 
 // ConsumerInfo is one consumer of a group.

@@ -135,6 +135,11 @@ func (m *ProgressMonitor) Check(ctx context.Context) ([]GroupProgress, ops.Strea
 // unchanged (the shortest of all when none is behind).
 func (m *ProgressMonitor) checkParts(ctx context.Context, gp *GroupProgress, g *ops.GroupInfo, seen string, now time.Time) {
 	prevAll, _, _ := strings.Cut(seen, "|")
+	m.mu.Lock()
+	if o, ok := m.local[gp.Group]; ok {
+		prevAll = o.sig // Redis refused the last observation (out of memory): this one is newer
+	}
+	m.mu.Unlock()
 	prev := map[string]string{} // stream -> signature@since
 	for _, item := range strings.Split(prevAll, "\t") {
 		if stream, rest, ok := strings.Cut(item, "="); ok {
@@ -171,7 +176,11 @@ func (m *ProgressMonitor) checkParts(ctx context.Context, gp *GroupProgress, g *
 			behind = max(behind, unchanged)
 		}
 		if Stalled(pg.Lag, pg.Pending, unchanged, m.stallAfter) {
-			stalled = append(stalled, fmt.Sprintf("%s (lag %s, %d pending)", stream, lagText(pg.Lag), pg.Pending))
+			what := fmt.Sprintf("%s (lag %s, %d pending)", stream, lagText(pg.Lag), pg.Pending)
+			if pg.Missing {
+				what = fmt.Sprintf("%s (lag %s: the group does not exist there; a projector makes it again when it reads that partition)", stream, lagText(pg.Lag))
+			}
+			stalled = append(stalled, what)
 		}
 	}
 	if behind >= 0 {
