@@ -22,6 +22,10 @@ type MemoryInfo struct {
 	// Policy is maxmemory-policy ("noeviction", "allkeys-lru", ...); "" when Redis does not tell
 	// (INFO without the field, CONFIG disabled or renamed, as managed services do).
 	Policy string
+	// Fullest is used_memory / maxmemory of the server nearest its limit: on a cluster one master
+	// at its limit refuses the writes of its slots however much room the others have, which
+	// the sums hide. 0 when no server has a limit.
+	Fullest float64
 }
 
 // Evicts reports whether the policy lets Redis delete keys under memory pressure (anything but
@@ -37,6 +41,7 @@ func ReadMemoryInfo(ctx context.Context, client redis.UniversalClient) (MemoryIn
 			sum.Reported = sum.Reported || m.Reported
 			sum.Used += m.Used
 			sum.Max += m.Max
+			sum.Fullest = max(sum.Fullest, m.Fullest)
 			if sum.Policy == "" || (m.Evicts() && !sum.Evicts()) {
 				sum.Policy = m.Policy
 			}
@@ -84,6 +89,9 @@ func readNodeMemory(ctx context.Context, c redis.UniversalClient) (MemoryInfo, e
 		case "maxmemory_policy":
 			m.Policy = v
 		}
+	}
+	if m.Max > 0 {
+		m.Fullest = float64(m.Used) / float64(m.Max)
 	}
 	if m.Policy == "" {
 		vals, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
