@@ -10,8 +10,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters/redistest"
 )
 
 // The README is part of the product: these checks keep it true as settings and commands change.
@@ -99,4 +102,47 @@ func TestReadmePathsExist(t *testing.T) {
 		}
 	}
 	assert.Greater(t, checked, 20, "the README names paths; the pattern must find them")
+}
+
+// TestReadmeMetricsAreExported: every metric the README and docs name (`checkins_...`, and the
+// short names of the README's list "all prefixed `checkins_`") is registered by serve; the README
+// once named checkins_projection_handler_duration_seconds, which never existed.
+func TestReadmeMetricsAreExported(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix}, Mode{API: true, Projections: true})
+	descs := make(chan *prometheus.Desc, 256)
+	svc.svc.proj.registry.Describe(descs)
+	close(descs)
+	registered := map[string]bool{}
+	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
+	for d := range descs {
+		if m := fq.FindStringSubmatch(d.String()); m != nil {
+			registered[m[1]] = true
+		}
+	}
+	require.Contains(t, registered, "checkins_projection_lag", "the registry's names are read")
+
+	named := map[string]string{} // metric -> where
+	files := []string{"../../README.md"}
+	docs, err := filepath.Glob("../../docs/*.md")
+	require.NoError(t, err)
+	for _, f := range append(files, docs...) {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for _, m := range regexp.MustCompile(`\bcheckins_[a-z][a-z_]*[a-z]`).FindAllString(string(b), -1) {
+			named[m] = filepath.Base(f)
+		}
+		if _, list, ok := strings.Cut(string(b), "Metrics (all prefixed `checkins_`):"); ok {
+			list, _, _ = strings.Cut(list, "\n\n")
+			// Metric names have an underscore; the labels in the list (`projection`) have none.
+			for _, m := range regexp.MustCompile("`([a-z]+_[a-z_]*[a-z])(\\{[^`]*\\})?`").FindAllStringSubmatch(list, -1) {
+				named["checkins_"+m[1]] = filepath.Base(f) + "'s metrics list"
+			}
+		}
+	}
+	require.Contains(t, named, "checkins_projection_batch_duration_seconds", "the docs' names are read")
+	for name, where := range named {
+		assert.True(t, registered[name], "%s names %s, which serve does not export", where, name)
+	}
 }
