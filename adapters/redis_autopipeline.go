@@ -46,6 +46,11 @@ type pipelineCall struct {
 // ErrPipelineClosed is returned for commands sent after Close.
 var ErrPipelineClosed = errors.New("auto pipeline closed")
 
+// ErrNotSent wraps the context error of a call the pipeline never sent: its caller's context
+// ended while it waited for room in the queue, or too little of it was left (minHeadroom).
+// Nothing of it ran, so a write it carried certainly did not happen.
+var ErrNotSent = errors.New("not sent to redis")
+
 // NewAutoPipeline starts workers goroutines, each sending pipelines of at most maxBatch commands
 // on client (which must not itself route commands through this pipeline).
 func NewAutoPipeline(client redis.UniversalClient, maxBatch, workers int) *AutoPipeline {
@@ -106,8 +111,9 @@ func (p *AutoPipeline) process(ctx context.Context, cmd redis.Cmder, script *red
 		p.mu.RUnlock()
 	case <-ctx.Done():
 		p.mu.RUnlock()
-		cmd.SetErr(ctx.Err())
-		return ctx.Err()
+		err := fmt.Errorf("%w: %w", ErrNotSent, ctx.Err())
+		cmd.SetErr(err)
+		return err
 	}
 	<-c.done
 	return cmd.Err()
@@ -306,7 +312,7 @@ func sendable(batch []*pipelineCall, now, limit time.Time) ([]*pipelineCall, tim
 			err = context.DeadlineExceeded
 		}
 		if err != nil {
-			c.cmd.SetErr(err)
+			c.cmd.SetErr(fmt.Errorf("%w: %w", ErrNotSent, err))
 			if send == nil {
 				send = append(make([]*pipelineCall, 0, len(batch)), batch[:i]...)
 			}

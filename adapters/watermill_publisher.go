@@ -79,7 +79,7 @@ func (p *EventPublisher) PublishCheckinRecorded(ctx context.Context, e domain.Ch
 	}
 	msg.SetContext(ctx)
 	err := p.pub.Publish(p.parts.StreamOf(e.UserID), msg)
-	if errors.Is(err, ErrPipelineClosed) {
+	if errors.Is(err, ErrPipelineClosed) || errors.Is(err, ErrNotSent) {
 		return fmt.Errorf("%w: %w", command.ErrNotPublished, err)
 	}
 	return err

@@ -2,6 +2,7 @@ package command
 
 import (
 	"context"
+	"errors"
 	"sync"
 )
 
@@ -63,7 +64,9 @@ func (g *flightGroup[T]) run(ctx context.Context, key string, f *flight[T], fn f
 		close(f.done)
 	}()
 	f.val, f.err = fn()
-	f.retry = f.err != nil && ctx.Err() != nil
+	// The leader's own deadline: its context ended, or a call refused to start with too little
+	// of it left (the auto-pipeline sends nothing with under 100 ms to go) while it was alive.
+	f.retry = f.err != nil && (ctx.Err() != nil || errors.Is(f.err, context.DeadlineExceeded) || errors.Is(f.err, context.Canceled))
 	return f.val, f.err
 }
 

@@ -95,7 +95,8 @@ type ReservingLimiter interface {
 // records the reservation as published, all or nothing. ok false: it cannot here and now (the
 // handler takes the other path: limit and reserve, then publish). With ok: a refused request
 // (!d.Allowed) wrote nothing; existing is what holds the checkinId (nothing was published); an
-// error leaves open whether the check-in was recorded, reservation and event together.
+// error leaves open whether the check-in was recorded, reservation and event together. d is the
+// limiter's answer when limit and Redis answered; otherwise its Remaining is -1 (no decision).
 type ReservingPublisher interface {
 	ReserveAndPublish(ctx context.Context, rec IdempotencyRecord, correlationID string, limit bool) (d RateDecision, existing *IdempotencyRecord, ok bool, err error)
 }

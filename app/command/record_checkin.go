@@ -305,7 +305,7 @@ func (h *RecordCheckinHandler) recordInOneStep(ctx context.Context, rec Idempote
 		return RecordCheckinResult{}, false, nil
 	}
 	var rate *RateDecision
-	if limitUser != 0 {
+	if limitUser != 0 && d.Remaining >= 0 { // Remaining -1: the script's answer is unknown
 		rate = &d
 	}
 	switch {
