@@ -242,7 +242,7 @@ func settings() []setting {
 		{"INGEST_REPLICA_TIMEOUT", "ingest-replica-timeout", "500ms", "with INGEST_MIN_REPLICAS: how long a check-in waits for its replicas (below REQUEST_TIMEOUT)", dur(func(c *Config) *time.Duration { return &c.IngestReplicaTimeout }, time.Millisecond)},
 		{"PROJECTION_MIN_REPLICAS", "projection-min-replicas", "0", "projection updates count as applied, and their events are acknowledged, only once this many Redis replicas have them (WAIT after each batch's script calls, same round trip); fewer within PROJECTION_REPLICA_TIMEOUT: the batch is delivered again. 0: as soon as the master has them", integer(func(c *Config) *int { return &c.ProjectionMinReplicas }, 0)},
 		{"PROJECTION_REPLICA_TIMEOUT", "projection-replica-timeout", "1s", "with PROJECTION_MIN_REPLICAS: how long a batch waits for its replicas (below HANDLER_TIMEOUT)", dur(func(c *Config) *time.Duration { return &c.ProjectionReplicaTimeout }, time.Millisecond)},
-		{"IDEMPOTENCY_TTL", "idempotency-ttl", "24h", "how long a checkinId is remembered for safe retries and 409 on reuse", dur(func(c *Config) *time.Duration { return &c.IdempotencyTTL }, time.Second)},
+		{"IDEMPOTENCY_TTL", "idempotency-ttl", "24h", "how long a checkinId is remembered for safe retries and 409 on reuse; above REQUEST_TIMEOUT", dur(func(c *Config) *time.Duration { return &c.IdempotencyTTL }, time.Second)},
 		{"DEDUPE_WINDOW", "dedupe-window", "24h", "projections count another copy of a check-in (same checkinId and content) recorded this close to the counted one as a duplicate; at least IDEMPOTENCY_TTL (unset: IDEMPOTENCY_TTL when that is longer)", dur(func(c *Config) *time.Duration { return &c.DedupeWindow }, time.Second)},
 		{"LEADERBOARD_MIN_CHECKINS", "leaderboard-min-checkins", "5", "check-ins a location needs to enter the rating leaderboard (changing it takes a rebuild of leaderboards)", func(c *Config, v string) error {
 			n, err := strconv.ParseInt(v, 10, 64)
@@ -342,6 +342,9 @@ func parseConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (C
 	}
 	if c.DedupeWindow < c.IdempotencyTTL {
 		return Config{}, nil, fmt.Errorf("invalid DEDUPE_WINDOW: %s is below IDEMPOTENCY_TTL %s: a copy of a check-in that reaches the stream within IDEMPOTENCY_TTL of the first (a retry the API did not recognise, a producer's copy) must still count once", c.DedupeWindow, c.IdempotencyTTL)
+	}
+	if c.IdempotencyTTL <= c.RequestTimeout {
+		return Config{}, nil, fmt.Errorf("invalid IDEMPOTENCY_TTL: %s must be above REQUEST_TIMEOUT %s: a checkinId's reservation must outlive the request that holds it, or a retry could take it while that request is still recording, and record the check-in twice", c.IdempotencyTTL, c.RequestTimeout)
 	}
 	if c.IngestMinReplicas > 0 && c.IngestReplicaTimeout >= c.RequestTimeout {
 		return Config{}, nil, fmt.Errorf("invalid INGEST_REPLICA_TIMEOUT: %s must be below REQUEST_TIMEOUT %s, or a request could end before its replicas answer", c.IngestReplicaTimeout, c.RequestTimeout)

@@ -50,7 +50,7 @@ func TestParseConfigDedupeWindow(t *testing.T) {
 	cfg, err = parseEnv(map[string]string{"IDEMPOTENCY_TTL": "72h"})
 	require.NoError(t, err)
 	assert.Equal(t, 72*time.Hour, cfg.DedupeWindow, "unset, it follows a longer IDEMPOTENCY_TTL")
-	cfg, err = parseEnv(map[string]string{"IDEMPOTENCY_TTL": "1s"})
+	cfg, err = parseEnv(map[string]string{"IDEMPOTENCY_TTL": "1s", "REQUEST_TIMEOUT": "900ms"})
 	require.NoError(t, err)
 	assert.Equal(t, 24*time.Hour, cfg.DedupeWindow, "a shorter IDEMPOTENCY_TTL leaves the default")
 	cfg, err = parseEnv(map[string]string{"DEDUPE_WINDOW": "96h"})
@@ -59,6 +59,11 @@ func TestParseConfigDedupeWindow(t *testing.T) {
 	_, err = parseEnv(map[string]string{"IDEMPOTENCY_TTL": "72h", "DEDUPE_WINDOW": "48h"})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "invalid DEDUPE_WINDOW: 48h0m0s is below IDEMPOTENCY_TTL 72h0m0s")
+	// A reservation that could expire while its request still records lets a retry record the
+	// check-in twice.
+	_, err = parseEnv(map[string]string{"IDEMPOTENCY_TTL": "5s"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "invalid IDEMPOTENCY_TTL: 5s must be above REQUEST_TIMEOUT 5s")
 }
 
 // TestParseConfigRefusesWhatStarvesTheService: dashboard streams that could take every

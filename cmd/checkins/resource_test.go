@@ -208,7 +208,7 @@ func TestResourceMemoryHoveringAtTheLimitCostsNoCount(t *testing.T) {
 	c := redistest.Client(t, srv.URL())
 	ctx := context.Background()
 	keys := adapters.KeySpace{Prefix: "checkins"}
-	p := startSvc(t, "serve", map[string]string{"REDIS_URL": srv.URL(), "IDEMPOTENCY_TTL": "1s", "RETRY_MAX_ATTEMPTS": "2",
+	p := startSvc(t, "serve", map[string]string{"REDIS_URL": srv.URL(), "IDEMPOTENCY_TTL": "1s", "REQUEST_TIMEOUT": "900ms", "RETRY_MAX_ATTEMPTS": "2",
 		"RETRY_INITIAL_INTERVAL": "10ms", "NACK_DELAY": "50ms"})
 	l := newLedger()
 	lctx, stop := context.WithCancel(ctx)

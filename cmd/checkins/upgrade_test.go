@@ -153,7 +153,7 @@ func TestReusedCheckinIDIsDecidedAlikeEverywhere(t *testing.T) {
 	c := redistest.Client(t, srv.URL())
 	ctx := context.Background()
 	keys := adapters.KeySpace{Prefix: "checkins"}
-	p := startSvc(t, "serve", map[string]string{"REDIS_URL": srv.URL(), "IDEMPOTENCY_TTL": "1s"})
+	p := startSvc(t, "serve", map[string]string{"REDIS_URL": srv.URL(), "IDEMPOTENCY_TTL": "1s", "REQUEST_TIMEOUT": "900ms"})
 	// One user's: checkinIds are scoped by user, another user's "reused" is simply another one.
 	bodyA, bodyB := `{"checkinId":"reused","userId":1,"locationId":1,"starRating":5}`, `{"checkinId":"reused","userId":1,"locationId":2,"starRating":1}`
 	post := func(body string) (int, map[string]any) {
