@@ -844,7 +844,13 @@ func (r *ProjectionRouter) transientFailure(group string, err error) {
 	r.probMu.Lock()
 	r.problem[group] = reason
 	r.probMu.Unlock()
-	r.cfg.Observer.Transient(group, reason)
+	// A metric label takes only the known reasons: any other error's text (which may name
+	// keys, entries or members) would make a series of its own each time.
+	label := reason
+	if _, known := r.backend.TransientReason(err); !known && !errors.Is(err, ErrHandlerTimeout) && !errors.Is(err, ErrForeignMember) {
+		label = "other"
+	}
+	r.cfg.Observer.Transient(group, label)
 }
 
 func (r *ProjectionRouter) transientCleared(group string) {
