@@ -30,7 +30,7 @@ func ReadStreamInfo(ctx context.Context, client redis.UniversalClient, stream st
 	if err != nil {
 		return info, fmt.Errorf("XINFO STREAM %s: %w", stream, err)
 	}
-	info.Exists, info.Length, info.LastEntryID = true, xs.Length, xs.LastGeneratedID
+	info.Exists, info.Length, info.LastEntryID, info.EntriesAdded = true, xs.Length, xs.LastGeneratedID, xs.EntriesAdded
 	groups, err := client.XInfoGroups(ctx, stream).Result()
 	if isNoSuchKey(err) { // deleted meanwhile (a partition migration's cleanup)
 		return ops.StreamInfo{Stream: stream}, nil
@@ -237,6 +237,7 @@ func (s *StreamAdmin) Info(ctx context.Context) (ops.StreamInfo, error) {
 		}
 		sum.Exists = true
 		sum.Length += info.Length
+		sum.EntriesAdded += info.EntriesAdded
 		if sum.LastEntryID == "" || ops.CompareEntryIDs(info.LastEntryID, sum.LastEntryID) > 0 {
 			sum.LastEntryID = info.LastEntryID
 		}

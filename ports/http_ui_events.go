@@ -153,8 +153,13 @@ func deriveSample(now time.Time, st query.StatusReport, prev *uiSample) uiSample
 	prevLag := map[string]int64{}
 	if prev != nil {
 		dt = now.Sub(prev.At).Seconds()
-		// A trim shortens the stream: never a negative rate.
-		added = float64(max(st.StreamLength-prev.StreamLength, 0))
+		// What was added, however much a trim (RETENTION) removed meanwhile; without the
+		// counter, the growth of the stream, never negative.
+		if st.EntriesAdded > 0 && st.EntriesAdded >= prev.Status.EntriesAdded && prev.Status.EntriesAdded > 0 {
+			added = float64(st.EntriesAdded - prev.Status.EntriesAdded)
+		} else {
+			added = float64(max(st.StreamLength-prev.StreamLength, 0))
+		}
 		if dt > 0 {
 			s.Rate = added / dt
 		}

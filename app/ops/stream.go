@@ -10,11 +10,15 @@ import (
 
 // StreamInfo is what the backend says about the event stream and its consumer groups.
 type StreamInfo struct {
-	Stream      string
-	Exists      bool
-	Length      int64
-	LastEntryID string
-	Groups      []GroupInfo
+	Stream string
+	Exists bool
+	Length int64
+	// EntriesAdded is how many entries were ever added (XINFO STREAM entries-added; summed
+	// over partitions): unlike Length it does not fall when the stream is trimmed. 0 when the
+	// server does not tell (before Redis 7.0).
+	EntriesAdded int64
+	LastEntryID  string
+	Groups       []GroupInfo
 }
 
 // Group finds a consumer group by name (nil when it does not exist).

@@ -36,8 +36,12 @@ func NewStatus(b ops.Backend, projections []projection.Projection, stallAfter ti
 
 // StatusReport is the whole picture.
 type StatusReport struct {
-	Stream       string             `json:"stream"`
-	StreamLength int64              `json:"streamLength"`
+	Stream       string `json:"stream"`
+	StreamLength int64  `json:"streamLength"`
+	// EntriesAdded is every entry ever added to the stream (its partitions summed): what a rate
+	// of check-ins is computed from, since trimming shortens the stream. Absent when Redis does
+	// not tell.
+	EntriesAdded int64              `json:"entriesAdded,omitempty"`
 	LastEntryID  string             `json:"lastEntryId,omitempty"`
 	PoisonStream string             `json:"poisonStream"`
 	Poisoned     int64              `json:"poisoned"`
@@ -109,7 +113,7 @@ func (s *Status) Status(ctx context.Context) (StatusReport, error) {
 	if err != nil {
 		return st, ops.Unavailable(err)
 	}
-	st.StreamLength, st.LastEntryID = info.Length, info.LastEntryID
+	st.StreamLength, st.LastEntryID, st.EntriesAdded = info.Length, info.LastEntryID, info.EntriesAdded
 	poisoned, err := s.b.Poison.CountByProjection(ctx)
 	if err != nil {
 		return st, ops.Unavailable(err)

@@ -467,6 +467,8 @@ type ReplayResultStatus string
 
 // Status defines model for Status.
 type Status struct {
+	// EntriesAdded Entries ever added to the stream (its partitions summed); unlike streamLength it does not fall when the stream is trimmed. Absent when Redis does not tell.
+	EntriesAdded *int64             `json:"entriesAdded,omitempty"`
 	LastEntryId  *string            `json:"lastEntryId,omitempty"`
 	PoisonStream string             `json:"poisonStream"`
 	Poisoned     int64              `json:"poisoned"`
