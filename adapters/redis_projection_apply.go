@@ -8,6 +8,7 @@ import (
 	"maps"
 	"math"
 	"math/rand/v2"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -184,154 +185,233 @@ for _ = 1, Q[2] do
   stale[k] = tonumber(b)
   if now == 1 then prune[#prune + 1] = k; prune[#prune + 1] = b end
 end
+-- An item is all or nothing. Redis takes nothing back when a command of a script fails (a key
+-- of another type, a slot that moved on a cluster): the item's markers would say "applied"
+-- with its updates half done, and a retry would skip it for good. So what an item writes that
+-- a retry would not write again alike is noted as it goes: its markers (U) and its increments
+-- (I); should a command fail, the item's are taken back and the error returned. The items
+-- before it are whole (their markers stand); the others were not started. Its other ops set
+-- values (zadd, hset, hmaxby, ratios, trims): applied again, they come out the same.
+local U, nU = {}, 0 -- marker writes: key index, member, the score before (false: it was new)
+local I, nI = {}, 0 -- increments: where each op is in Q
+local function neg(d)
+  if d == '0' then return d end
+  if string.sub(d, 1, 1) == '-' then return string.sub(d, 2) end
+  return '-' .. d
+end
+local function undo()
+  -- An increment taken back to 0 removes its field (which reads as 0 all the same) or member.
+  for j = nI, 1, -1 do
+    local p = I[j]
+    local kind, k, a, b = Q[p], KEYS[Q[p+1]], S[Q[p+2]], S[Q[p+3]]
+    if kind == 1 or kind == 2 then -- hincrby key field delta
+      if redis.call('HINCRBY', k, a, neg(b)) == 0 then redis.call('HDEL', k, a) end
+    elseif tonumber(redis.call('ZINCRBY', k, neg(a), b)) == 0 then -- zincrby key delta member
+      redis.call('ZREM', k, b)
+    end
+  end
+  for j = nU - 2, 1, -3 do
+    local ki, m, before = U[j], U[j+1], U[j+2]
+    if before then redis.call('ZADD', KEYS[ki], before, m) else redis.call('ZREM', KEYS[ki], m) end
+  end
+end
 local out = {}
-local ni = Q[q]
-q = q + 1
-for it = 1, ni do
-  local rk, mki, id, s, nu = Q[q], Q[q+1], S[Q[q+2]], S[Q[q+3]], Q[q+4]
-  q = q + 5
-  local state = 1
-  if rk > 0 and redis.call('ZADD', KEYS[rk], 'NX', s, id) == 0 then
-    local cur, sn = tonumber(redis.call('ZSCORE', KEYS[rk], id)), tonumber(s)
-    if cur ~= sn then
-      if math.abs(sn - cur) <= w then
-        state = 2
-      elseif sn > cur then
-        redis.call('ZADD', KEYS[rk], s, id) -- beyond the window: counted again, and remembered anew
-      end
-    end
-  end
-  if state == 1 and redis.call('ZADD', KEYS[mki], 'NX', s, id) == 0 then
-    local cur = redis.call('ZSCORE', KEYS[mki], id)
-    local ms, sn = tonumber(cur), tonumber(s)
-    if stale[mki] and ms < stale[mki] then
-      redis.call('ZADD', KEYS[mki], s, id)
-    elseif math.abs(sn - ms) <= w then
-      state = 0
-    elseif sn > ms then
-      -- Another copy, counted beyond the window: the marker moves to the newer copy, and the
-      -- older one keeps a marker of its own (identity:millisecond), should it come again.
-      redis.call('ZADD', KEYS[mki], cur, id .. ':' .. string.format('%d', math.floor(ms / 1024)))
-      redis.call('ZADD', KEYS[mki], s, id)
-    elseif redis.call('ZADD', KEYS[mki], 'NX', s, id .. ':' .. string.format('%d', math.floor(sn / 1024))) == 0 then
-      state = 0 -- an older copy, applied before
-    end
-  end
-  out[it] = state
-  for _ = 1, nu do
-    local apply = state == 1
-    local lk = Q[q]
-    q = q + 1
-    if lk > 0 then
-      local lm = S[Q[q]]
-      q = q + 1
-      if apply and redis.call('SISMEMBER', KEYS[lk], lm) == 1 then
-        apply = false -- applied before this version of the service, under its dedupe set
-      end
-    end
-    local incr -- the results of the increments a later op of this update reads, per key
-    local no = Q[q]
-    q = q + 1
-    for _ = 1, no do
-      local kind, ki = Q[q], Q[q+1]
-      q = q + 2
-      if kind == 1 then -- hincrby key field delta
-        local f, d = S[Q[q]], S[Q[q+1]]
-        q = q + 2
-        if apply then redis.call('HINCRBY', KEYS[ki], f, d) end
-      elseif kind == 2 or kind == 11 then
-        -- 2: hincrby key field delta, 11: zincrby key delta member; a ratio reads the result,
-        -- kept under the field or the member
-        local a, b = S[Q[q]], S[Q[q+1]]
-        q = q + 2
-        if apply then
-          incr = incr or {}
-          incr[ki] = incr[ki] or {}
-          if kind == 2 then
-            incr[ki][a] = redis.call('HINCRBY', KEYS[ki], a, b)
-          else
-            incr[ki][b] = tonumber(redis.call('ZINCRBY', KEYS[ki], a, b))
-          end
-        end
-      elseif kind == 3 then -- zincrby key delta member
-        local d, m = S[Q[q]], S[Q[q+1]]
-        q = q + 2
-        if apply then redis.call('ZINCRBY', KEYS[ki], d, m) end
-      elseif kind == 4 then -- zadd key score member
-        local sc, m = S[Q[q]], S[Q[q+1]]
-        q = q + 2
-        if apply then redis.call('ZADD', KEYS[ki], sc, m) end
-      elseif kind == 5 then -- zkeeptop key n
-        local r = T[S[Q[q]]]
-        q = q + 1
-        if apply then redis.call('ZREMRANGEBYRANK', KEYS[ki], '0', r) end -- strings: a number argument is printed by Redis
-      elseif kind == 6 then -- hset key field value
-        local f, v = S[Q[q]], S[Q[q+1]]
-        q = q + 2
-        if apply then redis.call('HSET', KEYS[ki], f, v) end
-      elseif kind == 7 then -- hmaxby key field value tiefield tie [field value]...
-        local na = 4 + 2 * Q[q]
-        local a = {}
-        for j = 1, na do a[j] = S[Q[q + j]] end
-        q = q + na + 1
-        if apply then
-          local k = KEYS[ki]
-          local cur = redis.call('HMGET', k, a[1], a[3])
-          local v, c = tonumber(a[2]), tonumber(cur[1])
-          if c == nil or v > c or (v == c and (not cur[2] or before(cur[2], a[4]))) then
-            redis.call('HSET', k, unpack(a, 1, na))
-          end
-        end
-      elseif kind == 8 or kind == 9 then
-        -- 8: hround key dst num den; 9: zratioatmin zkey hkey member num den min
-        local hki = ki
-        if kind == 9 then
-          hki = Q[q]
-          q = q + 1
-        end
-        local dst, nf, df = S[Q[q]], S[Q[q+1]], S[Q[q+2]]
-        q = q + 3
-        local mn
-        if kind == 9 then
-          mn = N[S[Q[q]]]
-          q = q + 1
-        end
-        if apply then
-          local nv, dv
-          if incr and incr[hki] then nv, dv = incr[hki][nf], incr[hki][df] end
-          if nv == nil or dv == nil then
-            local cur = redis.call('HMGET', KEYS[hki], nf, df)
-            nv, dv = tonumber(cur[1]) or 0, tonumber(cur[2]) or 0
-          end
-          if kind == 8 then
-            if dv > 0 then redis.call('HSET', KEYS[ki], dst, math.floor(nv / dv + 0.5)) end
-          elseif dv > 0 and dv >= mn then
-            redis.call('ZADD', KEYS[ki], nv / dv, dst)
-          end
-        end
-      elseif kind == 10 then -- zscaledratioatmin zkey hkey dkey member num den min
-        local hki, dki = Q[q], Q[q+1]
-        local dst, nf, dm, mn = S[Q[q+2]], S[Q[q+3]], S[Q[q+4]], N[S[Q[q+5]]]
-        q = q + 6
-        if apply then
-          local nv, dv
-          if incr then
-            nv = incr[hki] and incr[hki][nf]
-            dv = incr[dki] and incr[dki][dm]
-          end
-          if nv == nil then nv = tonumber(redis.call('HGET', KEYS[hki], nf)) or 0 end
-          if dv == nil then dv = tonumber(redis.call('ZSCORE', KEYS[dki], dm)) or 0 end
-          if dv > 0 and dv >= mn then
-            -- An integer below 2^52 (RatioScale): Redis prints it as one and a small sorted set
-            -- keeps it as one, where a fraction is text parsed with strtod on every scan.
-            redis.call('ZADD', KEYS[ki], math.floor(nv / dv * ` + ratioScaleLua + `), dst)
+local atIt, atU = 0, 0 -- the item being applied, and its update (0: its markers), for the error
+-- applyItems applies the ni items from q on, each one's state in out.
+local function applyItems(q, ni)
+  local Q, S = Q, S
+  for it = 1, ni do
+    atIt, atU, nU, nI = it, 0, 0, 0
+    local rk, mki, id, s, nu = Q[q], Q[q+1], S[Q[q+2]], S[Q[q+3]], Q[q+4]
+    q = q + 5
+    local state = 1
+    if rk > 0 then
+      if redis.call('ZADD', KEYS[rk], 'NX', s, id) == 0 then
+        local cur = redis.call('ZSCORE', KEYS[rk], id)
+        local cn, sn = tonumber(cur), tonumber(s)
+        if cn ~= sn then
+          if math.abs(sn - cn) <= w then
+            state = 2
+          elseif sn > cn then
+            redis.call('ZADD', KEYS[rk], s, id) -- beyond the window: counted again, and remembered anew
+            U[nU+1], U[nU+2], U[nU+3] = rk, id, cur
+            nU = nU + 3
           end
         end
       else
-        return redis.error_reply('unknown op ' .. tostring(kind))
+        U[nU+1], U[nU+2], U[nU+3] = rk, id, false
+        nU = nU + 3
       end
     end
+    if state == 1 then
+      if redis.call('ZADD', KEYS[mki], 'NX', s, id) == 0 then
+        local cur = redis.call('ZSCORE', KEYS[mki], id)
+        local ms, sn = tonumber(cur), tonumber(s)
+        if stale[mki] and ms < stale[mki] then
+          redis.call('ZADD', KEYS[mki], s, id)
+          U[nU+1], U[nU+2], U[nU+3] = mki, id, cur
+          nU = nU + 3
+        elseif math.abs(sn - ms) <= w then
+          state = 0
+        elseif sn > ms then
+          -- Another copy, counted beyond the window: the marker moves to the newer copy, and the
+          -- older one keeps a marker of its own (identity:millisecond), should it come again.
+          local old = id .. ':' .. string.format('%d', math.floor(ms / 1024))
+          if redis.call('ZADD', KEYS[mki], cur, old) == 1 then
+            U[nU+1], U[nU+2], U[nU+3] = mki, old, false
+            nU = nU + 3
+          end
+          redis.call('ZADD', KEYS[mki], s, id)
+          U[nU+1], U[nU+2], U[nU+3] = mki, id, cur
+          nU = nU + 3
+        else
+          local older = id .. ':' .. string.format('%d', math.floor(sn / 1024))
+          if redis.call('ZADD', KEYS[mki], 'NX', s, older) == 0 then
+            state = 0 -- an older copy, applied before
+          else
+            U[nU+1], U[nU+2], U[nU+3] = mki, older, false
+            nU = nU + 3
+          end
+        end
+      else
+        U[nU+1], U[nU+2], U[nU+3] = mki, id, false
+        nU = nU + 3
+      end
+    end
+    for u = 1, nu do
+      atU = u
+      local apply = state == 1
+      local lk = Q[q]
+      q = q + 1
+      if lk > 0 then
+        local lm = S[Q[q]]
+        q = q + 1
+        if apply and redis.call('SISMEMBER', KEYS[lk], lm) == 1 then
+          apply = false -- applied before this version of the service, under its dedupe set
+        end
+      end
+      local incr -- the results of the increments a later op of this update reads, per key
+      local no = Q[q]
+      q = q + 1
+      for _ = 1, no do
+        local kind, ki = Q[q], Q[q+1]
+        q = q + 2
+        if kind == 1 then -- hincrby key field delta
+          local f, d = S[Q[q]], S[Q[q+1]]
+          q = q + 2
+          if apply then
+            redis.call('HINCRBY', KEYS[ki], f, d)
+            nI = nI + 1
+            I[nI] = q - 4
+          end
+        elseif kind == 2 or kind == 11 then
+          -- 2: hincrby key field delta, 11: zincrby key delta member; a ratio reads the result,
+          -- kept under the field or the member
+          local a, b = S[Q[q]], S[Q[q+1]]
+          q = q + 2
+          if apply then
+            incr = incr or {}
+            incr[ki] = incr[ki] or {}
+            if kind == 2 then
+              incr[ki][a] = redis.call('HINCRBY', KEYS[ki], a, b)
+            else
+              incr[ki][b] = tonumber(redis.call('ZINCRBY', KEYS[ki], a, b))
+            end
+            nI = nI + 1
+            I[nI] = q - 4
+          end
+        elseif kind == 3 then -- zincrby key delta member
+          local d, m = S[Q[q]], S[Q[q+1]]
+          q = q + 2
+          if apply then
+            redis.call('ZINCRBY', KEYS[ki], d, m)
+            nI = nI + 1
+            I[nI] = q - 4
+          end
+        elseif kind == 4 then -- zadd key score member
+          local sc, m = S[Q[q]], S[Q[q+1]]
+          q = q + 2
+          if apply then redis.call('ZADD', KEYS[ki], sc, m) end
+        elseif kind == 5 then -- zkeeptop key n
+          local r = T[S[Q[q]]]
+          q = q + 1
+          if apply then redis.call('ZREMRANGEBYRANK', KEYS[ki], '0', r) end -- strings: a number argument is printed by Redis
+        elseif kind == 6 then -- hset key field value
+          local f, v = S[Q[q]], S[Q[q+1]]
+          q = q + 2
+          if apply then redis.call('HSET', KEYS[ki], f, v) end
+        elseif kind == 7 then -- hmaxby key field value tiefield tie [field value]...
+          local na = 4 + 2 * Q[q]
+          local a = {}
+          for j = 1, na do a[j] = S[Q[q + j]] end
+          q = q + na + 1
+          if apply then
+            local k = KEYS[ki]
+            local cur = redis.call('HMGET', k, a[1], a[3])
+            local v, c = tonumber(a[2]), tonumber(cur[1])
+            if c == nil or v > c or (v == c and (not cur[2] or before(cur[2], a[4]))) then
+              redis.call('HSET', k, unpack(a, 1, na))
+            end
+          end
+        elseif kind == 8 or kind == 9 then
+          -- 8: hround key dst num den; 9: zratioatmin zkey hkey member num den min
+          local hki = ki
+          if kind == 9 then
+            hki = Q[q]
+            q = q + 1
+          end
+          local dst, nf, df = S[Q[q]], S[Q[q+1]], S[Q[q+2]]
+          q = q + 3
+          local mn
+          if kind == 9 then
+            mn = N[S[Q[q]]]
+            q = q + 1
+          end
+          if apply then
+            local nv, dv
+            if incr and incr[hki] then nv, dv = incr[hki][nf], incr[hki][df] end
+            if nv == nil or dv == nil then
+              local cur = redis.call('HMGET', KEYS[hki], nf, df)
+              nv, dv = tonumber(cur[1]) or 0, tonumber(cur[2]) or 0
+            end
+            if kind == 8 then
+              if dv > 0 then redis.call('HSET', KEYS[ki], dst, math.floor(nv / dv + 0.5)) end
+            elseif dv > 0 and dv >= mn then
+              redis.call('ZADD', KEYS[ki], nv / dv, dst)
+            end
+          end
+        elseif kind == 10 then -- zscaledratioatmin zkey hkey dkey member num den min
+          local hki, dki = Q[q], Q[q+1]
+          local dst, nf, dm, mn = S[Q[q+2]], S[Q[q+3]], S[Q[q+4]], N[S[Q[q+5]]]
+          q = q + 6
+          if apply then
+            local nv, dv
+            if incr then
+              nv = incr[hki] and incr[hki][nf]
+              dv = incr[dki] and incr[dki][dm]
+            end
+            if nv == nil then nv = tonumber(redis.call('HGET', KEYS[hki], nf)) or 0 end
+            if dv == nil then dv = tonumber(redis.call('ZSCORE', KEYS[dki], dm)) or 0 end
+            if dv > 0 and dv >= mn then
+              -- An integer below 2^52 (RatioScale): Redis prints it as one and a small sorted set
+              -- keeps it as one, where a fraction is text parsed with strtod on every scan.
+              redis.call('ZADD', KEYS[ki], math.floor(nv / dv * ` + ratioScaleLua + `), dst)
+            end
+          end
+        else
+          error('unknown op ' .. tostring(kind))
+        end
+      end
+    end
+    out[it] = state
   end
+end
+local ok, err = pcall(applyItems, q + 1, Q[q])
+if not ok then
+  undo()
+  local msg = tostring(err)
+  if type(err) == 'table' and err.err then msg = err.err end
+  return redis.error_reply(msg .. ' (apply item ' .. atIt .. ' update ' .. atU .. ')')
 end
 for j = 1, #prune, 2 do redis.call('ZREMRANGEBYSCORE', KEYS[prune[j]], '-inf', '(' .. prune[j+1]) end
 return out
@@ -1305,7 +1385,7 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 	}
 	a.touch(items, markers)
 	if err := a.exec(ctx, pipe, cmds, applyLua, "apply"); err != nil {
-		return nil, err
+		return nil, culprit(err, cmds, calls, items)
 	}
 	for c, idx := range calls {
 		vals, err := cmds[c].Int64Slice()
@@ -1405,6 +1485,31 @@ func (a *ProjectionApplier) exec(ctx context.Context, pipe redis.Pipeliner, cmds
 		return fmt.Errorf("%s projection updates: %w", what, err)
 	}
 	return nil
+}
+
+// failedAt is the suffix the apply script gives the error of a command that failed (its item is
+// taken back): the item's place in the call and its update's (0: its markers), from 1.
+var failedAt = regexp.MustCompile(` \(apply item ([0-9]+) update ([0-9]+)\)$`)
+
+// culprit is err as a projection.WorkFailure naming the work whose update failed, when the
+// first call that failed says which; err otherwise.
+func culprit(err error, cmds []*redis.Cmd, calls [][]int, items []item) error {
+	for c, cmd := range cmds {
+		if cmd.Err() == nil {
+			continue
+		}
+		m := failedAt.FindStringSubmatch(cmd.Err().Error())
+		if m == nil {
+			return err
+		}
+		it, _ := strconv.Atoi(m[1])
+		u, _ := strconv.Atoi(m[2])
+		if it < 1 || it > len(calls[c]) || u < 1 || u > len(items[calls[c][it-1]].refs) {
+			return err
+		}
+		return &projection.WorkFailure{Work: items[calls[c][it-1]].refs[u-1].work, Err: err}
+	}
+	return err
 }
 
 func scriptSource(s *redis.Script) string {

@@ -200,17 +200,8 @@ func (f *feed) handle(msg *message.Message) ([]*message.Message, error) {
 			return nil, err
 		}
 		// Something about the updates themselves (a key of another type, say): find which.
-		outcomes = make([]projection.Outcome, len(works))
-		for w := range works {
-			o, err := f.r.cfg.Applier.Apply(ctx, works[w:w+1], f.r.prune)
-			if err != nil {
-				if f.r.isTransient(err) || ctx.Err() != nil {
-					return nil, err
-				}
-				failure.Failed = append(failure.Failed, unitFailure{unit: units[workUnits[w]], err: err})
-				continue
-			}
-			outcomes[w] = o[0]
+		if outcomes, err = f.applyAround(ctx, works, workUnits, units, err, &failure); err != nil {
+			return nil, err
 		}
 	}
 	f.observe(units, results, works, outcomes, refs, time.Since(start))
@@ -218,6 +209,92 @@ func (f *feed) handle(msg *message.Message) ([]*message.Message, error) {
 		return nil, &failure
 	}
 	return nil, nil
+}
+
+// applyAround applies works after err, an error of applying them together that is about the
+// updates themselves, leaving out the entries that fail: the unit whose work failed fails (the
+// retry and poison middlewares take it from there) and the other units of its entry are held,
+// so that its other projections are applied once it is parked. An entry's works go together,
+// as they share one marker per slot: one applied alone would mark the others applied. When
+// the error does not say which work failed, each entry is tried alone, and all the units of
+// one that fails fail.
+func (f *feed) applyAround(ctx context.Context, works []projection.Work, workUnits []int, units []unit, err error, failure *BatchFailure) ([]projection.Outcome, error) {
+	outcomes := make([]projection.Outcome, len(works))
+	out := map[int]bool{} // entries left out
+	leaveOut := func(e int, culprit int, err error) {
+		out[e] = true
+		for w := range works {
+			if u := units[workUnits[w]]; u.entry == e {
+				if culprit < 0 || w == culprit {
+					failure.Failed = append(failure.Failed, unitFailure{unit: u, err: err})
+				} else {
+					failure.Held = append(failure.Held, u)
+				}
+			}
+		}
+	}
+	apply := func(keep func(w int) bool) (at []int, o []projection.Outcome, err error) {
+		sub := make([]projection.Work, 0, len(works))
+		for w := range works {
+			if !out[units[workUnits[w]].entry] && keep(w) {
+				sub, at = append(sub, works[w]), append(at, w)
+			}
+		}
+		if len(sub) == 0 {
+			return nil, nil, nil
+		}
+		o, err = f.r.cfg.Applier.Apply(ctx, sub, f.r.prune)
+		return at, o, err
+	}
+	named := func(err error, at []int) int { // the work err names, by its index in works; -1: none
+		var wf *projection.WorkFailure
+		if errors.As(err, &wf) && wf.Work >= 0 && wf.Work < len(at) {
+			return at[wf.Work]
+		}
+		return -1
+	}
+	at := make([]int, len(works)) // the works of the call that failed, by their place in it
+	for w := range at {
+		at[w] = w
+	}
+	for {
+		w := named(err, at)
+		if w < 0 {
+			break
+		}
+		leaveOut(units[workUnits[w]].entry, w, err)
+		var o []projection.Outcome
+		if at, o, err = apply(func(int) bool { return true }); err == nil {
+			for i, w := range at {
+				outcomes[w] = o[i]
+			}
+			return outcomes, nil
+		}
+		if f.r.isTransient(err) || ctx.Err() != nil {
+			return nil, err
+		}
+	}
+	// Not told which work failed: each entry alone.
+	tried := map[int]bool{}
+	for w := range works {
+		e := units[workUnits[w]].entry
+		if out[e] || tried[e] {
+			continue
+		}
+		tried[e] = true
+		at, o, err := apply(func(v int) bool { return units[workUnits[v]].entry == e })
+		if err != nil {
+			if f.r.isTransient(err) || ctx.Err() != nil {
+				return nil, err
+			}
+			leaveOut(e, named(err, at), err)
+			continue
+		}
+		for i, v := range at {
+			outcomes[v] = o[i]
+		}
+	}
+	return outcomes, nil
 }
 
 // runHandler runs p on e, turning a panic into an error of that unit.

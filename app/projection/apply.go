@@ -64,6 +64,18 @@ const (
 	Ignored                           // the projection made no update for the event
 )
 
+// WorkFailure is an Apply error that one work's updates caused (a key of another type under
+// the projection, say): Work is its index in the works given. Nothing of the item it was part of
+// (what its group did for its event, in its slot) was applied; the works of other items may
+// have been.
+type WorkFailure struct {
+	Work int
+	Err  error
+}
+
+func (e *WorkFailure) Error() string { return e.Err.Error() }
+func (e *WorkFailure) Unwrap() error { return e.Err }
+
 // Entry is one stream entry as the machinery hands it to the projections: its ID and its
 // event, or why it is not one (undecodable or invalid: every projection parks it).
 type Entry struct {
