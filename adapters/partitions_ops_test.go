@@ -161,11 +161,9 @@ func TestPartitionWithoutTheGroupCountsAsLag(t *testing.T) {
 	assert.False(t, ok, "the group is not on partition 1: %+v", p1)
 }
 
-// stallUnderOOM: a group stuck with an entry pending for ever, and Redis refusing writes (out
-// of memory), so the monitor cannot store its observations. /readyz and /metrics "only read,
-// and keep working under OOM" (README): the process keeps the observation itself
-// (ProgressMonitor.local), and the group must still be reported stalled after STALL_AFTER.
-func stallUnderOOM(t *testing.T, partitions int) query.GroupProgress {
+// stuckUnderOOM: a group stuck with an entry pending for ever on each of partitions, and Redis
+// refusing writes (out of memory), so a monitor cannot store its observations.
+func stuckUnderOOM(t *testing.T, partitions int) (*redis.Client, adapters.KeySpace) {
 	srv := redistest.Start(t, redistest.Options{})
 	c := redistest.Client(t, srv.URL())
 	ctx := context.Background()
@@ -182,15 +180,43 @@ func stallUnderOOM(t *testing.T, partitions int) query.GroupProgress {
 	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
 	t.Cleanup(func() { _ = c.ConfigSet(context.Background(), "maxmemory", "0").Err() })
 	require.ErrorContains(t, c.HSet(ctx, keys.Progress(), "x", "y").Err(), "OOM", "writes are refused")
+	return c, keys
+}
 
+// stallUnderOOM: /readyz and /metrics "only read, and keep working under OOM" (README): the
+// process keeps the observation itself (ProgressMonitor.local), and the stuck group must still
+// be reported stalled after STALL_AFTER.
+func stallUnderOOM(t *testing.T, partitions int) query.GroupProgress {
+	c, keys := stuckUnderOOM(t, partitions)
+	ctx := context.Background()
 	mon := query.NewProgressMonitor(adapters.NewOpsBackend(c, keys), 200*time.Millisecond, query.FixedGroups([]string{"g"}))
-	_, _, err = mon.Check(ctx)
+	_, _, err := mon.Check(ctx)
 	require.NoError(t, err)
 	time.Sleep(400 * time.Millisecond)
 	gs, _, err := mon.Check(ctx)
 	require.NoError(t, err)
 	require.Len(t, gs, 1)
 	return gs[0]
+}
+
+// TestStatusFlagsStallsUnderOOM: `checkins status`, GET /ops/status and the projections' list
+// flag a stuck group while Redis refuses writes too, as /readyz does: they made a monitor per
+// call, so what the process observed itself was gone by the next call and nothing was ever
+// stalled.
+func TestStatusFlagsStallsUnderOOM(t *testing.T) {
+	t.Parallel()
+	c, keys := stuckUnderOOM(t, 1)
+	ctx := context.Background()
+	status, err := query.NewStatus(adapters.NewOpsBackend(c, keys), nil, 200*time.Millisecond)
+	require.NoError(t, err)
+	_, err = status.Status(ctx)
+	require.NoError(t, err)
+	time.Sleep(400 * time.Millisecond)
+	st, err := status.Status(ctx)
+	require.NoError(t, err)
+	require.Len(t, st.Projections, 1)
+	assert.True(t, st.Projections[0].Stalled, "%+v", st.Projections[0])
+	assert.Contains(t, st.Projections[0].StallCause, "no progress")
 }
 
 // TestStallUnderOOM: with one stream and with partitions, a group stuck while Redis refuses

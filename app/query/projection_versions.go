@@ -14,9 +14,10 @@ import (
 // ProjectionVersions reports every projection's versions, their consumer groups, lag and
 // rebuild progress, and tells projectors which versions to feed.
 type ProjectionVersions struct {
-	b     ops.Backend
-	projs []projection.Projection
-	stall time.Duration
+	b        ops.Backend
+	projs    []projection.Projection
+	stall    time.Duration
+	progress *ProgressMonitor
 }
 
 // NewProjectionVersions reports on projs (every projection this build knows). stallAfter > 0
@@ -25,7 +26,7 @@ func NewProjectionVersions(b ops.Backend, projs []projection.Projection, stallAf
 	if b.Stream == nil || b.Live == nil || b.Registry == nil || b.Observations == nil {
 		return nil, errors.New("query: ProjectionVersions needs the backend's Stream, Live, Registry and Observations")
 	}
-	return &ProjectionVersions{b: b, projs: projs, stall: stallAfter}, nil
+	return &ProjectionVersions{b: b, projs: projs, stall: stallAfter, progress: NewProgressMonitor(b, stallAfter, nil)}, nil
 }
 
 // Version roles.
@@ -157,7 +158,7 @@ func (q *ProjectionVersions) flagStalls(ctx context.Context, vs []ProjectionVers
 			groups = append(groups, v.Group)
 		}
 	}
-	gs, _, err := NewProgressMonitor(q.b, q.stall, FixedGroups(groups)).Check(ctx)
+	gs, _, err := q.progress.CheckGroups(ctx, groups)
 	if err != nil {
 		return err
 	}

@@ -73,6 +73,13 @@ func (m *ProgressMonitor) Check(ctx context.Context) ([]GroupProgress, ops.Strea
 	if err != nil {
 		return nil, ops.StreamInfo{}, err
 	}
+	return m.CheckGroups(ctx, groups)
+}
+
+// CheckGroups is Check of the given groups. A caller that asks about other groups each time
+// (status, the versions' list) keeps one monitor all the same: what the process observed itself
+// while Redis refused the observations is the monitor's.
+func (m *ProgressMonitor) CheckGroups(ctx context.Context, groups []string) ([]GroupProgress, ops.StreamInfo, error) {
 	info, err := m.stream.Info(ctx)
 	if err != nil {
 		return nil, info, err

@@ -19,6 +19,7 @@ type Status struct {
 	now   func() time.Time
 	// stallAfter > 0 flags groups behind the stream that made no progress for that long.
 	stallAfter time.Duration
+	progress   *ProgressMonitor
 }
 
 // NewStatus reports on the given projections (and on any other group found on the stream);
@@ -27,7 +28,7 @@ func NewStatus(b ops.Backend, projections []projection.Projection, stallAfter ti
 	if b.Stream == nil || b.Poison == nil || b.Live == nil || b.Registry == nil || b.Observations == nil {
 		return nil, errors.New("query: Status needs the backend's Stream, Poison, Live, Registry and Observations")
 	}
-	s := &Status{b: b, now: time.Now, stallAfter: stallAfter}
+	s := &Status{b: b, now: time.Now, stallAfter: stallAfter, progress: NewProgressMonitor(b, stallAfter, nil)}
 	for _, p := range projections {
 		s.names = append(s.names, p.Name())
 	}
@@ -189,7 +190,7 @@ func (s *Status) Status(ctx context.Context) (StatusReport, error) {
 		for i, p := range st.Projections {
 			groups[i] = p.Group
 		}
-		progress, _, err := NewProgressMonitor(s.b, s.stallAfter, FixedGroups(groups)).Check(ctx)
+		progress, _, err := s.progress.CheckGroups(ctx, groups)
 		if err != nil {
 			return st, ops.Unavailable(err)
 		}
