@@ -902,6 +902,20 @@ func (a *ProjectionApplier) Apply(ctx context.Context, works []projection.Work, 
 	}
 	states, err := a.apply(ctx, works, scores, counted, decided, prune, rest)
 	if err != nil {
+		// On a cluster the updates in the users' slots went through in the first step: a work
+		// (or, when none is named, an event) that had some there is applied in part.
+		var wf *projection.WorkFailure
+		switch {
+		case rest == nil:
+		case errors.As(err, &wf):
+			if slices.ContainsFunc(works[wf.Work].Updates, func(u *projection.Update) bool {
+				return !rest(wf.Work, slices.Index(works[wf.Work].Updates, u))
+			}) {
+				return nil, fmt.Errorf("%w: %w", projection.ErrAppliedInPart, wf.Err)
+			}
+		case failedAt.MatchString(err.Error()):
+			return nil, fmt.Errorf("%w: %w", projection.ErrAppliedInPart, err)
+		}
 		return nil, err
 	}
 	for i, st := range first {
@@ -1385,7 +1399,7 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 	}
 	a.touch(items, markers)
 	if err := a.exec(ctx, pipe, cmds, applyLua, "apply"); err != nil {
-		return nil, culprit(err, cmds, calls, items)
+		return nil, culprit(err, works, cmds, calls, items)
 	}
 	for c, idx := range calls {
 		vals, err := cmds[c].Int64Slice()
@@ -1492,8 +1506,11 @@ func (a *ProjectionApplier) exec(ctx context.Context, pipe redis.Pipeliner, cmds
 var failedAt = regexp.MustCompile(` \(apply item ([0-9]+) update ([0-9]+)\)$`)
 
 // culprit is err as a projection.WorkFailure naming the work whose update failed, when the
-// first call that failed says which; err otherwise.
-func culprit(err error, cmds []*redis.Cmd, calls [][]int, items []item) error {
+// first call that failed says which and the work has no update in another item. When the other
+// items of what failed (on a cluster, other slots' calls) may have gone through, err is
+// projection.ErrAppliedInPart: the work's, or the event's when no work is to blame (its marker
+// failed). Otherwise err.
+func culprit(err error, works []projection.Work, cmds []*redis.Cmd, calls [][]int, items []item) error {
 	for c, cmd := range cmds {
 		if cmd.Err() == nil {
 			continue
@@ -1504,10 +1521,32 @@ func culprit(err error, cmds []*redis.Cmd, calls [][]int, items []item) error {
 		}
 		it, _ := strconv.Atoi(m[1])
 		u, _ := strconv.Atoi(m[2])
-		if it < 1 || it > len(calls[c]) || u < 1 || u > len(items[calls[c][it-1]].refs) {
+		if it < 1 || it > len(calls[c]) {
 			return err
 		}
-		return &projection.WorkFailure{Work: items[calls[c][it-1]].refs[u-1].work, Err: err}
+		failed := calls[c][it-1]
+		elsewhere := func(in func(n int) bool) bool {
+			for n := range items {
+				if n != failed && in(n) {
+					return true
+				}
+			}
+			return false
+		}
+		if u < 1 || u > len(items[failed].refs) {
+			ev, g := works[items[failed].work].Event.EntryID, items[failed].group
+			if elsewhere(func(n int) bool { return items[n].group == g && works[items[n].work].Event.EntryID == ev }) {
+				return fmt.Errorf("%w: %w", projection.ErrAppliedInPart, err)
+			}
+			return err
+		}
+		w := items[failed].refs[u-1].work
+		if elsewhere(func(n int) bool {
+			return slices.ContainsFunc(items[n].refs, func(r updateRef) bool { return r.work == w })
+		}) {
+			return fmt.Errorf("%w: %w", projection.ErrAppliedInPart, err)
+		}
+		return &projection.WorkFailure{Work: w, Err: err}
 	}
 	return err
 }

@@ -258,6 +258,9 @@ func (f *feed) applyAround(ctx context.Context, works []projection.Work, workUni
 		at[w] = w
 	}
 	for {
+		if errors.Is(err, projection.ErrAppliedInPart) {
+			return nil, err // only this group applying it again completes it exactly
+		}
 		w := named(err, at)
 		if w < 0 {
 			break
@@ -284,7 +287,7 @@ func (f *feed) applyAround(ctx context.Context, works []projection.Work, workUni
 		tried[e] = true
 		at, o, err := apply(func(v int) bool { return units[workUnits[v]].entry == e })
 		if err != nil {
-			if f.r.isTransient(err) || ctx.Err() != nil {
+			if f.r.isTransient(err) || ctx.Err() != nil || errors.Is(err, projection.ErrAppliedInPart) {
 				return nil, err
 			}
 			leaveOut(e, named(err, at), err)

@@ -1,5 +1,7 @@
 package projection
 
+import "errors"
+
 import "github.com/checkins/checkins/domain"
 
 // What the projection machinery hands the applier (adapters.ProjectionApplier): the updates one
@@ -65,9 +67,9 @@ const (
 )
 
 // WorkFailure is an Apply error that one work's updates caused (a key of another type under
-// the projection, say): Work is its index in the works given. Nothing of the item it was part of
-// (what its group did for its event, in its slot) was applied; the works of other items may
-// have been.
+// the projection, say): Work is its index in the works given. Nothing of that work was applied,
+// nor of the item it was part of (what its group did for its event, in its slot); other items
+// may have been.
 type WorkFailure struct {
 	Work int
 	Err  error
@@ -75,6 +77,13 @@ type WorkFailure struct {
 
 func (e *WorkFailure) Error() string { return e.Err.Error() }
 func (e *WorkFailure) Unwrap() error { return e.Err }
+
+// ErrAppliedInPart marks an Apply error after which a work's updates may have landed in some of
+// its slots and not in others (a Redis Cluster runs each slot's in a call of its own): only the
+// same group applying it again completes it exactly (its markers make the landed part a no-op),
+// so the batch is retried whole until it goes through, never split or parked. A replay, under
+// markers of its own, would count the landed part twice.
+var ErrAppliedInPart = errors.New("a work's updates were applied in some slots and not others")
 
 // Entry is one stream entry as the machinery hands it to the projections: its ID and its
 // event, or why it is not one (undecodable or invalid: every projection parks it).
