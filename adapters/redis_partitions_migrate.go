@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -214,6 +216,36 @@ func (m *PartitionMigrator) Pending(ctx context.Context, from int) ([]string, er
 	}
 	sort.Strings(out)
 	return out, nil
+}
+
+// Backfilling lists the projection versions whose backfill still runs on some partition of
+// from (their own group reads up to their join positions there, the live group after them).
+func (m *PartitionMigrator) Backfilling(ctx context.Context, from int) ([]string, error) {
+	src, err := NewPartitions(m.keys, from)
+	if err != nil {
+		return nil, err
+	}
+	running := map[string]bool{}
+	for k := range from {
+		h, err := m.client.HGetAll(ctx, src.Registry(k)).Result()
+		if err != nil {
+			return nil, err
+		}
+		for f, v := range h {
+			if g, ok := strings.CutPrefix(f, liveField); ok {
+				ms := map[string]ops.LiveMember{}
+				if err := json.Unmarshal([]byte(v), &ms); err != nil {
+					return nil, fmt.Errorf("live group %s on %s: %w", g, src.Registry(k), err)
+				}
+				for name, lm := range ms {
+					if lm.Own == ops.BackfillRunning {
+						running[name] = true
+					}
+				}
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(running)), nil
 }
 
 // migrateEntry is one entry of the old partitions, with the ID it gets in its new partition.

@@ -515,3 +515,44 @@ func TestMigrateStopsWhenItsLockIsTaken(t *testing.T) {
 	assert.Equal(t, 1, recorded, "it stopped before recording the count")
 	assert.Equal(t, "another run", client.Get(ctx, keys.MigrateLock()).Val())
 }
+
+// TestMigrateRefusesToMergeWhileAVersionBackfills: a version whose backfill runs joined the live
+// group at a position on each old partition; merged, those positions interleave, and entries on
+// either side of one would change hands between its own group and the live group: lost to it, or
+// counted twice. The migration is refused before it changes anything, naming the version.
+func TestMigrateRefusesToMergeWhileAVersionBackfills(t *testing.T) {
+	t.Parallel()
+	client, keys, parts, u0, u1 := twoPartitions(t)
+	ctx := context.Background()
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(0), ID: "10-0", Values: checkinValues("a", u0)}).Err())
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(1), ID: "40-0", Values: checkinValues("h", u1)}).Err())
+	for i, join := range []string{"10-0", "40-0"} {
+		require.NoError(t, client.XGroupCreate(ctx, parts.Stream(i), "live", join).Err())
+		require.NoError(t, client.XGroupCreate(ctx, parts.Stream(i), "users.v2", "0").Err())
+		require.NoError(t, client.HSet(ctx, parts.Registry(i), "live:live", `{"users.v2":{"join":"`+join+`","own":"running"}}`, "acked:live", join).Err())
+	}
+	before := map[string]int64{}
+	for i := range 2 {
+		before[parts.Stream(i)] = client.XLen(ctx, parts.Stream(i)).Val()
+	}
+
+	mp, err := command.NewMigratePartitions(adapters.NewPartitionMigrator(client, keys))
+	require.NoError(t, err)
+	_, err = mp.Handle(ctx, command.MigrateRequest{To: 1, Batch: 2})
+	require.ErrorContains(t, err, "projection versions users.v2 are still backfilling")
+	assert.Zero(t, client.Exists(ctx, keys.Stream()).Val(), "nothing copied")
+	for s, n := range before {
+		assert.Equal(t, n, client.XLen(ctx, s).Val())
+	}
+	p, err := adapters.NewPartitionMigrator(client, keys).Progress(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, p.Phase, "no migration recorded, nothing quiesced")
+
+	// Once the backfill is done, it goes.
+	for i, join := range []string{"10-0", "40-0"} {
+		require.NoError(t, client.HSet(ctx, parts.Registry(i), "live:live", `{"users.v2":{"join":"`+join+`","own":"done","doneAt":"1"}}`).Err())
+	}
+	_, err = mp.Handle(ctx, command.MigrateRequest{To: 1, Batch: 2})
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, client.XLen(ctx, keys.Stream()).Val())
+}
