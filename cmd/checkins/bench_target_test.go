@@ -271,3 +271,39 @@ func TestBenchSustainedTargetThatStops(t *testing.T) {
 		t.Fatalf("the bench still runs 90s after its target was killed; stderr:\n%s", &stderr)
 	}
 }
+
+// TestBenchSustainedTargetThatParksIsAMismatch: with --target, when the target's projections
+// fail on this run's own check-ins and park them in the poison queue, sustained reported them as
+// fully projected (parked entries are acknowledged, so the groups look caught up) and its check
+// was OK: a poison queue that is not empty only made it skip the read-model comparison.
+func TestBenchSustainedTargetThatParksIsAMismatch(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	rc := redistest.Client(t, srv.URL())
+	ctx := context.Background()
+	base, _ := startTargetServe(t, srv.URL(), "target")
+	// Every user the load posts for (1..10,000) has a key of another type where the users
+	// projection keeps its statistics: each of this run's check-ins fails there and is parked.
+	pipe := rc.Pipeline()
+	for u := 1; u <= 10000; u++ {
+		pipe.Set(ctx, "target:p:users:v1:{user:"+strconv.Itoa(u)+"}:stats", "not a hash", 0)
+	}
+	_, err := pipe.Exec(ctx)
+	require.NoError(t, err)
+	before, err := rc.XLen(ctx, "target:events:poison").Result()
+	require.NoError(t, err)
+	require.Zero(t, before, "the poison queue is empty before the run")
+
+	code, stdout, stderr := runCLI(t, map[string]string{"REDIS_URL": srv.URL(), "KEY_PREFIX": "target", "LOG_LEVEL": "warn"},
+		"bench", "--json", "--phases", "sustained", "--target", base, "--duration", "1s", "--clients", "4")
+	var res bench.BenchResult
+	require.NoError(t, json.Unmarshal([]byte(stdout), &res), stdout+stderr)
+	require.Len(t, res.Phases, 1)
+	p := res.Phases[0]
+	parked, err := rc.XLen(ctx, "target:events:poison").Result()
+	require.NoError(t, err)
+	t.Logf("exit %d; sustained %.0f %s over %.2fs, %d answers; poison queue %d entries; check %s: %s",
+		code, p.Throughput, p.Unit, p.Seconds, p.Count, parked, p.Check, p.CheckDetail)
+	require.Positive(t, parked, "this run's check-ins were parked")
+	assert.Equal(t, bench.CheckMismatch, p.Check, "%d of this run's check-ins were parked, not projected, yet: %s", parked, p.CheckDetail)
+}

@@ -62,6 +62,10 @@ func (b *bencher) PhaseSustained(ctx context.Context) (PhaseResult, error) {
 		}
 	}
 	// Entries ever added, not XLEN: a target's RETENTION may trim the stream meanwhile.
+	parkedBefore, err := b.parked(ctx, keys)
+	if err != nil {
+		return PhaseResult{}, err
+	}
 	before, err := b.added(ctx, keys)
 	if err != nil {
 		return PhaseResult{}, err
@@ -139,21 +143,32 @@ func (b *bencher) PhaseSustained(ctx context.Context) (PhaseResult, error) {
 	case after-before != answered:
 		problems = append(problems, fmt.Sprintf("%d entries were added to the stream but %d requests were answered 2xx (%d of them warm-ups)", after-before, answered, lr.warm))
 	}
+	// A parked entry is acknowledged: its groups look caught up, though no read model holds it.
+	parkedAfter, err := b.parked(ctx, keys)
+	if err != nil {
+		return PhaseResult{}, err
+	}
+	parked := parkedAfter - parkedBefore
+	if parked > 0 {
+		problems = append(problems, fmt.Sprintf("%d entries were parked in the poison queue %s during the run: not projected (checkins poison list)", parked, keys.PoisonStream()))
+	}
 	want, skip, err := side.expect(ctx, lr.accepted)
 	if err != nil {
 		return PhaseResult{}, err
 	}
-	ok := true
+	ok := parked == 0
 	if skip != "" {
 		problems = append(problems, skip)
 	} else {
 		var detail string
-		if ok, detail, err = b.verifyReadModels(ctx, keys, want); err != nil {
+		var same bool
+		if same, detail, err = b.verifyReadModels(ctx, keys, want); err != nil {
 			return PhaseResult{}, fmt.Errorf("verify read models: %w", err)
 		}
 		if detail != "" {
 			problems = append(problems, detail)
 		}
+		ok = ok && same
 	}
 	if stopErr != nil {
 		ok = false
@@ -454,6 +469,18 @@ func (b *bencher) streamInfos(ctx context.Context, keys adapters.KeySpace) (map[
 
 // added is how many entries were ever added to keys' stream partitions (XINFO STREAM
 // entries-added), which trimming does not change.
+// parked is how many entries were ever added to the poison queue (0 when it does not exist).
+func (b *bencher) parked(ctx context.Context, keys adapters.KeySpace) (int64, error) {
+	xs, err := b.admin.XInfoStream(ctx, keys.PoisonStream()).Result()
+	if adapters.IsNoSuchKey(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("XINFO STREAM %s: %w", keys.PoisonStream(), err)
+	}
+	return xs.EntriesAdded, nil
+}
+
 func (b *bencher) added(ctx context.Context, keys adapters.KeySpace) (int64, error) {
 	infos, err := b.streamInfos(ctx, keys)
 	var total int64
