@@ -291,6 +291,42 @@ func (l Leaderboards) TopUsers(ctx context.Context, r Reader, limit int) ([]Lead
 	return out, nil
 }
 
+// BoardUsers is the user board's name for Board.
+const BoardUsers = "users"
+
+// Board is every member of a board (ByCheckins or ByRating of the locations, or BoardUsers)
+// with its score, best first: for a check against an independent computation, which the pages
+// of at most MaxLeaderboardLimit rows cannot see past (a member missing below the top 100).
+func (l Leaderboards) Board(ctx context.Context, r Reader, board string) ([]Scored, error) {
+	key := map[string]string{ByCheckins: lbLocationCheckins, ByRating: lbLocationRating, BoardUsers: lbUserCheckins}[board]
+	if key == "" {
+		return nil, fmt.Errorf("no leaderboard %q", board)
+	}
+	slots := l.slots()
+	reads := make([]RangeRead, len(slots), len(slots)+1)
+	for i, slot := range slots {
+		reads[i] = RangeRead{Slot: slot, Key: key, Start: 0, Stop: -1}
+	}
+	if l.layout() != LeaderboardsSingleSlot {
+		reads = append(reads, RangeRead{Slot: leaderboardSlot, Key: key, Start: 0, Stop: -1})
+	}
+	tops, err := r.ZRevRanges(ctx, reads)
+	if err != nil {
+		return nil, err
+	}
+	if len(tops) > len(slots) {
+		if single := tops[len(slots)]; len(single) > 0 {
+			return single, nil
+		}
+		tops = tops[:len(slots)]
+	}
+	n := 0
+	for _, t := range tops {
+		n += len(t)
+	}
+	return mergeTop(tops, n), nil
+}
+
 // top is the board key's `limit` best members over every shard: each shard's top `limit` in one
 // round trip, merged. The sharded layout also reads the key of the single-slot layout in the
 // same round trip: the version serving reads during an upgrade's rebuild is still written in

@@ -4,7 +4,9 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -450,6 +452,61 @@ func checkLeaderboards(ctx context.Context, p projection.Leaderboards, r project
 		}
 		dup[row.UserID] = true
 	}
+
+	// Below the top 100 rows: every member of every board, against the expected ones.
+	whole := func(board string, want map[int64]float64, exact bool) {
+		zs, err := p.Board(ctx, r, board)
+		if err != nil {
+			pr.add("leaderboard %s: %v", board, err)
+			return
+		}
+		seen := map[int64]bool{}
+		prev := math.Inf(1)
+		for _, z := range zs {
+			id, err := strconv.ParseInt(z.Member, 10, 64)
+			if err != nil {
+				pr.add("leaderboard %s: member %q is not an ID", board, z.Member)
+				continue
+			}
+			w, ok := want[id]
+			switch {
+			case seen[id]:
+				pr.add("leaderboard %s: %d listed twice", board, id)
+			case !ok:
+				pr.add("leaderboard %s: %d is on it, and should not be", board, id)
+			case exact && z.Score != w:
+				pr.add("leaderboard %s: %d has %g, want %g", board, id, z.Score, w)
+			case !exact && w > prev:
+				pr.add("leaderboard %s: %d (average %g) is below one whose average is %g", board, id, w, prev)
+			}
+			seen[id] = true
+			if ok {
+				prev = w
+			}
+		}
+		if len(seen) != len(want) {
+			for id := range want {
+				if !seen[id] {
+					pr.add("leaderboard %s: %d is missing", board, id)
+					break
+				}
+			}
+			pr.add("leaderboard %s: %d members, want %d", board, len(seen), len(want))
+		}
+	}
+	byCheckins, byRating, byUser := map[int64]float64{}, map[int64]float64{}, map[int64]float64{}
+	for _, c := range locs {
+		byCheckins[c.id] = float64(c.n)
+	}
+	for _, c := range qualified {
+		byRating[c.id] = avg(c)
+	}
+	for id, u := range want.users {
+		byUser[id] = float64(u.num)
+	}
+	whole(projection.ByCheckins, byCheckins, true)
+	whole(projection.ByRating, byRating, false) // its score is the scaled average: the order is checked
+	whole(projection.BoardUsers, byUser, true)
 }
 
 // extraSlots lists, per checked projection, the slots that hold read-model keys but were not
