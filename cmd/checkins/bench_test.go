@@ -372,3 +372,41 @@ func TestBenchHelp(t *testing.T) {
 	assert.Contains(t, stderr.String(), "default: every shipped projection: users,locations,leaderboards,recent_checkins,daily_checkins")
 	assert.Contains(t, stderr.String(), "-memory-events")
 }
+
+// TestBenchMemoryFigureIsTheSameAfterOtherPhases: the memory phase charged the projector's Lua
+// scripts (about 15 KiB; they stay in Redis's script cache once loaded) to the first memory run
+// when no earlier phase had loaded them, and never to the second: N's projection memory, and the
+// growth from N to 2N, depended on which phases ran before. The same data gives the same figures.
+func TestBenchMemoryFigureIsTheSameAfterOtherPhases(t *testing.T) {
+	t.Parallel()
+	if !redistest.Available() {
+		t.Fatal("redis-server not found in PATH")
+	}
+	env := envWith(map[string]string{"REDIS_URL": "", "PROJECTIONS": ""})
+	alone := runBenchJSON(t, env, "--phases", "memory", "--memory-events", "1000")
+	after := runBenchJSON(t, env, "--phases", "drain,memory", "--events", "100", "--consumers", "1", "--memory-events", "1000")
+	var a, b []int64
+	var ga, gb float64
+	for _, p := range alone.Phases {
+		if p.Memory != nil {
+			a = append(a, p.Memory.ProjectionBytes)
+			if p.Memory.GrowthPct != nil {
+				ga = *p.Memory.GrowthPct
+			}
+		}
+	}
+	for _, p := range after.Phases {
+		if p.Memory != nil {
+			b = append(b, p.Memory.ProjectionBytes)
+			if p.Memory.GrowthPct != nil {
+				gb = *p.Memory.GrowthPct
+			}
+		}
+	}
+	require.Len(t, a, 2)
+	require.Len(t, b, 2)
+	t.Logf("memory alone: N %d B, 2N %d B, growth %+.1f%%; after drain: N %d B, 2N %d B, growth %+.1f%%", a[0], a[1], ga, b[0], b[1], gb)
+	assert.InDelta(t, float64(b[1]), float64(a[1]), 4096, "2N's projection memory is the same either way")
+	assert.InDelta(t, float64(b[0]), float64(a[0]), 4096, "N's projection memory must not depend on whether an earlier phase loaded the scripts")
+	assert.InDelta(t, gb, ga, 2, "growth from N to 2N in points")
+}

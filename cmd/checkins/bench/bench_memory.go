@@ -407,6 +407,11 @@ func (b *bencher) usedMemory(ctx context.Context) (int64, error) {
 		}
 		if clients != nil {
 			n -= clientsMemory(clients.Val())
+			// The script cache stays once a phase has loaded the projector's scripts: counted,
+			// the first reading of a run would or would not include it by the phases before.
+			if sc, err := strconv.ParseInt(InfoField(info.Val(), "used_memory_scripts"), 10, 64); err == nil {
+				n -= sc
+			}
 		}
 		return n, nil
 	})
