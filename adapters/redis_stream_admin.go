@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -425,12 +426,12 @@ func (s *StreamAdmin) OldestIDs(ctx context.Context, n int64) ([]string, error) 
 // new projection's backfill) or one that got entries back pending since the caller read them
 // holds the cut where it needs it. Without groups it trims nothing. It returns how many entries
 // went and the cut it used (the highest of the partitions').
-func (s *StreamAdmin) TrimBelow(ctx context.Context, minID string) (int64, string, error) {
+func (s *StreamAdmin) TrimBelow(ctx context.Context, minID string, maxAge time.Duration) (int64, string, error) {
 	if len(s.parts) > 0 {
 		var n int64
 		var cut string
 		for _, p := range s.parts {
-			c, pc, err := p.TrimBelow(ctx, minID)
+			c, pc, err := p.TrimBelow(ctx, minID, maxAge)
 			n += c
 			if pc != "" && (cut == "" || ops.CompareEntryIDs(pc, cut) > 0) {
 				cut = pc
@@ -444,7 +445,11 @@ func (s *StreamAdmin) TrimBelow(ctx context.Context, minID string) (int64, strin
 	if _, err := ops.ParseEntryID(minID); err != nil {
 		return 0, "", fmt.Errorf("trim %s below %q: %w", s.stream, minID, err)
 	}
-	res, err := trimBelowLua.Run(ctx, s.client, []string{s.stream}, minID).Slice()
+	args := []any{minID}
+	if maxAge > 0 {
+		args = append(args, maxAge.Milliseconds())
+	}
+	res, err := trimBelowLua.Run(ctx, s.client, []string{s.stream}, args...).Slice()
 	if err != nil {
 		return 0, "", fmt.Errorf("XTRIM %s MINID %s: %w", s.stream, minID, err)
 	}
@@ -478,6 +483,12 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return {0, ''} end
 local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
 if #groups == 0 then return {0, ''} end
 local cut = ARGV[1]
+if ARGV[2] then -- an age (ms): by this server's clock, which numbered the entries
+  local t = redis.call('TIME')
+  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[2])
+  local byAge = string.format('%d', math.max(ms, 0)) .. '-0'
+  if lt(byAge, cut) then cut = byAge end
+end
 for _, g in ipairs(groups) do
   local name, last, pending
   for i = 1, #g, 2 do

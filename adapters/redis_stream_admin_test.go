@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -109,7 +110,7 @@ func (e *retentionEnv) present(t *testing.T) map[string]bool {
 
 func (e *retentionEnv) trimmer(t *testing.T, p command.RetentionPolicy) *command.TrimStream {
 	t.Helper()
-	tr, err := command.NewTrimStream(adapters.NewStreamAdmin(e.client, e.keys), p, nil)
+	tr, err := command.NewTrimStream(adapters.NewStreamAdmin(e.client, e.keys), p)
 	require.NoError(t, err)
 	return tr
 }
@@ -254,7 +255,7 @@ func TestRetentionTrimsEachPartitionBelowItsOwnGroups(t *testing.T) {
 		return n
 	}
 
-	tr, err := command.NewTrimStream(admin, command.RetentionPolicy{MaxEntries: 80}, nil) // 20 per partition
+	tr, err := command.NewTrimStream(admin, command.RetentionPolicy{MaxEntries: 80}) // 20 per partition
 	require.NoError(t, err)
 	res, err := tr.TrimOnce(ctx)
 	require.NoError(t, err)
@@ -274,7 +275,7 @@ func TestRetentionTrimsEachPartitionBelowItsOwnGroups(t *testing.T) {
 	assert.Equal(t, ids[2][60], first[0].ID, "partition 2 kept what its slower group has not read")
 
 	// An age policy (every entry is older): each partition goes down to its own floor.
-	tr, err = command.NewTrimStream(admin, command.RetentionPolicy{MaxAge: time.Hour}, nil)
+	tr, err = command.NewTrimStream(admin, command.RetentionPolicy{MaxAge: time.Hour})
 	require.NoError(t, err)
 	res, err = tr.TrimOnce(ctx)
 	require.NoError(t, err)
@@ -457,7 +458,7 @@ func TestRetentionHoldsForAGroupCreatedDuringTheRound(t *testing.T) {
 		return e.client.XGroupCreate(ctx, e.keys.Stream(), "users.v2", "0").Err()
 	}}
 	trimmer.AddHook(h)
-	tr, err := command.NewTrimStream(adapters.NewStreamAdmin(trimmer, e.keys), command.RetentionPolicy{MaxAge: time.Hour}, nil)
+	tr, err := command.NewTrimStream(adapters.NewStreamAdmin(trimmer, e.keys), command.RetentionPolicy{MaxAge: time.Hour})
 	require.NoError(t, err)
 	res, err := tr.TrimOnce(context.Background())
 	require.NoError(t, err)
@@ -519,4 +520,41 @@ func TestRebuildRecordsTheStartItsGroupReads(t *testing.T) {
 		require.Negative(t, ops.CompareEntryIDs(id, from), "entry %s was trimmed before users.v2 existed, so the build never went through it; yet it is at or after where the build is said to begin (%s), and a replay of it would be taken for superseded", id, from)
 	}
 	assert.GreaterOrEqual(t, ops.CompareEntryIDs(xs[0].Messages[0].ID, from), 0, "what the group reads is at or after where the build begins")
+}
+
+// TestRetentionByAgeCutsByTheServersClock: an age is measured by the clock of the Redis server
+// holding the stream, which numbered its entries: the cut is made in the trim's script from
+// TIME. It was made from the projector's clock, so one running 90 minutes ahead dropped entries
+// recorded seconds earlier under RETENTION=1h (and so did a cluster master whose clock is
+// behind the projector's).
+func TestRetentionByAgeCutsByTheServersClock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := redistest.Open(t)
+	client := redistest.Client(t, env.URL)
+	keys := adapters.KeySpace{Prefix: env.Prefix}
+	now, err := client.Time(ctx).Result()
+	require.NoError(t, err)
+	id := func(ago time.Duration) string { return strconv.FormatInt(now.Add(-ago).UnixMilli(), 10) + "-0" }
+	for _, ago := range []time.Duration{3 * time.Hour, 2 * time.Hour, 59 * time.Minute, time.Minute} {
+		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), ID: id(ago), Values: map[string]any{"n": ago.String()}}).Err())
+	}
+	require.NoError(t, client.XGroupCreate(ctx, keys.Stream(), "live", "$").Err()) // holds nothing back
+
+	admin := adapters.NewStreamAdmin(client, keys)
+	n, cut, err := admin.TrimBelow(ctx, "99999999999999-0", time.Hour)
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, n, "the two entries older than an hour by the server's clock")
+	c, err := ops.ParseEntryID(cut)
+	require.NoError(t, err)
+	assert.InDelta(t, now.Add(-time.Hour).UnixMilli(), int64(c.Ms), 5000, "the cut is an hour before the server's time")
+	ids, err := client.XRange(ctx, keys.Stream(), "-", "+").Result()
+	require.NoError(t, err)
+	require.Len(t, ids, 2)
+	assert.Equal(t, id(59*time.Minute), ids[0].ID)
+
+	// And without an age, minID alone.
+	n, _, err = admin.TrimBelow(ctx, id(30*time.Minute), 0)
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, n)
 }

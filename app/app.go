@@ -135,7 +135,7 @@ func (a *Application) AddOps(cfg OpsConfig) error {
 	if c.PurgePoisoned, err = command.NewPurgePoisoned(cfg.Backend.Poison, cfg.Logger); err != nil {
 		return err
 	}
-	if c.TrimStream, err = command.NewTrimStream(cfg.Backend.Stream, cfg.Retention, nil); err != nil {
+	if c.TrimStream, err = command.NewTrimStream(cfg.Backend.Stream, cfg.Retention); err != nil {
 		return err
 	}
 	c.TrimStream.WaitForMigrations(cfg.Backend.Migration)

@@ -60,7 +60,7 @@ func (m *memBackend) DestroyGroup(_ context.Context, group string) error {
 	return nil
 }
 func (m *memBackend) OldestIDs(context.Context, int64) ([]string, error) { return nil, nil }
-func (m *memBackend) TrimBelow(context.Context, string) (int64, string, error) {
+func (m *memBackend) TrimBelow(context.Context, string, time.Duration) (int64, string, error) {
 	return 0, "", nil
 }
 

@@ -72,7 +72,6 @@ func ParseRetention(s string) (RetentionPolicy, error) {
 type TrimStream struct {
 	stream    ops.Stream
 	policy    RetentionPolicy
-	now       func() time.Time
 	migration ops.Migration // nil: not asked
 }
 
@@ -83,15 +82,13 @@ func (t *TrimStream) WaitForMigrations(m ops.Migration) *TrimStream {
 	return t
 }
 
-// NewTrimStream trims stream by policy.
-func NewTrimStream(stream ops.Stream, policy RetentionPolicy, now func() time.Time) (*TrimStream, error) {
+// NewTrimStream trims stream by policy. An age is measured by the clock of the Redis server
+// holding the stream, which numbered its entries, not by this process's.
+func NewTrimStream(stream ops.Stream, policy RetentionPolicy) (*TrimStream, error) {
 	if stream == nil {
 		return nil, errors.New("command: TrimStream needs a Stream")
 	}
-	if now == nil {
-		now = time.Now
-	}
-	return &TrimStream{stream: stream, policy: policy, now: now}, nil
+	return &TrimStream{stream: stream, policy: policy}, nil
 }
 
 // Policy is the policy it applies.
@@ -193,6 +190,7 @@ func (t *TrimStream) trimOne(ctx context.Context, stream ops.Stream, policy Rete
 	}
 	res.Floor = floor.String()
 	var want ops.EntryID
+	var maxAge time.Duration
 	switch {
 	case policy.MaxEntries > 0:
 		excess := info.Length - policy.MaxEntries
@@ -209,10 +207,11 @@ func (t *TrimStream) trimOne(ctx context.Context, stream ops.Stream, policy Rete
 		}
 		want = last.Next()
 	default:
-		want = ops.EntryID{Ms: uint64(max(t.now().Add(-policy.MaxAge).UnixMilli(), 0))}
+		// By Redis's clock, in the trim: it numbered the entries (the projector's may be ahead).
+		want, maxAge = floor, policy.MaxAge
 	}
 	// The floor is checked again in the trim itself: a group created (at "0") since Info read
 	// the groups holds the cut where it needs it.
-	res.Trimmed, res.MinID, err = stream.TrimBelow(ctx, ops.MinEntryID(want, floor).String())
+	res.Trimmed, res.MinID, err = stream.TrimBelow(ctx, ops.MinEntryID(want, floor).String(), maxAge)
 	return res, err
 }

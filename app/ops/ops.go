@@ -81,9 +81,10 @@ type Stream interface {
 	OldestIDs(ctx context.Context, n int64) ([]string, error)
 	// TrimBelow removes every entry with an ID below minID that no consumer group still needs,
 	// judged atomically with the trim (a group created or moved since the caller looked holds
-	// the cut lower), and nothing when the stream has no groups. It returns how many went and
-	// the cut it used.
-	TrimBelow(ctx context.Context, minID string) (trimmed int64, cut string, err error)
+	// the cut lower), and nothing when the stream has no groups. With maxAge > 0 the cut is no
+	// higher than maxAge before the time of the server holding the stream, whose clock numbered
+	// its entries. It returns how many went and the cut it used.
+	TrimBelow(ctx context.Context, minID string, maxAge time.Duration) (trimmed int64, cut string, err error)
 	// Starts is, per stream (each partition), the ID of the first entry a group created at "0"
 	// now would read: the first entry's, or past the last ID the stream ever had when it is
 	// empty.
