@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -582,8 +583,12 @@ func TestRouterParksTheProjectionWhoseKeyIsOfAnotherType(t *testing.T) {
 	t.Parallel()
 	p, q := newFaulty("faulty", nil), newFaulty("other", nil)
 	var badKey string
+	reg := prometheus.NewRegistry()
+	metrics, err := ports.NewMetrics(reg)
+	require.NoError(t, err)
 	h := startHarness(t, p, harnessOptions{
-		targets: []ops.ProjectionTarget{{Projection: p, Version: 1}, {Projection: q, Version: 1}},
+		observer: metrics,
+		targets:  []ops.ProjectionTarget{{Projection: p, Version: 1}, {Projection: q, Version: 1}},
 		before: func(h *harness) {
 			badKey = h.keys.ProjectionKey("other", 1, "all", "stats")
 			require.NoError(t, h.client.Set(context.Background(), badKey, "not a hash", 0).Err())
@@ -601,6 +606,23 @@ func TestRouterParksTheProjectionWhoseKeyIsOfAnotherType(t *testing.T) {
 		assert.Contains(t, e.Error, "WRONGTYPE")
 	}
 	assert.Equal(t, int64(1+2+3), h.stars(), "the other projection counted every event once")
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	events := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() == "checkins_projection_events_total" {
+			for _, m := range mf.GetMetric() {
+				l := map[string]string{}
+				for _, lp := range m.GetLabel() {
+					l[lp.GetName()] = lp.GetValue()
+				}
+				events[l["projection"]+" "+l["outcome"]] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	assert.Equal(t, float64(3), events["faulty applied"], "each event applied once: %v", events)
+	assert.Zero(t, events["other applied"], "nothing of the parked projection was applied: %v", events)
+	assert.Equal(t, float64(3), events["other poisoned"], "%v", events)
 
 	// Fixed, and replayed: counted once.
 	require.NoError(t, h.client.Del(ctx, badKey).Err())

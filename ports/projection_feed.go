@@ -321,8 +321,11 @@ func (f *feed) observe(units []unit, results []unitResult, works []projection.Wo
 		}
 	}
 	for i, w := range works {
+		if i >= len(outcomes) || outcomes[i] == 0 {
+			continue // not applied: its unit failed applying, or is held with one that did
+		}
 		outcome := OutcomeApplied
-		if i < len(outcomes) && outcomes[i] == projection.Duplicate {
+		if outcomes[i] == projection.Duplicate {
 			outcome = OutcomeDuplicate
 		}
 		counts[key{w.Projection, outcome}]++

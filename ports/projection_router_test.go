@@ -134,6 +134,7 @@ type harnessOptions struct {
 	applier        func(redis.UniversalClient, adapters.KeySpace) *adapters.ProjectionApplier // nil: the router's default
 	targets        []ops.ProjectionTarget                                                     // nil: p as version 1
 	before         func(h *harness)                                                           // runs before the router starts
+	observer       ports.ProjectionObserver                                                   // nil: none
 }
 
 const testGroup = "live"
@@ -180,6 +181,7 @@ func startHarness(t *testing.T, p *faultyProjection, o harnessOptions) *harness 
 	r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
 		Targets: targets, Backend: adapters.NewProjectorBackend(h.client, h.keys), Applier: applier,
 		NewSubscriber: newSub, Retry: o.retry, HandlerTimeout: o.handlerTimeout, CloseTimeout: 10 * time.Second, Logger: log,
+		Observer: o.observer,
 	})
 	require.NoError(t, err)
 	h.router, h.apply = r, applier
