@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -218,13 +217,18 @@ func (m *PartitionMigrator) Pending(ctx context.Context, from int) ([]string, er
 	return out, nil
 }
 
-// Backfilling lists the projection versions whose backfill still runs on some partition of
-// from (their own group reads up to their join positions there, the live group after them).
-func (m *PartitionMigrator) Backfilling(ctx context.Context, from int) ([]string, error) {
+// BackfillsSplit lists the projection versions still backfilling whose join positions on the
+// partitions of from would not translate to to: merged, an entry above one old partition's join
+// comes before an entry at or below another's in the same new partition. Position keeps one
+// join per new partition, so the entries past that hole would change hands between the
+// version's own group and the live group (lost to it, or applied twice). Entries added later
+// are above every join, so the answer holds until a version joins or a backfill starts.
+func (m *PartitionMigrator) BackfillsSplit(ctx context.Context, from, to int) ([]string, error) {
 	src, err := NewPartitions(m.keys, from)
 	if err != nil {
 		return nil, err
 	}
+	joins := map[string][]string{} // running member -> its join on each old partition
 	running := map[string]bool{}
 	for k := range from {
 		h, err := m.client.HGetAll(ctx, src.Registry(k)).Result()
@@ -232,20 +236,62 @@ func (m *PartitionMigrator) Backfilling(ctx context.Context, from int) ([]string
 			return nil, err
 		}
 		for f, v := range h {
-			if g, ok := strings.CutPrefix(f, liveField); ok {
-				ms := map[string]ops.LiveMember{}
-				if err := json.Unmarshal([]byte(v), &ms); err != nil {
-					return nil, fmt.Errorf("live group %s on %s: %w", g, src.Registry(k), err)
+			g, ok := strings.CutPrefix(f, liveField)
+			if !ok {
+				continue
+			}
+			ms := map[string]ops.LiveMember{}
+			if err := json.Unmarshal([]byte(v), &ms); err != nil {
+				return nil, fmt.Errorf("live group %s on %s: %w", g, src.Registry(k), err)
+			}
+			for name, lm := range ms {
+				if joins[name] == nil {
+					joins[name] = make([]string, from)
 				}
-				for name, lm := range ms {
-					if lm.Own == ops.BackfillRunning {
-						running[name] = true
-					}
+				joins[name][k] = lm.Join
+				if lm.Own == ops.BackfillRunning {
+					running[name] = true
 				}
 			}
 		}
 	}
-	return slices.Sorted(maps.Keys(running)), nil
+	vecs := map[string]*vector{}
+	var top ops.EntryID // past the highest join no entry is at or below one
+	for name := range running {
+		v, err := newVector(joins[name], to)
+		if err != nil {
+			return nil, err
+		}
+		vecs[name] = v
+		for _, at := range v.at {
+			if top.Less(at) {
+				top = at
+			}
+		}
+	}
+	if len(vecs) == 0 || top == (ops.EntryID{}) {
+		return nil, nil
+	}
+	ends := make([]string, from)
+	for k := range ends {
+		ends[k] = top.String()
+	}
+	if _, err := m.walk(ctx, from, to, 1000, ends, func(e migrateEntry) error {
+		for _, v := range vecs {
+			v.see(e)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	var split []string
+	for name, v := range vecs {
+		if slices.ContainsFunc(v.holes, func(h []string) bool { return len(h) > 0 }) {
+			split = append(split, name)
+		}
+	}
+	slices.Sort(split)
+	return split, nil
 }
 
 // migrateEntry is one entry of the old partitions, with the ID it gets in its new partition.

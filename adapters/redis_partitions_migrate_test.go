@@ -516,43 +516,49 @@ func TestMigrateStopsWhenItsLockIsTaken(t *testing.T) {
 	assert.Equal(t, "another run", client.Get(ctx, keys.MigrateLock()).Val())
 }
 
-// TestMigrateRefusesToMergeWhileAVersionBackfills: a version whose backfill runs joined the live
-// group at a position on each old partition; merged, those positions interleave, and entries on
-// either side of one would change hands between its own group and the live group: lost to it, or
-// counted twice. The migration is refused before it changes anything, naming the version.
-func TestMigrateRefusesToMergeWhileAVersionBackfills(t *testing.T) {
+// TestMigrateRefusesToSplitABackfillingVersion: users.v2 backfills; it joined the live group at
+// 10-0 on partition 0 and at 40-0 on partition 1 (a join walks the partitions one after another
+// while check-ins arrive). Merged into one partition, x (30-0, partition 0, past the join there)
+// comes before h (40-0, partition 1, at the join there): one join for the new partition cannot
+// say that x is the live group's and h the own group's, so one of them would be lost to the
+// version or counted twice. The migration is refused before it changes anything, naming the
+// version; once the backfill is done it goes.
+func TestMigrateRefusesToSplitABackfillingVersion(t *testing.T) {
 	t.Parallel()
 	client, keys, parts, u0, u1 := twoPartitions(t)
 	ctx := context.Background()
-	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(0), ID: "10-0", Values: checkinValues("a", u0)}).Err())
-	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(1), ID: "40-0", Values: checkinValues("h", u1)}).Err())
-	for i, join := range []string{"10-0", "40-0"} {
-		require.NoError(t, client.XGroupCreate(ctx, parts.Stream(i), "live", join).Err())
-		require.NoError(t, client.XGroupCreate(ctx, parts.Stream(i), "users.v2", "0").Err())
-		require.NoError(t, client.HSet(ctx, parts.Registry(i), "live:live", `{"users.v2":{"join":"`+join+`","own":"running"}}`, "acked:live", join).Err())
+	for _, e := range []struct {
+		p      int
+		id, ck string
+		user   int64
+	}{{0, "10-0", "a", u0}, {0, "30-0", "x", u0}, {1, "40-0", "h", u1}} {
+		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(e.p), ID: e.id, Values: checkinValues(e.ck, e.user)}).Err())
 	}
-	before := map[string]int64{}
-	for i := range 2 {
-		before[parts.Stream(i)] = client.XLen(ctx, parts.Stream(i)).Val()
+	for i, join := range []string{"10-0", "40-0"} {
+		require.NoError(t, client.XGroupCreate(ctx, parts.Stream(i), "live", "$").Err())
+		require.NoError(t, client.XGroupCreate(ctx, parts.Stream(i), "users.v2", "0").Err())
+		require.NoError(t, client.HSet(ctx, parts.Registry(i), "live:live", `{"users.v2":{"join":"`+join+`","own":"running"}}`).Err())
 	}
 
 	mp, err := command.NewMigratePartitions(adapters.NewPartitionMigrator(client, keys))
 	require.NoError(t, err)
 	_, err = mp.Handle(ctx, command.MigrateRequest{To: 1, Batch: 2})
-	require.ErrorContains(t, err, "projection versions users.v2 are still backfilling")
+	require.ErrorContains(t, err, "projection versions users.v2 are still backfilling, and the positions where they joined on the 2 partitions interleave")
 	assert.Zero(t, client.Exists(ctx, keys.Stream()).Val(), "nothing copied")
-	for s, n := range before {
-		assert.Equal(t, n, client.XLen(ctx, s).Val())
-	}
 	p, err := adapters.NewPartitionMigrator(client, keys).Progress(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, p.Phase, "no migration recorded, nothing quiesced")
 
-	// Once the backfill is done, it goes.
+	// Joins that do not interleave (x at or below the join on partition 0) translate: it goes.
+	require.NoError(t, client.HSet(ctx, parts.Registry(0), "live:live", `{"users.v2":{"join":"30-0","own":"running"}}`).Err())
+	split, err := adapters.NewPartitionMigrator(client, keys).BackfillsSplit(ctx, 2, 1)
+	require.NoError(t, err)
+	assert.Empty(t, split)
+	// As does a finished backfill.
 	for i, join := range []string{"10-0", "40-0"} {
 		require.NoError(t, client.HSet(ctx, parts.Registry(i), "live:live", `{"users.v2":{"join":"`+join+`","own":"done","doneAt":"1"}}`).Err())
 	}
 	_, err = mp.Handle(ctx, command.MigrateRequest{To: 1, Batch: 2})
 	require.NoError(t, err)
-	assert.EqualValues(t, 2, client.XLen(ctx, keys.Stream()).Val())
+	assert.EqualValues(t, 3, client.XLen(ctx, keys.Stream()).Val())
 }

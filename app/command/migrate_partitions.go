@@ -38,8 +38,10 @@ type PartitionMigration interface {
 	Layouts(from, to int) error
 	TargetsEmpty(ctx context.Context, to int) error
 	Pending(ctx context.Context, from int) ([]string, error)
-	// Backfilling lists the projection versions whose backfill runs on a partition of from.
-	Backfilling(ctx context.Context, from int) ([]string, error)
+	// BackfillsSplit lists the projection versions still backfilling whose join positions on the
+	// partitions of from would not translate to to (entries would change hands between their
+	// own group and the live group).
+	BackfillsSplit(ctx context.Context, from, to int) ([]string, error)
 	Copy(ctx context.Context, from, to, batch int, pause time.Duration, saved func(last string) error) (CopyResult, error)
 	// Position reads the old partitions up to seen (per partition, the last entry the copy read;
 	// nil: to their ends).
@@ -257,16 +259,16 @@ func (m *MigratePartitions) handle(ctx context.Context, req MigrateRequest, repo
 			return MigrateResult{}, err
 		}
 		if recorded > 1 {
-			// Merged, a version's join positions on the old partitions interleave in the new
-			// ones: entries on either side of one would change hands between its own group and
-			// the live group, and be lost to it or counted twice.
-			busy, err := m.b.Backfilling(ctx, recorded)
+			// Merged, a backfilling version's join positions on the old partitions may
+			// interleave in the new ones: entries past the first such hole would change hands
+			// between its own group and the live group, and be lost to it or counted twice.
+			split, err := m.b.BackfillsSplit(ctx, recorded, req.To)
 			if err != nil {
 				return MigrateResult{}, err
 			}
-			if len(busy) > 0 {
-				return MigrateResult{}, fmt.Errorf("projection versions %s are still backfilling: a migration from %d partitions would move their join positions; wait until `checkins projections list` shows them caught up, then run it again (nothing was changed)",
-					strings.Join(busy, ", "), recorded)
+			if len(split) > 0 {
+				return MigrateResult{}, fmt.Errorf("projection versions %s are still backfilling, and the positions where they joined on the %d partitions interleave once merged into %d: some of their entries would be lost to them or counted twice; wait until `checkins projections list` shows them caught up, then run it again (nothing was changed)",
+					strings.Join(split, ", "), recorded, req.To)
 			}
 		}
 		p = MigrationProgress{From: recorded, To: req.To, Phase: PhaseQuiesce, Started: started.UnixMilli()}
