@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -141,7 +142,11 @@ func TestOneStepFailureMakesUpNoRateDecision(t *testing.T) {
 
 // blockingEchoHook holds a pipeline holding `ECHO block` for delay: the auto-pipeline's worker is
 // busy, as behind a slow pipeline under load.
-type blockingEchoHook struct{ delay time.Duration }
+type blockingEchoHook struct {
+	delay   time.Duration
+	started chan struct{} // closed as the first such pipeline starts waiting
+	once    sync.Once
+}
 
 func (h *blockingEchoHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
 func (h *blockingEchoHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
@@ -149,6 +154,7 @@ func (h *blockingEchoHook) ProcessPipelineHook(next redis.ProcessPipelineHook) r
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, c := range cmds {
 			if a := c.Args(); len(a) == 2 && a[0] == "ECHO" && a[1] == "block" {
+				h.once.Do(func() { close(h.started) })
 				time.Sleep(h.delay)
 			}
 		}
@@ -173,7 +179,8 @@ func TestLeaderOutOfHeadroomLetsItsWaitersTry(t *testing.T) {
 		return c
 	}
 	pipeClient := newClient()
-	pipeClient.AddHook(&blockingEchoHook{delay: 400 * time.Millisecond})
+	block := &blockingEchoHook{delay: time.Second, started: make(chan struct{})}
+	pipeClient.AddHook(block)
 	pipe := adapters.NewAutoPipeline(pipeClient, 64, 1)
 	t.Cleanup(func() { _ = pipe.Close() })
 	pub, err := adapters.NewPipelinedEventPublisher(newClient(), pipe, keys, watermill.NopLogger{})
@@ -189,14 +196,14 @@ func TestLeaderOutOfHeadroomLetsItsWaitersTry(t *testing.T) {
 	require.NoError(t, err)
 
 	cmd := command.RecordCheckin{Input: input(ptr("shared-1"), 7, 3, 4, ptr(int64(1_700_000_000_000)))}
-	go func() { _, _ = pipe.Do(context.Background(), "ECHO", "block") }() // the worker is busy 400ms
-	time.Sleep(10 * time.Millisecond)
-	leaderCtx, cancelLeader := context.WithTimeout(context.Background(), 450*time.Millisecond)
+	go func() { _, _ = pipe.Do(context.Background(), "ECHO", "block") }() // the worker is busy 1s
+	<-block.started
+	leaderCtx, cancelLeader := context.WithTimeout(context.Background(), 1050*time.Millisecond)
 	defer cancelLeader()
 	leaderDone := make(chan error, 1)
 	go func() { _, err := h.Handle(leaderCtx, cmd); leaderDone <- err }()
-	time.Sleep(50 * time.Millisecond) // the leader's script call waits in the queue
-	waiterCtx, cancelWaiter := context.WithTimeout(context.Background(), 3*time.Second)
+	time.Sleep(300 * time.Millisecond) // the leader's script call waits in the queue
+	waiterCtx, cancelWaiter := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancelWaiter()
 	res, werr := h.Handle(waiterCtx, cmd)
 	lerr := <-leaderDone
