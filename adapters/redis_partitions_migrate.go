@@ -228,22 +228,14 @@ func (m *PartitionMigrator) BackfillsSplit(ctx context.Context, from, to int) ([
 	if err != nil {
 		return nil, err
 	}
-	joins := map[string][]string{} // running member -> its join on each old partition
+	reg, err := m.readRegistries(ctx, src, from)
+	if err != nil {
+		return nil, err
+	}
+	joins := map[string][]string{} // member -> its join on each old partition
 	running := map[string]bool{}
-	for k := range from {
-		h, err := m.client.HGetAll(ctx, src.Registry(k)).Result()
-		if err != nil {
-			return nil, err
-		}
-		for f, v := range h {
-			g, ok := strings.CutPrefix(f, liveField)
-			if !ok {
-				continue
-			}
-			ms := map[string]ops.LiveMember{}
-			if err := json.Unmarshal([]byte(v), &ms); err != nil {
-				return nil, fmt.Errorf("live group %s on %s: %w", g, src.Registry(k), err)
-			}
+	for _, per := range reg.lives {
+		for k, ms := range per {
 			for name, lm := range ms {
 				if joins[name] == nil {
 					joins[name] = make([]string, from)
@@ -525,6 +517,36 @@ type registryState struct {
 	acked map[string][]string                    // group -> per old partition ("" missing)
 }
 
+// readRegistries reads the live groups' memberships and the acknowledged positions of the
+// registries of the old partitions.
+func (m *PartitionMigrator) readRegistries(ctx context.Context, src Partitions, from int) (registryState, error) {
+	reg := registryState{lives: map[string][]map[string]ops.LiveMember{}, acked: map[string][]string{}}
+	for k := range from {
+		h, err := m.client.HGetAll(ctx, src.Registry(k)).Result()
+		if err != nil {
+			return reg, err
+		}
+		for f, v := range h {
+			if g, ok := strings.CutPrefix(f, liveField); ok {
+				ms := map[string]ops.LiveMember{}
+				if err := json.Unmarshal([]byte(v), &ms); err != nil {
+					return reg, fmt.Errorf("live group %s on %s: %w", g, src.Registry(k), err)
+				}
+				if reg.lives[g] == nil {
+					reg.lives[g] = make([]map[string]ops.LiveMember, from)
+				}
+				reg.lives[g][k] = ms
+			} else if g, ok := strings.CutPrefix(f, ackedField); ok {
+				if reg.acked[g] == nil {
+					reg.acked[g] = make([]string, from)
+				}
+				reg.acked[g][k] = v
+			}
+		}
+	}
+	return reg, nil
+}
+
 // vector is positions per old partition whose translation to each new partition is wanted.
 type vector struct {
 	at []ops.EntryID
@@ -617,29 +639,9 @@ func (m *PartitionMigrator) Position(ctx context.Context, from, to, batch int, f
 			}
 		}
 	}
-	reg := registryState{lives: map[string][]map[string]ops.LiveMember{}, acked: map[string][]string{}}
-	for k := range from {
-		h, err := m.client.HGetAll(ctx, src.Registry(k)).Result()
-		if err != nil {
-			return command.PositionResult{}, err
-		}
-		for f, v := range h {
-			if g, ok := strings.CutPrefix(f, liveField); ok {
-				ms := map[string]ops.LiveMember{}
-				if err := json.Unmarshal([]byte(v), &ms); err != nil {
-					return command.PositionResult{}, fmt.Errorf("live group %s on %s: %w", g, src.Registry(k), err)
-				}
-				if reg.lives[g] == nil {
-					reg.lives[g] = make([]map[string]ops.LiveMember, from)
-				}
-				reg.lives[g][k] = ms
-			} else if g, ok := strings.CutPrefix(f, ackedField); ok {
-				if reg.acked[g] == nil {
-					reg.acked[g] = make([]string, from)
-				}
-				reg.acked[g][k] = v
-			}
-		}
+	reg, err := m.readRegistries(ctx, src, from)
+	if err != nil {
+		return command.PositionResult{}, err
 	}
 	// An own group missing on a partition where its member's backfill is done had delivered
 	// everything up to the join there.
