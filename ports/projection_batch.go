@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,6 +58,16 @@ func (b *batch) resolve(i int) {
 		b.resolved[i] = true
 		b.msgs[i].Ack()
 	}
+}
+
+// resolvedNow is which inner messages were acked on their own so far (nil: none).
+func (b *batch) resolvedNow() []bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !slices.Contains(b.resolved, true) {
+		return nil
+	}
+	return slices.Clone(b.resolved)
 }
 
 // finish acks or nacks every inner message not resolved on its own.

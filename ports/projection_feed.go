@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -53,33 +55,41 @@ func (m memberRef) backfillDone(stream string) bool {
 	return ok && lm.Own == ops.BackfillDone
 }
 
-// units lists every unit of b: each entry for each member it is for.
-func (f *feed) units(b *batch, ms ops.Membership) ([]unit, map[string]memberRef, error) {
-	refs := map[string]memberRef{}
+// units lists every unit of b: each entry for each member it is for. lost lists the entries of
+// an own group's partitions where the member's join is gone (Redis lost it): the join that made
+// the group there made the membership with it, so nothing says what they are for until the
+// router joins the partition again; they are not applied, and not acknowledged, meanwhile.
+// Entries done (resolved) are left out.
+func (f *feed) units(b *batch, ms ops.Membership, done []bool) (units []unit, refs map[string]memberRef, lost map[int]string, err error) {
+	refs = map[string]memberRef{}
 	for name, m := range ms.Members {
 		if f.member != "" && name != f.member {
 			continue
 		}
 		pname, version, ok := ops.ParseMemberName(name)
 		if !ok {
-			return nil, nil, fmt.Errorf("live group %s: member %q is not <projection>.v<N>", f.group, name)
+			return nil, nil, nil, fmt.Errorf("live group %s: member %q is not <projection>.v<N>", f.group, name)
 		}
 		p, ok := f.r.projectionOf(name, pname)
 		if !ok {
-			return nil, nil, fmt.Errorf("%w: %s (in %s)", ErrForeignMember, name, f.group)
+			return nil, nil, nil, fmt.Errorf("%w: %s (in %s)", ErrForeignMember, name, f.group)
 		}
 		refs[name] = memberRef{proj: p, version: version, m: m}
 	}
 	var out []unit
 	for i, d := range b.events {
+		if done != nil && done[i] {
+			continue // acknowledged on its own by an earlier attempt
+		}
 		n := len(out)
 		for name, ref := range refs {
 			join, _, ok := ref.on(d.Stream)
 			if !ok && f.member != "" {
-				// The join that made this own group on this partition made the membership with
-				// it: gone, Redis lost it. Nothing is acknowledged unapplied; the router joins
-				// the partition again.
-				return nil, nil, fmt.Errorf("%s is not a member of live group %s on %s (lost?); will retry", name, f.r.cfg.LiveGroup, d.Stream)
+				if lost == nil {
+					lost = map[int]string{}
+				}
+				lost[i] = d.Stream
+				continue
 			}
 			if !ok || (f.member != "" && ref.backfillDone(d.Stream)) {
 				continue // a finished backfill applies nothing more: all it had to is acknowledged
@@ -94,7 +104,7 @@ func (f *feed) units(b *batch, ms ops.Membership) ([]unit, map[string]memberRef,
 			out = append(out[:n], unit{entry: i})
 		}
 	}
-	return out, refs, nil
+	return out, refs, lost, nil
 }
 
 // handle is the router's handler function for a batch message.
@@ -121,7 +131,8 @@ func (f *feed) handle(msg *message.Message) ([]*message.Message, error) {
 	if err != nil {
 		return nil, err
 	}
-	all, refs, err := f.units(b, ms)
+	done := b.resolvedNow()
+	all, refs, lost, err := f.units(b, ms, done)
 	if err != nil {
 		f.r.foreign(err)
 		return nil, err
@@ -129,6 +140,14 @@ func (f *feed) handle(msg *message.Message) ([]*message.Message, error) {
 	units := plan.units
 	if units == nil {
 		units = all
+	} else if len(lost) > 0 || done != nil {
+		kept := make([]unit, 0, len(units))
+		for _, u := range units {
+			if _, gone := lost[u.entry]; !gone && (done == nil || !done[u.entry]) {
+				kept = append(kept, u)
+			}
+		}
+		units = kept
 	}
 	plan.progress.units.Store(units)
 	start := time.Now()
@@ -205,10 +224,52 @@ func (f *feed) handle(msg *message.Message) ([]*message.Message, error) {
 		}
 	}
 	f.observe(units, results, works, outcomes, refs, time.Since(start))
+	if len(lost) > 0 {
+		return nil, f.aroundLost(b, lost, &failure, plan)
+	}
 	if len(failure.Failed) > 0 || len(failure.Held) > 0 {
 		return nil, &failure
 	}
 	return nil, nil
+}
+
+// aroundLost acknowledges, each on its own, the entries of b that are done (applied whole, or
+// nothing in them for the member), and returns the error that has the batch's other entries
+// delivered again: those of the partitions where the member's join is lost, and any whose units
+// failed or were held, which are retried (and parked) once the router has joined the partition
+// again. Without it one lost partition's entries, joined into every batch with the others',
+// failed them all: the member's backfill stalled on every partition, and its checkpoints with it.
+func (f *feed) aroundLost(b *batch, lost map[int]string, failure *BatchFailure, plan *attemptPlan) error {
+	open := map[int]bool{}
+	for _, u := range failure.Failed {
+		open[u.unit.entry] = true
+	}
+	for _, u := range failure.Held {
+		open[u.entry] = true
+	}
+	streams := map[string]bool{}
+	for i := range b.msgs {
+		if s, gone := lost[i]; gone {
+			streams[s] = true
+			continue
+		}
+		if !open[i] && !plan.hold[i] {
+			b.resolve(i)
+		}
+	}
+	names := make([]string, 0, len(streams))
+	for s := range streams {
+		names = append(names, s)
+	}
+	sort.Strings(names)
+	err := fmt.Errorf("%w: %s is not a member of live group %s on %s (Redis lost its join there?); their entries wait until the router joins it again",
+		errNotJoinedThere, f.member, f.r.cfg.LiveGroup, strings.Join(names, ", "))
+	if len(failure.Failed) > 0 {
+		// Told, not wrapped: a BatchFailure would have the middlewares park the failed units
+		// and then acknowledge the batch, the lost partition's entries with it.
+		err = fmt.Errorf("%w; and %v", err, failure)
+	}
+	return err
 }
 
 // applyAround applies works after err, an error of applying them together that is about the

@@ -88,6 +88,13 @@ func retryMiddleware(p RetryPolicy) message.HandlerMiddleware {
 					}
 					return out, nil
 				}
+				if errors.Is(err, errNotJoinedThere) {
+					// Entries of a partition whose join is lost: the batch goes back as it is (its
+					// done entries acknowledged), and comes again whole. A retry of the units this
+					// attempt found would leave those entries out, and, once the router has joined
+					// the partition again, acknowledge them unapplied.
+					return nil, err
+				}
 				bf, partial := asBatchFailure(err)
 				if !partial && errors.Is(err, ErrHandlerTimeout) && !plan.progress.flushing.Load() {
 					// A handler ran past the deadline: that unit failed, the others of the
@@ -341,6 +348,9 @@ func (r *ProjectionRouter) transientReasonText(err error) string {
 	}
 	if errors.Is(err, ErrForeignMember) {
 		return "the live group has a member this build does not run"
+	}
+	if errors.Is(err, errNotJoinedThere) {
+		return "a projection version's join on a partition is lost (Redis failover?); the router joins it again"
 	}
 	return err.Error()
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,9 +38,11 @@ type lostJoinEnv struct {
 	a      app.Application
 	router *ports.ProjectionRouter
 	n      int
+	// paused stops the router's subscribers reading new entries.
+	paused atomic.Bool
 }
 
-func newLostJoinEnv(t *testing.T) *lostJoinEnv {
+func newLostJoinEnv(t *testing.T, tune ...func(*adapters.Subscribers)) *lostJoinEnv {
 	env := redistest.Open(t)
 	client := redistest.Client(t, env.URL)
 	keys, err := adapters.KeySpace{Prefix: env.Prefix}.WithPartitions(4)
@@ -47,12 +50,16 @@ func newLostJoinEnv(t *testing.T) *lostJoinEnv {
 	e := &lostJoinEnv{t: t, ctx: context.Background(), client: client, keys: keys, parts: keys.Partitions(),
 		log: slog.New(slog.NewTextHandler(io.Discard, nil)), projs: []projection.Projection{projection.UserStats{}}}
 	e.a = opsApp(t, client, keys, e.projs, app.OpsConfig{RetireGrace: 300 * time.Millisecond, Logger: e.log})
+	subs := adapters.Subscribers{Kind: "batched", NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, env.URL), nil },
+		Parts: e.parts, Consumer: "c1", BlockTime: 50 * time.Millisecond, DrainTimeout: 5 * time.Second, Paused: e.paused.Load,
+		Logger: watermill.NopLogger{}}
+	for _, f := range tune {
+		f(&subs)
+	}
 	e.router, err = ports.NewProjectionRouter(ports.ProjectionRouterConfig{
 		Targets: []ops.ProjectionTarget{{Projection: projection.UserStats{}, Version: 1}},
 		Backend: adapters.NewProjectorBackend(client, keys), Applier: testApplier(t, client, keys),
-		Logger: e.log, CloseTimeout: 10 * time.Second, Retry: ports.DefaultRetryPolicy(),
-		NewSubscriber: adapters.Subscribers{Kind: "batched", NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, env.URL), nil },
-			Parts: e.parts, Consumer: "c1", BlockTime: 50 * time.Millisecond, DrainTimeout: 5 * time.Second, Logger: watermill.NopLogger{}}.New,
+		Logger: e.log, CloseTimeout: 10 * time.Second, Retry: ports.DefaultRetryPolicy(), NewSubscriber: subs.New,
 	})
 	require.NoError(t, err)
 	redistest.Background(t, "router", 20*time.Second, e.router.Run)
@@ -179,4 +186,64 @@ func TestRebuildStepWaitsForAPartitionItsJoinLost(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Serving, "reads stay on v1 while v2 misses partition 3")
 	require.Equal(t, 2, st.Building)
+}
+
+// TestBackfillGoesOnAroundAPartitionWhoseJoinIsLost: v2's join on partition 3 is lost while
+// its own group there stays, and the backfill reads every partition at once, so the batches join
+// partition 3's entries with the others'. Each such batch failed as a whole ("not a member ...
+// on partition 3"), was delivered again with the same mix, and failed again: the backfill stalled
+// on every partition until the router joined partition 3 again. Now the other partitions'
+// entries are applied and acknowledged, their backfills finish, and partition 3's are left
+// unacknowledged until the join is back, then applied.
+func TestBackfillGoesOnAroundAPartitionWhoseJoinIsLost(t *testing.T) {
+	t.Parallel()
+	// Each partition reads at most 50 entries at a time (MAX_IN_FLIGHT 200 over 4), and a run of
+	// fewer than 100 (BATCH_SIZE/4) waits up to READ_LINGER for the other partitions' runs: every
+	// batch of the backfill joins entries of several partitions, partition 3's among them.
+	e := newLostJoinEnv(t, func(s *adapters.Subscribers) {
+		s.MaxInFlight, s.BatchSize, s.ReadLinger = 200, 400, 100*time.Millisecond
+	})
+	e.add(25)
+	require.Eventually(t, func() bool { s, _ := e.total(); return s == 1000 }, 10*time.Second, 20*time.Millisecond)
+	e.paused.Store(true)
+	e.rebuildLosingJoin(false) // v2's own groups wait, paused, at the start of every partition
+	e.paused.Store(false)
+
+	live := adapters.NewLiveGroups(e.client, e.keys)
+	require.Eventually(t, func() bool {
+		ms, err := live.Read(e.ctx, "live")
+		require.NoError(t, err)
+		v2 := ms.Members["users.v2"]
+		if v2.Missing != 1 || len(v2.Parts) != 3 {
+			return false
+		}
+		for _, p := range v2.Parts {
+			if p.Own != ops.BackfillDone {
+				return false
+			}
+		}
+		return true
+	}, 15*time.Second, 20*time.Millisecond, "the backfills of the partitions v2 has joined finish")
+	groups, err := e.client.XInfoGroups(e.ctx, e.parts.Stream(3)).Result()
+	require.NoError(t, err)
+	for _, g := range groups {
+		if g.Name == "users.v2" {
+			assert.Positive(t, g.EntriesRead, "partition 3's entries were delivered")
+			assert.Equal(t, g.EntriesRead, g.Pending, "none of partition 3's entries is acknowledged while v2's join there is lost")
+		}
+	}
+
+	// The registry watch has the router join partition 3 again: its entries are applied, and
+	// the rebuild switches reads to v2 with every check-in.
+	watch := ports.RegistryWatch{Router: e.router, Versions: e.a.Queries.ProjectionVersions, Rebuild: e.a.Commands.RebuildProjection,
+		Projections: e.projs, Interval: 50 * time.Millisecond, Logger: e.log}
+	redistest.Background(t, "registry watcher", 20*time.Second, watch.Run)
+	versions := adapters.NewProjectionVersions(e.client, e.keys)
+	require.Eventually(t, func() bool {
+		st, err := versions.State(e.ctx, "users")
+		require.NoError(t, err)
+		return st.Serving == 2 && st.Building == 0 && st.Retiring == 0
+	}, 20*time.Second, 20*time.Millisecond, "the rebuild never finished")
+	s, byPart := e.total()
+	require.Equal(t, int64(1000), s, "after the switch, by partition %v", byPart)
 }

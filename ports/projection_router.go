@@ -847,7 +847,7 @@ func (r *ProjectionRouter) transientFailure(group string, err error) {
 	// A metric label takes only the known reasons: any other error's text (which may name
 	// keys, entries or members) would make a series of its own each time.
 	label := reason
-	if _, known := r.backend.TransientReason(err); !known && !errors.Is(err, ErrHandlerTimeout) && !errors.Is(err, ErrForeignMember) {
+	if _, known := r.backend.TransientReason(err); !known && !errors.Is(err, ErrHandlerTimeout) && !errors.Is(err, ErrForeignMember) && !errors.Is(err, errNotJoinedThere) {
 		label = "other"
 	}
 	r.cfg.Observer.Transient(group, label)
