@@ -231,6 +231,14 @@ else
   local j = '0-0'
   if #last > 0 then j = last[1][1] end
   rec = {join = j, own = 'running'}
+  -- How many entries the stream had ever taken at the join (Redis 7): the backfill's own group
+  -- has read all it has to once its entries-read reaches it (what the status says is to go).
+  local info = redis.pcall('XINFO', 'STREAM', KEYS[2])
+  if type(info) == 'table' and not info.err then
+    for x = 1, #info, 2 do
+      if info[x] == 'entries-added' and type(info[x+1]) == 'number' then rec.added = string.format('%d', info[x+1]) end
+    end
+  end
   if live == nil then redis.call('XGROUP', 'CREATE', KEYS[2], ARGV[1], j, 'MKSTREAM') end
   if own == nil then
     redis.call('XGROUP', 'CREATE', KEYS[2], ARGV[2], '0')

@@ -43,9 +43,14 @@ type lostJoinEnv struct {
 }
 
 func newLostJoinEnv(t *testing.T, tune ...func(*adapters.Subscribers)) *lostJoinEnv {
+	return newPartitionedEnv(t, 4, tune...)
+}
+
+// newPartitionedEnv is the projector of newLostJoinEnv on p stream partitions.
+func newPartitionedEnv(t *testing.T, p int, tune ...func(*adapters.Subscribers)) *lostJoinEnv {
 	env := redistest.Open(t)
 	client := redistest.Client(t, env.URL)
-	keys, err := adapters.KeySpace{Prefix: env.Prefix}.WithPartitions(4)
+	keys, err := adapters.KeySpace{Prefix: env.Prefix}.WithPartitions(p)
 	require.NoError(t, err)
 	e := &lostJoinEnv{t: t, ctx: context.Background(), client: client, keys: keys, parts: keys.Partitions(),
 		log: slog.New(slog.NewTextHandler(io.Discard, nil)), projs: []projection.Projection{projection.UserStats{}}}
@@ -77,7 +82,7 @@ func (e *lostJoinEnv) add(per int) {
 			for k, v := range c.Fields() {
 				values[k] = v
 			}
-			require.NoError(e.t, e.client.XAdd(e.ctx, &redis.XAddArgs{Stream: e.parts.Stream(adapters.PartitionOf(u, 4)), Values: values}).Err())
+			require.NoError(e.t, e.client.XAdd(e.ctx, &redis.XAddArgs{Stream: e.parts.Stream(adapters.PartitionOf(u, e.parts.Count())), Values: values}).Err())
 		}
 	}
 }
@@ -93,7 +98,7 @@ func (e *lostJoinEnv) total() (int64, map[int]int64) {
 		}
 		require.NoError(e.t, err)
 		s += v.NumCheckins
-		byPart[adapters.PartitionOf(u, 4)] += v.NumCheckins
+		byPart[adapters.PartitionOf(u, e.parts.Count())] += v.NumCheckins
 	}
 	return s, byPart
 }

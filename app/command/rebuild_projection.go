@@ -323,21 +323,24 @@ func (h *RebuildProjection) Step(ctx context.Context, name string) (ops.RebuildP
 		}
 		rp.State, rp.From, rp.To, rp.StreamLength = ops.RebuildBuilding, st.Serving, st.Building, info.Length
 		b := info.Group(ops.MemberName(name, st.Building))
+		groups, _, err := h.b.Live.ReadAll(ctx)
+		if err != nil {
+			return rp, err
+		}
+		building := ops.MemberName(name, st.Building)
+		lg, m, member := ops.MemberOf(groups, building)
 		rp.Lag, rp.Pending = -1, 0
 		if b != nil {
 			if rp.Lag, err = ops.GroupLag(ctx, h.b.Stream, info, b); err != nil {
 				return rp, err
 			}
+			if n, ok := ops.BackfillLag(m, b); ok && member && m.Own == ops.BackfillRunning {
+				rp.Lag = n // up to its join: the live group feeds what came after
+			}
 			rp.Pending = b.Pending
-		}
-		groups, _, err := h.b.Live.ReadAll(ctx)
-		if err != nil {
-			return rp, err
 		}
 		// Caught up: the version is in a live group (fed with v<serving> from the same batches)
 		// and its backfill of what came before delivered and acknowledged everything.
-		building := ops.MemberName(name, st.Building)
-		lg, m, member := ops.MemberOf(groups, building)
 		if member && BackfillCaughtUp(m, b) {
 			// What the projectors' checkpoints find too.
 			if _, err := h.b.Live.FinishBackfill(ctx, lg, building, h.now()); err != nil {

@@ -24,6 +24,10 @@ type LiveMember struct {
 	// Legacy: entries up to it may have been applied under the earlier layout's dedupe sets
 	// (an upgrade); they are checked there too.
 	Legacy string `json:"legacy,omitempty"`
+	// Added is how many entries the stream had ever taken (XINFO STREAM entries-added) at Join,
+	// in decimal; "" when Redis did not tell (before 7.0, the embedded miniredis) or the version
+	// joined with nothing to backfill. See BackfillLag.
+	Added string `json:"added,omitempty"`
 	// Parts, with stream partitions (P > 1), is the membership on each partition, by the
 	// partition's stream: a version joins each partition at a position of that partition.
 	// The fields above then sum them up (Own is BackfillRunning while any partition's backfill
@@ -105,4 +109,45 @@ func MemberOf(groups map[string]Membership, member string) (string, LiveMember, 
 		}
 	}
 	return "", LiveMember{}, false
+}
+
+// BackfillLag is how many entries m's backfill still has to read up to its join position, from
+// its own group g: the group's lag counts the entries after the join too, which the live group
+// feeds, so during a long rebuild under load it never came near 0 however close the backfill
+// was to its end. Summed over the partitions whose backfill runs. ok is false when it cannot be
+// told exactly (a join recorded without Added, a partition without the group, or a group whose
+// entries-read Redis does not know): callers then report the group's lag.
+func BackfillLag(m LiveMember, g *GroupInfo) (int64, bool) {
+	if g == nil {
+		return 0, false
+	}
+	one := func(lm LiveMember, gi GroupInfo) (int64, bool) {
+		if lm.Own != BackfillRunning {
+			return 0, true
+		}
+		added, err := strconv.ParseInt(lm.Added, 10, 64)
+		if err != nil || gi.Lag < 0 {
+			return 0, false
+		}
+		return max(0, added-gi.EntriesRead), true
+	}
+	if m.Parts == nil {
+		return one(m, *g)
+	}
+	if m.Missing > 0 {
+		return 0, false
+	}
+	var sum int64
+	for stream, lm := range m.Parts {
+		gi, ok := g.On(stream)
+		if !ok && lm.Own == BackfillRunning {
+			return 0, false
+		}
+		n, ok := one(lm, gi)
+		if !ok {
+			return 0, false
+		}
+		sum += n
+	}
+	return sum, true
 }

@@ -59,7 +59,8 @@ type RebuildProgress struct {
 	StartedAt  time.Time  `json:"startedAt"`
 	SwitchedAt *time.Time `json:"switchedAt,omitempty"`
 	FinishedAt *time.Time `json:"finishedAt,omitempty"`
-	// Lag and Pending of the building group the last time a driver looked (-1: unknown).
+	// Lag and Pending of the building group the last time a driver looked (-1: unknown); while
+	// it backfills, Lag counts the entries up to its join (ops.BackfillLag) where Redis tells.
 	Lag     int64 `json:"lag"`
 	Pending int64 `json:"pending"`
 	// StreamLength is the stream's length then, for a sense of how far the build got.

@@ -49,10 +49,12 @@ type ProjectionVersionStatus struct {
 	Backfill    string `json:"backfill,omitempty"` // running or done
 	GroupExists bool   `json:"groupExists"`
 	Consumers   int    `json:"consumers"`
-	Lag         *int64 `json:"lag"` // null when unknown
-	Pending     int64  `json:"pending"`
-	State       string `json:"state"`
-	Stalled     bool   `json:"stalled"`
+	// Lag is how many entries the group has still to deliver; for a backfilling version, how
+	// many up to its join (ops.BackfillLag) where Redis tells. null when unknown.
+	Lag     *int64 `json:"lag"`
+	Pending int64  `json:"pending"`
+	State   string `json:"state"`
+	Stalled bool   `json:"stalled"`
 }
 
 // ProjectionsReport is `checkins projections list` and GET /ops/projections.
@@ -119,7 +121,8 @@ func (q *ProjectionVersions) List(ctx context.Context) (ProjectionsReport, error
 				continue
 			}
 			vs := ProjectionVersionStatus{Projection: name, Version: v.version, Role: v.role, Group: ops.MemberName(name, v.version)}
-			if lg, m, ok := ops.MemberOf(groups, ops.MemberName(name, v.version)); ok {
+			lg, m, member := ops.MemberOf(groups, ops.MemberName(name, v.version))
+			if member {
 				vs.LiveGroup, vs.Join, vs.Backfill = lg, m.Join, m.Own
 				if m.Own == ops.BackfillDone {
 					vs.Group = lg
@@ -129,6 +132,9 @@ func (q *ProjectionVersions) List(ctx context.Context) (ProjectionsReport, error
 				lag, err := ops.GroupLag(ctx, q.b.Stream, info, g)
 				if err != nil {
 					return rep, ops.Unavailable(err)
+				}
+				if n, ok := ops.BackfillLag(m, g); ok && member && m.Own == ops.BackfillRunning {
+					lag = n // what its backfill has to read, not what the live group feeds after it
 				}
 				vs.GroupExists, vs.Consumers, vs.Pending = true, len(g.Consumers), g.Pending
 				if lag >= 0 {
