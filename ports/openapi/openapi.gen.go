@@ -334,14 +334,16 @@ type ProjectionVersion struct {
 	Group       string                     `json:"group"`
 	GroupExists bool                       `json:"groupExists"`
 	Join        *string                    `json:"join,omitempty"`
-	Lag         *int64                     `json:"lag"`
-	LiveGroup   *string                    `json:"liveGroup,omitempty"`
-	Pending     int64                      `json:"pending"`
-	Projection  string                     `json:"projection"`
-	Role        ProjectionVersionRole      `json:"role"`
-	Stalled     bool                       `json:"stalled"`
-	State       string                     `json:"state"`
-	Version     int                        `json:"version"`
+
+	// Lag entries not yet delivered to the group; for a backfilling version, those up to its join position (the live group feeds what came after) where Redis tells; null when unknown
+	Lag        *int64                `json:"lag"`
+	LiveGroup  *string               `json:"liveGroup,omitempty"`
+	Pending    int64                 `json:"pending"`
+	Projection string                `json:"projection"`
+	Role       ProjectionVersionRole `json:"role"`
+	Stalled    bool                  `json:"stalled"`
+	State      string                `json:"state"`
+	Version    int                   `json:"version"`
 }
 
 // ProjectionVersionBackfill defines model for ProjectionVersion.Backfill.
@@ -379,7 +381,7 @@ type RebuildProgress struct {
 	// From the version serving when the rebuild started
 	From int `json:"from"`
 
-	// Lag of the building group when a driver last looked (-1 unknown)
+	// Lag of the building group when a driver last looked (-1 unknown); while it backfills, the entries up to its join position where Redis tells
 	Lag          int64      `json:"lag"`
 	Pending      int64      `json:"pending"`
 	Projection   string     `json:"projection"`
