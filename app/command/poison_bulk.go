@@ -79,7 +79,7 @@ func walkPoison(ctx context.Context, q ops.PoisonQueue, r BulkRequest, res *Bulk
 	after, handled := r.After, 0
 	for {
 		if stopSoon(ctx) || (r.Max > 0 && handled >= r.Max) {
-			res.Next = after
+			res.Next = resumeAt(after)
 			return nil
 		}
 		chunk := int64(PoisonChunk)
@@ -88,7 +88,7 @@ func walkPoison(ctx context.Context, q ops.PoisonQueue, r BulkRequest, res *Bulk
 		}
 		es, err := q.Range(ctx, after, r.Until, chunk)
 		if err != nil {
-			res.Next = after
+			res.Next = resumeAt(after)
 			return ops.Unavailable(err)
 		}
 		if len(es) == 0 {
@@ -103,7 +103,7 @@ func walkPoison(ctx context.Context, q ops.PoisonQueue, r BulkRequest, res *Bulk
 		if len(mine) > 0 {
 			stoppedAt, err := do(mine)
 			if err != nil {
-				res.Next = previousID(es, stoppedAt, after)
+				res.Next = resumeAt(previousID(es, stoppedAt, after))
 				if errors.Is(err, errStopEarly) {
 					return nil
 				}
@@ -116,6 +116,16 @@ func walkPoison(ctx context.Context, q ops.PoisonQueue, r BulkRequest, res *Bulk
 			return nil
 		}
 	}
+}
+
+// resumeAt is the Next of a run that stops after cursor: "0-0" when it stopped before its
+// first entry, since an empty Next says the run is complete (a run stopped at once by a short
+// REQUEST_TIMEOUT answered 200 without next, all its entries still in the queue).
+func resumeAt(cursor string) string {
+	if cursor == "" {
+		return "0-0"
+	}
+	return cursor
 }
 
 // previousID is the cursor that resumes at stoppedAt: the ID before it in es, or after.
@@ -136,5 +146,26 @@ func stopSoon(ctx context.Context) bool {
 		return true
 	}
 	d, ok := ctx.Deadline()
-	return ok && time.Until(d) < deadlineReserve
+	if !ok {
+		return false
+	}
+	reserve, ok := ctx.Value(reserveKey{}).(time.Duration)
+	if !ok {
+		reserve = deadlineReserve
+	}
+	return time.Until(d) < reserve
+}
+
+type reserveKey struct{}
+
+// withReserve fixes, as a bulk run begins, what it keeps in hand before its deadline:
+// deadlineReserve, or a quarter of the time it has when that is shorter. A run given 500 ms or
+// less (REQUEST_TIMEOUT accepts 1 ms) stopped before its first entry, every time, and never got
+// anywhere.
+func withReserve(ctx context.Context) context.Context {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return ctx
+	}
+	return context.WithValue(ctx, reserveKey{}, min(deadlineReserve, time.Until(d)/4))
 }

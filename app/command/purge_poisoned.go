@@ -37,6 +37,7 @@ func (h *PurgePoisoned) Purge(ctx context.Context, id string) error {
 // PurgeAll deletes parked entries in chunks (only those of one projection when asked). Entries
 // parked while it runs are kept: it never deletes what nobody has seen.
 func (h *PurgePoisoned) PurgeAll(ctx context.Context, r BulkRequest) (BulkResult, error) {
+	ctx = withReserve(ctx)
 	var res BulkResult
 	err := walkPoison(ctx, h.queue, r, &res, func(chunk []ops.PoisonEntry) (string, error) {
 		ids := make([]string, 0, len(chunk))

@@ -254,6 +254,7 @@ func (h *ReplayPoisoned) replayVersion(ctx context.Context, e ops.PoisonEntry) (
 // ReplayAll replays parked entries in chunks of PoisonChunk, oldest first. Failures are kept
 // (see Replay) and counted; an outage stops the run with an error and the progress so far.
 func (h *ReplayPoisoned) ReplayAll(ctx context.Context, r BulkRequest) (BulkResult, error) {
+	ctx = withReserve(ctx)
 	var res BulkResult
 	err := walkPoison(ctx, h.cfg.Backend.Poison, r, &res, func(chunk []ops.PoisonEntry) (string, error) {
 		for _, e := range chunk {
