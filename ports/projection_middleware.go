@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -32,8 +33,8 @@ func (p RetryPolicy) Validate() error {
 	switch {
 	case p.InitialInterval <= 0:
 		return fmt.Errorf("retry initial interval must be > 0, got %s", p.InitialInterval)
-	case p.Multiplier < 1:
-		return fmt.Errorf("retry multiplier must be >= 1, got %g", p.Multiplier)
+	case math.IsNaN(p.Multiplier) || math.IsInf(p.Multiplier, 0) || p.Multiplier < 1:
+		return fmt.Errorf("retry multiplier must be a finite number >= 1, got %g", p.Multiplier)
 	case p.MaxInterval < p.InitialInterval:
 		return fmt.Errorf("retry max interval %s must be >= the initial interval %s", p.MaxInterval, p.InitialInterval)
 	case p.MaxAttempts < 1:
@@ -142,7 +143,9 @@ func retryMiddleware(p RetryPolicy) message.HandlerMiddleware {
 					t.Stop()
 					return nil, fmt.Errorf("%w (gave up retrying: %w)", err, msg.Context().Err())
 				}
-				delay = min(time.Duration(float64(delay)*p.Multiplier), p.MaxInterval)
+				// In float first: a large multiplier overflowed the Duration to a negative wait,
+				// and rand.N of it panicked outside the recoverer, so nothing was ever parked.
+				delay = time.Duration(min(float64(delay)*p.Multiplier, float64(p.MaxInterval)))
 			}
 		}
 	}

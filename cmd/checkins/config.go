@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/url"
 	"os"
 	"strconv"
@@ -230,8 +231,8 @@ func settings() []setting {
 		{"RETRY_INITIAL_INTERVAL", "retry-initial-interval", "100ms", "first wait between handler attempts", dur(func(c *Config) *time.Duration { return &c.RetryInitial }, time.Millisecond)},
 		{"RETRY_MULTIPLIER", "retry-multiplier", "2", "each wait is the previous times this (with jitter)", func(c *Config, v string) error {
 			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || f < 1 {
-				return fmt.Errorf("must be a number >= 1, got %q", v)
+			if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f < 1 {
+				return fmt.Errorf("must be a finite number >= 1, got %q", v)
 			}
 			c.RetryMultiplier = f
 			return nil

@@ -159,7 +159,14 @@ func (c *Config) finishAccess(getenv func(string) string) error {
 		}
 		c.HS256Secret = []byte(strings.TrimRight(string(b), "\r\n"))
 	}
-	hasSecret := len(c.HS256Secret) > 0
+	// A secret file chooses hs256 as a secret does, empty or not: an empty one (a secret mount
+	// without its key, a truncated file) fell through to dev mode, which turned the identity
+	// provider's tokens away and logged ready-made ops tokens.
+	hasSecret := len(c.HS256Secret) > 0 || c.HS256SecretFile != ""
+	secretVar := "AUTH_HS256_SECRET"
+	if c.HS256SecretFile != "" {
+		secretVar = "AUTH_HS256_SECRET_FILE"
+	}
 	if c.AuthMode == "" {
 		switch {
 		case c.JWKSURL != "":
@@ -179,22 +186,21 @@ func (c *Config) finishAccess(getenv func(string) string) error {
 			return errors.New("invalid AUTH_ISSUER: AUTH_MODE=jwks needs the exact issuer of your tokens")
 		}
 		if hasSecret {
-			return errors.New("invalid AUTH_HS256_SECRET: AUTH_MODE=jwks verifies with the identity provider's keys; an HS256 secret would mix symmetric and asymmetric algorithms")
+			return fmt.Errorf("invalid %s: AUTH_MODE=jwks verifies with the identity provider's keys; an HS256 secret would mix symmetric and asymmetric algorithms", secretVar)
 		}
 	case AuthHS256:
 		if !hasSecret {
 			return errors.New("invalid AUTH_HS256_SECRET: AUTH_MODE=hs256 needs AUTH_HS256_SECRET or AUTH_HS256_SECRET_FILE")
 		}
+		if len(c.HS256Secret) == 0 && c.HS256SecretFile != "" {
+			return fmt.Errorf("invalid AUTH_HS256_SECRET_FILE: the file %s is empty", c.HS256SecretFile)
+		}
 		if len(c.HS256Secret) < ports.MinHS256SecretBytes {
-			name := "AUTH_HS256_SECRET"
-			if c.HS256SecretFile != "" {
-				name = "AUTH_HS256_SECRET_FILE"
-			}
-			return fmt.Errorf("invalid %s: the secret must be at least %d bytes, got %d", name, ports.MinHS256SecretBytes, len(c.HS256Secret))
+			return fmt.Errorf("invalid %s: the secret must be at least %d bytes, got %d", secretVar, ports.MinHS256SecretBytes, len(c.HS256Secret))
 		}
 	case AuthDev, AuthOff:
 		if hasSecret {
-			return fmt.Errorf("invalid AUTH_HS256_SECRET: it is used only with AUTH_MODE=hs256 (AUTH_MODE is %s)", c.AuthMode)
+			return fmt.Errorf("invalid %s: it is used only with AUTH_MODE=hs256 (AUTH_MODE is %s)", secretVar, c.AuthMode)
 		}
 	}
 	if c.AuthMode != AuthJWKS && c.JWKSURL != "" {
