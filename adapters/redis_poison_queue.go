@@ -148,7 +148,7 @@ func poisonValues(e ops.PoisonEntry) []any {
 func (q *PoisonQueue) List(ctx context.Context, cursor string, count int64) ([]ops.PoisonEntry, string, error) {
 	start := "-"
 	if cursor != "" {
-		if !entryIDPattern.MatchString(cursor) {
+		if _, ok := parseEntryID(cursor); !ok {
 			return nil, "", &domain.ValidationError{Code: domain.CodeInvalid, Field: "cursor", Message: fmt.Sprintf("is not a poison entry ID: %q", cursor)}
 		}
 		start = "(" + cursor
@@ -173,7 +173,7 @@ func (q *PoisonQueue) List(ctx context.Context, cursor string, count int64) ([]o
 
 // Get returns one entry; domain.ErrNotFound when it is not there.
 func (q *PoisonQueue) Get(ctx context.Context, id string) (ops.PoisonEntry, error) {
-	if !entryIDPattern.MatchString(id) {
+	if _, ok := parseEntryID(id); !ok {
 		return ops.PoisonEntry{}, &domain.ValidationError{Code: domain.CodeInvalid, Field: "id", Message: fmt.Sprintf("is not a poison entry ID: %q", id)}
 	}
 	xs, err := q.client.XRangeN(ctx, q.stream, id, id, 1).Result()
@@ -188,7 +188,7 @@ func (q *PoisonQueue) Get(ctx context.Context, id string) (ops.PoisonEntry, erro
 
 // Delete removes one entry; domain.ErrNotFound when it was not there.
 func (q *PoisonQueue) Delete(ctx context.Context, id string) error {
-	if !entryIDPattern.MatchString(id) {
+	if _, ok := parseEntryID(id); !ok {
 		return &domain.ValidationError{Code: domain.CodeInvalid, Field: "id", Message: fmt.Sprintf("is not a poison entry ID: %q", id)}
 	}
 	n, err := q.client.XDel(ctx, q.stream, id).Result()

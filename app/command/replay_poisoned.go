@@ -156,8 +156,13 @@ func (h *ReplayPoisoned) replay(ctx context.Context, e ops.PoisonEntry) (ReplayR
 			return res, ops.Unavailable(fmt.Errorf("replayed poison entry %s but could not delete it (a later replay is a no-op): %w", e.ID, derr))
 		}
 		if n == 0 {
-			// Another run got there first: it replayed (or purged) the entry, and reports it.
-			res.Status, res.Applied = ReplayGone, false
+			// Another run got there first: it replayed (or purged) the entry, and reports it, so
+			// that the totals of concurrent runs add up. Applied stays what this run did: it may
+			// be the one that counted the event (the other found it counted, or purged it).
+			res.Status = ReplayGone
+			if res.Applied {
+				return res, fmt.Errorf("poison entry %s was removed by another run meanwhile; this replay applied it (counted once): %w", e.ID, domain.ErrNotFound)
+			}
 			return res, fmt.Errorf("poison entry %s was replayed or purged by another run meanwhile: %w", e.ID, domain.ErrNotFound)
 		}
 		h.cfg.Logger.Info("poison entry replayed", "poison_id", e.ID, "projection", e.Projection, "version", version,
@@ -172,8 +177,10 @@ func (h *ReplayPoisoned) replay(ctx context.Context, e ops.PoisonEntry) (ReplayR
 	newID, rerr := q.Repark(ctx, e)
 	if rerr != nil {
 		if errors.Is(rerr, domain.ErrNotFound) {
-			// Someone else replayed or purged it meanwhile.
-			return res, fmt.Errorf("%w: poison entry %s: %w (and it was removed meanwhile)", ErrReplayFailed, e.ID, err)
+			// Someone else replayed or purged it meanwhile: nothing stays in the queue, and this
+			// run changed nothing (its apply failed). Gone, as for a bulk run's totals.
+			res.Status, res.Error = ReplayGone, ""
+			return res, fmt.Errorf("poison entry %s was replayed or purged by another run meanwhile (this replay's apply failed: %v): %w", e.ID, err, domain.ErrNotFound)
 		}
 		return res, ops.Unavailable(fmt.Errorf("replay of poison entry %s failed (%w) and recording the new error failed: %w", e.ID, err, rerr))
 	}
