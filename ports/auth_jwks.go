@@ -82,12 +82,12 @@ func NewJWKSVerifier(ctx context.Context, cfg JWKSConfig) (*Verifier, error) {
 		RateLimitWaitMax: 2 * cfg.FetchTimeout,
 		RefreshErrorHandlerFunc: func(u string) func(context.Context, error) {
 			return func(ctx context.Context, err error) {
-				cfg.Logger.WarnContext(ctx, "JWKS fetch failed", "url", u, "error", err)
+				cfg.Logger.WarnContext(ctx, "JWKS fetch failed", "url", redactedURL(u), "error", err)
 			}
 		},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("JWKS %s: %w", cfg.URL, err)
+		return nil, fmt.Errorf("JWKS %s: %w", redactedURL(cfg.URL), err)
 	}
 	// The key lookup (and the refresh an unknown kid triggers) runs on a context of its own,
 	// bounded by RateLimitWaitMax inside jwkset, and the request waits for it only as long as its
@@ -170,4 +170,14 @@ func isLoopbackHost(host string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// redactedURL is s without a password (the HTTP client sends a URL's user info as Basic auth,
+// so AUTH_JWKS_URL may carry one), for logs and errors.
+func redactedURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(a URL that does not parse)"
+	}
+	return u.Redacted()
 }
