@@ -253,8 +253,9 @@ const uiPoisonPageSize = 20
 func (u *UI) poisonData(c echo.Context) (poisonView, error) {
 	v := poisonView{Names: u.cfg.Names, poisonState: poisonState{Projection: c.QueryParam("projection"), Cursor: c.QueryParam("cursor"), Limit: uiPoisonPageSize}}
 	if v.Projection != "" && !slices.Contains(u.cfg.Names, v.Projection) {
+		v.Projection = "" // never shown back: the page is the server's own words
 		return v, &domain.ValidationError{Code: domain.CodeInvalid, Field: "projection",
-			Message: fmt.Sprintf("unknown projection %q; this build has %s", v.Projection, strings.Join(u.cfg.Names, ", "))}
+			Message: "is not a projection of this build, which has " + strings.Join(u.cfg.Names, ", ")}
 	}
 	limit, err := queryLimit(c, uiPoisonPageSize, query.MaxPoisonListLimit)
 	if err != nil {
@@ -523,11 +524,15 @@ func (u *UI) explore(c echo.Context) error {
 	ctx := c.Request().Context()
 	q := u.cfg.App.Queries
 	v := exploreView{Page: u.page(c, "Explore", "explore"), UserID: c.QueryParam("user"), Location: c.QueryParam("location")}
-	id := func(s, what string) (int64, string) {
-		n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	// What a link puts in the query is not shown back unless it is a number: a page must not
+	// carry a sentence of the link's own ("Session expired. Paste your token at ...").
+	id := func(s *string, what string) (int64, string) {
+		n, err := strconv.ParseInt(strings.TrimSpace(*s), 10, 64)
 		if err != nil || n < 1 {
-			return 0, fmt.Sprintf("%s must be a positive integer, got %q", what, s)
+			*s = "?"
+			return 0, what + " must be a positive integer"
 		}
+		*s = strconv.FormatInt(n, 10)
 		return n, ""
 	}
 	describe := func(err error) string {
@@ -537,7 +542,7 @@ func (u *UI) explore(c echo.Context) error {
 		return err.Error()
 	}
 	if v.UserID != "" {
-		if n, msg := id(v.UserID, "user"); msg != "" {
+		if n, msg := id(&v.UserID, "user"); msg != "" {
 			v.UserErr = msg
 		} else {
 			if st, err := q.Users.Stats(ctx, n); err != nil {
@@ -553,7 +558,7 @@ func (u *UI) explore(c echo.Context) error {
 		}
 	}
 	if v.Location != "" {
-		if n, msg := id(v.Location, "location"); msg != "" {
+		if n, msg := id(&v.Location, "location"); msg != "" {
 			v.LocErr = msg
 		} else if st, err := q.Locations.Stats(ctx, n); err != nil {
 			v.LocErr = describe(err)
