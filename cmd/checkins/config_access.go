@@ -225,13 +225,22 @@ func (c Config) checkListeners() error {
 	if c.AuthMode != AuthOff {
 		return nil
 	}
+	if name, addr, ok := c.offLoopback(); ok {
+		return fmt.Errorf("AUTH_MODE=off is allowed only when every listener is on loopback: %s is %q (use 127.0.0.1:port, or an authentication mode)", name, addr)
+	}
+	return nil
+}
+
+// offLoopback names the first listener other machines may reach (ok false: every one is on
+// loopback).
+func (c Config) offLoopback() (name, addr string, ok bool) {
 	for _, a := range []struct{ name, addr string }{{"HTTP_ADDR", c.HTTPAddr}, {"OPS_ADDR", c.OpsAddr}} {
 		host, _, _ := net.SplitHostPort(a.addr)
 		if !isLoopback(host) {
-			return fmt.Errorf("AUTH_MODE=off is allowed only when every listener is on loopback: %s is %q (use 127.0.0.1:port, or an authentication mode)", a.name, a.addr)
+			return a.name, a.addr, true
 		}
 	}
-	return nil
+	return "", "", false
 }
 
 // checkListenAddr: host:port or :port, the port given (0 asks for any free one); "host:" would

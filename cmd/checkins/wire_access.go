@@ -125,14 +125,26 @@ func (s *Service) announceDev(w io.Writer) error {
 	if err != nil || d == nil {
 		return err
 	}
-	s.log.Info("dev mode: ready-made tokens, signed with the dev key (valid 24h; more with `checkins token --user N`)",
-		"key_file", filepath.Join(s.cfg.StateDir, devKeyFile), "user_id", devUser, "user_token", d.user.Token, "ops_token", d.ops.Token,
-		"curl", d.curl, "ops_curl", d.opsCurl)
+	keyFile := filepath.Join(s.cfg.StateDir, devKeyFile)
+	if name, addr, exposed := s.cfg.offLoopback(); exposed {
+		// Other machines may reach it (HTTP_ADDR defaults to :8080): a structured log is read by
+		// more people than the terminal (a log pipeline, `docker logs`), and a 24h token of scope
+		// checkins:ops in it let any of them purge the poison queue. The tokens go to the
+		// terminal's banner only.
+		s.log.Warn("dev mode (no AUTH_* set, or AUTH_MODE=dev) on a listener other machines may reach: anyone with a token signed by the dev key may check in as any user and run every operation; set AUTH_MODE=jwks or hs256 for anything but development",
+			"listener", name, "addr", addr, "key_file", keyFile)
+		s.log.Info("dev mode: ready-made tokens are printed on the terminal only, not logged here; make more with `checkins token --user N [--scope checkins:ops]`",
+			"key_file", keyFile)
+	} else {
+		s.log.Info("dev mode: ready-made tokens, signed with the dev key (valid 24h; more with `checkins token --user N`)",
+			"key_file", keyFile, "user_id", devUser, "user_token", d.user.Token, "ops_token", d.ops.Token,
+			"curl", d.curl, "ops_curl", d.opsCurl)
+	}
 	if w == nil {
 		return nil
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\ncheckins dev mode: tokens signed with the dev key in %s (valid until %s)\n", filepath.Join(s.cfg.StateDir, devKeyFile), d.user.ExpiresAt.Format(time.RFC3339))
+	fmt.Fprintf(&b, "\ncheckins dev mode: tokens signed with the dev key in %s (valid until %s)\n", keyFile, d.user.ExpiresAt.Format(time.RFC3339))
 	fmt.Fprintf(&b, "  user %d token: %s\n", devUser, d.user.Token)
 	fmt.Fprintf(&b, "  ops token (scope %s): %s\n", ports.ScopeOps, d.ops.Token)
 	if d.curl != "" {
