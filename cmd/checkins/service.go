@@ -91,6 +91,12 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 	if cfg.RedisURL == "" {
 		return nil, errors.New("REDIS_URL is required (only `serve` may run on the embedded Redis)")
 	}
+	// Settings that refuse the start come before anything is written to Redis: a refused
+	// `project` had joined its projections to a live group first, and a later start with
+	// another PROJECTIONS list was then refused as a conflict with a projector that never ran.
+	if err := cfg.checkListeners(); err != nil {
+		return nil, err
+	}
 	var err error
 	if s.httpLims, err = s.publicLimits(); err != nil {
 		return nil, err

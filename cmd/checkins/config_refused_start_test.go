@@ -1,0 +1,52 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters/redistest"
+)
+
+// TestCLIRefusedStartWritesNothing: AUTH_MODE=off with a listener that is not on
+// loopback is a configuration error, but checkListeners runs in httpConfig, at the end of
+// NewService, after the projector has created the stream and its consumer group and joined its
+// projection versions to its live group (SetTargets). The refused `project --projections users`
+// thus leaves users.v1 registered as fed by live group "live:users", with no process behind it;
+// the operator who fixes the address and starts `serve` (all projections, live group "live") is
+// refused with ErrLiveGroupConflict ("run every projector with the same PROJECTIONS"), though no
+// projector with another list ever ran.
+func TestCLIRefusedStartWritesNothing(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	ctx := context.Background()
+
+	env := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "AUTH_MODE": "off",
+		"HTTP_ADDR": ":0", "OPS_ADDR": "127.0.0.1:0", "PROJECTIONS": "users"}
+	code, _, stderr := runCLI(t, env, "project")
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, "AUTH_MODE=off is allowed only when every listener is on loopback")
+
+	keys, err := client.Keys(ctx, rdb.Prefix+":*").Result()
+	require.NoError(t, err)
+	registry, _ := client.HGetAll(ctx, rdb.Prefix+":projections").Result()
+	assert.Empty(t, keys, "a start refused for its configuration wrote to Redis; registry: %v", registry)
+
+	// The consequence: serve with the address fixed.
+	logs := startBinary(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "AUTH_MODE": "off",
+		"HTTP_ADDR": "127.0.0.1:0", "OPS_ADDR": "127.0.0.1:0", "LOG_LEVEL": "info"}, "serve")
+	var up bool
+	require.Eventually(t, func() bool {
+		_, up = logs.find("http listening")
+		return up || strings.Contains(logs.String(), "checkins serve:")
+	}, 30*time.Second, 20*time.Millisecond, "stderr:\n%s", logs)
+	if !up {
+		_, last, _ := strings.Cut(logs.String(), "checkins serve:")
+		assert.Fail(t, "serve with a valid configuration refused to start after the refused project", "checkins serve:%s", last)
+	}
+}
