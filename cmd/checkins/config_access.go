@@ -163,9 +163,9 @@ func (c *Config) finishAccess(getenv func(string) string) error {
 	// without its key, a truncated file) fell through to dev mode, which turned the identity
 	// provider's tokens away and logged ready-made ops tokens.
 	hasSecret := len(c.HS256Secret) > 0 || c.HS256SecretFile != ""
-	secretVar := "AUTH_HS256_SECRET"
+	name := "AUTH_HS256_SECRET"
 	if c.HS256SecretFile != "" {
-		secretVar = "AUTH_HS256_SECRET_FILE"
+		name = "AUTH_HS256_SECRET_FILE"
 	}
 	if c.AuthMode == "" {
 		switch {
@@ -186,7 +186,7 @@ func (c *Config) finishAccess(getenv func(string) string) error {
 			return errors.New("invalid AUTH_ISSUER: AUTH_MODE=jwks needs the exact issuer of your tokens")
 		}
 		if hasSecret {
-			return fmt.Errorf("invalid %s: AUTH_MODE=jwks verifies with the identity provider's keys; an HS256 secret would mix symmetric and asymmetric algorithms", secretVar)
+			return fmt.Errorf("invalid %s: AUTH_MODE=jwks verifies with the identity provider's keys; an HS256 secret would mix symmetric and asymmetric algorithms", name)
 		}
 	case AuthHS256:
 		if !hasSecret {
@@ -196,11 +196,11 @@ func (c *Config) finishAccess(getenv func(string) string) error {
 			return fmt.Errorf("invalid AUTH_HS256_SECRET_FILE: the file %s is empty", c.HS256SecretFile)
 		}
 		if len(c.HS256Secret) < ports.MinHS256SecretBytes {
-			return fmt.Errorf("invalid %s: the secret must be at least %d bytes, got %d", secretVar, ports.MinHS256SecretBytes, len(c.HS256Secret))
+			return fmt.Errorf("invalid %s: the secret must be at least %d bytes, got %d", name, ports.MinHS256SecretBytes, len(c.HS256Secret))
 		}
 	case AuthDev, AuthOff:
 		if hasSecret {
-			return fmt.Errorf("invalid %s: it is used only with AUTH_MODE=hs256 (AUTH_MODE is %s)", secretVar, c.AuthMode)
+			return fmt.Errorf("invalid %s: it is used only with AUTH_MODE=hs256 (AUTH_MODE is %s)", name, c.AuthMode)
 		}
 	}
 	if c.AuthMode != AuthJWKS && c.JWKSURL != "" {
