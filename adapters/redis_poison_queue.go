@@ -29,6 +29,9 @@ const (
 	// PoisonFieldDecision is the dedupe decision for the event when it was parked: "counted" or
 	// "duplicate" (absent: not decided, e.g. an entry that is not a valid event).
 	PoisonFieldDecision = "poison:decision"
+	// PoisonFieldParkedAt is when the entry was first parked (ms, the server's clock): written
+	// by a re-park, which gives the entry a new ID; a first park's is its ID's time.
+	PoisonFieldParkedAt = "poison:parked_at"
 )
 
 // PoisonQueue is the Redis stream of parked events for one event stream (ops.PoisonQueue).
@@ -138,6 +141,9 @@ func poisonValues(e ops.PoisonEntry) []any {
 		PoisonFieldFailedAt, strconv.FormatInt(e.FailedAt.UnixMilli(), 10))
 	if e.Decision != "" {
 		values = append(values, PoisonFieldDecision, e.Decision)
+	}
+	if e.ParkedAt > 0 {
+		values = append(values, PoisonFieldParkedAt, strconv.FormatInt(e.ParkedAt, 10))
 	}
 	sortPairs(values) // the stream's order (SortedXAddValues)
 	return values
@@ -285,8 +291,15 @@ func toPoisonEntry(x redis.XMessage) ops.PoisonEntry {
 			e.FailedAt = time.UnixMilli(ms).UTC()
 		case PoisonFieldDecision:
 			e.Decision = s
+		case PoisonFieldParkedAt:
+			e.ParkedAt, _ = strconv.ParseInt(s, 10, 64)
 		default:
 			e.Fields[k] = s
+		}
+	}
+	if e.ParkedAt == 0 { // first parked as this entry: its ID is the server's time of the park
+		if t, ok := ops.EntryTime(x.ID); ok {
+			e.ParkedAt = t.UnixMilli()
 		}
 	}
 	return e

@@ -107,7 +107,16 @@ func (v *ProjectionVersions) LockStart(ctx context.Context, name string, ttl tim
 }
 
 // SetBuildStart records where version's build began, as <name>.v<version>.build_start (JSON).
+// b.At is replaced by the Redis server's time now (ops.BuildStart): a replay compares it with
+// parked entries' times, which are the server's too; the clock of the process that started the
+// rebuild (an operator's machine) was seconds off, and a build's own parked entry then looked
+// older than the build and was deleted uncounted.
 func (v *ProjectionVersions) SetBuildStart(ctx context.Context, name string, version int, b ops.BuildStart) error {
+	now, err := v.client.Time(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("projection %s: record where v%d's build began: read the server's time: %w", name, version, err)
+	}
+	b.At = now.UnixMilli()
 	raw, err := json.Marshal(b)
 	if err != nil {
 		return err

@@ -339,14 +339,18 @@ func TestOpsReplayOfAReplacedVersionNeverDoubleCounts(t *testing.T) {
 	}
 	begin := checkin("build-began-here")
 	beginID := h.xadd(h.values(begin, "corr"))
-	builtAt := time.Now()
-	require.NoError(t, reg.SetBuildStart(ctx, "faulty", 2, ops.BuildStart{At: builtAt.UnixMilli(), Streams: map[string]string{h.keys.Stream(): beginID}}))
 	park := func(ev domain.CheckinRecorded, entryID string, version int, at time.Time) string {
 		id, err := q.Park(ctx, ops.PoisonEntry{Stream: h.keys.Stream(), EntryID: entryID, Projection: "faulty", Group: testGroup,
 			Version: version, Error: "test", Attempts: 5, FailedAt: at, Fields: ev.Fields(), Decision: ops.DecisionCounted})
 		require.NoError(t, err)
 		return id
 	}
+	// Parked by an earlier build of version 2 (abandoned, started again), before this one began
+	// (by the server's clock: the entry's ID against the build start's TIME).
+	earlier := park(checkin("earlier-build"), beginID, 2, time.Now())
+	time.Sleep(3 * time.Millisecond)
+	builtAt := time.Now()
+	require.NoError(t, reg.SetBuildStart(ctx, "faulty", 2, ops.BuildStart{At: builtAt.UnixMilli(), Streams: map[string]string{h.keys.Stream(): beginID}}))
 
 	// Version 1 parked it; version 2's build counted it; then RETENTION trimmed it.
 	gone := checkin("built-then-trimmed")
@@ -365,7 +369,7 @@ func TestOpsReplayOfAReplacedVersionNeverDoubleCounts(t *testing.T) {
 
 	// Parked by an earlier build of version 2 (abandoned, started again): this build went
 	// through it too.
-	res, err = replay.Replay(ctx, park(checkin("earlier-build"), goneID, 2, builtAt.Add(-time.Hour)))
+	res, err = replay.Replay(ctx, earlier)
 	require.NoError(t, err)
 	assert.False(t, res.Applied, "parked before this build began")
 	assert.Equal(t, before, countV2())

@@ -219,8 +219,8 @@ func (h *ReplayPoisoned) superseded(ctx context.Context, e ops.PoisonEntry, vers
 		if err != nil {
 			return false, err
 		}
-	} else if failed == version && e.FailedAt.UnixMilli() >= b.At {
-		return false, nil // parked by this build itself
+	} else if failed == version && e.ParkedAt >= b.At {
+		return false, nil // parked by this build itself (both times of the Redis server's clock)
 	}
 	from, ok := b.Streams[e.Stream]
 	if !ok {

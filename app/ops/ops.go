@@ -92,8 +92,10 @@ type Stream interface {
 }
 
 // BuildStart is where a version's build (a rebuild's backfill) began: Streams as Stream.Starts
-// read it, At when (Unix milliseconds). Every entry at or after Streams[s] on s went through the
-// build; anything parked before At was parked by an earlier one.
+// read it, At when (Unix milliseconds of the Redis server's clock, as the registry records it:
+// never a client's, which may be an operator's machine seconds off). Every entry at or after
+// Streams[s] on s went through the build; anything parked (PoisonEntry.ParkedAt) before At was
+// parked by an earlier one.
 type BuildStart struct {
 	At      int64             `json:"at"`
 	Streams map[string]string `json:"streams"`

@@ -32,6 +32,11 @@ type PoisonEntry struct {
 	// as decided when it was parked ("" when it was not decided). A replay keeps it, whatever
 	// the dedupe registry has forgotten since.
 	Decision string `json:"decision,omitempty"`
+	// ParkedAt is when the entry was first parked, in Unix milliseconds of the Redis server's
+	// clock (the time of its first poison entry ID; a re-park after a failed replay keeps it).
+	// A replay tells a build's own parked entries from an earlier build's by it, against
+	// BuildStart.At, which is of the server's clock too.
+	ParkedAt int64 `json:"-"`
 }
 
 // DecisionRef is e's decision as EventRef.Decision.
