@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -49,4 +51,22 @@ func TestCLIRefusedStartWritesNothing(t *testing.T) {
 		_, last, _ := strings.Cut(logs.String(), "checkins serve:")
 		assert.Fail(t, "serve with a valid configuration refused to start after the refused project", "checkins serve:%s", last)
 	}
+}
+
+// TestCLIRefusedForItsDevKeyWritesNothing: a dev key file others may read is refused, and that
+// came after the projector had joined its live group too.
+func TestCLIRefusedForItsDevKeyWritesNothing(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	state := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(state, devKeyFile), []byte(strings.Repeat("k", 64)), 0o600))
+	require.NoError(t, os.Chmod(filepath.Join(state, devKeyFile), 0o644))
+	code, _, stderr := runCLI(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "STATE_DIR": state,
+		"HTTP_ADDR": "127.0.0.1:0", "OPS_ADDR": "127.0.0.1:0", "PROJECTIONS": "users"}, "project")
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, devKeyFile)
+	keys, err := client.Keys(context.Background(), rdb.Prefix+":*").Result()
+	require.NoError(t, err)
+	assert.Empty(t, keys, "a start refused for its dev key wrote to Redis")
 }

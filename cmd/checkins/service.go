@@ -97,6 +97,11 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 	if err := cfg.checkListeners(); err != nil {
 		return nil, err
 	}
+	// The signing key too (hs256's secret, or dev mode's key file, made on first run): a key
+	// file others may read is refused, and was refused after the join.
+	if _, err := cfg.signingKey(); err != nil {
+		return nil, err
+	}
 	var err error
 	if s.httpLims, err = s.publicLimits(); err != nil {
 		return nil, err
