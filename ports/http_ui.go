@@ -246,6 +246,9 @@ type poisonView struct {
 	// Query is this page's; FirstQuery the first page's, NextQuery the next one's (URL typed:
 	// already encoded, so a link's query keeps its & and =).
 	Query, FirstQuery, NextQuery template.URL
+	// Until is the newest entry when the page was made: "replay all" and "purge all" stop
+	// there, so nothing parked after the operator looked is purged unseen.
+	Until string
 }
 
 const uiPoisonPageSize = 20
@@ -262,6 +265,12 @@ func (u *UI) poisonData(c echo.Context) (poisonView, error) {
 		return v, err
 	}
 	v.Limit = limit
+	if v.Until, err = u.cfg.App.Queries.ListPoisoned.Newest(c.Request().Context()); err != nil {
+		return v, err
+	}
+	if v.Until == "" {
+		v.Until = "0-0" // nothing was shown, so "all" is nothing
+	}
 	list, err := u.cfg.App.Queries.ListPoisoned.List(c.Request().Context(), query.PoisonFilter{Projection: v.Projection, Cursor: v.Cursor, Limit: v.Limit})
 	if err != nil {
 		return v, err
@@ -405,20 +414,32 @@ func (u *UI) bulkProjection(c echo.Context) (string, bool) {
 	return p, p == "" || slices.Contains(u.cfg.Names, p)
 }
 
+// bulkNote is the banner of a bulk action that ended with err, and its kind: a bad form value
+// is the caller's; an outage keeps what the run did (an error page lost it) and says it
+// stopped.
+func (u *UI) bulkNote(c echo.Context, n uiNote, err error) (string, uiNote) {
+	switch {
+	case err == nil:
+		return "msg", n
+	case ops.IsClientError(err):
+		return "err", uiNote{Key: "bad-until"}
+	}
+	n.More, n.Outage = true, true
+	u.log.WarnContext(c.Request().Context(), "a dashboard bulk action stopped: Redis did not answer", "path", c.Path(), "error", err)
+	return "err", n
+}
+
 func (u *UI) replayAll(c echo.Context) error {
 	p, ok := u.bulkProjection(c)
 	if !ok {
 		return back(c, u.poisonBack(c), "err", uiNote{Key: "unknown-projection"})
 	}
-	res, err := u.cfg.App.Commands.ReplayPoisoned.ReplayAll(c.Request().Context(), command.BulkRequest{Projection: p, Max: DefaultHTTPBulkLimit})
-	if err != nil && !ops.IsClientError(err) {
-		return err
+	res, err := u.cfg.App.Commands.ReplayPoisoned.ReplayAll(c.Request().Context(), command.BulkRequest{Projection: p, Until: c.FormValue("until"), Max: DefaultHTTPBulkLimit})
+	kind, n := u.bulkNote(c, uiNote{Key: "replayed-all", N: int64(res.Replayed), Failed: int64(res.Failed), Skipped: int64(res.NotReplayable), More: res.Next != ""}, err)
+	if res.Failed+res.NotReplayable > 0 {
+		kind = "err"
 	}
-	n := uiNote{Key: "replayed-all", N: int64(res.Replayed), Failed: int64(res.Failed), Skipped: int64(res.NotReplayable), More: res.Next != "" || err != nil}
-	if err != nil || res.Failed+res.NotReplayable > 0 {
-		return back(c, u.poisonBack(c), "err", n)
-	}
-	return back(c, u.poisonBack(c), "msg", n)
+	return back(c, u.poisonBack(c), kind, n)
 }
 
 // purgeAll deletes every entry of one projection (or of all with "all"), once the operator
@@ -435,15 +456,9 @@ func (u *UI) purgeAll(c echo.Context) error {
 	if strings.TrimSpace(c.FormValue("confirm")) != want {
 		return back(c, u.poisonBack(c), "err", uiNote{Key: "purge-unconfirmed", Name: p})
 	}
-	res, err := u.cfg.App.Commands.PurgePoisoned.PurgeAll(c.Request().Context(), command.BulkRequest{Projection: p, Max: DefaultHTTPBulkLimit})
-	if err != nil && !ops.IsClientError(err) {
-		return err
-	}
-	n := uiNote{Key: "purged-all", N: res.Purged, More: res.Next != "" || err != nil}
-	if err != nil {
-		return back(c, u.poisonBack(c), "err", n)
-	}
-	return back(c, u.poisonBack(c), "msg", n)
+	res, err := u.cfg.App.Commands.PurgePoisoned.PurgeAll(c.Request().Context(), command.BulkRequest{Projection: p, Until: c.FormValue("until"), Max: DefaultHTTPBulkLimit})
+	kind, n := u.bulkNote(c, uiNote{Key: "purged-all", N: res.Purged, More: res.Next != ""}, err)
+	return back(c, u.poisonBack(c), kind, n)
 }
 
 type projectionsView struct {

@@ -28,6 +28,7 @@ type uiNote struct {
 	// Counts (n, failed, skipped) and versions (from, to); 0 when not given.
 	N, Failed, Skipped, From, To int64
 	More                         bool // a bulk action stopped at its limit: more
+	Outage                       bool // and it stopped because Redis did not answer
 }
 
 // text is the note's banner; ok is false for an unknown key, or when a value the text needs
@@ -52,16 +53,24 @@ func (n uiNote) text() (s string, ok bool) {
 		return "unknown projection: choose one from the list", true
 	case "replayed-all":
 		s = fmt.Sprintf("replayed %d, failed %d, not replayable %d", n.N, n.Failed, n.Skipped)
-		if n.More {
+		switch {
+		case n.Outage:
+			s += "; stopped: Redis did not answer (the rest is untouched), replay all again once it does"
+		case n.More:
 			s += fmt.Sprintf("; stopped after %d entries, replay all again for the rest", DefaultHTTPBulkLimit)
 		}
 		return s, true
 	case "purged-all":
 		s = fmt.Sprintf("purged %d entries", n.N)
-		if n.More {
+		switch {
+		case n.Outage:
+			s += "; stopped: Redis did not answer (the rest is untouched), purge again once it does"
+		case n.More:
 			s += fmt.Sprintf("; stopped after %d, purge again for the rest", DefaultHTTPBulkLimit)
 		}
 		return s, true
+	case "bad-until":
+		return "nothing done: the page's bound is not a poison entry ID; reload the page", true
 	case "purge-unconfirmed":
 		want := n.Name
 		if want == "" {
@@ -94,7 +103,7 @@ func (u *UI) noteText(c echo.Context, kind string) string {
 		return n
 	}
 	n := uiNote{Key: c.QueryParam(kind), N: count("n"), Failed: count("failed"), Skipped: count("skipped"), From: count("from"), To: count("to"),
-		More: c.QueryParam("more") == "1"}
+		More: c.QueryParam("more") == "1", Outage: c.QueryParam("outage") == "1"}
 	if id := c.QueryParam("id"); id != "" && ops.ValidateCursor("id", id) == nil {
 		n.ID = id
 	}
@@ -125,6 +134,9 @@ func back(c echo.Context, to, kind string, n uiNote) error {
 	}
 	if n.More {
 		q.Set("more", "1")
+	}
+	if n.Outage {
+		q.Set("outage", "1")
 	}
 	sep := "?"
 	if strings.Contains(to, "?") {

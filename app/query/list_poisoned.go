@@ -88,6 +88,17 @@ func (q *ListPoisoned) List(ctx context.Context, f PoisonFilter) (PoisonPage, er
 }
 
 // Show returns one parked entry.
+// Newest is the ID of the newest parked entry ("" when the queue is empty): a page that offers
+// to replay or purge "all" bounds the run by it, so that what was parked after the operator
+// looked is left alone.
+func (q *ListPoisoned) Newest(ctx context.Context) (string, error) {
+	id, err := q.queue.LastID(ctx)
+	if err != nil {
+		return "", ops.Unavailable(err)
+	}
+	return id, nil
+}
+
 func (q *ListPoisoned) Show(ctx context.Context, id string) (ops.PoisonEntry, error) {
 	e, err := q.queue.Get(ctx, id)
 	if err != nil && !ops.IsClientError(err) {
