@@ -95,13 +95,16 @@ func (f *feed) units(b *batch, ms ops.Membership, done []bool) (units []unit, re
 				continue // a finished backfill applies nothing more: all it had to is acknowledged
 			}
 			after := ops.CompareEntryIDs(d.ID, join) > 0
-			if after == (f.member == "") {
+			if after == (f.member == "") && !f.r.wasParked(parkedUnit{group: f.group, stream: d.Stream, entry: d.ID, member: name}) {
 				out = append(out, unit{entry: i, member: name})
 			}
 		}
 		if d.Err != nil && len(out) > n {
 			// Not an event at all: one unit for the group, parked once, whoever it was for.
-			out = append(out[:n], unit{entry: i})
+			out = out[:n]
+			if !f.r.wasParked(parkedUnit{group: f.group, stream: d.Stream, entry: d.ID}) {
+				out = append(out, unit{entry: i})
+			}
 		}
 	}
 	return out, refs, lost, nil

@@ -227,6 +227,7 @@ func (r *ProjectionRouter) poisonMiddleware(group string) message.HandlerMiddlew
 				_, err := h(withPlan(msg, plan))
 				if err == nil {
 					r.transientCleared(group)
+					r.forgetParked(group, b) // acknowledged now: never delivered here again
 					return nil, nil
 				}
 				if msg.Context().Err() != nil {
@@ -268,6 +269,7 @@ func (r *ProjectionRouter) poisonMiddleware(group string) message.HandlerMiddlew
 					}
 				}
 				if len(bf.Held) == 0 {
+					r.forgetParked(group, b)
 					return nil, nil
 				}
 				plan = &attemptPlan{units: bf.Held}
@@ -309,6 +311,10 @@ func (r *ProjectionRouter) park(ctx context.Context, b *batch, group string, fai
 			return err
 		}
 		counts[name]++
+		if b.events != nil {
+			d := b.events[f.unit.entry]
+			r.markParked(parkedUnit{group: group, stream: d.Stream, entry: d.ID, member: f.unit.member})
+		}
 		r.log.Error("event parked in poison queue", "projection", name, "group", group, "entry_id", entry.EntryID,
 			"poison_id", id, "attempts", entry.Attempts, "error", errText,
 			"correlation_id", correlationID)

@@ -138,6 +138,15 @@ type ProjectionRouter struct {
 
 	probMu  sync.Mutex
 	problem map[string]string // group -> why its batches cannot be applied now
+
+	// parked are the units this process parked whose entries it has not acknowledged since (a
+	// batch nacked after the park: a transient failure applying the entry's other units, or a
+	// shutdown). Delivered again, such a unit is not applied: the poison queue holds it, and
+	// its replay counts it. An entry that failed intermittently, applied on its redelivery and
+	// then replayed, was counted twice. parkedN is its size, read without the lock.
+	parkMu  sync.Mutex
+	parked  map[parkedUnit]time.Time
+	parkedN atomic.Int64
 }
 
 type runningHandler struct {
@@ -894,4 +903,59 @@ func (r *ProjectionRouter) Problem() string {
 	}
 	sort.Strings(parts)
 	return strings.Join(parts, "; ")
+}
+
+// parkedUnit is one unit of an entry, parked: the group it came through, the entry, the member.
+type parkedUnit struct{ group, stream, entry, member string }
+
+// parkedKeep bounds how long a parked unit is remembered when its entry is never acknowledged
+// here (another process took it over, or it was purged): long past any redelivery of it here.
+const parkedKeep = 24 * time.Hour
+
+// markParked records that u was parked by this process.
+func (r *ProjectionRouter) markParked(u parkedUnit) {
+	r.parkMu.Lock()
+	defer r.parkMu.Unlock()
+	if r.parked == nil {
+		r.parked = map[parkedUnit]time.Time{}
+	}
+	now := time.Now()
+	for k, at := range r.parked {
+		if now.Sub(at) > parkedKeep {
+			delete(r.parked, k)
+		}
+	}
+	r.parked[u] = now
+	r.parkedN.Store(int64(len(r.parked)))
+}
+
+// wasParked says whether u was parked by this process and its entry not acknowledged since.
+func (r *ProjectionRouter) wasParked(u parkedUnit) bool {
+	if r.parkedN.Load() == 0 {
+		return false
+	}
+	r.parkMu.Lock()
+	defer r.parkMu.Unlock()
+	_, ok := r.parked[u]
+	return ok
+}
+
+// forgetParked drops what was remembered of the entries of b, which are acknowledged now.
+func (r *ProjectionRouter) forgetParked(group string, b *batch) {
+	if r.parkedN.Load() == 0 {
+		return
+	}
+	r.parkMu.Lock()
+	defer r.parkMu.Unlock()
+	for k := range r.parked {
+		if k.group != group {
+			continue
+		}
+		for _, d := range b.events {
+			if k.stream == d.Stream && k.entry == d.ID {
+				delete(r.parked, k)
+			}
+		}
+	}
+	r.parkedN.Store(int64(len(r.parked)))
 }
