@@ -71,6 +71,7 @@ func TestSecurityHeadersOnEveryAnswer(t *testing.T) {
 			assert.Equal(t, "nosniff", resp.header.Get("X-Content-Type-Options"))
 			assert.Equal(t, "DENY", resp.header.Get("X-Frame-Options"))
 			assert.Empty(t, resp.header.Values("Server"), "no Server header names the stack")
+			assert.Empty(t, resp.header.Values("Strict-Transport-Security"), "HSTS only over HTTPS")
 			csp := resp.header.Get("Content-Security-Policy")
 			assert.Contains(t, csp, "frame-ancestors 'none'")
 			assert.Contains(t, csp, "default-src 'none'")

@@ -336,6 +336,8 @@ func TestHardeningTLS(t *testing.T) {
 		assert.Equal(t, http.StatusOK, resp.StatusCode)
 		assert.Equal(t, v, resp.TLS.Version)
 		assert.Equal(t, "nosniff", resp.Header.Get("X-Content-Type-Options"))
+		// Over HTTPS browsers are told to keep to it (the dashboard's cookie, the tokens).
+		assert.Equal(t, "max-age=31536000", resp.Header.Get("Strict-Transport-Security"))
 	}
 
 	for _, v := range []uint16{tls.VersionTLS10, tls.VersionTLS11} {
