@@ -156,7 +156,12 @@ func writeBulk(w io.Writer, res command.BulkResult, asJSON bool, what string) er
 	if what == "purged" {
 		fmt.Fprintf(w, "purged %d entries\n", res.Purged)
 	} else {
-		fmt.Fprintf(w, "replayed %d, failed %d (kept with the new error), not replayable %d (kept)\n", res.Replayed, res.Failed, res.NotReplayable)
+		fmt.Fprintf(w, "replayed %d, failed %d (kept with the new error), not replayable %d (kept)", res.Replayed, res.Failed, res.NotReplayable)
+		if res.Gone > 0 {
+			// Concurrent runs' totals add up only with these.
+			fmt.Fprintf(w, ", gone %d (replayed or purged by another run meanwhile)", res.Gone)
+		}
+		fmt.Fprintln(w)
 	}
 	for _, f := range res.Failures {
 		kept := f.ID

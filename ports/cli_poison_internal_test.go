@@ -33,3 +33,15 @@ func TestBulkRunStoppedEarlyIsNotSuccess(t *testing.T) {
 	require.NoError(t, writeBulk(&out, done, false, "purged"))
 	assert.Equal(t, "purged 3 entries\n", out.String())
 }
+
+// TestBulkReplaySummarySaysWhatWasGone: `poison replay --all` next to another run: the entries
+// the other run replayed or purged first are gone for this one, and the summary says how many,
+// so that the two runs' totals add up to what was parked (it never printed them).
+func TestBulkReplaySummarySaysWhatWasGone(t *testing.T) {
+	var out bytes.Buffer
+	require.NoError(t, writeBulk(&out, command.BulkResult{Replayed: 4, Gone: 2}, false, "replayed"))
+	assert.Equal(t, "replayed 4, failed 0 (kept with the new error), not replayable 0 (kept), gone 2 (replayed or purged by another run meanwhile)\n", out.String())
+	out.Reset()
+	require.NoError(t, writeBulk(&out, command.BulkResult{Replayed: 4}, false, "replayed"))
+	assert.Equal(t, "replayed 4, failed 0 (kept with the new error), not replayable 0 (kept)\n", out.String())
+}
