@@ -111,7 +111,17 @@ func (f *feed) units(b *batch, ms ops.Membership, done []bool) (units []unit, re
 }
 
 // handle is the router's handler function for a batch message.
-func (f *feed) handle(msg *message.Message) ([]*message.Message, error) {
+func (f *feed) handle(msg *message.Message) (_ []*message.Message, err error) {
+	var lost map[int]string
+	defer func() {
+		// Whatever ends an attempt that left a lost partition's entries out (a transient error,
+		// a timeout), the batch must come back whole: a retry of the units this attempt found
+		// would leave them out, and once the router joined the partition again, acknowledge
+		// them unapplied (see aroundLost and the retry middleware).
+		if len(lost) > 0 && err != nil && !errors.Is(err, errNotJoinedThere) {
+			err = fmt.Errorf("%v; and %w: entries of %s on a partition it is not joined on wait", err, errNotJoinedThere, f.member)
+		}
+	}()
 	b, err := batchOf(msg)
 	if err != nil {
 		return nil, err
@@ -135,7 +145,9 @@ func (f *feed) handle(msg *message.Message) ([]*message.Message, error) {
 		return nil, err
 	}
 	done := b.resolvedNow()
-	all, refs, lost, err := f.units(b, ms, done)
+	var all []unit
+	var refs map[string]memberRef
+	all, refs, lost, err = f.units(b, ms, done)
 	if err != nil {
 		f.r.foreign(err)
 		return nil, err
