@@ -106,17 +106,27 @@ func (v *ProjectionVersions) LockStart(ctx context.Context, name string, ttl tim
 	}, true, nil
 }
 
-// SetBuildStart records where version's build began, as <name>.v<version>.build_start (JSON).
-// b.At is replaced by the Redis server's time now (ops.BuildStart): a replay compares it with
-// parked entries' times, which are the server's too; the clock of the process that started the
-// rebuild (an operator's machine) was seconds off, and a build's own parked entry then looked
-// older than the build and was deleted uncounted.
-func (v *ProjectionVersions) SetBuildStart(ctx context.Context, name string, version int, b ops.BuildStart) error {
-	now, err := v.client.Time(ctx).Result()
+// serverTimeLua is TIME in milliseconds, run on the node of its key (the poison queue's).
+var serverTimeLua = redis.NewScript(`
+local t = redis.call('TIME')
+return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+`)
+
+// ServerTime implements ops.Registry: the time of the server that holds the poison queue, whose
+// entry IDs are its parked entries' times (on a cluster, the queue's node, not any node). A
+// replay compares a build's start with them; the clock of the process that started the rebuild
+// (an operator's machine) was seconds off, and a build's own parked entry then looked older
+// than the build and was deleted uncounted.
+func (v *ProjectionVersions) ServerTime(ctx context.Context) (int64, error) {
+	ms, err := serverTimeLua.Run(ctx, v.client, []string{v.keys.PoisonStream()}).Int64()
 	if err != nil {
-		return fmt.Errorf("projection %s: record where v%d's build began: read the server's time: %w", name, version, err)
+		return 0, fmt.Errorf("read the server's time: %w", err)
 	}
-	b.At = now.UnixMilli()
+	return ms, nil
+}
+
+// SetBuildStart records where version's build began, as <name>.v<version>.build_start (JSON).
+func (v *ProjectionVersions) SetBuildStart(ctx context.Context, name string, version int, b ops.BuildStart) error {
 	raw, err := json.Marshal(b)
 	if err != nil {
 		return err

@@ -3,6 +3,7 @@ package ports_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -11,7 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/app/ops"
+	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/domain"
 )
 
@@ -22,7 +25,8 @@ import (
 // rebuild starter's clock 3 s ahead of the projector's, an entry the new build itself failed on
 // and parked 1 s after the build began looked parked "before this build began": the replay took
 // it for superseded, deleted it and applied nothing, and version 2 never counted the check-in.
-// Both times are now the Redis server's: the build start's from TIME, the entry's from its ID.
+// Both times are now the Redis server's: the build start's from TIME on the poison queue's node,
+// taken before the build's group exists, the entry's from its ID.
 func TestPoisonReplayOfThisBuildsEntryDespiteClockSkew(t *testing.T) {
 	t.Parallel()
 	p := newFaulty("faulty", nil)
@@ -42,22 +46,20 @@ func TestPoisonReplayOfThisBuildsEntryDespiteClockSkew(t *testing.T) {
 	entryID := h.xadd(h.values(ev, "corr"))
 	h.settled(1)
 
-	// Version 2 is being built (version 1 serves); its start was recorded by a process whose
-	// clock runs 3 s ahead.
+	// Version 2's build is started by a process whose clock runs 3 s ahead (an operator's
+	// machine, say).
 	const skew = 3 * time.Second
-	require.NoError(t, h.client.HSet(ctx, h.keys.Projections(), "faulty.building", "2").Err())
-	reg := adapters.NewProjectionVersions(h.client, h.keys)
-	starts := map[string]string{h.keys.Stream(): entryID}
-	realStart := time.Now()
-	require.NoError(t, reg.SetBuildStart(ctx, "faulty", 2, ops.BuildStart{At: realStart.Add(skew).UnixMilli(), Streams: starts}))
-	cur, err := reg.Current(ctx, "faulty")
+	rb, err := command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: adapters.NewOpsBackend(h.client, h.keys),
+		Projections: []projection.Projection{p}, Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return time.Now().Add(skew) }})
 	require.NoError(t, err)
-	require.Equal(t, 1, cur)
+	rp, err := rb.Start(ctx, "faulty")
+	require.NoError(t, err)
+	require.Equal(t, 2, rp.To)
 
-	// The build reached the entry, failed on it and parked it, one real second after it began.
+	// The build reached the entry, failed on it and parked it, right after it began.
 	id, err := adapters.NewPoisonQueue(h.client, h.keys).Park(ctx, ops.PoisonEntry{Stream: h.keys.Stream(), EntryID: entryID,
 		Projection: "faulty", Group: "faulty.v2", Version: 2, Error: "bug", Attempts: 5,
-		FailedAt: realStart.Add(time.Second), Fields: ev.Fields(), Decision: ops.DecisionCounted})
+		FailedAt: time.Now(), Fields: ev.Fields(), Decision: ops.DecisionCounted})
 	require.NoError(t, err)
 
 	res, err := replay.Replay(ctx, id)
@@ -88,9 +90,12 @@ func TestPoisonReplayOfAnEarlierBuildsEntryAfterARepark(t *testing.T) {
 	time.Sleep(5 * time.Millisecond)
 
 	// A new build of version 2 begins (from the start of the stream)...
-	require.NoError(t, h.client.HSet(ctx, h.keys.Projections(), "faulty.building", "2").Err())
-	reg := adapters.NewProjectionVersions(h.client, h.keys)
-	require.NoError(t, reg.SetBuildStart(ctx, "faulty", 2, ops.BuildStart{Streams: map[string]string{h.keys.Stream(): entryID}}))
+	rb, err := command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: adapters.NewOpsBackend(h.client, h.keys),
+		Projections: []projection.Projection{p}, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	rp, err := rb.Start(ctx, "faulty")
+	require.NoError(t, err)
+	require.Equal(t, 2, rp.To)
 	time.Sleep(5 * time.Millisecond)
 	// ...and a replay of the earlier build's entry failed and re-parked it.
 	e, err := q.Get(ctx, id)

@@ -204,8 +204,12 @@ func (h *RebuildProjection) Start(ctx context.Context, name string) (ops.Rebuild
 	}
 	// Creating the group here, at "0", makes the build's lag visible at once and pins its start
 	// to the beginning of the stream whichever projector subscribes first. Anything parked from
-	// now on may be this build's.
-	at := h.now().UnixMilli()
+	// now on may be this build's: its time is the clock's that stamps parked entries (Redis's,
+	// not this process's, which may be an operator's machine seconds off).
+	at, err := h.b.Registry.ServerTime(ctx)
+	if err != nil {
+		return ops.RebuildProgress{}, ops.Unavailable(err)
+	}
 	if err := h.b.Stream.CreateGroup(ctx, ops.MemberName(name, to), "0"); err != nil {
 		return ops.RebuildProgress{}, ops.Unavailable(err)
 	}

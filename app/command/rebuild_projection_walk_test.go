@@ -127,6 +127,7 @@ func (m *memBackend) Starts(context.Context) (map[string]string, error) {
 	return map[string]string{"events": "0-1"}, nil
 }
 func (m *memBackend) SetBuildStart(context.Context, string, int, ops.BuildStart) error { return nil }
+func (m *memBackend) ServerTime(context.Context) (int64, error)                        { return time.Now().UnixMilli(), nil }
 func (m *memBackend) BuildStart(context.Context, string, int) (ops.BuildStart, bool, error) {
 	return ops.BuildStart{}, false, nil
 }

@@ -92,8 +92,9 @@ type Stream interface {
 }
 
 // BuildStart is where a version's build (a rebuild's backfill) began: Streams as Stream.Starts
-// read it, At when (Unix milliseconds of the Redis server's clock, as the registry records it:
-// never a client's, which may be an operator's machine seconds off). Every entry at or after
+// read it, At when (Unix milliseconds of the clock parked entries are stamped by,
+// Registry.ServerTime: never a client's, which may be an operator's machine seconds off), taken
+// before the build's group exists. Every entry at or after
 // Streams[s] on s went through the build; anything parked (PoisonEntry.ParkedAt) before At was
 // parked by an earlier one.
 type BuildStart struct {
@@ -127,6 +128,9 @@ type Registry interface {
 	// SetBuildStart records where version's build began; BuildStart reads it (ok false: not
 	// recorded, e.g. a version built before releases recorded it, or the first version).
 	SetBuildStart(ctx context.Context, name string, version int, b BuildStart) error
+	// ServerTime is now in Unix milliseconds of the clock that stamps parked entries (the Redis
+	// server holding the poison queue): BuildStart.At is taken from it.
+	ServerTime(ctx context.Context) (int64, error)
 	BuildStart(ctx context.Context, name string, version int) (BuildStart, bool, error)
 }
 
