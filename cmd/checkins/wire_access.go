@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -143,6 +144,12 @@ func (s *Service) announceDev(w io.Writer) error {
 	if w == nil {
 		return nil
 	}
+	if _, _, exposed := s.cfg.offLoopback(); exposed && !isTerminal(w) {
+		// Not a person's terminal (a container's output, a log file): what is printed here ends
+		// up where the structured log does, read by as many.
+		_, err := fmt.Fprintf(w, "\ncheckins dev mode on a listener other machines may reach: no ready-made tokens are printed here; make one with\n  checkins token --user N [--scope %s]\n\n", ports.ScopeOps)
+		return err
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "\ncheckins dev mode: tokens signed with the dev key in %s (valid until %s)\n", keyFile, d.user.ExpiresAt.Format(time.RFC3339))
 	fmt.Fprintf(&b, "  user %d token: %s\n", devUser, d.user.Token)
@@ -165,4 +172,14 @@ func hostPort(a net.Addr) string {
 		host = "localhost"
 	}
 	return "http://" + net.JoinHostPort(host, port)
+}
+
+// isTerminal says whether w is a terminal (a character device), where a person reads it.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
