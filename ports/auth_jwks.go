@@ -43,10 +43,10 @@ type JWKSConfig struct {
 func NewJWKSVerifier(ctx context.Context, cfg JWKSConfig) (*Verifier, error) {
 	u, err := url.Parse(cfg.URL)
 	if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
-		return nil, fmt.Errorf("JWKS URL must be an https:// URL, got %q", cfg.URL)
+		return nil, fmt.Errorf("JWKS URL must be an https:// URL, got %q", redactedURL(cfg.URL))
 	}
 	if u.Scheme == "http" && !isLoopbackHost(u.Hostname()) {
-		return nil, fmt.Errorf("JWKS URL must use https (plain http only on loopback), got %q", cfg.URL)
+		return nil, fmt.Errorf("JWKS URL must use https (plain http only on loopback), got %q", u.Redacted())
 	}
 	if cfg.RefreshInterval <= 0 || cfg.MinRefreshInterval <= 0 || cfg.FetchTimeout <= 0 {
 		return nil, errors.New("ports: JWKS refresh intervals and fetch timeout must be positive")

@@ -292,7 +292,17 @@ func (u *UI) poisonPage(c echo.Context) error {
 		if !errors.As(err, &ve) {
 			return err
 		}
-		v.Page.Error = ve.Error()
+		// The link's own text is never shown back (http_ui_notes.go): the field, and what it
+		// takes, in the server's words.
+		v.Cursor, v.Limit = "", uiPoisonPageSize
+		switch ve.Field {
+		case "cursor":
+			v.Page.Error = "invalid cursor: not a poison entry ID like 1700000000000-0"
+		case "limit":
+			v.Page.Error = fmt.Sprintf("invalid limit: a number from 1 to %d", query.MaxPoisonListLimit)
+		default:
+			v.Page.Error = "invalid " + ve.Field + ": " + ve.Message
+		}
 		return u.render(c, http.StatusBadRequest, "poison", v)
 	}
 	return u.render(c, http.StatusOK, "poison", v)

@@ -84,10 +84,10 @@ func accessSettings() []setting {
 			if v != "" {
 				u, err := url.Parse(v)
 				if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
-					return fmt.Errorf("must be an https:// URL, got %q", v)
+					return fmt.Errorf("must be an https:// URL, got %q", redact(v))
 				}
 				if u.Scheme == "http" && !isLoopback(u.Hostname()) { // refused here, naming the setting, not after connecting to Redis
-					return fmt.Errorf("must use https (plain http only on loopback), got %q", v)
+					return fmt.Errorf("must use https (plain http only on loopback), got %q", redact(v))
 				}
 			}
 			c.JWKSURL = v
