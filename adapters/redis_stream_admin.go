@@ -40,7 +40,8 @@ func ReadStreamInfo(ctx context.Context, client redis.UniversalClient, stream st
 		return info, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
 	}
 	for _, g := range groups {
-		gi := ops.GroupInfo{Name: g.Name, LastDeliveredID: fullEntryID(g.LastDeliveredID), EntriesRead: g.EntriesRead, Lag: g.Lag, Pending: g.Pending}
+		gi := ops.GroupInfo{Name: g.Name, LastDeliveredID: fullEntryID(g.LastDeliveredID), EntriesRead: g.EntriesRead, Lag: g.Lag,
+			Counted: g.Lag >= 0, Pending: g.Pending}
 		if g.LastDeliveredID == xs.LastGeneratedID {
 			// Delivered up to the last entry: no lag, whatever the server says. miniredis (the
 			// embedded Redis of `serve`) reports the stream length as every group's lag, which
@@ -250,7 +251,7 @@ func (s *StreamAdmin) Info(ctx context.Context) (ops.StreamInfo, error) {
 		}
 	}
 	for _, name := range names {
-		g := ops.GroupInfo{Name: name, Parts: map[string]ops.GroupInfo{}}
+		g := ops.GroupInfo{Name: name, Parts: map[string]ops.GroupInfo{}, Counted: true}
 		consumers := map[string]int{}
 		behind := ""
 		for _, p := range parts {
@@ -261,6 +262,7 @@ func (s *StreamAdmin) Info(ctx context.Context) (ops.StreamInfo, error) {
 					// all of it is undelivered, as with one stream whose group is missing.
 					g.Parts[p.info.Stream] = ops.GroupInfo{Name: name, LastDeliveredID: "0-0", Lag: p.info.Length, Missing: true}
 					g.Lag += p.info.Length
+					g.Counted = false
 					if p.info.Length > 0 {
 						behind = "0-0"
 					}
@@ -274,6 +276,7 @@ func (s *StreamAdmin) Info(ctx context.Context) (ops.StreamInfo, error) {
 			pg.Lag = lag
 			g.Parts[p.info.Stream] = *pg
 			g.Lag += lag
+			g.Counted = g.Counted && pg.Counted
 			g.Pending += pg.Pending
 			g.EntriesRead += pg.EntriesRead
 			if lag > 0 && (behind == "" || ops.CompareEntryIDs(pg.LastDeliveredID, behind) < 0) {

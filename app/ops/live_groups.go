@@ -126,8 +126,8 @@ func BackfillLag(m LiveMember, g *GroupInfo) (int64, bool) {
 			return 0, true
 		}
 		added, err := strconv.ParseInt(lm.Added, 10, 64)
-		if err != nil || gi.Lag < 0 {
-			return 0, false
+		if err != nil || !gi.Counted {
+			return 0, false // entries-read unknown reads as 0: "to go" would be the whole history
 		}
 		return max(0, added-gi.EntriesRead), true
 	}

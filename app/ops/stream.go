@@ -38,7 +38,11 @@ type GroupInfo struct {
 	EntriesRead     int64
 	// Lag is the number of entries not yet delivered to the group; -1 when Redis cannot tell
 	// (entries were deleted from the middle of the stream) or is older than 7.0.
-	Lag       int64
+	Lag int64
+	// Counted: Redis told the group's entries-read and lag itself (Redis 7, unless the group
+	// was created at an ID in mid-stream or entries were deleted from the middle); Lag may then
+	// still be a count this process made. With partitions, on every partition.
+	Counted   bool
 	Pending   int64
 	Consumers []ConsumerInfo
 	// Oldest pending entry: its ID, how long since it was last delivered, delivery count and
