@@ -62,8 +62,15 @@ func ProjectionsCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 	return rebuild(ctx, s.App.Commands.RebuildProjection, s.Args[0], s.Poll, *noWait, *asJSON, stdout)
 }
 
+// startTimeout bounds a rebuild's start, which an interrupt does not cut short.
+const startTimeout = 30 * time.Second
+
 func rebuild(ctx context.Context, rb *command.RebuildProjection, name string, poll time.Duration, noWait, asJSON bool, stdout io.Writer) error {
-	rp, err := rb.Start(ctx, name)
+	// Starting is a few writes (the building version, its group, where it begins, its time):
+	// Ctrl-C waits for them rather than leave a build half-recorded, and stops the wait after.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startTimeout)
+	rp, err := rb.Start(sctx, name)
+	cancel()
 	if err != nil {
 		return err
 	}
