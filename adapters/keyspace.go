@@ -90,6 +90,14 @@ func (k KeySpace) Stream() string { return k.Prefix + ":events" }
 // PoisonStream holds events a projection could not handle, with the reason.
 func (k KeySpace) PoisonStream() string { return k.Stream() + ":poison" }
 
+// PoisonParked is the hash of the units the poison stream holds (PoisonQueue.Park): a projector
+// that takes over a parked unit's entry leaves the unit to the replay. It is tagged with the
+// poison stream's name, so that on a cluster it is in the stream's slot (the park and the delete
+// are one script), whichever way the key space was made.
+func (k KeySpace) PoisonParked() string {
+	return k.PoisonStream() + ":parked{" + k.PoisonStream() + "}"
+}
+
 // Idempotency is the record of a checkinId accepted by the API for a user. Keys are scoped by
 // the user, so one user can neither replay nor block another user's checkinId. Their slot is the
 // one of the user's rate-limit state (IdempotencyLayout): on a cluster with stream partitions, the

@@ -38,6 +38,7 @@ const (
 type PoisonQueue struct {
 	client redis.UniversalClient
 	stream string
+	parked string // KeySpace.PoisonParked
 	repark *redis.Script
 
 	countMu sync.Mutex
@@ -54,7 +55,61 @@ type poisonCount struct {
 
 // NewPoisonQueue uses keys.PoisonStream().
 func NewPoisonQueue(client redis.UniversalClient, keys KeySpace) *PoisonQueue {
-	return &PoisonQueue{client: client, stream: keys.PoisonStream(), repark: redis.NewScript(reparkScript)}
+	return &PoisonQueue{client: client, stream: keys.PoisonStream(), parked: keys.PoisonParked(), repark: redis.NewScript(reparkScript)}
+}
+
+// parkedField is a unit's field in the parked hash.
+func parkedField(u ops.UnitRef) string {
+	return u.Group + "\n" + u.Stream + "\n" + u.Entry + "\n" + u.Member
+}
+
+// parkLua adds a poison entry and records its unit as parked, together: a projector that takes
+// the entry over from one that died before acknowledging it leaves the unit to the replay.
+var parkLua = redis.NewScript(`
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
+redis.call('HSET', KEYS[2], ARGV[1], id)
+return id
+`)
+
+// deleteLua deletes poison entries and their units' parked records, and returns how many
+// entries were there. A unit's field is made from the entry's own fields, as parkedField makes
+// it from ops.PoisonEntry.Unit.
+var deleteLua = redis.NewScript(`
+local n = 0
+for _, id in ipairs(ARGV) do
+  local xs = redis.call('XRANGE', KEYS[1], id, id)
+  if #xs > 0 then
+    local f = {}
+    local kv = xs[1][2]
+    for i = 1, #kv, 2 do f[kv[i]] = kv[i+1] end
+    local member = ''
+    local p, v = f['poison:projection'] or '', f['poison:version'] or '0'
+    if p ~= '' and v ~= '0' and v ~= '' then member = p .. '.v' .. v end
+    redis.call('HDEL', KEYS[2], (f['poison:group'] or '') .. '\n' .. (f['poison:stream'] or '') .. '\n' .. (f['poison:entry_id'] or '') .. '\n' .. member)
+    n = n + redis.call('XDEL', KEYS[1], id)
+  end
+end
+return n
+`)
+
+// Parked says which of units are parked (held by the poison queue, not replayed or purged yet).
+func (q *PoisonQueue) Parked(ctx context.Context, units []ops.UnitRef) ([]bool, error) {
+	out := make([]bool, len(units))
+	if len(units) == 0 {
+		return out, nil
+	}
+	fields := make([]string, len(units))
+	for i, u := range units {
+		fields[i] = parkedField(u)
+	}
+	vs, err := q.client.HMGet(ctx, q.parked, fields...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read which units are parked: %w", err)
+	}
+	for i, v := range vs {
+		out[i] = v != nil
+	}
+	return out, nil
 }
 
 // Stream is the poison stream's key.
@@ -62,7 +117,8 @@ func (q *PoisonQueue) Stream() string { return q.stream }
 
 // Park adds e to the queue and returns its ID.
 func (q *PoisonQueue) Park(ctx context.Context, e ops.PoisonEntry) (string, error) {
-	id, err := q.client.XAdd(ctx, &redis.XAddArgs{Stream: q.stream, Values: poisonValues(e)}).Result()
+	args := append([]any{parkedField(e.Unit())}, poisonValues(e)...)
+	id, err := parkLua.Run(ctx, q.client, []string{q.stream, q.parked}, args...).Text()
 	if err != nil {
 		return "", fmt.Errorf("park event %s of %s in %s: %w", e.EntryID, e.Projection, q.stream, err)
 	}
@@ -123,7 +179,11 @@ func (q *PoisonQueue) DeleteIDs(ctx context.Context, ids ...string) (int64, erro
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	return q.client.XDel(ctx, q.stream, ids...).Result()
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	return deleteLua.Run(ctx, q.client, []string{q.stream, q.parked}, args...).Int64()
 }
 
 func poisonValues(e ops.PoisonEntry) []any {
@@ -197,7 +257,7 @@ func (q *PoisonQueue) Delete(ctx context.Context, id string) error {
 	if _, ok := parseEntryID(id); !ok {
 		return &domain.ValidationError{Code: domain.CodeInvalid, Field: "id", Message: fmt.Sprintf("is not a poison entry ID: %q", id)}
 	}
-	n, err := q.client.XDel(ctx, q.stream, id).Result()
+	n, err := q.DeleteIDs(ctx, id)
 	if err != nil {
 		return err
 	}

@@ -103,3 +103,49 @@ func TestPoisonListLastPageHasNoCursor(t *testing.T) {
 	assert.Len(t, es, 4)
 	assert.Empty(t, next)
 }
+
+// TestPoisonParkRecordsTheUnitUntilTheEntryGoes: a park records the unit as parked with the
+// entry, a re-park keeps the record, and deleting the entry (a replay, a purge of one or many)
+// deletes it, on a single server and on a cluster (the record in the poison stream's slot).
+func TestPoisonParkRecordsTheUnitUntilTheEntryGoes(t *testing.T) {
+	t.Parallel()
+	eachEnv(t, func(t *testing.T, env projEnv) {
+		ctx := context.Background()
+		q := adapters.NewPoisonQueue(env.client, env.keys)
+		park := func(entry string, version int) (string, ops.UnitRef) {
+			e := ops.PoisonEntry{Stream: env.keys.Stream(), EntryID: entry, Projection: "users", Group: "live", Version: version,
+				Error: "bug", Attempts: 1, FailedAt: time.Now(), Fields: map[string]string{"a": "b"}}
+			id, err := q.Park(ctx, e)
+			require.NoError(t, err)
+			return id, e.Unit()
+		}
+		parked := func(us ...ops.UnitRef) []bool {
+			got, err := q.Parked(ctx, us)
+			require.NoError(t, err)
+			return got
+		}
+		a, ua := park("1-1", 1)
+		b, ub := park("1-2", 2)
+		c, uc := park("1-3", 1)
+		assert.Equal(t, "users.v2", ub.Member)
+		other := ops.UnitRef{Group: "live", Stream: env.keys.Stream(), Entry: "1-1", Member: "locations.v1"}
+		assert.Equal(t, []bool{true, true, true, false}, parked(ua, ub, uc, other))
+
+		e, err := q.Get(ctx, a)
+		require.NoError(t, err)
+		e.Error = "replay: bug"
+		a2, err := q.Repark(ctx, e)
+		require.NoError(t, err)
+		assert.Equal(t, []bool{true}, parked(ua), "a re-park keeps it")
+
+		require.NoError(t, q.Delete(ctx, a2))
+		assert.Equal(t, []bool{false, true, true}, parked(ua, ub, uc))
+		n, err := q.DeleteIDs(ctx, b, c, "9-9")
+		require.NoError(t, err)
+		assert.Equal(t, int64(2), n)
+		assert.Equal(t, []bool{false, false, false}, parked(ua, ub, uc))
+		left, err := env.client.Exists(ctx, env.keys.PoisonParked()).Result()
+		require.NoError(t, err)
+		assert.Zero(t, left, "nothing left behind")
+	})
+}

@@ -104,3 +104,8 @@ func (p *ProjectorBackend) PoisonEntryOf(ctx context.Context, msg *message.Messa
 func (p *ProjectorBackend) Park(ctx context.Context, e ops.PoisonEntry) (string, error) {
 	return p.queue.Park(ctx, e)
 }
+
+// Parked says which of units the poison queue holds.
+func (p *ProjectorBackend) Parked(ctx context.Context, units []ops.UnitRef) ([]bool, error) {
+	return p.queue.Parked(ctx, units)
+}

@@ -146,3 +146,91 @@ func TestParkedThenNackedEntryIsCountedOnce(t *testing.T) {
 	assert.Equal(t, int64(1), countOf("faulty"), "one check-in, counted once by projection faulty")
 	assert.Equal(t, int64(1), countOf("other"))
 }
+
+// TestParkedUnitTakenOverByAnotherProcessIsNotApplied: the projector that parked faulty's unit
+// dies before the entry is acknowledged (here: every apply of the entry's other unit fails, and
+// the process stops), so the entry stays pending; another projector takes it over after
+// CLAIM_IDLE, where faulty's intermittent failure is gone. It applied the parked unit, and the
+// replay counted it again: what the process that parked it remembers does not cross processes.
+// Now the poison queue records each parked unit with the park, and a redelivered entry's parked
+// units are left to the replay.
+func TestParkedUnitTakenOverByAnotherProcessIsNotApplied(t *testing.T) {
+	t.Parallel()
+	env := redistest.Open(t)
+	keys := adapters.KeySpace{Prefix: env.Prefix}
+	client := redistest.Client(t, env.URL)
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	const retries = 3
+	faulty := newFaulty("faulty", func(_ context.Context, id string, attempt int) error {
+		if id == "taken-over" && attempt <= retries {
+			return errors.New("intermittent failure in the projection")
+		}
+		return nil
+	})
+	other := newFaulty("other", nil)
+	targets := []ops.ProjectionTarget{{Projection: faulty, Version: 1}, {Projection: other, Version: 1}}
+	start := func(consumer string, applier ports.ProjectionApplier, claimIdle time.Duration) (*ports.ProjectionRouter, context.CancelFunc) {
+		r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
+			Targets: targets, Backend: adapters.NewProjectorBackend(client, keys), Applier: applier,
+			NewSubscriber: adapters.Subscribers{Kind: "batched", NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, env.URL), nil },
+				Consumer: consumer, BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: 100 * time.Millisecond,
+				ClaimInterval: 100 * time.Millisecond, ClaimIdle: claimIdle, DrainTimeout: time.Second, Logger: watermill.NewSlogLogger(log)}.New,
+			Retry:        ports.RetryPolicy{InitialInterval: 10 * time.Millisecond, Multiplier: 2, MaxInterval: 50 * time.Millisecond, MaxAttempts: retries},
+			CloseTimeout: 5 * time.Second, Logger: log,
+		})
+		require.NoError(t, err)
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(rctx) }()
+		require.Eventually(t, r.Running, 10*time.Second, 10*time.Millisecond)
+		return r, func() {
+			cancel()
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				t.Error("router did not stop")
+			}
+		}
+	}
+	real, err := adapters.NewProjectionApplier(client, keys, 0)
+	require.NoError(t, err)
+	broken := &flakyApplier{ProjectionApplier: real}
+	broken.fail.Store(1 << 30) // every apply fails: the entry is never acknowledged here
+
+	_, stopA := start("a", broken, time.Hour)
+	h := &harness{t: t, keys: keys, client: client, proj: faulty}
+	h.add("taken-over", 4)
+	require.Eventually(t, func() bool { return len(h.poison()) == 1 }, 15*time.Second, 20*time.Millisecond, "faulty's unit is parked")
+	stopA() // it dies with the entry pending
+	countOf := func(name string) int64 {
+		v, err := client.HGet(ctx, keys.ProjectionKey(name, 1, "all", "stats"), "count").Int64()
+		if errors.Is(err, redis.Nil) {
+			return 0
+		}
+		require.NoError(t, err)
+		return v
+	}
+	require.Zero(t, countOf("other"))
+
+	_, stopB := start("b", testApplier(t, client, keys), 300*time.Millisecond)
+	defer stopB()
+	require.Eventually(t, func() bool {
+		p, err := client.XPending(ctx, keys.Stream(), ports.LiveGroupName(nil, true)).Result()
+		return err == nil && p.Count == 0 && countOf("other") == 1
+	}, 15*time.Second, 20*time.Millisecond, "the other process takes the entry over and applies its other unit")
+	assert.Zero(t, countOf("faulty"), "the parked unit is left to the replay")
+
+	es := h.poison()
+	require.Len(t, es, 1, "parked once")
+	replay, err := command.NewReplayPoisoned(command.ReplayPoisonedConfig{Backend: adapters.NewOpsBackend(client, keys),
+		Projections: []projection.Projection{faulty, other}, Applier: testApplier(t, client, keys), Logger: log})
+	require.NoError(t, err)
+	res, err := replay.Replay(ctx, es[0].ID)
+	require.NoError(t, err)
+	assert.True(t, res.Applied, "%+v", res)
+	assert.Equal(t, int64(1), countOf("faulty"), "counted once, by the replay")
+	n, err := client.HLen(ctx, keys.PoisonParked()).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "the replay deleted the unit's record with the entry")
+}

@@ -76,6 +76,8 @@ type ProjectorBackend interface {
 	// The poison queue: the entry a message came from, parked with the reason.
 	PoisonEntryOf(ctx context.Context, msg *message.Message) (entry ops.PoisonEntry, correlationID string)
 	Park(ctx context.Context, e ops.PoisonEntry) (string, error)
+	// Parked says which of units the poison queue holds (parked, not replayed or purged yet).
+	Parked(ctx context.Context, units []ops.UnitRef) ([]bool, error)
 
 	// DecodeEntries decodes a batch of the subscribers' messages (once per batch).
 	DecodeEntries(msgs []*message.Message, out []projection.Entry)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -60,7 +61,7 @@ func (m memberRef) backfillDone(stream string) bool {
 // the group there made the membership with it, so nothing says what they are for until the
 // router joins the partition again; they are not applied, and not acknowledged, meanwhile.
 // Entries done (resolved) are left out.
-func (f *feed) units(b *batch, ms ops.Membership, done []bool) (units []unit, refs map[string]memberRef, lost map[int]string, err error) {
+func (f *feed) units(b *batch, ms ops.Membership, done []bool, parked func(ops.UnitRef) bool) (units []unit, refs map[string]memberRef, lost map[int]string, err error) {
 	refs = map[string]memberRef{}
 	for name, m := range ms.Members {
 		if f.member != "" && name != f.member {
@@ -95,19 +96,61 @@ func (f *feed) units(b *batch, ms ops.Membership, done []bool) (units []unit, re
 				continue // a finished backfill applies nothing more: all it had to is acknowledged
 			}
 			after := ops.CompareEntryIDs(d.ID, join) > 0
-			if after == (f.member == "") && !f.r.wasParked(parkedUnit{group: f.group, stream: d.Stream, entry: d.ID, member: name}) {
+			if after == (f.member == "") && !parked(ops.UnitRef{Group: f.group, Stream: f.r.streamOf(d), Entry: d.ID, Member: name}) {
 				out = append(out, unit{entry: i, member: name})
 			}
 		}
 		if d.Err != nil && len(out) > n {
 			// Not an event at all: one unit for the group, parked once, whoever it was for.
 			out = out[:n]
-			if !f.r.wasParked(parkedUnit{group: f.group, stream: d.Stream, entry: d.ID}) {
+			if !parked(ops.UnitRef{Group: f.group, Stream: f.r.streamOf(d), Entry: d.ID}) {
 				out = append(out, unit{entry: i})
 			}
 		}
 	}
 	return out, refs, lost, nil
+}
+
+// metaDeliveries is the batched subscriber's delivery count of a message (batchsub.MetaDeliveries:
+// "1" for a first read; more for an entry read from a consumer's pending list again, after a
+// restart or a takeover).
+const metaDeliveries = "_deliveries"
+
+// parkedUnits says which units of b are parked and must not be applied: those this process
+// parked (their batch was nacked after the park), and, for entries Redis delivered before (taken
+// over from a process that died between a park and its acknowledgement, say), those the poison
+// queue records. Applied on such a redelivery, an intermittent failure's unit was counted, and
+// counted again by its replay. The poison queue is asked only about redelivered entries, so a
+// first delivery costs no round trip.
+func (f *feed) parkedUnits(ctx context.Context, b *batch, ms ops.Membership) (func(ops.UnitRef) bool, error) {
+	var ask []ops.UnitRef
+	for i, m := range b.msgs {
+		if n, err := strconv.Atoi(m.Metadata.Get(metaDeliveries)); err != nil || n < 2 {
+			continue
+		}
+		d := b.events[i]
+		stream := f.r.streamOf(d)
+		ask = append(ask, ops.UnitRef{Group: f.group, Stream: stream, Entry: d.ID}) // an entry that is no event
+		for name := range ms.Members {
+			if f.member == "" || name == f.member {
+				ask = append(ask, ops.UnitRef{Group: f.group, Stream: stream, Entry: d.ID, Member: name})
+			}
+		}
+	}
+	if len(ask) == 0 {
+		return f.r.wasParked, nil
+	}
+	held, err := f.r.backend.Parked(ctx, ask)
+	if err != nil {
+		return nil, err
+	}
+	inQueue := map[ops.UnitRef]bool{}
+	for i, ok := range held {
+		if ok {
+			inQueue[ask[i]] = true
+		}
+	}
+	return func(u ops.UnitRef) bool { return inQueue[u] || f.r.wasParked(u) }, nil
 }
 
 // handle is the router's handler function for a batch message.
@@ -145,9 +188,13 @@ func (f *feed) handle(msg *message.Message) (_ []*message.Message, err error) {
 		return nil, err
 	}
 	done := b.resolvedNow()
+	parked, err := f.parkedUnits(ctx, b, ms)
+	if err != nil {
+		return nil, err
+	}
 	var all []unit
 	var refs map[string]memberRef
-	all, refs, lost, err = f.units(b, ms, done)
+	all, refs, lost, err = f.units(b, ms, done, parked)
 	if err != nil {
 		f.r.foreign(err)
 		return nil, err

@@ -313,7 +313,7 @@ func (r *ProjectionRouter) park(ctx context.Context, b *batch, group string, fai
 		counts[name]++
 		if b.events != nil {
 			d := b.events[f.unit.entry]
-			r.markParked(parkedUnit{group: group, stream: d.Stream, entry: d.ID, member: f.unit.member})
+			r.markParked(ops.UnitRef{Group: group, Stream: r.streamOf(d), Entry: d.ID, Member: f.unit.member})
 		}
 		r.log.Error("event parked in poison queue", "projection", name, "group", group, "entry_id", entry.EntryID,
 			"poison_id", id, "attempts", entry.Attempts, "error", errText,

@@ -145,7 +145,7 @@ type ProjectionRouter struct {
 	// its replay counts it. An entry that failed intermittently, applied on its redelivery and
 	// then replayed, was counted twice. parkedN is its size, read without the lock.
 	parkMu  sync.Mutex
-	parked  map[parkedUnit]time.Time
+	parked  map[ops.UnitRef]time.Time
 	parkedN atomic.Int64
 }
 
@@ -905,19 +905,16 @@ func (r *ProjectionRouter) Problem() string {
 	return strings.Join(parts, "; ")
 }
 
-// parkedUnit is one unit of an entry, parked: the group it came through, the entry, the member.
-type parkedUnit struct{ group, stream, entry, member string }
-
 // parkedKeep bounds how long a parked unit is remembered when its entry is never acknowledged
 // here (another process took it over, or it was purged): long past any redelivery of it here.
 const parkedKeep = 24 * time.Hour
 
 // markParked records that u was parked by this process.
-func (r *ProjectionRouter) markParked(u parkedUnit) {
+func (r *ProjectionRouter) markParked(u ops.UnitRef) {
 	r.parkMu.Lock()
 	defer r.parkMu.Unlock()
 	if r.parked == nil {
-		r.parked = map[parkedUnit]time.Time{}
+		r.parked = map[ops.UnitRef]time.Time{}
 	}
 	now := time.Now()
 	for k, at := range r.parked {
@@ -930,7 +927,7 @@ func (r *ProjectionRouter) markParked(u parkedUnit) {
 }
 
 // wasParked says whether u was parked by this process and its entry not acknowledged since.
-func (r *ProjectionRouter) wasParked(u parkedUnit) bool {
+func (r *ProjectionRouter) wasParked(u ops.UnitRef) bool {
 	if r.parkedN.Load() == 0 {
 		return false
 	}
@@ -948,14 +945,23 @@ func (r *ProjectionRouter) forgetParked(group string, b *batch) {
 	r.parkMu.Lock()
 	defer r.parkMu.Unlock()
 	for k := range r.parked {
-		if k.group != group {
+		if k.Group != group {
 			continue
 		}
 		for _, d := range b.events {
-			if k.stream == d.Stream && k.entry == d.ID {
+			if k.Stream == r.streamOf(d) && k.Entry == d.ID {
 				delete(r.parked, k)
 			}
 		}
 	}
 	r.parkedN.Store(int64(len(r.parked)))
+}
+
+// streamOf is the stream d came from, as a poison entry names it (the event log's stream when
+// the subscriber did not say: one partition).
+func (r *ProjectionRouter) streamOf(d projection.Entry) string {
+	if d.Stream == "" {
+		return r.backend.Stream()
+	}
+	return d.Stream
 }

@@ -39,6 +39,22 @@ type PoisonEntry struct {
 	ParkedAt int64 `json:"-"`
 }
 
+// UnitRef names one unit of a stream entry: the entry (its stream and ID) as a consumer group
+// delivered it, for one member (a projection version, "<name>.v<N>"; "" for an entry that is no
+// event, parked once for the group).
+type UnitRef struct {
+	Group, Stream, Entry, Member string
+}
+
+// Unit is the unit e parked.
+func (e PoisonEntry) Unit() UnitRef {
+	u := UnitRef{Group: e.Group, Stream: e.Stream, Entry: e.EntryID}
+	if e.Projection != "" && e.Version > 0 {
+		u.Member = MemberName(e.Projection, e.Version)
+	}
+	return u
+}
+
 // DecisionRef is e's decision as EventRef.Decision.
 func (e PoisonEntry) DecisionRef() projection.Decision {
 	switch e.Decision {
