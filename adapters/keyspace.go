@@ -90,8 +90,9 @@ func (k KeySpace) Stream() string { return k.Prefix + ":events" }
 // PoisonStream holds events a projection could not handle, with the reason.
 func (k KeySpace) PoisonStream() string { return k.Stream() + ":poison" }
 
-// PoisonParked is the hash of the units the poison stream holds (PoisonQueue.Park): a projector
-// that takes over a parked unit's entry leaves the unit to the replay. It is tagged with the
+// PoisonParked is the hash of the parked units whose entries are not acknowledged yet
+// (PoisonQueue.Park, Unpark): a projector that takes over such an entry leaves the unit to the
+// poison queue. It is tagged with the
 // poison stream's name, so that on a cluster it is in the stream's slot (the park and the delete
 // are one script), whichever way the key space was made.
 func (k KeySpace) PoisonParked() string {

@@ -71,28 +71,25 @@ redis.call('HSET', KEYS[2], ARGV[1], id)
 return id
 `)
 
-// deleteLua deletes poison entries and their units' parked records, and returns how many
-// entries were there. A unit's field is made from the entry's own fields, as parkedField makes
-// it from ops.PoisonEntry.Unit.
-var deleteLua = redis.NewScript(`
-local n = 0
-for _, id in ipairs(ARGV) do
-  local xs = redis.call('XRANGE', KEYS[1], id, id)
-  if #xs > 0 then
-    local f = {}
-    local kv = xs[1][2]
-    for i = 1, #kv, 2 do f[kv[i]] = kv[i+1] end
-    local member = ''
-    local p, v = f['poison:projection'] or '', f['poison:version'] or '0'
-    if p ~= '' and v ~= '0' and v ~= '' then member = p .. '.v' .. v end
-    redis.call('HDEL', KEYS[2], (f['poison:group'] or '') .. '\n' .. (f['poison:stream'] or '') .. '\n' .. (f['poison:entry_id'] or '') .. '\n' .. member)
-    n = n + redis.call('XDEL', KEYS[1], id)
-  end
-end
-return n
-`)
+// Unpark drops the records of units whose entries are acknowledged now: delivered no more, they
+// need not be told apart. A record lives from the park to its entry's acknowledgement, not to its
+// poison entry's replay or purge: an entry still pending (its process died after the park) is
+// taken over later, and its parked unit must be left alone then too, replayed or purged already.
+func (q *PoisonQueue) Unpark(ctx context.Context, units []ops.UnitRef) error {
+	if len(units) == 0 {
+		return nil
+	}
+	fields := make([]string, len(units))
+	for i, u := range units {
+		fields[i] = parkedField(u)
+	}
+	if err := q.client.HDel(ctx, q.parked, fields...).Err(); err != nil {
+		return fmt.Errorf("forget parked units: %w", err)
+	}
+	return nil
+}
 
-// Parked says which of units are parked (held by the poison queue, not replayed or purged yet).
+// Parked says which of units are parked and their entries not acknowledged since.
 func (q *PoisonQueue) Parked(ctx context.Context, units []ops.UnitRef) ([]bool, error) {
 	out := make([]bool, len(units))
 	if len(units) == 0 {
@@ -179,11 +176,7 @@ func (q *PoisonQueue) DeleteIDs(ctx context.Context, ids ...string) (int64, erro
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	args := make([]any, len(ids))
-	for i, id := range ids {
-		args[i] = id
-	}
-	return deleteLua.Run(ctx, q.client, []string{q.stream, q.parked}, args...).Int64()
+	return q.client.XDel(ctx, q.stream, ids...).Result()
 }
 
 func poisonValues(e ops.PoisonEntry) []any {

@@ -105,7 +105,12 @@ func (p *ProjectorBackend) Park(ctx context.Context, e ops.PoisonEntry) (string,
 	return p.queue.Park(ctx, e)
 }
 
-// Parked says which of units the poison queue holds.
+// Parked says which of units were parked and their entries not acknowledged since.
 func (p *ProjectorBackend) Parked(ctx context.Context, units []ops.UnitRef) ([]bool, error) {
 	return p.queue.Parked(ctx, units)
+}
+
+// Unpark forgets parked units whose entries are acknowledged now.
+func (p *ProjectorBackend) Unpark(ctx context.Context, units []ops.UnitRef) error {
+	return p.queue.Unpark(ctx, units)
 }

@@ -515,21 +515,19 @@ func TestOpsStatusShowsPendingAndLag(t *testing.T) {
 	assert.Equal(t, int64(2), v2.Consumers[0].Pending)
 }
 
-// failNthDelete fails every poison delete (its script call) of a client from the nth on: Redis lost in the middle of a bulk
+// failNthXDel fails every XDEL of a client from the nth on: Redis lost in the middle of a bulk
 // purge.
-type failNthDelete struct {
+type failNthXDel struct {
 	n, seen int
 }
 
-func (h *failNthDelete) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *failNthDelete) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h *failNthXDel) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *failNthXDel) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
-func (h *failNthDelete) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h *failNthXDel) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		// A purge deletes through a script (the entries with their parked records): its
-		// EVALSHA, and never the EVAL a NOSCRIPT answer is followed by.
-		if strings.EqualFold(cmd.Name(), "evalsha") {
+		if strings.EqualFold(cmd.Name(), "xdel") {
 			if h.seen++; h.seen >= h.n {
 				cmd.SetErr(&net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET})
 				return cmd.Err()
@@ -548,7 +546,7 @@ func TestOpsBulkRunCutShortByAnOutageSaysWhatItDid(t *testing.T) {
 	for i := range 250 {
 		h.park("outage-"+strconv.Itoa(i), 1)
 	}
-	hook := &failNthDelete{n: 2}
+	hook := &failNthXDel{n: 2}
 	hooked := redis.NewClient(h.client.Options())
 	t.Cleanup(func() { _ = hooked.Close() })
 	hooked.AddHook(hook)

@@ -76,8 +76,10 @@ type ProjectorBackend interface {
 	// The poison queue: the entry a message came from, parked with the reason.
 	PoisonEntryOf(ctx context.Context, msg *message.Message) (entry ops.PoisonEntry, correlationID string)
 	Park(ctx context.Context, e ops.PoisonEntry) (string, error)
-	// Parked says which of units the poison queue holds (parked, not replayed or purged yet).
+	// Parked says which of units were parked and their entries not acknowledged since; Unpark
+	// forgets units whose entries are acknowledged now.
 	Parked(ctx context.Context, units []ops.UnitRef) ([]bool, error)
+	Unpark(ctx context.Context, units []ops.UnitRef) error
 
 	// DecodeEntries decodes a batch of the subscribers' messages (once per batch).
 	DecodeEntries(msgs []*message.Message, out []projection.Entry)

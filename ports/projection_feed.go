@@ -119,13 +119,15 @@ const metaDeliveries = "_deliveries"
 // parkedUnits says which units of b are parked and must not be applied: those this process
 // parked (their batch was nacked after the park), and, for entries Redis delivered before (taken
 // over from a process that died between a park and its acknowledgement, say), those the poison
-// queue records. Applied on such a redelivery, an intermittent failure's unit was counted, and
-// counted again by its replay. The poison queue is asked only about redelivered entries, so a
-// first delivery costs no round trip.
+// queue records until their entries are acknowledged. Applied on such a redelivery, an
+// intermittent failure's unit was counted, and counted again by its replay. The batched
+// subscriber's first deliveries are not asked about, so they cost no round trip; with the stock
+// subscriber, which tells no delivery count, every batch is.
 func (f *feed) parkedUnits(ctx context.Context, b *batch, ms ops.Membership) (func(ops.UnitRef) bool, error) {
 	var ask []ops.UnitRef
 	for i, m := range b.msgs {
-		if n, err := strconv.Atoi(m.Metadata.Get(metaDeliveries)); err != nil || n < 2 {
+		// Without a count (the stock subscriber tells none) every entry is asked about.
+		if n, err := strconv.Atoi(m.Metadata.Get(metaDeliveries)); err == nil && n < 2 {
 			continue
 		}
 		d := b.events[i]
@@ -145,9 +147,11 @@ func (f *feed) parkedUnits(ctx context.Context, b *batch, ms ops.Membership) (fu
 		return nil, err
 	}
 	inQueue := map[ops.UnitRef]bool{}
+	b.parkedFound = b.parkedFound[:0]
 	for i, ok := range held {
 		if ok {
 			inQueue[ask[i]] = true
+			b.parkedFound = append(b.parkedFound, ask[i])
 		}
 	}
 	return func(u ops.UnitRef) bool { return inQueue[u] || f.r.wasParked(u) }, nil

@@ -227,7 +227,7 @@ func (r *ProjectionRouter) poisonMiddleware(group string) message.HandlerMiddlew
 				_, err := h(withPlan(msg, plan))
 				if err == nil {
 					r.transientCleared(group)
-					r.forgetParked(group, b) // acknowledged now: never delivered here again
+					r.forgetParked(msg.Context(), group, b) // acknowledged now: never delivered here again
 					return nil, nil
 				}
 				if msg.Context().Err() != nil {
@@ -269,7 +269,7 @@ func (r *ProjectionRouter) poisonMiddleware(group string) message.HandlerMiddlew
 					}
 				}
 				if len(bf.Held) == 0 {
-					r.forgetParked(group, b)
+					r.forgetParked(msg.Context(), group, b)
 					return nil, nil
 				}
 				plan = &attemptPlan{units: bf.Held}

@@ -937,24 +937,36 @@ func (r *ProjectionRouter) wasParked(u ops.UnitRef) bool {
 	return ok
 }
 
-// forgetParked drops what was remembered of the entries of b, which are acknowledged now.
-func (r *ProjectionRouter) forgetParked(group string, b *batch) {
-	if r.parkedN.Load() == 0 {
-		return
-	}
-	r.parkMu.Lock()
-	defer r.parkMu.Unlock()
-	for k := range r.parked {
-		if k.Group != group {
-			continue
-		}
-		for _, d := range b.events {
-			if k.Stream == r.streamOf(d) && k.Entry == d.ID {
-				delete(r.parked, k)
+// forgetParked drops what was remembered of the parked units of b's entries, here and in the
+// poison queue's records, once the entries are acknowledged: delivered no more, they need not be
+// told apart.
+func (r *ProjectionRouter) forgetParked(ctx context.Context, group string, b *batch) {
+	units := append([]ops.UnitRef(nil), b.parkedFound...)
+	if r.parkedN.Load() > 0 {
+		r.parkMu.Lock()
+		for k := range r.parked {
+			if k.Group != group {
+				continue
+			}
+			for _, d := range b.events {
+				if k.Stream == r.streamOf(d) && k.Entry == d.ID {
+					delete(r.parked, k)
+					units = append(units, k)
+				}
 			}
 		}
+		r.parkedN.Store(int64(len(r.parked)))
+		r.parkMu.Unlock()
 	}
-	r.parkedN.Store(int64(len(r.parked)))
+	if len(units) == 0 {
+		return
+	}
+	// A record left behind only costs its bytes: its entry is acknowledged, never delivered again.
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if err := r.backend.Unpark(uctx, units); err != nil {
+		r.log.Warn("could not drop the records of parked units whose entries are acknowledged", "group", group, "units", len(units), "error", err)
+	}
 }
 
 // streamOf is the stream d came from, as a poison entry names it (the event log's stream when
