@@ -156,82 +156,16 @@ func TestParkedThenNackedEntryIsCountedOnce(t *testing.T) {
 // and a redelivered entry's parked units are left to the replay.
 func TestParkedUnitTakenOverByAnotherProcessIsNotApplied(t *testing.T) {
 	t.Parallel()
-	env := redistest.Open(t)
-	keys := adapters.KeySpace{Prefix: env.Prefix}
-	client := redistest.Client(t, env.URL)
-	ctx := context.Background()
-	log := slog.New(slog.DiscardHandler)
-	const retries = 3
-	faulty := newFaulty("faulty", func(_ context.Context, id string, attempt int) error {
-		if id == "taken-over" && attempt <= retries {
-			return errors.New("intermittent failure in the projection")
-		}
-		return nil
-	})
-	other := newFaulty("other", nil)
-	targets := []ops.ProjectionTarget{{Projection: faulty, Version: 1}, {Projection: other, Version: 1}}
-	start := func(consumer string, applier ports.ProjectionApplier, claimIdle time.Duration) (*ports.ProjectionRouter, context.CancelFunc) {
-		r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-			Targets: targets, Backend: adapters.NewProjectorBackend(client, keys), Applier: applier,
-			NewSubscriber: adapters.Subscribers{Kind: "batched", NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, env.URL), nil },
-				Consumer: consumer, BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: 100 * time.Millisecond,
-				ClaimInterval: 100 * time.Millisecond, ClaimIdle: claimIdle, DrainTimeout: time.Second, Logger: watermill.NewSlogLogger(log)}.New,
-			Retry:        ports.RetryPolicy{InitialInterval: 10 * time.Millisecond, Multiplier: 2, MaxInterval: 50 * time.Millisecond, MaxAttempts: retries},
-			CloseTimeout: 5 * time.Second, Logger: log,
-		})
-		require.NoError(t, err)
-		rctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- r.Run(rctx) }()
-		require.Eventually(t, r.Running, 10*time.Second, 10*time.Millisecond)
-		return r, func() {
-			cancel()
-			select {
-			case <-done:
-			case <-time.After(20 * time.Second):
-				t.Error("router did not stop")
-			}
-		}
-	}
-	real, err := adapters.NewProjectionApplier(client, keys, 0)
-	require.NoError(t, err)
-	broken := &flakyApplier{ProjectionApplier: real}
-	broken.fail.Store(1 << 30) // every apply fails: the entry is never acknowledged here
-
-	_, stopA := start("a", broken, time.Hour)
-	h := &harness{t: t, keys: keys, client: client, proj: faulty}
-	h.add("taken-over", 4)
-	require.Eventually(t, func() bool { return len(h.poison()) == 1 }, 15*time.Second, 20*time.Millisecond, "faulty's unit is parked")
-	stopA() // it dies with the entry pending
-	countOf := func(name string) int64 {
-		v, err := client.HGet(ctx, keys.ProjectionKey(name, 1, "all", "stats"), "count").Int64()
-		if errors.Is(err, redis.Nil) {
-			return 0
-		}
-		require.NoError(t, err)
-		return v
-	}
-	require.Zero(t, countOf("other"))
-
-	_, stopB := start("b", testApplier(t, client, keys), 300*time.Millisecond)
-	defer stopB()
+	r := newTakeover(t, adapters.SubscriberBatched)
+	require.Zero(t, r.countOf("other"))
+	r.takeOverWithB()
+	assert.Zero(t, r.countOf("faulty"), "the parked unit is left to the replay")
 	require.Eventually(t, func() bool {
-		p, err := client.XPending(ctx, keys.Stream(), ports.LiveGroupName(nil, true)).Result()
-		return err == nil && p.Count == 0 && countOf("other") == 1
-	}, 15*time.Second, 20*time.Millisecond, "the other process takes the entry over and applies its other unit")
-	assert.Zero(t, countOf("faulty"), "the parked unit is left to the replay")
-	require.Eventually(t, func() bool {
-		n, err := client.HLen(ctx, keys.PoisonParked()).Result()
+		n, err := r.client.HLen(r.ctx, r.keys.PoisonParked()).Result()
 		return err == nil && n == 0
 	}, 5*time.Second, 20*time.Millisecond, "the record goes once the entry is acknowledged")
 
-	es := h.poison()
-	require.Len(t, es, 1, "parked once")
-	replay, err := command.NewReplayPoisoned(command.ReplayPoisonedConfig{Backend: adapters.NewOpsBackend(client, keys),
-		Projections: []projection.Projection{faulty, other}, Applier: testApplier(t, client, keys), Logger: log})
-	require.NoError(t, err)
-	res, err := replay.Replay(ctx, es[0].ID)
-	require.NoError(t, err)
+	res := r.replay()
 	assert.True(t, res.Applied, "%+v", res)
-	assert.Equal(t, int64(1), countOf("faulty"), "counted once, by the replay")
+	assert.Equal(t, int64(1), r.countOf("faulty"), "counted once, by the replay")
 }

@@ -20,90 +20,123 @@ import (
 	"github.com/checkins/checkins/ports"
 )
 
-// takeover is TestParkedUnitTakenOverByAnotherProcessIsNotApplied with the subscriber kind
-// as a parameter and, optionally, the operator's replay of the parked entry done while the
-// entry is still pending (between A's death and B's takeover). It returns faulty's count once
-// both B and any replay have run.
-func takeover(t *testing.T, kind string, replayBeforeTakeover bool) int64 {
+// takeoverRun is the scenario of the takeover tests: projection "faulty" fails an entry on its
+// first delivery (intermittently), process a parks faulty's unit and stops with the entry
+// pending (every apply of the entry's other unit fails there), and process b, started by
+// takeOverWithB, takes the entry over after CLAIM_IDLE, where the failure is gone.
+type takeoverRun struct {
+	t      *testing.T
+	ctx    context.Context
+	env    redistest.Env
+	keys   adapters.KeySpace
+	client *redis.Client
+	log    *slog.Logger
+	kind   string
+	h      *harness
+	projs  []projection.Projection
+}
+
+const takeoverRetries = 3
+
+// newTakeover runs the scenario up to a's stop, with the subscriber kind given.
+func newTakeover(t *testing.T, kind string) *takeoverRun {
 	env := redistest.Open(t)
 	keys := adapters.KeySpace{Prefix: env.Prefix}
-	client := redistest.Client(t, env.URL)
-	ctx := context.Background()
-	log := slog.New(slog.DiscardHandler)
-	const retries = 3
+	r := &takeoverRun{t: t, ctx: context.Background(), env: env, keys: keys, client: redistest.Client(t, env.URL),
+		log: slog.New(slog.DiscardHandler), kind: kind}
 	faulty := newFaulty("faulty", func(_ context.Context, id string, attempt int) error {
-		if id == "taken-over" && attempt <= retries {
+		if id == "taken-over" && attempt <= takeoverRetries {
 			return errors.New("intermittent failure in the projection")
 		}
 		return nil
 	})
-	other := newFaulty("other", nil)
-	targets := []ops.ProjectionTarget{{Projection: faulty, Version: 1}, {Projection: other, Version: 1}}
-	start := func(consumer string, applier ports.ProjectionApplier, claimIdle time.Duration) context.CancelFunc {
-		r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-			Targets: targets, Backend: adapters.NewProjectorBackend(client, keys), Applier: applier,
-			NewSubscriber: adapters.Subscribers{Kind: kind, NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, env.URL), nil },
-				Consumer: consumer, BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: 100 * time.Millisecond,
-				ClaimInterval: 100 * time.Millisecond, ClaimIdle: claimIdle, DrainTimeout: time.Second, Logger: watermill.NewSlogLogger(log)}.New,
-			Retry:        ports.RetryPolicy{InitialInterval: 10 * time.Millisecond, Multiplier: 2, MaxInterval: 50 * time.Millisecond, MaxAttempts: retries},
-			CloseTimeout: 5 * time.Second, Logger: log,
-		})
-		require.NoError(t, err)
-		rctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- r.Run(rctx) }()
-		require.Eventually(t, r.Running, 10*time.Second, 10*time.Millisecond)
-		return func() {
-			cancel()
-			select {
-			case <-done:
-			case <-time.After(20 * time.Second):
-				t.Error("router did not stop")
-			}
-		}
-	}
-	real, err := adapters.NewProjectionApplier(client, keys, 0)
+	r.projs = []projection.Projection{faulty, newFaulty("other", nil)}
+	real, err := adapters.NewProjectionApplier(r.client, keys, 0)
 	require.NoError(t, err)
 	broken := &flakyApplier{ProjectionApplier: real}
-	broken.fail.Store(1 << 30)
+	broken.fail.Store(1 << 30) // every apply fails: the entry is never acknowledged in a
 
-	stopA := start("a", broken, time.Hour)
-	h := &harness{t: t, keys: keys, client: client, proj: faulty}
-	h.add("taken-over", 4)
-	require.Eventually(t, func() bool { return len(h.poison()) == 1 }, 15*time.Second, 20*time.Millisecond, "faulty's unit is parked")
-	stopA()
-	countOf := func(name string) int64 {
-		v, err := client.HGet(ctx, keys.ProjectionKey(name, 1, "all", "stats"), "count").Int64()
-		if errors.Is(err, redis.Nil) {
-			return 0
+	stopA := r.start("a", broken, time.Hour)
+	r.h = &harness{t: t, keys: keys, client: r.client, proj: faulty}
+	r.h.add("taken-over", 4)
+	require.Eventually(t, func() bool { return len(r.h.poison()) == 1 }, 15*time.Second, 20*time.Millisecond, "faulty's unit is parked")
+	stopA() // it dies with the entry pending
+	return r
+}
+
+// start runs a projector of both projections as consumer, until the returned stop.
+func (r *takeoverRun) start(consumer string, applier ports.ProjectionApplier, claimIdle time.Duration) (stop func()) {
+	t := r.t
+	targets := []ops.ProjectionTarget{{Projection: r.projs[0], Version: 1}, {Projection: r.projs[1], Version: 1}}
+	router, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
+		Targets: targets, Backend: adapters.NewProjectorBackend(r.client, r.keys), Applier: applier,
+		NewSubscriber: adapters.Subscribers{Kind: r.kind, NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, r.env.URL), nil },
+			Consumer: consumer, BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: 100 * time.Millisecond,
+			ClaimInterval: 100 * time.Millisecond, ClaimIdle: claimIdle, DrainTimeout: time.Second, Logger: watermill.NewSlogLogger(r.log)}.New,
+		Retry:        ports.RetryPolicy{InitialInterval: 10 * time.Millisecond, Multiplier: 2, MaxInterval: 50 * time.Millisecond, MaxAttempts: takeoverRetries},
+		CloseTimeout: 5 * time.Second, Logger: r.log,
+	})
+	require.NoError(t, err)
+	rctx, cancel := context.WithCancel(r.ctx)
+	done := make(chan error, 1)
+	go func() { done <- router.Run(rctx) }()
+	require.Eventually(t, router.Running, 10*time.Second, 10*time.Millisecond)
+	return func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Error("router did not stop")
 		}
-		require.NoError(t, err)
-		return v
 	}
-	replay := func() {
-		es := h.poison()
-		require.Len(t, es, 1)
-		rp, err := command.NewReplayPoisoned(command.ReplayPoisonedConfig{Backend: adapters.NewOpsBackend(client, keys),
-			Projections: []projection.Projection{faulty, other}, Applier: testApplier(t, client, keys), Logger: log})
-		require.NoError(t, err)
-		_, err = rp.Replay(ctx, es[0].ID)
-		require.NoError(t, err)
-	}
-	if replayBeforeTakeover {
-		replay() // the operator replays the parked entry while its live entry is still pending
-		require.Equal(t, int64(1), countOf("faulty"))
-	}
+}
 
-	stopB := start("b", testApplier(t, client, keys), 300*time.Millisecond)
-	defer stopB()
-	require.Eventually(t, func() bool {
-		p, err := client.XPending(ctx, keys.Stream(), ports.LiveGroupName(nil, true)).Result()
-		return err == nil && p.Count == 0 && countOf("other") == 1
-	}, 15*time.Second, 20*time.Millisecond, "B takes the entry over and applies its other unit")
-	if !replayBeforeTakeover {
-		replay()
+// takeOverWithB starts process b and waits until it took the entry over and applied its other
+// unit (b stops at the test's end).
+func (r *takeoverRun) takeOverWithB() {
+	r.t.Cleanup(r.start("b", testApplier(r.t, r.client, r.keys), 300*time.Millisecond))
+	require.Eventually(r.t, func() bool {
+		p, err := r.client.XPending(r.ctx, r.keys.Stream(), ports.LiveGroupName(nil, true)).Result()
+		return err == nil && p.Count == 0 && r.countOf("other") == 1
+	}, 15*time.Second, 20*time.Millisecond, "b takes the entry over and applies its other unit")
+}
+
+// countOf is what projection name counted.
+func (r *takeoverRun) countOf(name string) int64 {
+	v, err := r.client.HGet(r.ctx, r.keys.ProjectionKey(name, 1, "all", "stats"), "count").Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0
 	}
-	return countOf("faulty")
+	require.NoError(r.t, err)
+	return v
+}
+
+// replay replays the parked entry, the one the queue holds.
+func (r *takeoverRun) replay() command.ReplayResult {
+	es := r.h.poison()
+	require.Len(r.t, es, 1, "parked once")
+	rp, err := command.NewReplayPoisoned(command.ReplayPoisonedConfig{Backend: adapters.NewOpsBackend(r.client, r.keys),
+		Projections: r.projs, Applier: testApplier(r.t, r.client, r.keys), Logger: r.log})
+	require.NoError(r.t, err)
+	res, err := rp.Replay(r.ctx, es[0].ID)
+	require.NoError(r.t, err)
+	return res
+}
+
+// takeover runs the scenario with the subscriber kind given and, optionally, the operator's
+// replay of the parked entry while the entry is still pending (between a's death and b's
+// takeover). It returns faulty's count once both b and the replay have run.
+func takeover(t *testing.T, kind string, replayBeforeTakeover bool) int64 {
+	r := newTakeover(t, kind)
+	if replayBeforeTakeover {
+		r.replay() // the operator replays the parked entry while its live entry is still pending
+		require.Equal(t, int64(1), r.countOf("faulty"))
+	}
+	r.takeOverWithB()
+	if !replayBeforeTakeover {
+		r.replay()
+	}
+	return r.countOf("faulty")
 }
 
 // TestParkedRecordOutlivesAReplayBeforeTheTakeover: the parked record lived only as long as the
