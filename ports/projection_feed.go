@@ -82,6 +82,16 @@ func (f *feed) units(b *batch, ms ops.Membership, done []bool, parked func(ops.U
 		if done != nil && done[i] {
 			continue // acknowledged on its own by an earlier attempt
 		}
+		if f.member != "" && len(refs) == 0 {
+			// The member is on no partition: its join is lost on every one (it was there when
+			// the router started this group's handler, which it stops once the member leaves).
+			// Acknowledged now, its entries would never be applied.
+			if lost == nil {
+				lost = map[int]string{}
+			}
+			lost[i] = d.Stream
+			continue
+		}
 		n := len(out)
 		for name, ref := range refs {
 			join, _, ok := ref.on(d.Stream)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strconv"
@@ -107,23 +108,28 @@ func (e *lostJoinEnv) total() (int64, map[int]int64) {
 // partition 3 as a failover of that partition's master right after the join script would
 // (asynchronous replication): its membership there is what it was before (v1 alone), and with
 // group also the own group the join created.
-func (e *lostJoinEnv) rebuildLosingJoin(group bool) {
+func (e *lostJoinEnv) rebuildLosingJoin(group bool) { e.rebuildLosingJoinOn(group, 3) }
+
+// rebuildLosingJoinOn is rebuildLosingJoin on each of parts.
+func (e *lostJoinEnv) rebuildLosingJoinOn(group bool, parts ...int) {
 	_, err := e.a.Commands.RebuildProjection.Start(e.ctx, "users")
 	require.NoError(e.t, err)
 	targets, err := e.a.Queries.ProjectionVersions.Targets(e.ctx, e.projs)
 	require.NoError(e.t, err)
 	_, _, err = e.router.SetTargets(e.ctx, targets) // v2 joins every partition
 	require.NoError(e.t, err)
-	reg := e.parts.Registry(3)
-	raw, err := e.client.HGet(e.ctx, reg, "live:live").Result()
-	require.NoError(e.t, err)
-	var m map[string]any
-	require.NoError(e.t, json.Unmarshal([]byte(raw), &m))
-	delete(m, "users.v2")
-	b, _ := json.Marshal(m)
-	require.NoError(e.t, e.client.HSet(e.ctx, reg, "live:live", string(b)).Err())
-	if group {
-		_ = e.client.XGroupDestroy(e.ctx, e.parts.Stream(3), "users.v2").Err()
+	for _, p := range parts {
+		reg := e.parts.Registry(p)
+		raw, err := e.client.HGet(e.ctx, reg, "live:live").Result()
+		require.NoError(e.t, err)
+		var m map[string]any
+		require.NoError(e.t, json.Unmarshal([]byte(raw), &m))
+		delete(m, "users.v2")
+		b, _ := json.Marshal(m)
+		require.NoError(e.t, e.client.HSet(e.ctx, reg, "live:live", string(b)).Err())
+		if group {
+			_ = e.client.XGroupDestroy(e.ctx, e.parts.Stream(p), "users.v2").Err()
+		}
 	}
 }
 
@@ -251,4 +257,44 @@ func TestBackfillGoesOnAroundAPartitionWhoseJoinIsLost(t *testing.T) {
 	}, 20*time.Second, 20*time.Millisecond, "the rebuild never finished")
 	s, byPart := e.total()
 	require.Equal(t, int64(1000), s, "after the switch, by partition %v", byPart)
+}
+
+// TestRebuildWithItsJoinLostOnEveryPartition: v2's join is lost on every partition at once (or
+// on its one stream), with or without its own groups, and check-ins come before the router
+// notices. The router took a member missing from every partition for one that had left, and
+// never joined it again: the rebuild never finished. And v2's own groups, whose handler ran on
+// until then, acknowledged their entries unapplied (the member was nowhere, so nothing was for
+// it): once joined again, v2 went live without them (290 or 400 of 480). Now both are as when
+// the join is lost on some partitions only.
+func TestRebuildWithItsJoinLostOnEveryPartition(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		parts int
+		lost  []int
+	}{{4, []int{3}}, {4, []int{0, 1, 2, 3}}, {1, []int{0}}} {
+		for _, group := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%d partitions lost on %v own groups lost %v", tc.parts, tc.lost, group), func(t *testing.T) {
+				t.Parallel()
+				e := newPartitionedEnv(t, tc.parts)
+				e.add(10)
+				require.Eventually(t, func() bool { s, _ := e.total(); return s == 400 }, 10*time.Second, 20*time.Millisecond)
+				e.rebuildLosingJoinOn(group, tc.lost...)
+				e.add(2)
+				watch := ports.RegistryWatch{Router: e.router, Versions: e.a.Queries.ProjectionVersions, Rebuild: e.a.Commands.RebuildProjection,
+					Projections: e.projs, Interval: 50 * time.Millisecond, Logger: e.log}
+				redistest.Background(t, "registry watcher", 20*time.Second, watch.Run)
+				versions := adapters.NewProjectionVersions(e.client, e.keys)
+				require.Eventually(t, func() bool {
+					st, err := versions.State(e.ctx, "users")
+					require.NoError(t, err)
+					return st.Serving == 2 && st.Building == 0 && st.Retiring == 0
+				}, 20*time.Second, 20*time.Millisecond, "the rebuild never finished")
+				s, byPart := e.total()
+				require.Equal(t, int64(480), s, "after the switch, by partition %v", byPart)
+				e.add(5)
+				require.Eventually(t, func() bool { s, _ := e.total(); return s == 680 }, 10*time.Second, 20*time.Millisecond,
+					"every partition's new check-ins reach v2")
+			})
+		}
+	}
 }

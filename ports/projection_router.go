@@ -420,7 +420,7 @@ var ErrLiveGroupConflict = errors.New("projection version is fed by another live
 // stop. It may be called before Run and then periodically; it returns once stopped handlers
 // have finished their in-flight batches.
 func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.ProjectionTarget) (added, removed []string, err error) {
-	if err := r.rejoinIfLost(ctx); err != nil {
+	if err := r.rejoinIfLost(ctx, targets); err != nil {
 		return nil, nil, err
 	}
 	for _, t := range targets {
@@ -469,11 +469,18 @@ func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.Project
 // there (a failover before the join script reached the replica). SetTargets then joins it there
 // again, if it is still a target, with an own group to backfill that partition; until then its
 // backfill does not count as done, so reads never switch to a version without a partition.
-func (r *ProjectionRouter) rejoinPartial(had []string, ms ops.Membership) {
+// A target missing from every partition while other members are there is the same loss on
+// each of them (a version that left is no target: it retired).
+func (r *ProjectionRouter) rejoinPartial(had []string, ms ops.Membership, targets []ops.ProjectionTarget) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, name := range had {
 		m, ok := ms.Members[name]
+		if !ok && slices.ContainsFunc(targets, func(t ops.ProjectionTarget) bool {
+			return ops.MemberName(t.Projection.Name(), t.Version) == name
+		}) {
+			m, ok = ops.LiveMember{Missing: -1}, true // every partition, shown as -1
+		}
 		if !ok || m.Missing == 0 {
 			delete(r.partial, name)
 			continue
@@ -498,7 +505,7 @@ func (r *ProjectionRouter) rejoinPartial(had []string, ms ops.Membership) {
 // registry names other versions (a projection rebuilt to v2 is v1 again) and one joining alone
 // would hide the loss of the others. Not while the subscribers are paused (Paused): a partition
 // migration deletes the old partitions' records on purpose.
-func (r *ProjectionRouter) rejoinIfLost(ctx context.Context) error {
+func (r *ProjectionRouter) rejoinIfLost(ctx context.Context, targets []ops.ProjectionTarget) error {
 	if r.cfg.Paused != nil && r.cfg.Paused() {
 		return nil
 	}
@@ -516,7 +523,7 @@ func (r *ProjectionRouter) rejoinIfLost(ctx context.Context) error {
 		return err
 	}
 	if len(ms.Members) > 0 {
-		r.rejoinPartial(had, ms)
+		r.rejoinPartial(had, ms, targets)
 		return nil
 	}
 	sort.Strings(had)
