@@ -82,10 +82,10 @@ func (f *feed) units(b *batch, ms ops.Membership, done []bool, parked func(ops.U
 		if done != nil && done[i] {
 			continue // acknowledged on its own by an earlier attempt
 		}
-		if f.member != "" && len(refs) == 0 {
-			// The member is on no partition: its join is lost on every one (it was there when
-			// the router started this group's handler, which it stops once the member leaves).
-			// Acknowledged now, its entries would never be applied.
+		if f.member != "" && len(refs) == 0 && f.r.isTarget(f.member) {
+			// The member is on no partition while the router still feeds it: its join is lost
+			// on every one. Acknowledged now, its entries would never be applied. (One that
+			// left retired: the router stops this handler, and nothing here is for it.)
 			if lost == nil {
 				lost = map[int]string{}
 			}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -297,4 +298,20 @@ func TestRebuildWithItsJoinLostOnEveryPartition(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestStoppedHandlerLeavesNoProblem: a backfill handler that stops while it cannot apply (here
+// its version's join is lost on a partition, and the version is no longer a target) took its
+// problem with it out of the router, but not out of readiness: /readyz answered 503 for a
+// handler that no longer ran.
+func TestStoppedHandlerLeavesNoProblem(t *testing.T) {
+	t.Parallel()
+	e := newLostJoinEnv(t)
+	e.add(10)
+	e.rebuildLosingJoin(false)
+	require.Eventually(t, func() bool { return strings.Contains(e.router.Problem(), "users.v2") }, 10*time.Second, 20*time.Millisecond,
+		"v2's backfill cannot apply partition 3's entries")
+	_, _, err := e.router.SetTargets(e.ctx, []ops.ProjectionTarget{{Projection: projection.UserStats{}, Version: 1}})
+	require.NoError(t, err)
+	assert.Empty(t, e.router.Problem(), "the handler of users.v2 stopped")
 }

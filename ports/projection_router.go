@@ -117,7 +117,10 @@ type ProjectionRouter struct {
 	// new layout the serving version is still written in its own (projection.Layouts).
 	atMu      sync.RWMutex
 	atVersion map[string]projection.Projection
-	log       *slog.Logger
+	// targeted: the members of SetTargets' last call (under atMu). An own group's member missing
+	// from every partition is lost there while it is one; otherwise it left (it retired).
+	targeted map[string]bool
+	log      *slog.Logger
 
 	// Handlers by consumer group; mu guards them, once the router runs. runCtx is Run's context,
 	// which handlers added later run under.
@@ -423,6 +426,13 @@ func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.Project
 	if err := r.rejoinIfLost(ctx, targets); err != nil {
 		return nil, nil, err
 	}
+	targeted := make(map[string]bool, len(targets))
+	for _, t := range targets {
+		targeted[ops.MemberName(t.Projection.Name(), t.Version)] = true
+	}
+	r.atMu.Lock()
+	r.targeted = targeted
+	r.atMu.Unlock()
 	for _, t := range targets {
 		if _, ok := r.projs[t.Projection.Name()]; !ok {
 			return nil, nil, fmt.Errorf("projection %s is not run by this router", t.Projection.Name())
@@ -459,6 +469,9 @@ func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.Project
 		if cerr := rt.h.sub.Close(); cerr != nil {
 			r.log.Warn("closing subscriber of a stopped projection handler", "group", rt.group, "error", cerr)
 		}
+		// What it could not apply is no longer anyone's to apply here: readiness says nothing more of it.
+		// What it could not apply is no longer anyone's to apply here: readiness says nothing more of it.
+		r.transientCleared(rt.group)
 		r.log.Info("projection handler stopped", "group", rt.group)
 	}
 	return added, removed, err
@@ -537,6 +550,13 @@ func (r *ProjectionRouter) rejoinIfLost(ctx context.Context, targets []ops.Proje
 	clear(r.acked)
 	r.ackMu.Unlock()
 	return nil
+}
+
+// isTarget says whether member was among SetTargets' last targets.
+func (r *ProjectionRouter) isTarget(member string) bool {
+	r.atMu.RLock()
+	defer r.atMu.RUnlock()
+	return r.targeted[member]
 }
 
 // projectionOf is member (pname at some version) as it writes: as SetTargets was given it, else
