@@ -37,7 +37,8 @@ type HTTPListener struct {
 	log  *slog.Logger
 }
 
-// ListenHTTP binds addr and prepares h behind limits; Serve starts answering. The connection cap
+// ListenHTTP binds addr and prepares h behind limits; Serve starts answering. h may be nil
+// when the caller binds first and gives the handler (Handle) before Serve. The connection cap
 // sits under TLS, so it counts TCP connections, handshakes included: past it, new connections wait
 // in the kernel's accept queue until one closes, instead of the process running out of
 // descriptors (accept: too many open files) and failing everything that opens one, Redis
@@ -65,6 +66,9 @@ func ListenHTTP(name, addr string, h http.Handler, lim ServerLimits, log *slog.L
 	}
 	return &HTTPListener{Name: name, ln: ln, srv: srv, log: log}, nil
 }
+
+// Handle sets the handler; before Serve only.
+func (l *HTTPListener) Handle(h http.Handler) { l.srv.Handler = h }
 
 // Addr is the bound address (the port, when addr asked for :0).
 func (l *HTTPListener) Addr() net.Addr { return l.ln.Addr() }

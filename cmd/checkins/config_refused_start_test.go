@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -69,4 +70,35 @@ func TestCLIRefusedForItsDevKeyWritesNothing(t *testing.T) {
 	keys, err := client.Keys(context.Background(), rdb.Prefix+":*").Result()
 	require.NoError(t, err)
 	assert.Empty(t, keys, "a start refused for its dev key wrote to Redis")
+}
+
+// TestCLIRefusedForAPortInUseWritesNothing: the listeners were bound in Run, after NewService
+// had recorded the projections' layouts and joined the live group, so a projector that could not
+// bind its port (another process on it) had written to Redis first: a new build's projection
+// versions stayed joined to the live group with no process behind them, and every projector of
+// the older build left the group's entries alone (ErrForeignMember) until one of the new build
+// ran. Both listeners are now bound before anything is written.
+func TestCLIRefusedForAPortInUseWritesNothing(t *testing.T) {
+	t.Parallel()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = taken.Close() })
+	for _, tc := range []struct{ name, http, ops, says string }{
+		{"public", taken.Addr().String(), "127.0.0.1:0", "HTTP_ADDR " + taken.Addr().String()},
+		{"ops", "127.0.0.1:0", taken.Addr().String(), "OPS_ADDR " + taken.Addr().String()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			rdb := redistest.Open(t)
+			client := redistest.Client(t, rdb.URL)
+			code, _, stderr := runCLI(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix,
+				"HTTP_ADDR": tc.http, "OPS_ADDR": tc.ops, "PROJECTIONS": "users"}, "project")
+			require.Equal(t, 1, code, stderr)
+			require.Contains(t, stderr, tc.says)
+			require.Contains(t, stderr, "address already in use")
+			keys, err := client.Keys(context.Background(), rdb.Prefix+":*").Result()
+			require.NoError(t, err)
+			assert.Empty(t, keys, "a start refused for a port in use wrote to Redis")
+		})
+	}
 }

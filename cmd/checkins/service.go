@@ -86,8 +86,13 @@ func startEmbeddedRedis(log *slog.Logger) (string, func(), error) {
 }
 
 // NewService builds clients and wires adapters into the app and ports.
-func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*Service, error) {
+func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (_ *Service, err error) {
 	s := &Service{cfg: cfg, log: log, mode: mode}
+	defer func() {
+		if err != nil {
+			s.close() // the listeners and the clients made so far
+		}
+	}()
 	if cfg.RedisURL == "" {
 		return nil, errors.New("REDIS_URL is required (only `serve` may run on the embedded Redis)")
 	}
@@ -102,7 +107,6 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 	if _, err := cfg.signingKey(); err != nil {
 		return nil, err
 	}
-	var err error
 	if s.httpLims, err = s.publicLimits(); err != nil {
 		return nil, err
 	}
@@ -115,6 +119,11 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 	s.modeGuessed.Store(guessed)
 	if s.keys, err = adapters.NewKeySpace(cfg.KeyPrefix, redisMode == adapters.RedisModeCluster); err != nil {
 		return nil, fmt.Errorf("invalid KEY_PREFIX: %w", err)
+	}
+	// The ports too, once the settings are known good: a start refused because one is in use
+	// has written nothing to Redis.
+	if err := s.listenHTTP(); err != nil {
+		return nil, err
 	}
 	newClientRead := func(pool int, read time.Duration) (redis.UniversalClient, error) {
 		return adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: cfg.RedisURL, TLS: cfg.RedisTLS, Mode: redisMode, DialTimeout: 2 * time.Second,
@@ -290,7 +299,6 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 	}
 	httpCfg, err := s.httpConfig(ctx)
 	if err != nil {
-		s.close()
 		return nil, err
 	}
 	httpCfg.CORSAllowedOrigins = cfg.HTTP.CORSOrigins
@@ -303,6 +311,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (*
 	if err := s.wireUI(); err != nil {
 		return nil, err
 	}
+	s.handleHTTP()
 	return s, nil
 }
 
@@ -370,9 +379,9 @@ func (s *Service) Ready(ctx context.Context) error {
 	return nil
 }
 
-// Listen binds the HTTP address and the ops address (before Run, so callers learn the ports);
-// it returns the public one (OpsAddr is the other).
-func (s *Service) Listen() (net.Addr, error) { return s.listenHTTP() }
+// Listen returns the public listener's address (OpsAddr is the other's); NewService bound
+// both, so callers learn the ports before Run.
+func (s *Service) Listen() (net.Addr, error) { return s.listener.Addr(), nil }
 
 // Run serves until ctx ends, then shuts down gracefully within DrainTimeout: stop accepting
 // requests, finish in-flight ones and in-flight handlers, ack what finished.

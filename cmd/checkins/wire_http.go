@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"runtime"
 
 	"golang.org/x/sync/errgroup"
@@ -49,30 +48,37 @@ const uiReservedOpsConns = 16
 // listenHTTP binds the public listener and, on another address (OPS_ADDR), the ops listener.
 // Each listener has its own limits: the connection cap is the public API's, so the ops listener
 // (operations, /metrics, /healthz, /readyz) keeps answering while the public one is saturated.
-func (s *Service) listenHTTP() (net.Addr, error) {
-	if s.listener != nil {
-		return s.listener.Addr(), nil
-	}
-	public := s.http.SharedHandler()
-	if s.cfg.OpsAddr != s.cfg.HTTPAddr {
-		public = s.http.Handler()
-	}
-	l, err := ports.ListenHTTP("http", s.cfg.HTTPAddr, public, s.httpLims, s.log)
+// NewService binds them before it writes anything to Redis (a projector joins its live group),
+// so that a start refused for a port in use has changed nothing; handleHTTP gives them their
+// handlers once they are built.
+func (s *Service) listenHTTP() error {
+	l, err := ports.ListenHTTP("http", s.cfg.HTTPAddr, nil, s.httpLims, s.log)
 	if err != nil {
-		return nil, fmt.Errorf("HTTP_ADDR %s: %w", s.cfg.HTTPAddr, err)
+		return fmt.Errorf("HTTP_ADDR %s: %w", s.cfg.HTTPAddr, err)
 	}
+	s.closers = append(s.closers, l.Close)
 	if s.cfg.OpsAddr != s.cfg.HTTPAddr {
 		lim := s.httpLims
 		lim.MaxConns = opsMaxConns
-		ol, err := ports.ListenHTTP("ops", s.cfg.OpsAddr, s.http.OpsHandler(), lim, s.log)
+		ol, err := ports.ListenHTTP("ops", s.cfg.OpsAddr, nil, lim, s.log)
 		if err != nil {
-			_ = l.Close()
-			return nil, fmt.Errorf("OPS_ADDR %s: %w", s.cfg.OpsAddr, err)
+			return fmt.Errorf("OPS_ADDR %s: %w", s.cfg.OpsAddr, err)
 		}
+		s.closers = append(s.closers, ol.Close)
 		s.opsListener = ol
 	}
 	s.listener = l
-	return l.Addr(), nil
+	return nil
+}
+
+// handleHTTP gives the bound listeners their handlers.
+func (s *Service) handleHTTP() {
+	if s.opsListener == nil {
+		s.listener.Handle(s.http.SharedHandler())
+		return
+	}
+	s.listener.Handle(s.http.Handler())
+	s.opsListener.Handle(s.http.OpsHandler())
 }
 
 // serveHTTP serves every listener until ctx ends, then shuts them down within DRAIN_TIMEOUT.
