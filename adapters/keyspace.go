@@ -91,8 +91,8 @@ func (k KeySpace) Stream() string { return k.Prefix + ":events" }
 func (k KeySpace) PoisonStream() string { return k.Stream() + ":poison" }
 
 // PoisonParked is the hash of the parked units whose entries are not acknowledged yet
-// (PoisonQueue.Park, Unpark): a projector that takes over such an entry leaves the unit to the
-// poison queue. It is tagged with the
+// (PoisonQueue.Park, SweepParked): a projector that takes over such an entry leaves the unit to
+// the poison queue. It is tagged with the
 // poison stream's name, so that on a cluster it is in the stream's slot (the park and the delete
 // are one script), whichever way the key space was made.
 func (k KeySpace) PoisonParked() string {

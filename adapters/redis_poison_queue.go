@@ -71,22 +71,44 @@ redis.call('HSET', KEYS[2], ARGV[1], id)
 return id
 `)
 
-// Unpark drops the records of units whose entries are acknowledged now: delivered no more, they
-// need not be told apart. A record lives from the park to its entry's acknowledgement, not to its
-// poison entry's replay or purge: an entry still pending (its process died after the park) is
-// taken over later, and its parked unit must be left alone then too, replayed or purged already.
-func (q *PoisonQueue) Unpark(ctx context.Context, units []ops.UnitRef) error {
-	if len(units) == 0 {
-		return nil
+// SweepParked drops the records of units whose entries are acknowledged (acked says so), from
+// cursor on, a page at a time; it returns where the next call goes on (0: the whole hash was
+// looked at). A record lives from the park until its entry's XACK is seen to have landed, not
+// to its poison entry's replay or purge: an entry still pending (its process died after the
+// park, or before its XACK reached Redis) is taken over later, and its parked unit must be left
+// alone then too, replayed or purged already. The caller decides from the groups' positions.
+func (q *PoisonQueue) SweepParked(ctx context.Context, cursor uint64, acked func(ops.UnitRef) bool) (uint64, error) {
+	if cursor == 0 {
+		n, err := q.client.HLen(ctx, q.parked).Result()
+		if err != nil || n == 0 {
+			return 0, err
+		}
 	}
-	fields := make([]string, len(units))
-	for i, u := range units {
-		fields[i] = parkedField(u)
+	kvs, next, err := q.client.HScan(ctx, q.parked, cursor, "", 500).Result()
+	if err != nil {
+		return cursor, fmt.Errorf("read the parked units' records: %w", err)
 	}
-	if err := q.client.HDel(ctx, q.parked, fields...).Err(); err != nil {
-		return fmt.Errorf("forget parked units: %w", err)
+	var drop []string
+	for i := 0; i+1 < len(kvs); i += 2 {
+		if u, ok := parseParkedField(kvs[i]); ok && acked(u) {
+			drop = append(drop, kvs[i])
+		}
 	}
-	return nil
+	if len(drop) > 0 {
+		if err := q.client.HDel(ctx, q.parked, drop...).Err(); err != nil {
+			return cursor, fmt.Errorf("drop the records of parked units whose entries are acknowledged: %w", err)
+		}
+	}
+	return next, nil
+}
+
+// parseParkedField is parkedField's unit.
+func parseParkedField(f string) (ops.UnitRef, bool) {
+	p := strings.Split(f, "\n")
+	if len(p) != 4 {
+		return ops.UnitRef{}, false
+	}
+	return ops.UnitRef{Group: p[0], Stream: p[1], Entry: p[2], Member: p[3]}, true
 }
 
 // Parked says which of units are parked and their entries not acknowledged since.

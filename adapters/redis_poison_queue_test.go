@@ -2,6 +2,7 @@ package adapters_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -106,9 +107,9 @@ func TestPoisonListLastPageHasNoCursor(t *testing.T) {
 
 // TestPoisonParkRecordsTheUnitUntilItsEntryIsAcknowledged: a park records the unit as parked
 // with the poison entry, in one script; a re-park, a replay and a purge of the poison entry keep
-// the record (the live entry may still be pending, and taken over later); Unpark, once the entry
-// is acknowledged, drops it. On a single server and on a cluster (the record in the poison
-// stream's slot).
+// the record (the live entry may still be pending, and taken over later); SweepParked drops it
+// once the projector says its entry is acknowledged. On a single server and on a cluster (the
+// record in the poison stream's slot).
 func TestPoisonParkRecordsTheUnitUntilItsEntryIsAcknowledged(t *testing.T) {
 	t.Parallel()
 	eachEnv(t, func(t *testing.T, env projEnv) {
@@ -143,9 +144,19 @@ func TestPoisonParkRecordsTheUnitUntilItsEntryIsAcknowledged(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, []bool{true, true, true}, parked(ua, ub, uc), "the poison entries' fate does not end the records")
 
-		require.NoError(t, q.Unpark(ctx, []ops.UnitRef{ua, ub}))
+		sweep := func(acked ...ops.UnitRef) {
+			var cursor uint64
+			for {
+				next, err := q.SweepParked(ctx, cursor, func(u ops.UnitRef) bool { return slices.Contains(acked, u) })
+				require.NoError(t, err)
+				if cursor = next; cursor == 0 {
+					return
+				}
+			}
+		}
+		sweep(ua, ub)
 		assert.Equal(t, []bool{false, false, true}, parked(ua, ub, uc))
-		require.NoError(t, q.Unpark(ctx, []ops.UnitRef{uc}))
+		sweep(uc)
 		left, err := env.client.Exists(ctx, env.keys.PoisonParked()).Result()
 		require.NoError(t, err)
 		assert.Zero(t, left, "nothing left behind")

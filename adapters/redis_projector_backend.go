@@ -110,7 +110,8 @@ func (p *ProjectorBackend) Parked(ctx context.Context, units []ops.UnitRef) ([]b
 	return p.queue.Parked(ctx, units)
 }
 
-// Unpark forgets parked units whose entries are acknowledged now.
-func (p *ProjectorBackend) Unpark(ctx context.Context, units []ops.UnitRef) error {
-	return p.queue.Unpark(ctx, units)
+// SweepParked drops the records of parked units whose entries are acknowledged
+// (PoisonQueue.SweepParked).
+func (p *ProjectorBackend) SweepParked(ctx context.Context, cursor uint64, acked func(ops.UnitRef) bool) (uint64, error) {
+	return p.queue.SweepParked(ctx, cursor, acked)
 }

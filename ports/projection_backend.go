@@ -76,10 +76,11 @@ type ProjectorBackend interface {
 	// The poison queue: the entry a message came from, parked with the reason.
 	PoisonEntryOf(ctx context.Context, msg *message.Message) (entry ops.PoisonEntry, correlationID string)
 	Park(ctx context.Context, e ops.PoisonEntry) (string, error)
-	// Parked says which of units were parked and their entries not acknowledged since; Unpark
-	// forgets units whose entries are acknowledged now.
+	// Parked says which of units were parked and their entries not acknowledged since;
+	// SweepParked drops, a page from cursor at a time, the records of those whose entries acked
+	// says are acknowledged, and returns the next page's cursor (0: done).
 	Parked(ctx context.Context, units []ops.UnitRef) ([]bool, error)
-	Unpark(ctx context.Context, units []ops.UnitRef) error
+	SweepParked(ctx context.Context, cursor uint64, acked func(ops.UnitRef) bool) (uint64, error)
 
 	// DecodeEntries decodes a batch of the subscribers' messages (once per batch).
 	DecodeEntries(msgs []*message.Message, out []projection.Entry)

@@ -13,7 +13,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
 )
 
@@ -38,10 +37,6 @@ type batch struct {
 
 	mu       sync.Mutex
 	resolved []bool // acked (or nacked) on its own, before the batch message
-
-	// parkedFound are units of the batch's entries that an earlier delivery parked (the poison
-	// queue's record): not applied, and their records dropped once the batch is acknowledged.
-	parkedFound []ops.UnitRef
 }
 
 type batchKey struct{}

@@ -136,12 +136,14 @@ const metaDeliveries = "_deliveries"
 func (f *feed) parkedUnits(ctx context.Context, b *batch, ms ops.Membership) (func(ops.UnitRef) bool, error) {
 	var ask []ops.UnitRef
 	for i, m := range b.msgs {
-		// Without a count (the stock subscriber tells none) every entry is asked about.
-		if n, err := strconv.Atoi(m.Metadata.Get(metaDeliveries)); err == nil && n < 2 {
-			continue
-		}
+		// Without a count (the stock subscriber tells none) every entry is asked about, and so
+		// is one whose park failed here (it may have landed).
 		d := b.events[i]
 		stream := f.r.streamOf(d)
+		if n, err := strconv.Atoi(m.Metadata.Get(metaDeliveries)); err == nil && n < 2 &&
+			!f.r.isUnsure(ops.UnitRef{Group: f.group, Stream: stream, Entry: d.ID}) {
+			continue
+		}
 		ask = append(ask, ops.UnitRef{Group: f.group, Stream: stream, Entry: d.ID}) // an entry that is no event
 		for name := range ms.Members {
 			if f.member == "" || name == f.member {
@@ -157,11 +159,9 @@ func (f *feed) parkedUnits(ctx context.Context, b *batch, ms ops.Membership) (fu
 		return nil, err
 	}
 	inQueue := map[ops.UnitRef]bool{}
-	b.parkedFound = b.parkedFound[:0]
 	for i, ok := range held {
 		if ok {
 			inQueue[ask[i]] = true
-			b.parkedFound = append(b.parkedFound, ask[i])
 		}
 	}
 	return func(u ops.UnitRef) bool { return inQueue[u] || f.r.wasParked(u) }, nil

@@ -227,7 +227,7 @@ func (r *ProjectionRouter) poisonMiddleware(group string) message.HandlerMiddlew
 				_, err := h(withPlan(msg, plan))
 				if err == nil {
 					r.transientCleared(group)
-					r.forgetParked(msg.Context(), group, b) // acknowledged now: never delivered here again
+					r.forgetParked(group, b) // acknowledged now: never delivered here again
 					return nil, nil
 				}
 				if msg.Context().Err() != nil {
@@ -269,7 +269,7 @@ func (r *ProjectionRouter) poisonMiddleware(group string) message.HandlerMiddlew
 					}
 				}
 				if len(bf.Held) == 0 {
-					r.forgetParked(msg.Context(), group, b)
+					r.forgetParked(group, b)
 					return nil, nil
 				}
 				plan = &attemptPlan{units: bf.Held}
@@ -304,6 +304,10 @@ func (r *ProjectionRouter) park(ctx context.Context, b *batch, group string, fai
 		}
 		id, err := r.backend.Park(ctx, entry)
 		if err != nil {
+			if b.events != nil {
+				d := b.events[f.unit.entry]
+				r.markUnsure(ops.UnitRef{Group: group, Stream: r.streamOf(d), Entry: d.ID})
+			}
 			if ok, n := parkFailed.allow(); ok {
 				r.log.Error("could not park a failed event; it stays pending and is retried", "projection", name,
 					"entry_id", entry.EntryID, "error", err, "handler_error", errText, "suppressed", n)

@@ -150,6 +150,13 @@ type ProjectionRouter struct {
 	parkMu  sync.Mutex
 	parked  map[ops.UnitRef]time.Time
 	parkedN atomic.Int64
+	// unsure are the entries (UnitRef without a member) of parks that failed here: the script
+	// may have run and its reply been lost. Delivered again (the batched subscriber hands a
+	// nacked batch back as a first delivery), they are asked about in the poison queue's
+	// records; applied instead, a park that did land was counted again by its replay.
+	unsure map[ops.UnitRef]time.Time
+	// parkedCursor is where the next checkpoint's sweep of the parked records goes on.
+	parkedCursor uint64
 }
 
 type runningHandler struct {
@@ -871,7 +878,8 @@ func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
 	r.ackMu.Lock()
 	r.acked = acked
 	r.ackMu.Unlock()
-	return nil
+	// The records of parked units whose entries are acknowledged, by the positions read first.
+	return r.sweepParked(ctx, info)
 }
 
 // transientFailure records why group's batches cannot be applied now (for readiness).
@@ -950,7 +958,25 @@ func (r *ProjectionRouter) markParked(u ops.UnitRef) {
 		}
 	}
 	r.parked[u] = now
-	r.parkedN.Store(int64(len(r.parked)))
+	r.parkedN.Store(int64(len(r.parked)) + int64(len(r.unsure)))
+}
+
+// markUnsure records that a park of a unit of u's entry failed here, perhaps after it landed.
+func (r *ProjectionRouter) markUnsure(u ops.UnitRef) {
+	r.parkMu.Lock()
+	defer r.parkMu.Unlock()
+	if r.unsure == nil {
+		r.unsure = map[ops.UnitRef]time.Time{}
+	}
+	now := time.Now()
+	for k, at := range r.unsure {
+		if now.Sub(at) > parkedKeep {
+			delete(r.unsure, k)
+		}
+	}
+	u.Member = ""
+	r.unsure[u] = now
+	r.parkedN.Store(int64(len(r.parked)) + int64(len(r.unsure)))
 }
 
 // wasParked says whether u was parked by this process and its entry not acknowledged since.
@@ -964,36 +990,51 @@ func (r *ProjectionRouter) wasParked(u ops.UnitRef) bool {
 	return ok
 }
 
-// forgetParked drops what was remembered of the parked units of b's entries, here and in the
-// poison queue's records, once the entries are acknowledged: delivered no more, they need not be
-// told apart.
-func (r *ProjectionRouter) forgetParked(ctx context.Context, group string, b *batch) {
-	units := append([]ops.UnitRef(nil), b.parkedFound...)
-	if r.parkedN.Load() > 0 {
-		r.parkMu.Lock()
-		for k := range r.parked {
-			if k.Group != group {
-				continue
-			}
-			for _, d := range b.events {
-				if k.Stream == r.streamOf(d) && k.Entry == d.ID {
-					delete(r.parked, k)
-					units = append(units, k)
-				}
-			}
-		}
-		r.parkedN.Store(int64(len(r.parked)))
-		r.parkMu.Unlock()
+// isUnsure says whether a park of a unit of entry (a UnitRef without a member) failed here, and
+// the entry was not acknowledged since.
+func (r *ProjectionRouter) isUnsure(entry ops.UnitRef) bool {
+	if r.parkedN.Load() == 0 {
+		return false
 	}
-	if len(units) == 0 {
+	r.parkMu.Lock()
+	defer r.parkMu.Unlock()
+	_, ok := r.unsure[entry]
+	return ok
+}
+
+// forgetParked drops what this process remembers of the parked units of b's entries once the
+// entries are acknowledged: delivered here no more, they need not be told apart. The poison
+// queue's records go later (sweepParked), once the XACK is seen to have landed.
+func (r *ProjectionRouter) forgetParked(group string, b *batch) {
+	if r.parkedN.Load() == 0 {
 		return
 	}
-	// A record left behind only costs its bytes: its entry is acknowledged, never delivered again.
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	defer cancel()
-	if err := r.backend.Unpark(uctx, units); err != nil {
-		r.log.Warn("could not drop the records of parked units whose entries are acknowledged", "group", group, "units", len(units), "error", err)
+	r.parkMu.Lock()
+	defer r.parkMu.Unlock()
+	for _, d := range b.events {
+		e := ops.UnitRef{Group: group, Stream: r.streamOf(d), Entry: d.ID}
+		delete(r.unsure, e)
+		for k := range r.parked {
+			if k.Group == e.Group && k.Stream == e.Stream && k.Entry == e.Entry {
+				delete(r.parked, k)
+			}
+		}
 	}
+	r.parkedN.Store(int64(len(r.parked)) + int64(len(r.unsure)))
+}
+
+// sweepParked drops the poison queue's records of units whose entries the groups this process
+// runs are seen (in info, read before) to have acknowledged: a page of the records per call.
+func (r *ProjectionRouter) sweepParked(ctx context.Context, info map[string]ops.GroupPosition) error {
+	next, err := r.backend.SweepParked(ctx, r.parkedCursor, func(u ops.UnitRef) bool {
+		p, ok := info[u.Group].On(u.Stream)
+		return ok && p.AckedThrough != "" && ops.CompareEntryIDs(u.Entry, p.AckedThrough) <= 0
+	})
+	if err != nil {
+		return err
+	}
+	r.parkedCursor = next
+	return nil
 }
 
 // streamOf is the stream d came from, as a poison entry names it (the event log's stream when
