@@ -21,6 +21,7 @@ import (
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
 	"github.com/checkins/checkins/app"
+	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/domain"
@@ -314,4 +315,87 @@ func TestStoppedHandlerLeavesNoProblem(t *testing.T) {
 	_, _, err := e.router.SetTargets(e.ctx, []ops.ProjectionTarget{{Projection: projection.UserStats{}, Version: 1}})
 	require.NoError(t, err)
 	assert.Empty(t, e.router.Problem(), "the handler of users.v2 stopped")
+}
+
+// TestMigrationWaitsForALostJoinToBeMadeAgain: v2's join (and own group) on partition 3 of 4 is
+// lost, its backfill finishes on the other three, and reads rightly stay on v1. A partition
+// migration (4 -> 2) then wrote v2 into every new partition with its backfill done, although old
+// partition 3's check-ins never reached it: the next rebuild step switched reads to v2, and its
+// users read 300 of 400 check-ins. Now the migration is refused, with nothing changed, until the
+// router has joined v2 there again; then it goes, and v2 goes live with every check-in.
+func TestMigrationWaitsForALostJoinToBeMadeAgain(t *testing.T) {
+	t.Parallel()
+	e := newLostJoinEnv(t)
+	e.add(10)
+	require.Eventually(t, func() bool { s, _ := e.total(); return s == 400 }, 10*time.Second, 20*time.Millisecond)
+	e.rebuildLosingJoin(true)
+	live := adapters.NewLiveGroups(e.client, e.keys)
+	v2 := func() ops.LiveMember {
+		ms, err := live.Read(e.ctx, "live")
+		require.NoError(t, err)
+		return ms.Members["users.v2"]
+	}
+	require.Eventually(t, func() bool {
+		m := v2()
+		if m.Missing != 1 || len(m.Parts) != 3 {
+			return false
+		}
+		for _, p := range m.Parts {
+			if p.Own != ops.BackfillDone {
+				return false
+			}
+		}
+		return true
+	}, 15*time.Second, 50*time.Millisecond, "the backfills of the partitions v2 has joined finish")
+
+	base := adapters.KeySpace{Prefix: e.keys.Prefix}
+	require.NoError(t, adapters.EnsurePartitions(e.ctx, e.client, base, 4))
+	mp, err := command.NewMigratePartitions(adapters.NewPartitionMigrator(e.client, base))
+	require.NoError(t, err)
+	_, err = mp.Handle(e.ctx, command.MigrateRequest{To: 2, Wait: 10 * time.Second})
+	require.ErrorContains(t, err, "users.v2 is not a member of live group live on partition 3")
+	require.ErrorContains(t, err, "nothing was changed")
+
+	// The registry watch has the router join partition 3 again, and v2's backfill there ends.
+	watch := ports.RegistryWatch{Router: e.router, Versions: e.a.Queries.ProjectionVersions, Rebuild: e.a.Commands.RebuildProjection,
+		Projections: e.projs, Interval: 50 * time.Millisecond, Logger: e.log}
+	wctx, stopWatch := context.WithCancel(e.ctx)
+	watched := make(chan error, 1)
+	go func() { watched <- watch.Run(wctx) }()
+	require.Eventually(t, func() bool {
+		ms, err := live.Read(e.ctx, "live")
+		require.NoError(t, err)
+		m, ok := ms.Members["users.v2"]
+		if ok && m.Missing == 0 && len(m.Parts) == 4 && m.Own == ops.BackfillDone {
+			return true
+		}
+		_, stillV1 := ms.Members["users.v1"]
+		return !ok || !stillV1 // switched already: the watch drives the rebuild too
+	}, 15*time.Second, 20*time.Millisecond, "v2 joined partition 3 again and its backfill there ended")
+	stopWatch()
+	<-watched
+
+	e.paused.Store(true) // the projectors stand still for the migration
+	_, err = mp.Handle(e.ctx, command.MigrateRequest{To: 2, Wait: 10 * time.Second})
+	require.NoError(t, err)
+	k2, err := base.WithPartitions(2)
+	require.NoError(t, err)
+	a2 := opsApp(t, e.client, k2, e.projs, app.OpsConfig{RetireGrace: 300 * time.Millisecond, Logger: e.log})
+	// Processes restart with STREAM_PARTITIONS=2: a step there switches reads (if the watch had
+	// not yet), to v2 with every check-in.
+	_, err = a2.Commands.RebuildProjection.Step(e.ctx, "users")
+	require.NoError(t, err)
+	st, err := adapters.NewProjectionVersions(e.client, k2).State(e.ctx, "users")
+	require.NoError(t, err)
+	require.Equal(t, 2, st.Serving)
+	var served int64
+	for u := int64(1); u <= 40; u++ {
+		v, err := projection.UserStats{}.Get(e.ctx, adapters.NewProjectionReader(e.client, k2, "users"), u)
+		if errors.Is(err, domain.ErrNotFound) {
+			continue
+		}
+		require.NoError(t, err)
+		served += v.NumCheckins
+	}
+	assert.Equal(t, int64(400), served, "reads switched to v2 with every check-in")
 }

@@ -42,6 +42,10 @@ type PartitionMigration interface {
 	// partitions of from would not translate to to (entries would change hands between their
 	// own group and the live group).
 	BackfillsSplit(ctx context.Context, from, to int) ([]string, error)
+	// JoinsUnsettled lists why the live groups' memberships on the partitions of from would not
+	// translate to new partitions now: a member's join lost on a partition, or a live group
+	// behind a member's join (both settle while the projectors run).
+	JoinsUnsettled(ctx context.Context, from int) ([]string, error)
 	Copy(ctx context.Context, from, to, batch int, pause time.Duration, saved func(last string) error) (CopyResult, error)
 	// Position reads the old partitions up to seen (per partition, the last entry the copy read;
 	// nil: to their ends).
@@ -257,6 +261,14 @@ func (m *MigratePartitions) handle(ctx context.Context, req MigrateRequest, repo
 		}
 		if err := m.b.TargetsEmpty(ctx, req.To); err != nil {
 			return MigrateResult{}, err
+		}
+		unsettled, err := m.b.JoinsUnsettled(ctx, recorded)
+		if err != nil {
+			return MigrateResult{}, err
+		}
+		if len(unsettled) > 0 {
+			return MigrateResult{}, fmt.Errorf("the projection versions' joins on the %d partitions would not carry over to %d: %s; the projectors settle this by themselves (they join a lost partition again within a poll, and the live group catches up): run it again once they have (nothing was changed)",
+				recorded, req.To, strings.Join(unsettled, "; "))
 		}
 		if recorded > 1 {
 			// Merged, a backfilling version's join positions on the old partitions may

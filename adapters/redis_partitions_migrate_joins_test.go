@@ -1,0 +1,61 @@
+package adapters_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/app/command"
+)
+
+// TestMigrateWaitsForTheLiveGroupToPassEveryJoin: users.v2 joined the live group at 10-0 on
+// partition 0 and at 40-0 on partition 1 (a join walks the partitions while check-ins arrive),
+// and its backfill is done on both: its own group applied h (40-0, at its join on partition 1).
+// The live group lags on partition 1: it has not delivered h, which it will apply to v1 only.
+// The merge 2 -> 1 went on (only versions still backfilling were checked): Position gave v2 one
+// join, 10-0 (x at 30-0 closes the prefix), and the live group then delivered h past it and
+// applied it to v2 a second time. Now the migration is refused, with nothing changed, until the
+// live group has delivered up to every member's join; then it goes, and h is v2's own group's.
+func TestMigrateWaitsForTheLiveGroupToPassEveryJoin(t *testing.T) {
+	t.Parallel()
+	client, keys, parts, u0, u1 := twoPartitions(t)
+	ctx := context.Background()
+	for _, e := range []struct {
+		p      int
+		id, ck string
+		user   int64
+	}{{0, "10-0", "a", u0}, {0, "30-0", "x", u0}, {1, "40-0", "h", u1}} {
+		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(e.p), ID: e.id, Values: checkinValues(e.ck, e.user)}).Err())
+	}
+	// live delivered everything on partition 0, nothing past 20-0 on partition 1.
+	require.NoError(t, client.XGroupCreate(ctx, parts.Stream(0), "live", "30-0").Err())
+	require.NoError(t, client.XGroupCreate(ctx, parts.Stream(1), "live", "20-0").Err())
+	for i, join := range []string{"10-0", "40-0"} {
+		require.NoError(t, client.HSet(ctx, parts.Registry(i), "live:live",
+			`{"users.v1":{"join":"0-0","own":"done","doneAt":"1"},"users.v2":{"join":"`+join+`","own":"done","doneAt":"1"}}`).Err())
+	}
+
+	mp, err := command.NewMigratePartitions(adapters.NewPartitionMigrator(client, keys))
+	require.NoError(t, err)
+	_, err = mp.Handle(ctx, command.MigrateRequest{To: 1, Batch: 2})
+	require.ErrorContains(t, err, "live group live has delivered up to 20-0 on partition 1, below the join of users.v2 there (40-0)")
+	require.ErrorContains(t, err, "nothing was changed")
+	n, err := client.Exists(ctx, keys.Stream()).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "nothing copied")
+
+	// The live group catches up on partition 1 (h applied to v1 alone: v2's own group has it).
+	res, err := client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "live", Consumer: "c", Streams: []string{parts.Stream(1), ">"}, Count: 10, Block: -1}).Result()
+	require.NoError(t, err)
+	require.Len(t, res[0].Messages, 1)
+	require.NoError(t, client.XAck(ctx, parts.Stream(1), "live", res[0].Messages[0].ID).Err())
+	_, err = mp.Handle(ctx, command.MigrateRequest{To: 1, Batch: 2})
+	require.NoError(t, err)
+
+	res, err = client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "live", Consumer: "c", Streams: []string{keys.Stream(), ">"}, Count: 10, Block: -1}).Result()
+	assert.ErrorIs(t, err, redis.Nil, "the live group delivers nothing again (h, which v2's own group applied, among it): %v", res)
+}
