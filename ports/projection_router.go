@@ -477,7 +477,6 @@ func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.Project
 			r.log.Warn("closing subscriber of a stopped projection handler", "group", rt.group, "error", cerr)
 		}
 		// What it could not apply is no longer anyone's to apply here: readiness says nothing more of it.
-		// What it could not apply is no longer anyone's to apply here: readiness says nothing more of it.
 		r.transientCleared(rt.group)
 		r.log.Info("projection handler stopped", "group", rt.group)
 	}
@@ -1009,15 +1008,21 @@ func (r *ProjectionRouter) forgetParked(group string, b *batch) {
 	if r.parkedN.Load() == 0 {
 		return
 	}
+	entries := make(map[ops.UnitRef]bool, len(b.events))
+	for _, d := range b.events {
+		entries[ops.UnitRef{Group: group, Stream: r.streamOf(d), Entry: d.ID}] = true
+	}
+	now := time.Now()
 	r.parkMu.Lock()
 	defer r.parkMu.Unlock()
-	for _, d := range b.events {
-		e := ops.UnitRef{Group: group, Stream: r.streamOf(d), Entry: d.ID}
-		delete(r.unsure, e)
-		for k := range r.parked {
-			if k.Group == e.Group && k.Stream == e.Stream && k.Entry == e.Entry {
-				delete(r.parked, k)
-			}
+	for e, at := range r.unsure {
+		if entries[e] || now.Sub(at) > parkedKeep {
+			delete(r.unsure, e)
+		}
+	}
+	for u, at := range r.parked {
+		if entries[ops.UnitRef{Group: u.Group, Stream: u.Stream, Entry: u.Entry}] || now.Sub(at) > parkedKeep {
+			delete(r.parked, u)
 		}
 	}
 	r.parkedN.Store(int64(len(r.parked)) + int64(len(r.unsure)))

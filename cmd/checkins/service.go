@@ -210,10 +210,12 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (_
 		// A WAIT holds its pipeline's reply for up to INGEST_REPLICA_TIMEOUT.
 		pipeClient, err := newClientRead(0, 3*time.Second+cfg.IngestReplicaTimeout)
 		if err != nil {
+			_ = pubClient.Close()
 			return nil, err
 		}
 		if cfg.IngestMinReplicas > 0 {
 			if err := adapters.RequireReplicas(pipeClient, cfg.IngestMinReplicas, cfg.IngestReplicaTimeout); err != nil {
+				_, _ = pubClient.Close(), pipeClient.Close()
 				return nil, err
 			}
 		}
@@ -226,6 +228,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (_
 		s.apiPipeline = apiPipeline
 		pub, err := adapters.NewPipelinedEventPublisher(pubClient, apiPipeline, s.keys, wlog)
 		if err != nil {
+			_ = pubClient.Close()
 			return nil, err
 		}
 		s.closers = append(s.closers, pub.Close)
