@@ -642,3 +642,24 @@ func TestRouterParksTheProjectionWhoseKeyIsOfAnotherType(t *testing.T) {
 	assert.Equal(t, int64(3), h.count())
 	assert.Empty(t, h.poison())
 }
+
+// TestOpsBulkReplayPastTheQueueEndTriesEachEntryOnce: a replay-all given an until past the
+// queue's last entry (the API takes any entry ID) walked on, after a full chunk, into the entries
+// its own failed replays had just re-parked at the queue's end, and replayed them again: with
+// max 300 and 100 entries still failing (one chunk), each was replayed and re-parked 3 times in
+// one call, and reported failed 3 times. The bound is now the queue's last entry when the run
+// starts.
+func TestOpsBulkReplayPastTheQueueEndTriesEachEntryOnce(t *testing.T) {
+	t.Parallel()
+	p := newFaulty("faulty", func(context.Context, string, int) error { return errors.New("still broken") })
+	h := startHarness(t, p, harnessOptions{})
+	_, ops := opsAPI(t, h)
+	for i := range command.PoisonChunk {
+		h.park("broken-"+strconv.Itoa(i), 1)
+	}
+	res, err := ops.ReplayAll(context.Background(), command.BulkRequest{Until: "99999999999999-0", Max: 3 * command.PoisonChunk})
+	require.NoError(t, err)
+	assert.Equal(t, command.PoisonChunk, res.Failed, "%+v", res)
+	assert.Len(t, h.poison(), command.PoisonChunk, "each re-parked once")
+	assert.Equal(t, 1, p.attempts("broken-0"), "replayed once")
+}

@@ -65,14 +65,21 @@ func walkPoison(ctx context.Context, q ops.PoisonQueue, r BulkRequest, res *Bulk
 		if err := ops.ValidateCursor("until", r.Until); err != nil {
 			return err
 		}
-	} else {
-		last, err := q.LastID(ctx)
-		if err != nil {
-			return ops.Unavailable(err)
-		}
-		if last == "" {
-			return nil
-		}
+	}
+	if stopSoon(ctx) {
+		res.Next, res.Until = resumeAt(r.After), r.Until
+		return nil
+	}
+	// Never past the queue's last entry now: a replay that fails re-parks its entry at the end,
+	// and a bound beyond it walked into those (after a full chunk) and replayed them again.
+	last, err := q.LastID(ctx)
+	if err != nil {
+		return ops.Unavailable(err)
+	}
+	if last == "" {
+		return nil
+	}
+	if r.Until == "" || ops.CompareEntryIDs(r.Until, last) > 0 {
 		r.Until = last
 	}
 	res.Until = r.Until

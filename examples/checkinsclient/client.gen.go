@@ -684,7 +684,7 @@ type PurgeOpsPoisonParams struct {
 	// After continue after this entry (the previous answer's next)
 	After *BulkAfter `form:"after,omitempty" json:"after,omitempty"`
 
-	// Until the last entry of the run (the previous answer's until)
+	// Until the last entry of the run (the previous answer's until); a run never goes past the queue's last entry when it starts, so the entries its failed replays park again are left to the next run
 	Until *BulkUntil `form:"until,omitempty" json:"until,omitempty"`
 
 	// Limit entries this call handles at most
@@ -715,7 +715,7 @@ type ReplayOpsPoisonParams struct {
 	// After continue after this entry (the previous answer's next)
 	After *BulkAfter `form:"after,omitempty" json:"after,omitempty"`
 
-	// Until the last entry of the run (the previous answer's until)
+	// Until the last entry of the run (the previous answer's until); a run never goes past the queue's last entry when it starts, so the entries its failed replays park again are left to the next run
 	Until *BulkUntil `form:"until,omitempty" json:"until,omitempty"`
 
 	// Limit entries this call handles at most
