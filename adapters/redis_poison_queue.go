@@ -76,7 +76,8 @@ return id
 // looked at). A record lives from the park until its entry's XACK is seen to have landed, not
 // to its poison entry's replay or purge: an entry still pending (its process died after the
 // park, or before its XACK reached Redis) is taken over later, and its parked unit must be left
-// alone then too, replayed or purged already. The caller decides from the groups' positions.
+// alone then too, replayed or purged already. The caller decides from the groups' positions;
+// the records of a stream that no longer exists (an old partition after a migration) go too.
 func (q *PoisonQueue) SweepParked(ctx context.Context, cursor uint64, acked func(ops.UnitRef) bool) (uint64, error) {
 	if cursor == 0 {
 		n, err := q.client.HLen(ctx, q.parked).Result()
@@ -89,9 +90,31 @@ func (q *PoisonQueue) SweepParked(ctx context.Context, cursor uint64, acked func
 		return cursor, fmt.Errorf("read the parked units' records: %w", err)
 	}
 	var drop []string
+	left := map[string][]string{} // stream -> its records not dropped yet
 	for i := 0; i+1 < len(kvs); i += 2 {
-		if u, ok := parseParkedField(kvs[i]); ok && acked(u) {
+		u, ok := parseParkedField(kvs[i])
+		switch {
+		case !ok:
+		case acked(u):
 			drop = append(drop, kvs[i])
+		default:
+			left[u.Stream] = append(left[u.Stream], kvs[i])
+		}
+	}
+	// A stream deleted since (an old partition after a migration) delivers nothing again.
+	if len(left) > 0 {
+		exists := map[string]*redis.IntCmd{}
+		pipe := q.client.Pipeline()
+		for stream := range left {
+			exists[stream] = pipe.Exists(ctx, stream)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return cursor, fmt.Errorf("read whether the parked units' streams exist: %w", err)
+		}
+		for stream, c := range exists {
+			if c.Val() == 0 {
+				drop = append(drop, left[stream]...)
+			}
 		}
 	}
 	if len(drop) > 0 {
