@@ -211,6 +211,14 @@ local raw = redis.call('HGET', KEYS[1], field)
 local m = {}
 if raw then m = cjson.decode(raw) end
 if m[ARGV[2]] then return raw end
+for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if f ~= field and string.sub(f, 1, 5) == 'live:' then
+    local other = redis.call('HGET', KEYS[1], f)
+    if other and other ~= '{}' and cjson.decode(other)[ARGV[2]] then
+      return redis.error_reply('LIVEGROUPCONFLICT ' .. string.sub(f, 6))
+    end
+  end
+end
 local live, own = nil, nil
 if redis.call('EXISTS', KEYS[2]) == 1 then
   for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[2])) do
@@ -261,6 +269,10 @@ func (l *LiveGroups) Join(ctx context.Context, group, member string) (ops.Member
 	raws := make([]string, l.parts.Count())
 	for i := range raws {
 		raw, err := joinLua.Run(ctx, l.client, []string{l.parts.Registry(i), l.parts.Stream(i)}, group, member, now).Text()
+		if err != nil && redis.HasErrorPrefix(err, "LIVEGROUPCONFLICT") {
+			_, other, _ := strings.Cut(err.Error(), "LIVEGROUPCONFLICT ")
+			return ops.Membership{}, &ops.InAnotherLiveGroupError{Group: other}
+		}
 		if err != nil {
 			if l.parts.Count() > 1 {
 				return ops.Membership{}, fmt.Errorf("join %s to live group %s on partition %d: %w", member, group, i, err)

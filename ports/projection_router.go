@@ -600,6 +600,11 @@ func (r *ProjectionRouter) join(ctx context.Context, member string) error {
 		}
 	}
 	ms, err := r.backend.Join(ctx, r.cfg.LiveGroup, member)
+	if other := (*ops.InAnotherLiveGroupError)(nil); errors.As(err, &other) {
+		// Another process joined it to its group since the look above (the join checks again).
+		return fmt.Errorf("%w: %s is fed by live group %q, this process would feed it through %q: run every projector with the same PROJECTIONS (or with sets that share no projection)",
+			ErrLiveGroupConflict, member, other.Group, r.cfg.LiveGroup)
+	}
 	if err != nil {
 		return err
 	}

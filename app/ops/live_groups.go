@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 )
@@ -150,4 +151,13 @@ func BackfillLag(m LiveMember, g *GroupInfo) (int64, bool) {
 		sum += n
 	}
 	return sum, true
+}
+
+// InAnotherLiveGroupError: a join found the member in another live group of the registry
+// (checked in the join itself, so two processes joining it to two groups at once cannot both
+// succeed); Group names that group.
+type InAnotherLiveGroupError struct{ Group string }
+
+func (e *InAnotherLiveGroupError) Error() string {
+	return fmt.Sprintf("the member is in live group %q already", e.Group)
 }
