@@ -65,6 +65,31 @@ func (l *LiveGroups) Read(ctx context.Context, group string) (ops.Membership, er
 	return l.sumMemberships(group, raws)
 }
 
+// hgetEachWithJoins is hgetEach, and each partition's joinsField, joined by commas.
+func (l *LiveGroups) hgetEachWithJoins(ctx context.Context, field string) ([]string, string, error) {
+	cmds := make([]*redis.SliceCmd, l.parts.Count())
+	_, err := l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range cmds {
+			cmds[i] = p.HMGet(ctx, l.parts.Registry(i), field, joinsField)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	out := make([]string, len(cmds))
+	joins := make([]string, len(cmds))
+	for i, c := range cmds {
+		vs := c.Val()
+		if len(vs) != 2 {
+			return nil, "", fmt.Errorf("HMGET %s: unexpected reply %v", l.parts.Registry(i), vs)
+		}
+		out[i], _ = vs[0].(string)
+		joins[i], _ = vs[1].(string)
+	}
+	return out, strings.Join(joins, ","), nil
+}
+
 // hgetEach reads field from every partition's registry ("" where it is missing).
 func (l *LiveGroups) hgetEach(ctx context.Context, field string) ([]string, error) {
 	if l.parts.Count() == 1 {
@@ -257,8 +282,14 @@ end
 m[ARGV[2]] = rec
 local enc = cjson.encode(m)
 redis.call('HSET', KEYS[1], field, enc)
+redis.call('HINCRBY', KEYS[1], '` + joinsField + `', 1)
 return enc
 `)
+
+// joinsField counts, in each partition's registry, the joins into any of its live groups: read
+// with a group's own membership on every batch, it tells a projector of another group that a
+// version joined (its backfill registers identities its registry floors do not yet account for).
+const joinsField = "live_joins"
 
 // Join makes member (MemberName) part of live group, once: later calls return the membership.
 // With partitions it joins on each partition in turn, at that partition's position: until it

@@ -45,7 +45,7 @@ func (p *ProjectorBackend) Streams() []string { return p.keys.Partitions().Strea
 // parsed again only when it changed: the router reads it once per batch, so that a version
 // joining is seen by every batch delivered after its join position.
 func (p *ProjectorBackend) CurrentMembership(ctx context.Context, group string) (ops.Membership, error) {
-	raws, err := p.hgetEach(ctx, liveField+group)
+	raws, joins, err := p.hgetEachWithJoins(ctx, liveField+group)
 	if err != nil {
 		return ops.Membership{}, fmt.Errorf("read the live group's membership: %w", err)
 	}
@@ -56,6 +56,7 @@ func (p *ProjectorBackend) CurrentMembership(ctx context.Context, group string) 
 	p.msMu.Lock()
 	defer p.msMu.Unlock()
 	if ms, ok := p.msCache[group]; ok && ms.Raw == key {
+		ms.Joins = joins
 		return ms, nil
 	}
 	ms, err := p.sumMemberships(group, raws)
@@ -64,6 +65,7 @@ func (p *ProjectorBackend) CurrentMembership(ctx context.Context, group string) 
 	}
 	ms.Raw = key
 	p.msCache[group] = ms
+	ms.Joins = joins
 	return ms, nil
 }
 

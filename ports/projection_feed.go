@@ -201,6 +201,7 @@ func (f *feed) handle(msg *message.Message) (_ []*message.Message, err error) {
 	if err != nil {
 		return nil, err
 	}
+	f.r.noteJoins(ms.Joins)
 	done := b.resolvedNow()
 	parked, err := f.parkedUnits(ctx, b, ms)
 	if err != nil {

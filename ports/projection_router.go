@@ -157,6 +157,10 @@ type ProjectionRouter struct {
 	unsure map[ops.UnitRef]time.Time
 	// parkedCursor is where the next checkpoint's sweep of the parked records goes on.
 	parkedCursor uint64
+
+	// joinsSeen is the registries' count of joins the last batch read (noteJoins).
+	joinsMu   sync.Mutex
+	joinsSeen string
 }
 
 type runningHandler struct {
@@ -748,6 +752,22 @@ func (r *ProjectionRouter) Groups() []string {
 // that a version joining is seen by every batch delivered after its join position.
 func (r *ProjectionRouter) membership(ctx context.Context) (ops.Membership, error) {
 	return r.backend.CurrentMembership(ctx, r.cfg.LiveGroup)
+}
+
+// noteJoins holds the registry floors when a version joined some live group since the last
+// batch looked (joins, Membership.Joins, changed): its backfill registers identities of old
+// check-ins, which floors computed before it would prune, in this process's calls, until the
+// next checkpoint accounts for it. Only the process that starts a backfill held them; a
+// projector of another live group pruned what the backfill had just registered, and a copy
+// within the window was counted again in the rebuilt version.
+func (r *ProjectionRouter) noteJoins(joins string) {
+	r.joinsMu.Lock()
+	changed := joins != r.joinsSeen
+	r.joinsSeen = joins
+	r.joinsMu.Unlock()
+	if changed {
+		r.cfg.Applier.HoldRegistryFloors()
+	}
 }
 
 // prune is the applier's Prune: markers of a group below its recorded checkpoint may go.

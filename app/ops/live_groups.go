@@ -84,6 +84,10 @@ const (
 type Membership struct {
 	Raw     string
 	Members map[string]LiveMember
+	// Joins, where read with it (a projector's every batch), changes whenever a version joins
+	// any live group of the registries: the registry floors computed before may not account for
+	// its backfill.
+	Joins string
 }
 
 // MemberName is how a projection version is named in a membership (and its own group).
