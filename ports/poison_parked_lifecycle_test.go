@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -18,7 +17,6 @@ import (
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
 	"github.com/checkins/checkins/app/command"
-	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/ports"
 )
@@ -161,46 +159,12 @@ func TestParkedRecordStaysUntilTheXAckLands(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(1), r.h.pendingIn(), "the entry is still pending")
 
-	t.Cleanup(r.startWith("b", testApplier(t, r.client, r.keys), 300*time.Millisecond, func(*redis.Client) {}))
+	t.Cleanup(r.start("b", testApplier(t, r.client, r.keys), 300*time.Millisecond))
 	require.Eventually(t, func() bool { return r.h.pendingIn() == 0 }, 15*time.Second, 20*time.Millisecond, "b takes the entry over")
 	before := r.countOf("faulty")
 	r.replay()
 	assert.Equal(t, int64(1), r.countOf("faulty"),
 		"counted once, by the replay (b applied the parked unit %d time(s); records left while the entry was pending: %d)", before, records)
-}
-
-// startWith is takeoverRun.start with each subscriber client given to prepare first.
-func (r *takeoverRun) startWith(consumer string, applier ports.ProjectionApplier, claimIdle time.Duration, prepare func(*redis.Client)) (stop func()) {
-	t := r.t
-	var targets []ops.ProjectionTarget
-	for _, p := range r.projs {
-		targets = append(targets, ops.ProjectionTarget{Projection: p, Version: 1})
-	}
-	router, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-		Targets: targets, Backend: adapters.NewProjectorBackend(r.client, r.keys), Applier: applier,
-		NewSubscriber: adapters.Subscribers{Kind: r.kind, NewClient: func() (redis.UniversalClient, error) {
-			c := redistest.Client(t, r.env.URL)
-			prepare(c)
-			return c, nil
-		},
-			Consumer: consumer, BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: 100 * time.Millisecond,
-			ClaimInterval: 100 * time.Millisecond, ClaimIdle: claimIdle, DrainTimeout: time.Second, Logger: watermill.NewSlogLogger(r.log)}.New,
-		Retry:        ports.RetryPolicy{InitialInterval: 10 * time.Millisecond, Multiplier: 2, MaxInterval: 50 * time.Millisecond, MaxAttempts: takeoverRetries},
-		CloseTimeout: 5 * time.Second, Logger: r.log,
-	})
-	require.NoError(t, err)
-	rctx, cancel := context.WithCancel(r.ctx)
-	done := make(chan error, 1)
-	go func() { done <- router.Run(rctx) }()
-	require.Eventually(t, router.Running, 10*time.Second, 10*time.Millisecond)
-	return func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			t.Error("router did not stop")
-		}
-	}
 }
 
 func (h *harness) pendingIn() int64 {
@@ -240,7 +204,7 @@ func TestRecordsOfEntriesResolvedBeforeANackAreDropped(t *testing.T) {
 	r.h = &harness{t: t, keys: r.keys, client: r.client, proj: faulty}
 	r.h.add("e1", 1) // both units fail: acked on its own right after the park
 	r.h.add("e2", 2) // faulty fails; other's unit is held, and applied after the park
-	t.Cleanup(r.startWith("c1", applier, time.Hour, func(*redis.Client) {}))
+	t.Cleanup(r.start("c1", applier, time.Hour))
 
 	require.Eventually(t, func() bool {
 		return len(r.h.poison()) == 3 && r.h.pendingIn() == 0 && r.countOf("other") == 1

@@ -66,11 +66,25 @@ func newTakeover(t *testing.T, kind string) *takeoverRun {
 
 // start runs a projector of both projections as consumer, until the returned stop.
 func (r *takeoverRun) start(consumer string, applier ports.ProjectionApplier, claimIdle time.Duration) (stop func()) {
+	return r.startWith(consumer, applier, claimIdle, nil)
+}
+
+// startWith is start with each subscriber client given to prepare first (when not nil).
+func (r *takeoverRun) startWith(consumer string, applier ports.ProjectionApplier, claimIdle time.Duration, prepare func(*redis.Client)) (stop func()) {
 	t := r.t
-	targets := []ops.ProjectionTarget{{Projection: r.projs[0], Version: 1}, {Projection: r.projs[1], Version: 1}}
+	var targets []ops.ProjectionTarget
+	for _, p := range r.projs {
+		targets = append(targets, ops.ProjectionTarget{Projection: p, Version: 1})
+	}
 	router, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
 		Targets: targets, Backend: adapters.NewProjectorBackend(r.client, r.keys), Applier: applier,
-		NewSubscriber: adapters.Subscribers{Kind: r.kind, NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, r.env.URL), nil },
+		NewSubscriber: adapters.Subscribers{Kind: r.kind, NewClient: func() (redis.UniversalClient, error) {
+			c := redistest.Client(t, r.env.URL)
+			if prepare != nil {
+				prepare(c)
+			}
+			return c, nil
+		},
 			Consumer: consumer, BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: 100 * time.Millisecond,
 			ClaimInterval: 100 * time.Millisecond, ClaimIdle: claimIdle, DrainTimeout: time.Second, Logger: watermill.NewSlogLogger(r.log)}.New,
 		Retry:        ports.RetryPolicy{InitialInterval: 10 * time.Millisecond, Multiplier: 2, MaxInterval: 50 * time.Millisecond, MaxAttempts: takeoverRetries},

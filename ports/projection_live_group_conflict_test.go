@@ -52,29 +52,11 @@ func TestLiveGroupConflictIsCheckedInTheJoin(t *testing.T) {
 	wg.Add(2)
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	var subMu sync.Mutex
-	var subClients []*redis.Client
-	t.Cleanup(func() {
-		subMu.Lock()
-		defer subMu.Unlock()
-		for _, c := range subClients {
-			_ = c.Close()
-		}
-	})
 	errs := make(chan error, 2)
 	var routers []*ports.ProjectionRouter
 	for i, group := range []string{"live", "live:users"} {
-		newSub := adapters.Subscribers{Kind: "batched", NewClient: func() (redis.UniversalClient, error) {
-			opt, err := redis.ParseURL(env.URL)
-			if err != nil {
-				return nil, err
-			}
-			c := redis.NewClient(opt)
-			subMu.Lock()
-			subClients = append(subClients, c)
-			subMu.Unlock()
-			return c, nil
-		}, Consumer: "c" + strconv.Itoa(i), BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: 100 * time.Millisecond,
+		newSub := adapters.Subscribers{Kind: "batched", NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, env.URL), nil },
+			Consumer: "c" + strconv.Itoa(i), BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: 100 * time.Millisecond,
 			ClaimInterval: time.Second, ClaimIdle: 5 * time.Second, DrainTimeout: 5 * time.Second, Logger: watermill.NewSlogLogger(log)}.New
 		r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
 			Projections: []projection.Projection{p}, LiveGroup: group,

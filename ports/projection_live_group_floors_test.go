@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -83,29 +82,11 @@ func TestOtherLiveGroupLeavesWhatABackfillRegistered(t *testing.T) {
 	at(old+10_000, ck("dup", 1, old)) // the same check-in 10 s later: a duplicate
 	recent := at(0, ck("recent", 9999, time.Now().UnixMilli()))
 
-	var subMu sync.Mutex
-	var subClients []*redis.Client
-	t.Cleanup(func() {
-		subMu.Lock()
-		defer subMu.Unlock()
-		for _, c := range subClients {
-			_ = c.Close()
-		}
-	})
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	start := func(name string, p *faultyProjection, group string, every time.Duration) (*ports.ProjectionRouter, *adapters.ProjectionApplier) {
-		newSub := adapters.Subscribers{Kind: "batched", NewClient: func() (redis.UniversalClient, error) {
-			opt, err := redis.ParseURL(env.URL)
-			if err != nil {
-				return nil, err
-			}
-			c := redis.NewClient(opt)
-			subMu.Lock()
-			subClients = append(subClients, c)
-			subMu.Unlock()
-			return c, nil
-		}, Consumer: name, BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: 100 * time.Millisecond,
+		newSub := adapters.Subscribers{Kind: "batched", NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, env.URL), nil },
+			Consumer: name, BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: 100 * time.Millisecond,
 			ClaimInterval: time.Second, ClaimIdle: 5 * time.Second, DrainTimeout: 5 * time.Second, Logger: watermill.NewSlogLogger(log)}.New
 		applier := windowOf(time.Minute, 1)(client, keys)
 		r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{

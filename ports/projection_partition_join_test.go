@@ -135,6 +135,26 @@ func (e *lostJoinEnv) rebuildLosingJoinOn(group bool, parts ...int) {
 	}
 }
 
+// registryWatch is the registry watch of e's router (it joins lost partitions again and steps
+// the rebuild), polling every 50 ms.
+func (e *lostJoinEnv) registryWatch() ports.RegistryWatch {
+	return ports.RegistryWatch{Router: e.router, Versions: e.a.Queries.ProjectionVersions, Rebuild: e.a.Commands.RebuildProjection,
+		Projections: e.projs, Interval: 50 * time.Millisecond, Logger: e.log}
+}
+
+// watchUntilSwitched runs the registry watch (until the test ends) and waits until the rebuild
+// of users has switched reads to v2 and removed v1.
+func (e *lostJoinEnv) watchUntilSwitched(t *testing.T) {
+	t.Helper()
+	redistest.Background(t, "registry watcher", 20*time.Second, e.registryWatch().Run)
+	versions := adapters.NewProjectionVersions(e.client, e.keys)
+	require.Eventually(t, func() bool {
+		st, err := versions.State(e.ctx, "users")
+		require.NoError(t, err)
+		return st.Serving == 2 && st.Building == 0 && st.Retiring == 0
+	}, 20*time.Second, 20*time.Millisecond, "the rebuild never finished")
+}
+
 // TestRebuildWithAJoinLostOnAPartition: with 4 partitions, v2's join record on one partition is
 // lost. Reads switched to v2 all the same, without that partition's check-ins, and the
 // partition's live group, left without members when v1 left, acknowledged its new check-ins
@@ -147,15 +167,7 @@ func TestRebuildWithAJoinLostOnAPartition(t *testing.T) {
 	require.Eventually(t, func() bool { s, _ := e.total(); return s == 400 }, 10*time.Second, 20*time.Millisecond)
 	e.rebuildLosingJoin(false)
 
-	watch := ports.RegistryWatch{Router: e.router, Versions: e.a.Queries.ProjectionVersions, Rebuild: e.a.Commands.RebuildProjection,
-		Projections: e.projs, Interval: 50 * time.Millisecond, Logger: e.log}
-	redistest.Background(t, "registry watcher", 20*time.Second, watch.Run)
-	versions := adapters.NewProjectionVersions(e.client, e.keys)
-	require.Eventually(t, func() bool {
-		st, err := versions.State(e.ctx, "users")
-		require.NoError(t, err)
-		return st.Serving == 2 && st.Building == 0 && st.Retiring == 0
-	}, 20*time.Second, 20*time.Millisecond, "the rebuild never finished")
+	e.watchUntilSwitched(t)
 	s, byPart := e.total()
 	require.Equal(t, int64(400), s, "after the switch, by partition %v", byPart)
 	e.add(5)
@@ -248,15 +260,7 @@ func TestBackfillGoesOnAroundAPartitionWhoseJoinIsLost(t *testing.T) {
 
 	// The registry watch has the router join partition 3 again: its entries are applied, and
 	// the rebuild switches reads to v2 with every check-in.
-	watch := ports.RegistryWatch{Router: e.router, Versions: e.a.Queries.ProjectionVersions, Rebuild: e.a.Commands.RebuildProjection,
-		Projections: e.projs, Interval: 50 * time.Millisecond, Logger: e.log}
-	redistest.Background(t, "registry watcher", 20*time.Second, watch.Run)
-	versions := adapters.NewProjectionVersions(e.client, e.keys)
-	require.Eventually(t, func() bool {
-		st, err := versions.State(e.ctx, "users")
-		require.NoError(t, err)
-		return st.Serving == 2 && st.Building == 0 && st.Retiring == 0
-	}, 20*time.Second, 20*time.Millisecond, "the rebuild never finished")
+	e.watchUntilSwitched(t)
 	s, byPart := e.total()
 	require.Equal(t, int64(1000), s, "after the switch, by partition %v", byPart)
 }
@@ -282,15 +286,7 @@ func TestRebuildWithItsJoinLostOnEveryPartition(t *testing.T) {
 				require.Eventually(t, func() bool { s, _ := e.total(); return s == 400 }, 10*time.Second, 20*time.Millisecond)
 				e.rebuildLosingJoinOn(group, tc.lost...)
 				e.add(2)
-				watch := ports.RegistryWatch{Router: e.router, Versions: e.a.Queries.ProjectionVersions, Rebuild: e.a.Commands.RebuildProjection,
-					Projections: e.projs, Interval: 50 * time.Millisecond, Logger: e.log}
-				redistest.Background(t, "registry watcher", 20*time.Second, watch.Run)
-				versions := adapters.NewProjectionVersions(e.client, e.keys)
-				require.Eventually(t, func() bool {
-					st, err := versions.State(e.ctx, "users")
-					require.NoError(t, err)
-					return st.Serving == 2 && st.Building == 0 && st.Retiring == 0
-				}, 20*time.Second, 20*time.Millisecond, "the rebuild never finished")
+				e.watchUntilSwitched(t)
 				s, byPart := e.total()
 				require.Equal(t, int64(480), s, "after the switch, by partition %v", byPart)
 				e.add(5)
@@ -357,8 +353,7 @@ func TestMigrationWaitsForALostJoinToBeMadeAgain(t *testing.T) {
 	require.ErrorContains(t, err, "nothing was changed")
 
 	// The registry watch has the router join partition 3 again, and v2's backfill there ends.
-	watch := ports.RegistryWatch{Router: e.router, Versions: e.a.Queries.ProjectionVersions, Rebuild: e.a.Commands.RebuildProjection,
-		Projections: e.projs, Interval: 50 * time.Millisecond, Logger: e.log}
+	watch := e.registryWatch()
 	wctx, stopWatch := context.WithCancel(e.ctx)
 	watched := make(chan error, 1)
 	go func() { watched <- watch.Run(wctx) }()

@@ -975,13 +975,7 @@ func (r *ProjectionRouter) markParked(u ops.UnitRef) {
 	if r.parked == nil {
 		r.parked = map[ops.UnitRef]time.Time{}
 	}
-	now := time.Now()
-	for k, at := range r.parked {
-		if now.Sub(at) > parkedKeep {
-			delete(r.parked, k)
-		}
-	}
-	r.parked[u] = now
+	r.parked[u] = time.Now() // forgetParked lets it go, at its entry's ack or after parkedKeep
 	r.parkedN.Store(int64(len(r.parked)) + int64(len(r.unsure)))
 }
 
@@ -992,14 +986,8 @@ func (r *ProjectionRouter) markUnsure(u ops.UnitRef) {
 	if r.unsure == nil {
 		r.unsure = map[ops.UnitRef]time.Time{}
 	}
-	now := time.Now()
-	for k, at := range r.unsure {
-		if now.Sub(at) > parkedKeep {
-			delete(r.unsure, k)
-		}
-	}
 	u.Member = ""
-	r.unsure[u] = now
+	r.unsure[u] = time.Now() // as markParked's
 	r.parkedN.Store(int64(len(r.parked)) + int64(len(r.unsure)))
 }
 
