@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/checkins/checkins/app/ops"
+	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/domain"
 )
 
@@ -65,9 +66,18 @@ func parkedField(u ops.UnitRef) string {
 
 // parkLua adds a poison entry and records its unit as parked, together: a projector that takes
 // the entry over from one that died before acknowledging it leaves the unit to the replay.
+// ARGV[1]: the parking consumer's lease (Redis ms, 0: none; projection.WithLease), from which it
+// parks nothing: another projector may have taken the entry over and applied the unit.
 var parkLua = redis.NewScript(`
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
-redis.call('HSET', KEYS[2], ARGV[1], id)
+local lease = tonumber(ARGV[1])
+if lease > 0 then
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) >= lease then
+    return redis.error_reply('LEASEEXPIRED the consumer hold on the entry ran out')
+  end
+end
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
+redis.call('HSET', KEYS[2], ARGV[2], id)
 return id
 `)
 
@@ -159,8 +169,12 @@ func (q *PoisonQueue) Stream() string { return q.stream }
 
 // Park adds e to the queue and returns its ID.
 func (q *PoisonQueue) Park(ctx context.Context, e ops.PoisonEntry) (string, error) {
-	args := append([]any{parkedField(e.Unit())}, poisonValues(e)...)
+	lease, _ := projection.LeaseOf(ctx)
+	args := append([]any{lease, parkedField(e.Unit())}, poisonValues(e)...)
 	id, err := parkLua.Run(ctx, q.client, []string{q.stream, q.parked}, args...).Text()
+	if isLeaseExpired(err) {
+		return "", fmt.Errorf("park event %s of %s: %w", e.EntryID, e.Projection, projection.ErrLeaseExpired)
+	}
 	if err != nil {
 		return "", fmt.Errorf("park event %s of %s in %s: %w", e.EntryID, e.Projection, q.stream, err)
 	}

@@ -124,7 +124,8 @@ return out
 // applyScript is step 2, and on a single server step 1 as well. KEYS: registry, marker and op
 // keys. ARGV[1] holds the call's numbers (see scriptArgs: key indexes, counts, op kinds, and
 // the ARGV index of every string); ARGV[2...] are the call's strings, each once. In that order:
-// the window (score units, a string); the number of bounds, then per bound: key index, the score
+// the window (score units, a string); the fence (0, or a string: the Redis time in ms from which
+// the call must write nothing, projection.WithLease); the number of bounds, then per bound: key index, the score
 // below which the set's members are no longer needed (a string; for a marker set: entries its
 // group will not deliver again), 1 to prune them in this call, last (else 0); then the number of
 // items, and per item (the updates one group made for one event, in one slot on a cluster):
@@ -177,9 +178,18 @@ if hasmp and mp then Q = mp.unpack(ARGV[1]) else Q = unpackNumbers(ARGV[1]) end
 local N = setmetatable({}, {__index = function(t, s) local v = tonumber(s); rawset(t, s, v); return v end})
 local T = setmetatable({}, {__index = function(t, s) local v = tostring(-(tonumber(s) + 1)); rawset(t, s, v); return v end})
 local w = tonumber(S[Q[1]])
+-- The fence: Q[2], when not 0, is the string of the Redis time (ms) from which another consumer
+-- may have taken the entries over. Checked before anything is written, by Redis's clock, so a
+-- consumer that stood still between deciding to apply and this call running applies nothing.
+if Q[2] > 0 then
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) >= tonumber(S[Q[2]]) then
+    return redis.error_reply('LEASEEXPIRED the consumer hold on these entries ran out')
+  end
+end
 local stale, prune = {}, {}
-local q = 3 -- Q[1] and Q[2] are the window's string and the number of bounds
-for _ = 1, Q[2] do
+local q = 4 -- Q[1], Q[2] and Q[3]: the window's string, the fence's and the number of bounds
+for _ = 1, Q[3] do
   local k, b, now = Q[q], S[Q[q+1]], Q[q+2]
   q = q + 3
   stale[k] = tonumber(b)
@@ -1221,6 +1231,16 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 	type markerOf struct{ group, slot string }
 	markers := make([]string, len(items)) // each item's marker key
 	windowArg := strconv.FormatInt(a.window, 10)
+	leaseArg := ""
+	if until, ok := projection.LeaseOf(ctx); ok {
+		leaseArg = strconv.FormatInt(until, 10)
+	}
+	leaseRef := func(sa *scriptArgs) int {
+		if leaseArg == "" {
+			return 0
+		}
+		return sa.ref(leaseArg)
+	}
 	pipe := a.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
 	for c, idx := range calls {
@@ -1338,6 +1358,7 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 		}
 		packed := make([]byte, 0, 8+len(bnd)+48*len(idx))
 		packed = sa.put(packed, sa.ref(windowArg))
+		packed = sa.put(packed, leaseRef(sa))
 		packed = sa.put(packed, bounds)
 		packed = append(packed, bnd...)
 		packed = sa.put(packed, len(idx))
@@ -1399,6 +1420,11 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 	}
 	a.touch(items, markers)
 	if err := a.exec(ctx, pipe, cmds, applyLua, "apply"); err != nil {
+		for _, c := range cmds {
+			if isLeaseExpired(c.Err()) {
+				return nil, fmt.Errorf("apply projection updates: %w", projection.ErrLeaseExpired)
+			}
+		}
 		return nil, culprit(err, works, cmds, calls, items)
 	}
 	for c, idx := range calls {
@@ -1426,6 +1452,11 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 		}
 	}
 	return states, nil
+}
+
+// isLeaseExpired says whether err is applyScript's refusal to write past the caller's lease.
+func isLeaseExpired(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "LEASEEXPIRED ")
 }
 
 // defaultChunk: script calls of about this many Redis commands (about 20 check-ins with the

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/checkins/checkins/adapters/batchsub"
 	"github.com/checkins/checkins/app/ops"
 )
 
@@ -32,6 +33,18 @@ type ProjectorBackend struct {
 func NewProjectorBackend(client redis.UniversalClient, keys KeySpace) *ProjectorBackend {
 	return &ProjectorBackend{LiveGroups: NewLiveGroups(client, keys), client: client, keys: keys,
 		queue: NewPoisonQueue(client, keys), msCache: map[string]ops.Membership{}}
+}
+
+// LeaseOf is the smallest lease of msgs (batchsub.LeaseUntil): the Redis time from which
+// another consumer may have taken one of their entries over. ok is false when none has one (the
+// stock subscriber tells none: its writes are not fenced).
+func (p *ProjectorBackend) LeaseOf(msgs []*message.Message) (until int64, ok bool) {
+	for _, m := range msgs {
+		if u, has := batchsub.LeaseUntil(m.Context()); has && (!ok || u < until) {
+			until, ok = u, true
+		}
+	}
+	return until, ok
 }
 
 // Stream is the event stream's key (the router's topic; with partitions, the subscriber

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/batchsub"
 	"github.com/checkins/checkins/adapters/redistest"
 	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/app/projection"
@@ -102,12 +103,23 @@ func TestParkWithLostReplyThenSuccessCountsOnce(t *testing.T) {
 // died right after its acker took the IDs (or the XACK never reached Redis before a kill).
 type swallowXAck struct{ n atomic.Int32 }
 
+// isXAck says whether c acknowledges entries: an XACK, or the batched subscriber's fenced ack
+// script.
+func isXAck(c redis.Cmder) bool {
+	if strings.EqualFold(c.Name(), "xack") {
+		return true
+	}
+	args := c.Args()
+	return (strings.EqualFold(c.Name(), "evalsha") || strings.EqualFold(c.Name(), "eval")) && len(args) > 1 &&
+		(args[1] == batchsub.AckScriptSHA || args[1] == batchsub.AckScript)
+}
+
 func (h *swallowXAck) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *swallowXAck) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		kept := cmds[:0:0]
 		for _, c := range cmds {
-			if strings.EqualFold(c.Name(), "xack") {
+			if isXAck(c) {
 				h.n.Add(1)
 				continue
 			}
@@ -121,7 +133,7 @@ func (h *swallowXAck) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 }
 func (h *swallowXAck) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if strings.EqualFold(cmd.Name(), "xack") {
+		if isXAck(cmd) {
 			h.n.Add(1)
 			return nil
 		}

@@ -84,6 +84,10 @@ type ProjectorBackend interface {
 
 	// DecodeEntries decodes a batch of the subscribers' messages (once per batch).
 	DecodeEntries(msgs []*message.Message, out []projection.Entry)
+	// LeaseOf is the smallest lease of the subscriber's messages msgs: the Redis time (ms) from
+	// which another consumer of the group may have taken one of their entries over, and what
+	// is written for them must not land (projection.WithLease). ok is false when none has one.
+	LeaseOf(msgs []*message.Message) (until int64, ok bool)
 
 	// TransientReason classifies the backend's failures (ops.Failures).
 	TransientReason(err error) (reason string, ok bool)

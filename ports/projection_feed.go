@@ -290,9 +290,10 @@ func (f *feed) handle(msg *message.Message) (_ []*message.Message, err error) {
 	if ctx.Err() != nil {
 		return nil, fmt.Errorf("%w (%s)", ErrHandlerTimeout, ctx.Err())
 	}
+	ctx = f.leased(ctx, b, units, workUnits)
 	outcomes, err := f.r.cfg.Applier.Apply(ctx, works, f.r.prune)
 	if err != nil {
-		if f.r.isTransient(err) || ctx.Err() != nil {
+		if f.r.isTransient(err) || ctx.Err() != nil || errors.Is(err, projection.ErrLeaseExpired) {
 			return nil, err
 		}
 		// Something about the updates themselves (a key of another type, say): find which.
@@ -396,7 +397,7 @@ func (f *feed) applyAround(ctx context.Context, works []projection.Work, workUni
 		at[w] = w
 	}
 	for {
-		if errors.Is(err, projection.ErrAppliedInPart) {
+		if errors.Is(err, projection.ErrAppliedInPart) || errors.Is(err, projection.ErrLeaseExpired) {
 			return nil, err // only this group applying it again completes it exactly
 		}
 		w := named(err, at)
@@ -411,7 +412,7 @@ func (f *feed) applyAround(ctx context.Context, works []projection.Work, workUni
 			}
 			return outcomes, nil
 		}
-		if f.r.isTransient(err) || ctx.Err() != nil {
+		if f.r.isTransient(err) || ctx.Err() != nil || errors.Is(err, projection.ErrLeaseExpired) {
 			return nil, err
 		}
 	}
@@ -425,7 +426,7 @@ func (f *feed) applyAround(ctx context.Context, works []projection.Work, workUni
 		tried[e] = true
 		at, o, err := apply(func(v int) bool { return units[workUnits[v]].entry == e })
 		if err != nil {
-			if f.r.isTransient(err) || ctx.Err() != nil || errors.Is(err, projection.ErrAppliedInPart) {
+			if f.r.isTransient(err) || ctx.Err() != nil || errors.Is(err, projection.ErrAppliedInPart) || errors.Is(err, projection.ErrLeaseExpired) {
 				return nil, err
 			}
 			leaveOut(e, named(err, at), err)
@@ -436,6 +437,23 @@ func (f *feed) applyAround(ctx context.Context, works []projection.Work, workUni
 		}
 	}
 	return outcomes, nil
+}
+
+// leased is ctx with the lease of the entries units[workUnits] are of (ProjectorBackend.LeaseOf):
+// the applier writes nothing for them from the moment another consumer may have taken one of
+// them over (a process that stood still longer than CLAIM_IDLE between reading and applying).
+func (f *feed) leased(ctx context.Context, b *batch, units []unit, workUnits []int) context.Context {
+	msgs := make([]*message.Message, 0, len(workUnits))
+	last := -1
+	for _, wu := range workUnits {
+		if e := units[wu].entry; e != last { // an entry's units are next to each other
+			msgs, last = append(msgs, b.msgs[e]), e
+		}
+	}
+	if until, ok := f.r.backend.LeaseOf(msgs); ok {
+		return projection.WithLease(ctx, until)
+	}
+	return ctx
 }
 
 // runHandler runs p on e, turning a panic into an error of that unit.

@@ -89,6 +89,12 @@ func retryMiddleware(p RetryPolicy) message.HandlerMiddleware {
 					}
 					return out, nil
 				}
+				if errors.Is(err, projection.ErrLeaseExpired) {
+					// Another consumer may hold the entries now: retrying here would be refused
+					// again. The subscriber finds out whose they are, and lets them go or renews
+					// them.
+					return nil, err
+				}
 				if errors.Is(err, errNotJoinedThere) {
 					// Entries of a partition whose join is lost: the batch goes back as it is (its
 					// done entries acknowledged), and comes again whole. A retry of the units this
@@ -216,6 +222,7 @@ const maxPoisonErrorLen = 4000
 func (r *ProjectionRouter) poisonMiddleware(group string) message.HandlerMiddleware {
 	transient := &throttledLog{interval: 10 * time.Second}
 	parkFailed := &throttledLog{interval: 10 * time.Second}
+	leaseLost := &throttledLog{interval: 10 * time.Second}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			b, err := batchOf(msg)
@@ -232,6 +239,13 @@ func (r *ProjectionRouter) poisonMiddleware(group string) message.HandlerMiddlew
 				}
 				if msg.Context().Err() != nil {
 					return nil, err // shutting down: leave it pending for whoever runs next
+				}
+				if errors.Is(err, projection.ErrLeaseExpired) {
+					if ok, n := leaseLost.allow(); ok {
+						r.log.Warn("this projector's hold on a batch ran out (it stood still, or could not reach Redis, longer than CLAIM_IDLE): nothing of it is written here until its subscriber has found whose its events are now",
+							"group", group, "error", err, "suppressed", n)
+					}
+					return nil, err
 				}
 				bf, partial := asBatchFailure(err)
 				var stuck []unitFailure
@@ -302,7 +316,14 @@ func (r *ProjectionRouter) park(ctx context.Context, b *batch, group string, fai
 			}
 			return err
 		}
-		id, err := r.backend.Park(ctx, entry)
+		parkCtx := ctx
+		if until, ok := r.backend.LeaseOf([]*message.Message{m}); ok {
+			parkCtx = projection.WithLease(ctx, until) // parked by whoever holds the entry
+		}
+		id, err := r.backend.Park(parkCtx, entry)
+		if errors.Is(err, projection.ErrLeaseExpired) {
+			return err // not parked: the entry may be another projector's now
+		}
 		if err != nil {
 			if b.events != nil {
 				d := b.events[f.unit.entry]

@@ -19,6 +19,7 @@ const finalFlushTimeout = 5 * time.Second
 // a drain is not finished before its acks are durable, and the backlog of acks waiting for a
 // dead Redis is bounded (see subscription.room).
 type acker struct {
+	sub      *subscription
 	client   redis.UniversalClient
 	stream   string
 	group    string
@@ -42,6 +43,7 @@ type acker struct {
 
 func newAcker(sub *subscription) *acker {
 	return &acker{
+		sub:      sub,
 		client:   sub.cfg.Client,
 		stream:   sub.topic,
 		group:    sub.cfg.ConsumerGroup,
@@ -96,17 +98,18 @@ func (a *acker) putBack(ids []string) {
 	a.mu.Unlock()
 }
 
-// flush XACKs ids, pipelining one XACK per BatchSize IDs when more have piled up (after an
-// outage).
+// flush XACKs ids, fenced (ackScript), pipelining one call per BatchSize IDs when more have
+// piled up (after an outage).
 func (a *acker) flush(ctx context.Context, ids []string) error {
-	if len(ids) <= a.batch {
-		if err := a.client.XAck(ctx, a.stream, a.group, ids...).Err(); err != nil {
+	chunk := min(a.batch, maxAckIDs)
+	if len(ids) <= chunk {
+		if err := a.xack(ctx, a.client, ids, false).Err(); err != nil {
 			return fmt.Errorf("xack %d entries: %w", len(ids), err)
 		}
 	} else {
 		_, err := a.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for start := 0; start < len(ids); start += a.batch {
-				p.XAck(ctx, a.stream, a.group, ids[start:min(start+a.batch, len(ids))]...)
+			for start := 0; start < len(ids); start += chunk {
+				a.xack(ctx, p, ids[start:min(start+chunk, len(ids))], true)
 			}
 			return nil
 		})
@@ -115,8 +118,30 @@ func (a *acker) flush(ctx context.Context, ids []string) error {
 			return fmt.Errorf("xack %d entries (pipelined): %w", len(ids), err)
 		}
 	}
+	// Those another consumer holds now were left pending to it; this one is done with them too.
 	a.inflight.xacked(ids)
 	return nil
+}
+
+// maxAckIDs bounds the IDs of one ackScript call (Lua's unpack takes a few thousand values).
+const maxAckIDs = 1000
+
+// xack acknowledges ids in one ackScript call, under the smallest of their leases. In a
+// pipeline the script is sent whole (EVAL): a NOSCRIPT there would not be retried.
+func (a *acker) xack(ctx context.Context, c redis.Scripter, ids []string, pipelined bool) *redis.Cmd {
+	until := int64(0)
+	if lease, ok := a.inflight.minLease(ids); ok {
+		until = max(lease+a.sub.leaseSpan(), 1)
+	}
+	args := make([]any, 0, 3+len(ids))
+	args = append(args, a.group, a.sub.cfg.Consumer, until)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	if pipelined {
+		return a.sub.s.ack.Eval(ctx, c, []string{a.stream}, args...)
+	}
+	return a.sub.s.ack.Run(ctx, c, []string{a.stream}, args...)
 }
 
 func (a *acker) run() {

@@ -16,6 +16,18 @@
 //   - Redis outages are ridden out with backoff, and a consumer group lost with the data
 //     (restart without persistence) is recreated.
 //
+// Fencing. A consumer that stands still longer than ClaimMinIdle (SIGSTOP, a paused VM) while
+// it holds entries may find, when it moves again, that another consumer took them over,
+// applied them and acknowledged them. What it writes then for them must not land. So every
+// message carries a lease (LeaseUntil): the Redis time from which another consumer may have
+// taken its entry over, ClaimMinIdle (less a margin for the clocks of a cluster's nodes) after
+// a Redis time read before the entry was last delivered here or had its idle time reset. A
+// handler hands it to the scripts that write for the entry, which refuse to write from then on
+// by Redis's own clock (TIME), whatever the process's clock says. The XACKs are fenced alike:
+// past the lease of an entry being acknowledged, only the entries still pending to this
+// consumer are (XPENDING ... consumer). An entry another consumer holds now is let go here at
+// its next turn: never redelivered, nor acknowledged, by this one.
+//
 // Every message's context carries the values of Subscribe's ctx and is cancelled only when a
 // drain times out, not when the message is acked (see TestMessageContext).
 //
@@ -235,6 +247,8 @@ type Subscriber struct {
 	delIfIdle *redis.Script
 	// keep resets the idle time of the entries this consumer still holds (keepScript).
 	keep *redis.Script
+	// ack acknowledges entries, fenced (ackScript).
+	ack *redis.Script
 
 	mu        sync.Mutex
 	closed    bool
@@ -253,15 +267,47 @@ if #p > 0 then return -1 end
 return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
 `
 
-// keepScript: KEYS[1] stream, ARGV[1] group, ARGV[2] consumer, ARGV[3...] entry IDs. Each entry
-// still pending to the consumer gets its idle time reset (XCLAIM JUSTID, which leaves its
-// delivery count alone); the reply is the IDs that are not (acknowledged meanwhile, or taken
-// over by another consumer while this one was stalled).
+// keepScript: KEYS[1] stream, ARGV[1] group, ARGV[2] consumer, ARGV[3] how many of the entry
+// IDs that follow to keep, ARGV[4...] entry IDs. Each of the first ARGV[3] still pending to the
+// consumer gets its idle time reset (XCLAIM JUSTID, which leaves its delivery count alone); the
+// others are only looked at. The reply is Redis's time (ms) before any reset; the number of IDs
+// that follow that are no longer the consumer's; those IDs; then the IDs whose lease starts
+// again at that time.
+//
+// No longer the consumer's: an entry pending to another consumer (taken over while this one
+// stood still), or pending to none while the stream still has it (acknowledged since, here or
+// by a consumer that took it over; or, if the group's state went back, to be delivered again),
+// or below the stream's first entry (trimmed since). Still its own: those it keeps, and those
+// pending to none that the stream has lost above its first entry. The group's state went back
+// there with the entry (a failover to a replica that never had it, its XADD unconfirmed): no
+// other consumer can take it over or be delivered it, and only this one can finish applying it
+// (a cluster's other slots may have its updates already).
 const keepScript = `
-local mine, gone = {}, {}
-for i = 3, #ARGV do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2])
-  if #p > 0 then mine[#mine + 1] = ARGV[i] else gone[#gone + 1] = ARGV[i] end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n = tonumber(ARGV[3])
+local first
+local function upTo(a, b) -- stream IDs: a <= b
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  if not am or not bm then return true end
+  am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
+  return am < bm or (am == bm and as <= bs)
+end
+local mine, gone, lost = {}, {}, {}
+for i = 4, #ARGV do
+  local id = ARGV[i]
+  if #redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1, ARGV[2]) > 0 then
+    if i < 4 + n then mine[#mine + 1] = id end
+  elseif #redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1) > 0 or #redis.call('XRANGE', KEYS[1], id, id) > 0 then
+    gone[#gone + 1] = id
+  else
+    if first == nil then
+      local f = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+      first = (#f > 0 and f[1][1]) or false
+    end
+    if first and upTo(first, id) then lost[#lost + 1] = id else gone[#gone + 1] = id end
+  end
 end
 for i = 1, #mine, 500 do
   local args = {KEYS[1], ARGV[1], ARGV[2], '0'}
@@ -269,7 +315,42 @@ for i = 1, #mine, 500 do
   args[#args + 1] = 'JUSTID'
   redis.call('XCLAIM', unpack(args))
 end
-return gone
+local out = {now, #gone}
+for _, id in ipairs(gone) do out[#out + 1] = id end
+for _, id in ipairs(mine) do out[#out + 1] = id end
+for _, id in ipairs(lost) do out[#out + 1] = id end
+return out
+`
+
+// AckScriptSHA is the SHA1 of the script this subscriber acknowledges entries with (EVALSHA; EVAL
+// of AckScript in a pipeline): what to look for in SLOWLOG or MONITOR output, or in a go-redis
+// hook, instead of XACK.
+var AckScriptSHA = redis.NewScript(ackScript).Hash()
+
+// AckScript is the text of that script.
+const AckScript = ackScript
+
+// ackScript: KEYS[1] stream, ARGV[1] group, ARGV[2] consumer, ARGV[3] the lease (Redis ms; 0:
+// none) of the entries, ARGV[4...] entry IDs. Before the lease every entry is acknowledged
+// (XACK); from it on only those still pending to the consumer, since another consumer may have
+// taken the others over and be applying them (its markers must stay until it acknowledges
+// them). Returns the number acknowledged.
+const ackScript = `
+local lease = tonumber(ARGV[3])
+if lease > 0 then
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) >= lease then
+    local mine = {}
+    for i = 4, #ARGV do
+      if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2]) > 0 then
+        mine[#mine + 1] = ARGV[i]
+      end
+    end
+    if #mine == 0 then return 0 end
+    return redis.call('XACK', KEYS[1], ARGV[1], unpack(mine))
+  end
+end
+return redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 4))
 `
 
 // NewSubscriber validates cfg and fills in defaults.
@@ -283,6 +364,7 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 		logger:    cfg.Logger,
 		delIfIdle: redis.NewScript(delIfIdleScript),
 		keep:      redis.NewScript(keepScript),
+		ack:       redis.NewScript(ackScript),
 		closing:   make(chan struct{}),
 		closeDone: make(chan struct{}),
 		topics:    make(map[string]struct{}),

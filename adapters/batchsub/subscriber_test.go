@@ -161,13 +161,18 @@ type cmdCounter struct {
 
 func (c *cmdCounter) record(cmd redis.Cmder, err error) {
 	name := strings.ToLower(cmd.Name())
+	args := cmd.Args()
+	if (name == "evalsha" || name == "eval") && len(args) > 1 && (args[1] == batchsub.AckScriptSHA || args[1] == batchsub.AckScript) {
+		// The subscriber's XACKs go through its fenced ack script: counted as the XACKs they are.
+		name = "xack"
+		args = args[4:]
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.calls[name]++
 	if err != nil && !errors.Is(err, redis.Nil) {
 		c.errs[name]++
 	}
-	args := cmd.Args()
 	switch name {
 	case "xack":
 		if err == nil {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -57,6 +59,74 @@ type subscription struct {
 	acks         *acker
 	errLog       *throttledLog // Redis failures
 	unmarshalLog *throttledLog // poison entries
+
+	// clock is the latest Redis time (ms) keep read, clockAt when (Unix nanoseconds, this
+	// process's clock): a command sent after it was read runs at that Redis time or later.
+	clock, clockAt atomic.Int64
+	keepNow        chan struct{} // cap 1: run keep now (a lease of a nacked entry ran out)
+}
+
+// leaseKey is the context key of a message's lease (LeaseUntil).
+type leaseKey struct{}
+
+type leaseRef struct {
+	sub *subscription
+	id  string
+}
+
+// LeaseUntil is the Redis time (ms since the epoch, as TIME gives it) from which another
+// consumer of the group may have taken over the entry of a message this package delivered
+// (ctx is the message's context); ok is false for a message from elsewhere. Whatever a handler
+// writes for the entry must not land from then on: compare it with Redis's TIME in the script
+// that writes (see Fencing in the package doc). An entry another consumer holds now has a lease
+// in the past.
+func LeaseUntil(ctx context.Context) (until int64, ok bool) {
+	l, ok := ctx.Value(leaseKey{}).(leaseRef)
+	if !ok {
+		return 0, false
+	}
+	lease, held := l.sub.inflight.lease(l.id)
+	if !held {
+		return 1, true
+	}
+	return lease + l.sub.leaseSpan(), true
+}
+
+// leaseSpan is how long (ms) after its lease an entry is still certainly this consumer's:
+// ClaimMinIdle, less a margin for the clocks of a cluster's nodes (the stream's node times the
+// takeover, the node of the keys written checks the lease) of a fifth of it, at most a second.
+func (sub *subscription) leaseSpan() int64 {
+	idle := sub.cfg.ClaimMinIdle
+	return (idle - min(idle/5, time.Second)).Milliseconds()
+}
+
+// observeClock records t, a Redis time (ms) read now.
+func (sub *subscription) observeClock(t int64) {
+	for {
+		cur := sub.clock.Load()
+		if t <= cur {
+			return
+		}
+		if sub.clock.CompareAndSwap(cur, t) {
+			sub.clockAt.Store(time.Now().UnixNano())
+			return
+		}
+	}
+}
+
+// leaseRanOut says whether e's lease has run out by this process's estimate of Redis's clock.
+func (sub *subscription) leaseRanOut(e *entry) bool {
+	lease, held := sub.inflight.lease(e.id)
+	if !held {
+		return true
+	}
+	now := sub.clock.Load() + (time.Now().UnixNano()-sub.clockAt.Load())/int64(time.Millisecond)
+	return now >= lease+sub.leaseSpan()
+}
+
+// messageContext is the context of e's messages: the subscription's, with e's lease.
+func (sub *subscription) messageContext(id string) context.Context {
+	return context.WithValue(sub.msgCtx, leaseKey{}, leaseRef{sub: sub, id: id})
 }
 
 type entry struct {
@@ -105,6 +175,7 @@ func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscrip
 		inflight:      newInflightSet(s.cfg.MaxInFlight),
 		errLog:        &throttledLog{logger: s.logger, fields: fields, interval: errorLogInterval},
 		unmarshalLog:  &throttledLog{logger: s.logger, fields: fields, interval: errorLogInterval},
+		keepNow:       make(chan struct{}, 1),
 	}
 	sub.msgCtx, sub.cancelMsgs = context.WithCancel(context.WithoutCancel(ctx))
 	sub.acks = newAcker(sub)
@@ -213,6 +284,16 @@ func (sub *subscription) dispatch() (hard bool) {
 		if next == nil && queue.len() > 0 {
 			next = queue.peek()
 		}
+		if next != nil && sub.inflight.isTaken(next.id) {
+			// Another consumer took it over while this one stood still: it is that one's now.
+			if fromRetry {
+				retries.pop()
+			} else {
+				queue.pop()
+			}
+			sub.inflight.drop(next.id)
+			continue
+		}
 		var (
 			out chan<- *message.Message
 			msg *message.Message
@@ -256,6 +337,18 @@ func (sub *subscription) dispatch() (hard bool) {
 				sub.inflight.drop(n.e.id)
 				continue
 			}
+			if sub.inflight.isTaken(n.e.id) {
+				sub.inflight.drop(n.e.id)
+				continue
+			}
+			if sub.leaseRanOut(n.e) {
+				// Its writes were refused, most likely: keep now tells whether it is still this
+				// consumer's (and renews its lease) or another's (and lets it go).
+				select {
+				case sub.keepNow <- struct{}{}:
+				default:
+				}
+			}
 			n.e.msg = sub.redelivery(n.e, n.msg)
 			retries.push(retryItem{e: n.e, due: time.Now().Add(sub.cfg.NackDelay)})
 		case <-timerC:
@@ -287,7 +380,7 @@ func (sub *subscription) redelivery(e *entry, prev *message.Message) *message.Me
 	msg.Metadata.Set(MetaStream, sub.topic)
 	msg.Metadata.Set(MetaEntryID, e.id)
 	msg.Metadata.Set(MetaDeliveries, e.deliveries)
-	msg.SetContext(sub.msgCtx)
+	msg.SetContext(sub.messageContext(e.id))
 	return msg
 }
 
@@ -370,11 +463,19 @@ func (sub *subscription) read(ctx context.Context) {
 			args.Block = -1 // ignored by Redis for the PEL, and go-redis then uses the plain read timeout
 		}
 
+		if sub.clock.Load() == 0 && !sub.keep(ctx) {
+			// Nothing is read before Redis's clock is known: it is what the leases start from.
+			if !sleep(bo.next(), sub.stopReading) {
+				return
+			}
+			continue
+		}
 		sub.fetchMu.Lock()
 		if args.Count = sub.room(); args.Count <= 0 {
 			sub.fetchMu.Unlock()
 			continue
 		}
+		lease := sub.clock.Load()
 		res, err := sub.client.XReadGroup(ctx, args).Result()
 		var (
 			msgs  []redis.XMessage
@@ -382,7 +483,7 @@ func (sub *subscription) read(ctx context.Context) {
 		)
 		if err == nil && len(res) > 0 {
 			msgs = res[0].Messages
-			fresh = sub.inflight.admit(entryIDs(msgs))
+			fresh = sub.inflight.admit(entryIDs(msgs), lease)
 		}
 		sub.fetchMu.Unlock()
 
@@ -468,12 +569,16 @@ func (sub *subscription) claimRound(ctx context.Context) bool {
 		if !sub.waitCapacity(1) {
 			return false
 		}
+		if sub.clock.Load() == 0 && !sub.keep(ctx) {
+			return true // Redis's clock is not known yet: the leases start from it
+		}
 		sub.fetchMu.Lock()
 		count := sub.room()
 		if count <= 0 {
 			sub.fetchMu.Unlock()
 			continue
 		}
+		lease := sub.clock.Load()
 		msgs, next, deleted, err := sub.client.XAutoClaimWithDeleted(ctx, &redis.XAutoClaimArgs{
 			Stream:   sub.topic,
 			Group:    sub.cfg.ConsumerGroup,
@@ -484,7 +589,7 @@ func (sub *subscription) claimRound(ctx context.Context) bool {
 		}).Result()
 		var fresh []bool
 		if err == nil {
-			fresh = sub.inflight.admit(entryIDs(msgs))
+			fresh = sub.inflight.admit(entryIDs(msgs), lease)
 		}
 		sub.fetchMu.Unlock()
 
@@ -513,17 +618,16 @@ func (sub *subscription) claimRound(ctx context.Context) bool {
 	}
 }
 
-// keepLoop keeps the entries this consumer holds from being taken over (Config.HoldMax), every
-// ClaimMinIdle/3, until ctx ends (after the drain).
+// keepLoop keeps the entries this consumer holds from being taken over (Config.HoldMax), and
+// reads Redis's clock for the leases, every ClaimMinIdle/3 and whenever a nacked entry's lease
+// ran out, until ctx ends (after the drain).
 func (sub *subscription) keepLoop(ctx context.Context) {
-	if sub.cfg.HoldMax < 0 {
-		return
-	}
 	ticker := time.NewTicker(max(sub.cfg.ClaimMinIdle/3, time.Millisecond))
 	defer ticker.Stop()
 	for {
 		select {
 		case <-ticker.C:
+		case <-sub.keepNow:
 		case <-ctx.Done():
 			return
 		}
@@ -531,33 +635,64 @@ func (sub *subscription) keepLoop(ctx context.Context) {
 	}
 }
 
-// keep resets the idle time of the entries held for less than HoldMax that are still pending to
-// this consumer, and says which of them another consumer took over.
-func (sub *subscription) keep(ctx context.Context) {
-	ids := sub.inflight.heldSince(time.Now().Add(-sub.cfg.HoldMax).UnixNano())
-	if len(ids) == 0 {
-		return
+// keep reads Redis's clock, resets the idle time of the entries held for less than HoldMax
+// that are still pending to this consumer (renewing their leases), and marks taken those that
+// another consumer took over. False when Redis could not be asked.
+func (sub *subscription) keep(ctx context.Context) bool {
+	var keep, ask []string
+	if sub.cfg.HoldMax < 0 {
+		_, ask = sub.inflight.heldFor(math.MaxInt64)
+	} else {
+		keep, ask = sub.inflight.heldFor(time.Now().Add(-sub.cfg.HoldMax).UnixNano())
 	}
-	args := make([]any, 0, 2+len(ids))
-	args = append(args, sub.cfg.ConsumerGroup, sub.cfg.Consumer)
-	for _, id := range ids {
+	args := make([]any, 0, 3+len(keep)+len(ask))
+	args = append(args, sub.cfg.ConsumerGroup, sub.cfg.Consumer, len(keep))
+	for _, id := range keep {
 		args = append(args, id)
 	}
-	gone, err := sub.s.keep.Run(ctx, sub.client, []string{sub.topic}, args...).StringSlice()
+	for _, id := range ask {
+		args = append(args, id)
+	}
+	reply, err := sub.s.keep.Run(ctx, sub.client, []string{sub.topic}, args...).Slice()
+	if err == nil && len(reply) == 0 {
+		err = errors.New("keep: empty reply")
+	}
+	var now, ngone int64
+	if err == nil {
+		var ok, ok2 bool
+		if len(reply) >= 2 {
+			now, ok = reply[0].(int64)
+			ngone, ok2 = reply[1].(int64)
+		}
+		if !ok || !ok2 || ngone < 0 || int(ngone) > len(reply)-2 {
+			err = fmt.Errorf("keep: unexpected reply %v", reply)
+		}
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			sub.redisFailed(ctx, "could not keep the entries held from being taken over; retrying at the next interval", err)
 		}
-		return
+		return false
 	}
 	sub.errLog.ok("keep")
+	sub.observeClock(now)
+	ids := make([]string, 0, len(reply)-2)
+	for _, v := range reply[2:] {
+		if id, ok := v.(string); ok {
+			ids = append(ids, id)
+		}
+	}
+	gone, renewed := ids[:min(int(ngone), len(ids))], ids[min(int(ngone), len(ids)):]
+	sub.inflight.renew(renewed, now)
 	// Gone are the entries XACKed since the snapshot, and any that another consumer took over
-	// while this one did not keep them (stalled longer than ClaimMinIdle): it may be applying
-	// them too, which the handlers' dedupe is there for. Those still held here are the latter.
-	if taken := sub.inflight.stillHeld(gone); len(taken) > 0 {
-		sub.logger.Info("Entries held here were taken over by another consumer (this one stalled longer than ClaimMinIdle)",
+	// while this one did not keep them (stood still longer than ClaimMinIdle): it may be
+	// applying them, or have applied and acknowledged them, and this one must let them go.
+	// Those still held here are the latter.
+	if taken := sub.inflight.markTaken(gone); len(taken) > 0 {
+		sub.logger.Info("Entries held here are no longer this consumer's (another took them over, or acknowledged them, while this one stood still longer than ClaimMinIdle); letting them go",
 			sub.fields.Add(watermill.LogFields{"entries": len(taken), "first": taken[0]}))
 	}
+	return true
 }
 
 // removeIdleConsumers deletes consumers of the group (not this one) that have nothing pending
@@ -728,7 +863,7 @@ func (sub *subscription) newEntry(xm redis.XMessage, deliveries string) *entry {
 	msg.Metadata.Set(MetaStream, sub.topic)
 	msg.Metadata.Set(MetaEntryID, xm.ID)
 	msg.Metadata.Set(MetaDeliveries, deliveries)
-	msg.SetContext(sub.msgCtx)
+	msg.SetContext(sub.messageContext(xm.ID))
 	return &entry{id: xm.ID, deliveries: deliveries, msg: msg}
 }
 

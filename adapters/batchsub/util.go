@@ -16,10 +16,16 @@ import (
 // what "drained" means. unacked counts the members not yet acked by a handler (queued, handed
 // out, or waiting for a nack redelivery); that is what MaxInFlight bounds. Acked entries only
 // wait for the next XACK flush, and gating reads on that round trip would stall the pipeline.
+//
+// Each member has a lease: a Redis time (ms) at or before the last time Redis delivered it to
+// this consumer or reset its idle time (keep), so that no other consumer can take it over before
+// lease + ClaimMinIdle (see Subscriber's fencing). A member another consumer took over is
+// marked taken: it is let go at its next turn, neither applied, acked nor redelivered here.
 type inflightSet struct {
 	mu      sync.Mutex
-	ids     map[string]int64 // -> when it was admitted (Unix nanoseconds)
+	ids     map[string]held
 	unacked int
+	taken   atomic.Int32 // members marked taken (read without mu on the hot path)
 	// changed is closed and replaced when the counts drop, waking everybody waiting for capacity
 	// or for the drain to finish (a broadcast, unlike a buffered signal channel). It is only
 	// replaced when someone took it, so the hot ack path allocates nothing while nobody waits.
@@ -27,8 +33,14 @@ type inflightSet struct {
 	watched bool
 }
 
+type held struct {
+	at    int64 // when it was admitted (Unix nanoseconds)
+	lease int64 // Redis ms, see inflightSet
+	taken bool
+}
+
 func newInflightSet(capacity int) *inflightSet {
-	return &inflightSet{ids: make(map[string]int64, 2*capacity), changed: make(chan struct{})}
+	return &inflightSet{ids: make(map[string]held, 2*capacity), changed: make(chan struct{})}
 }
 
 // state returns the unacked count, the number of entries held, and a channel closed at the
@@ -40,46 +52,114 @@ func (f *inflightSet) state() (unacked, held int, changed <-chan struct{}) {
 	return f.unacked, len(f.ids), f.changed
 }
 
-// admit adds ids and reports which of them were new.
-func (f *inflightSet) admit(ids []string) []bool {
+// admit adds ids, delivered by a command sent after Redis's clock read lease, and reports which
+// of them were new. One held already (XAUTOCLAIM or the own-PEL read gave it again) is this
+// consumer's again from that delivery on: its lease moves up, and it is no longer taken.
+func (f *inflightSet) admit(ids []string, lease int64) []bool {
 	fresh := make([]bool, len(ids))
 	now := time.Now().UnixNano()
 	f.mu.Lock()
 	for i, id := range ids {
-		if _, dup := f.ids[id]; !dup {
-			f.ids[id] = now
+		h, dup := f.ids[id]
+		if !dup {
+			f.ids[id] = held{at: now, lease: lease}
 			f.unacked++
 			fresh[i] = true
+			continue
 		}
+		h.lease = max(h.lease, lease)
+		if h.taken {
+			h.taken = false
+			f.taken.Add(-1)
+		}
+		f.ids[id] = h
 	}
 	f.mu.Unlock()
 	return fresh
 }
 
-// heldSince is the members admitted at or after since (Unix nanoseconds).
-func (f *inflightSet) heldSince(since int64) []string {
+// heldFor splits the members not taken: those admitted at or after since (Unix nanoseconds),
+// whose idle time keep resets, and the others, which it only asks about.
+func (f *inflightSet) heldFor(since int64) (keep, ask []string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	ids := make([]string, 0, len(f.ids))
-	for id, at := range f.ids {
-		if at >= since {
-			ids = append(ids, id)
+	keep = make([]string, 0, len(f.ids))
+	for id, h := range f.ids {
+		switch {
+		case h.taken:
+		case h.at >= since:
+			keep = append(keep, id)
+		default:
+			ask = append(ask, id)
 		}
 	}
-	return ids
+	return keep, ask
 }
 
-// stillHeld is those of ids that are members.
-func (f *inflightSet) stillHeld(ids []string) []string {
+// renew moves the lease of the members among ids up to lease (Redis reset their idle time
+// after its clock read it).
+func (f *inflightSet) renew(ids []string, lease int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, id := range ids {
+		if h, ok := f.ids[id]; ok && h.lease < lease {
+			h.lease = lease
+			f.ids[id] = h
+		}
+	}
+}
+
+// markTaken marks the members among ids taken (another consumer holds them now) and returns
+// them.
+func (f *inflightSet) markTaken(ids []string) []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []string
 	for _, id := range ids {
-		if _, ok := f.ids[id]; ok {
+		if h, ok := f.ids[id]; ok {
 			out = append(out, id)
+			if !h.taken {
+				h.taken = true
+				f.ids[id] = h
+				f.taken.Add(1)
+			}
 		}
 	}
 	return out
+}
+
+// isTaken says whether id is a member marked taken.
+func (f *inflightSet) isTaken(id string) bool {
+	if f.taken.Load() == 0 {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ids[id].taken
+}
+
+// lease is id's lease; ok is false when id is no member or is taken (nothing may be written
+// for it any more).
+func (f *inflightSet) lease(id string) (lease int64, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h, ok := f.ids[id]
+	if !ok || h.taken {
+		return 0, false
+	}
+	return h.lease, true
+}
+
+// minLease is the smallest lease of the members among ids; ok is false when none is a member.
+func (f *inflightSet) minLease(ids []string) (lease int64, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, id := range ids {
+		if h, member := f.ids[id]; member && (!ok || h.lease < lease) {
+			lease, ok = h.lease, true
+		}
+	}
+	return lease, ok
 }
 
 // acked records that a member was acked; it stays a member until its XACK succeeded.
@@ -90,21 +170,28 @@ func (f *inflightSet) acked() {
 	f.mu.Unlock()
 }
 
-// xacked removes members whose XACK Redis accepted. IDs that are not members (entries XAUTOCLAIM
-// reported deleted) are ignored.
+// xacked removes members whose XACK Redis accepted, or which another consumer holds now. IDs
+// that are not members (entries XAUTOCLAIM reported deleted) are ignored.
 func (f *inflightSet) xacked(ids []string) {
 	f.mu.Lock()
 	for _, id := range ids {
+		if f.ids[id].taken {
+			f.taken.Add(-1)
+		}
 		delete(f.ids, id)
 	}
 	f.notify()
 	f.mu.Unlock()
 }
 
-// drop gives up on an unacked member: it stays pending in Redis for a later delivery.
+// drop gives up on an unacked member: it stays pending in Redis for a later delivery (here or
+// by whichever consumer holds it now).
 func (f *inflightSet) drop(id string) {
 	f.mu.Lock()
-	if _, ok := f.ids[id]; ok {
+	if h, ok := f.ids[id]; ok {
+		if h.taken {
+			f.taken.Add(-1)
+		}
 		delete(f.ids, id)
 		f.unacked--
 	}

@@ -1,6 +1,9 @@
 package projection
 
-import "errors"
+import (
+	"context"
+	"errors"
+)
 
 import "github.com/checkins/checkins/domain"
 
@@ -84,6 +87,34 @@ func (e *WorkFailure) Unwrap() error { return e.Err }
 // so the batch is retried whole until it goes through, never split or parked. A replay, under
 // markers of its own, would count the landed part twice.
 var ErrAppliedInPart = errors.New("a work's updates were applied in some slots and not others")
+
+// ErrLeaseExpired is an Apply error: the consumer's hold on the entries it was applying ran out
+// before Redis ran the call (the process stood still longer than CLAIM_IDLE: SIGSTOP, a paused
+// VM; or its entries' node was out of reach that long), so another consumer may have taken them
+// over and applied them. Nothing of that call was
+// applied; earlier calls of the same Apply may have been (their markers make the landed part a
+// no-op for whoever applies the entries next). The entries must not be acknowledged or parked
+// by this consumer: they belong to whoever holds them now.
+var ErrLeaseExpired = errors.New("the consumer's hold on these entries ran out (it stood still, or could not reach Redis, longer than CLAIM_IDLE); another consumer may have taken them over")
+
+type leaseKey struct{}
+
+// WithLease has Apply calls made with ctx refuse to write once Redis's clock reaches until (ms
+// since the epoch, Redis TIME): the moment after which another consumer of the group may take
+// the entries being applied over. until <= 0 leaves ctx as it is.
+func WithLease(ctx context.Context, until int64) context.Context {
+	if until <= 0 {
+		return ctx
+	}
+	return context.WithValue(ctx, leaseKey{}, until)
+}
+
+// LeaseOf is the lease WithLease put in ctx; ok is false when there is none (applies are not
+// fenced: a replay, a rebuild, or a subscriber that tells no lease).
+func LeaseOf(ctx context.Context) (until int64, ok bool) {
+	until, ok = ctx.Value(leaseKey{}).(int64)
+	return until, ok
+}
 
 // Entry is one stream entry as the machinery hands it to the projections: its ID and its
 // event, or why it is not one (undecodable or invalid: every projection parks it).
