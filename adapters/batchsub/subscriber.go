@@ -129,7 +129,9 @@ type Config struct {
 	// other consumer takes over an entry a live but slow consumer is still working on (a batch
 	// retried through a slow Redis can take longer than ClaimMinIdle) and applies it beside it.
 	// It stops keeping an entry held longer than HoldMax (a handler that hangs), which is then
-	// taken over as a crashed consumer's would be. Default 10m; negative: never keep.
+	// taken over as a crashed consumer's would be; an entry nacked after its lease ran out (see
+	// Fencing) is still kept once, so that its writes are not refused for ever. Default 10m;
+	// negative: never keep but those.
 	HoldMax   time.Duration
 	NackDelay time.Duration // a Nacked message is redelivered in-process after this delay, default 1s
 	// AckFlushInterval is the XACK batching window, default 2ms; acks also flush when BatchSize

@@ -284,13 +284,12 @@ func (sub *subscription) dispatch() (hard bool) {
 		if next == nil && queue.len() > 0 {
 			next = queue.peek()
 		}
-		if next != nil && sub.inflight.isTaken(next.id) {
+		if fromRetry && sub.inflight.isTaken(next.id) {
 			// Another consumer took it over while this one stood still: it is that one's now.
-			if fromRetry {
-				retries.pop()
-			} else {
-				queue.pop()
-			}
+			// (Only a redelivery is let go here: the queue's entries were counted in the
+			// MetaQueued of a message handed out already, and must come. Handed out, a taken
+			// entry's writes are refused and its nack lets it go.)
+			retries.pop()
 			sub.inflight.drop(next.id)
 			continue
 		}
@@ -343,7 +342,9 @@ func (sub *subscription) dispatch() (hard bool) {
 			}
 			if sub.leaseRanOut(n.e) {
 				// Its writes were refused, most likely: keep now tells whether it is still this
-				// consumer's (and renews its lease) or another's (and lets it go).
+				// consumer's (and renews its lease, even past HoldMax: its handler is not hung) or
+				// another's (and lets it go).
+				sub.inflight.wantRenewal(n.e.id)
 				select {
 				case sub.keepNow <- struct{}{}:
 				default:
@@ -641,7 +642,7 @@ func (sub *subscription) keepLoop(ctx context.Context) {
 func (sub *subscription) keep(ctx context.Context) bool {
 	var keep, ask []string
 	if sub.cfg.HoldMax < 0 {
-		_, ask = sub.inflight.heldFor(math.MaxInt64)
+		keep, ask = sub.inflight.heldFor(math.MaxInt64) // only those wantRenewal marked
 	} else {
 		keep, ask = sub.inflight.heldFor(time.Now().Add(-sub.cfg.HoldMax).UnixNano())
 	}

@@ -37,6 +37,7 @@ type held struct {
 	at    int64 // when it was admitted (Unix nanoseconds)
 	lease int64 // Redis ms, see inflightSet
 	taken bool
+	renew bool // nacked after its lease ran out: kept at the next keep, whatever HoldMax says
 }
 
 func newInflightSet(capacity int) *inflightSet {
@@ -78,8 +79,8 @@ func (f *inflightSet) admit(ids []string, lease int64) []bool {
 	return fresh
 }
 
-// heldFor splits the members not taken: those admitted at or after since (Unix nanoseconds),
-// whose idle time keep resets, and the others, which it only asks about.
+// heldFor splits the members not taken: those admitted at or after since (Unix nanoseconds), or
+// marked by wantRenewal, whose idle time keep resets, and the others, which it only asks about.
 func (f *inflightSet) heldFor(since int64) (keep, ask []string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -87,13 +88,30 @@ func (f *inflightSet) heldFor(since int64) (keep, ask []string) {
 	for id, h := range f.ids {
 		switch {
 		case h.taken:
-		case h.at >= since:
+		case h.at >= since || h.renew:
 			keep = append(keep, id)
+			if h.renew {
+				h.renew = false
+				f.ids[id] = h
+			}
 		default:
 			ask = append(ask, id)
 		}
 	}
 	return keep, ask
+}
+
+// wantRenewal marks id to be kept at the next keep, even when held longer than HoldMax: it was
+// nacked after its lease ran out, so its handler is not hung, and unless it is renewed its
+// writes are refused for as long as nothing claims it (this consumer's own claims wait while
+// the in-flight set is full).
+func (f *inflightSet) wantRenewal(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if h, ok := f.ids[id]; ok && !h.taken {
+		h.renew = true
+		f.ids[id] = h
+	}
 }
 
 // renew moves the lease of the members among ids up to lease (Redis reset their idle time
