@@ -441,6 +441,59 @@ func consumerPending(t *testing.T, rdb redis.UniversalClient, keys adapters.KeyS
 	return total, present
 }
 
+// TestFaultProjectorStoppedMidStreamCountsOnce: a projector SIGSTOPped while it holds events, for
+// longer than CLAIM_IDLE, beside a second one that takes them over, applies them and goes on
+// (pruning its markers as it acknowledges past them); then SIGCONTed under load. Whatever it was
+// about to write for the events it held does not land (its lease ran out: the scripts refuse),
+// it lets them go, and every read model is exact. Where the stop lands is chance (often after
+// its writes, with only the XACK to go), so this is the real processes' check; the interleavings
+// are pinned down, each failing without its fence, in ports/fencing_test.go.
+func TestFaultProjectorStoppedMidStreamCountsOnce(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	env := func(consumer string) map[string]string {
+		return map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "CLAIM_IDLE": "1s", "CLAIM_INTERVAL": "100ms",
+			"CONSUMER_NAME": consumer, "RATE_LIMIT_USER": "off"}
+	}
+	api := startSvc(t, "api", env(""))
+	victim := startSvc(t, "project", env("victim"))
+	startSvc(t, "project", env("heir"))
+
+	l := newLedger()
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	wait := l.load(ctx, 4, "stop", func() string { return api.base }, 10*time.Second)
+	l.waitFor(t, 300)
+	require.Eventually(t, func() bool {
+		require.NoError(t, victim.cmd.Process.Signal(syscall.SIGSTOP))
+		time.Sleep(100 * time.Millisecond)
+		if n, _ := consumerPending(t, client, keys, "victim"); n > 0 {
+			return true
+		}
+		require.NoError(t, victim.cmd.Process.Signal(syscall.SIGCONT))
+		time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+		return false
+	}, 20*time.Second, time.Millisecond, "the projector never held pending events")
+	held, _ := consumerPending(t, client, keys, "victim")
+	t.Logf("SIGSTOPped projector held %d pending events", held)
+	// The heir takes them over (after CLAIM_IDLE) and goes on, past them.
+	require.Eventually(t, func() bool { n, _ := consumerPending(t, client, keys, "victim"); return n == 0 },
+		20*time.Second, 20*time.Millisecond, "the heir takes the stopped projector's events over")
+	from, _, _, _ := l.stats()
+	l.waitFor(t, from+300)
+	require.NoError(t, victim.cmd.Process.Signal(syscall.SIGCONT))
+	from, _, _, _ = l.stats()
+	l.waitFor(t, from+300)
+	stop()
+	wait()
+	l.resolve(t, api.base)
+	l.verifyAll(t, rdb.URL, keys)
+	requireNothingPending(t, client, keys)
+	t.Logf("the stopped projector, moving again: %v", logHistogram(victim.logs.String()))
+}
+
 // TestFaultProjectorKilledMidStreamIsTakenOver: a projector SIGKILLed while it holds events;
 // a second projector takes them over after CLAIM_IDLE, every check-in is counted exactly once,
 // and the dead consumer, once it holds nothing, is removed from every group. With one stream,
