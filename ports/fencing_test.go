@@ -119,6 +119,7 @@ type fencingRun struct {
 	heldID    string
 	counted   *faultyProjection
 	claimIdle time.Duration
+	seen      *transientSeen
 }
 
 const fencingClaimIdle = time.Second
@@ -144,6 +145,8 @@ func newFencingRun(t *testing.T, afterApply bool, claimIdle time.Duration) *fenc
 		}
 	})
 	r.claimIdle = claimIdle
+	r.seen = &transientSeen{}
+	r.observer = r.seen // every router of the run
 	t.Cleanup(r.startWith("a", r.a, claimIdle, func(c *redis.Client) { c.AddHook(r.f) }))
 	r.h = &harness{t: t, keys: keys, client: r.client, proj: counted}
 	r.heldID = r.h.add("held", 4)
@@ -209,6 +212,7 @@ func TestStalledProjectorWritesNothingForEntriesTakenOver(t *testing.T) {
 	assert.Never(t, func() bool { return r.countOf("counted") != want }, 3*time.Second, 50*time.Millisecond,
 		"the check-in a stood still on is counted once")
 	assert.Equal(t, 1, int(r.a.refused.Load()), "a's apply is refused, and a lets the entry go: it does not try it again and again")
+	assert.Contains(t, r.seen.reasons(), "live: "+ports.ReasonLeaseExpired, "a's refusal is counted (checkins_projection_transient_failures_total)")
 	p, err := r.client.XPending(r.ctx, r.keys.Stream(), ports.LiveGroupName(nil, true)).Result()
 	require.NoError(t, err)
 	assert.Zero(t, p.Count, "nothing is left pending")
@@ -297,6 +301,24 @@ func TestStalledProjectorDoesNotAcknowledgeEntriesTakenOver(t *testing.T) {
 	assert.Zero(t, b.refused.Load(), "b applied within its lease")
 	assert.Never(t, func() bool { return r.countOf("counted") != 3 }, time.Second, 50*time.Millisecond,
 		"every check-in counted once")
+}
+
+// transientSeen records ProjectionObserver.Transient calls as "group: reason".
+type transientSeen struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (o *transientSeen) Handled(string, string, int, time.Duration) {}
+func (o *transientSeen) Transient(group, reason string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.seen = append(o.seen, group+": "+reason)
+}
+func (o *transientSeen) reasons() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]string(nil), o.seen...)
 }
 
 // testApplierPruning is a test applier that prunes the markers in every call.

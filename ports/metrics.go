@@ -47,7 +47,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"projection"}),
 		transient: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "checkins_projection_transient_failures_total",
-			Help: "Batches that could not be applied because of a passing failure (retried, never parked), by consumer group and reason (other: not a known Redis failure; the log and /readyz give its text).",
+			Help: "Batches that could not be applied because of a passing failure (retried, never parked), by consumer group and reason (other: not a known Redis failure; the log and /readyz give its text; lease ran out: the projector stood still, or could not reach Redis, longer than CLAIM_IDLE holding the batch, and wrote nothing of it).",
 		}, []string{"group", "reason"}),
 	}
 	for _, c := range []prometheus.Collector{m.httpRequests, m.httpDuration, m.events, m.batchDuration, m.transient} {

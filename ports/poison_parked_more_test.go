@@ -34,6 +34,8 @@ type takeoverRun struct {
 	kind   string
 	h      *harness
 	projs  []projection.Projection
+	// observer, when set, sees what every router started does.
+	observer ports.ProjectionObserver
 }
 
 const takeoverRetries = 3
@@ -88,7 +90,7 @@ func (r *takeoverRun) startWith(consumer string, applier ports.ProjectionApplier
 			Consumer: consumer, BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: 100 * time.Millisecond,
 			ClaimInterval: 100 * time.Millisecond, ClaimIdle: claimIdle, DrainTimeout: time.Second, Logger: watermill.NewSlogLogger(r.log)}.New,
 		Retry:        ports.RetryPolicy{InitialInterval: 10 * time.Millisecond, Multiplier: 2, MaxInterval: 50 * time.Millisecond, MaxAttempts: takeoverRetries},
-		CloseTimeout: 5 * time.Second, Logger: r.log,
+		CloseTimeout: 5 * time.Second, Logger: r.log, Observer: r.observer,
 	})
 	require.NoError(t, err)
 	rctx, cancel := context.WithCancel(r.ctx)

@@ -241,6 +241,8 @@ func (r *ProjectionRouter) poisonMiddleware(group string) message.HandlerMiddlew
 					return nil, err // shutting down: leave it pending for whoever runs next
 				}
 				if errors.Is(err, projection.ErrLeaseExpired) {
+					// Counted, not a readiness problem: the subscriber sorts it out at once.
+					r.cfg.Observer.Transient(group, ReasonLeaseExpired)
 					if ok, n := leaseLost.allow(); ok {
 						r.log.Warn("this projector's hold on a batch ran out (it stood still, or could not reach Redis, longer than CLAIM_IDLE): nothing of it is written here until its subscriber has found whose its events are now",
 							"group", group, "error", err, "suppressed", n)

@@ -43,6 +43,10 @@ const (
 	OutcomePoisoned  = "poisoned"  // parked in the poison queue
 )
 
+// ReasonLeaseExpired is the reason a batch is counted under in ProjectionObserver.Transient when
+// its writes were refused because its lease ran out (projection.ErrLeaseExpired).
+const ReasonLeaseExpired = "lease ran out"
+
 // ProjectionObserver sees what the router does (metrics hook up here): n events of projection
 // had outcome in a batch that took d; and batches that could not be applied because of a
 // transient failure, with its short reason ("redis out of memory").
