@@ -175,7 +175,9 @@ func (f *feed) handle(msg *message.Message) (_ []*message.Message, err error) {
 		// a timeout), the batch must come back whole: a retry of the units this attempt found
 		// would leave them out, and once the router joined the partition again, acknowledge
 		// them unapplied (see aroundLost and the retry middleware).
-		if len(lost) > 0 && err != nil && !errors.Is(err, errNotJoinedThere) {
+		// (Not a refusal for the lease: the batch comes back whole for it already, and the
+		// wrap would hide it from the middlewares.)
+		if len(lost) > 0 && err != nil && !errors.Is(err, errNotJoinedThere) && !errors.Is(err, projection.ErrLeaseExpired) {
 			err = fmt.Errorf("%v; and %w: entries of %s on a partition it is not joined on wait", err, errNotJoinedThere, f.member)
 		}
 	}()

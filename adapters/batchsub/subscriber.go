@@ -279,8 +279,8 @@ return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
 // No longer the consumer's: an entry pending to another consumer (taken over while this one
 // stood still), or pending to none while the stream still has it (acknowledged since, here or
 // by a consumer that took it over; or, if the group's state went back, to be delivered again),
-// or below the stream's first entry (trimmed since). Still its own: those it keeps, and those
-// pending to none that the stream has lost above its first entry. The group's state went back
+// or at or below the stream's max-deleted-entry-id (trimmed or deleted since). Still its own:
+// those it keeps, and those pending to none that the stream lost above that ID. The group's state went back
 // there with the entry (a failover to a replica that never had it, its XADD unconfirmed): no
 // other consumer can take it over or be delivered it, and only this one can finish applying it
 // (a cluster's other slots may have its updates already).
@@ -288,7 +288,7 @@ const keepScript = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local n = tonumber(ARGV[3])
-local first
+local deleted, first
 local function upTo(a, b) -- stream IDs: a <= b
   local am, as = string.match(a, '^(%d+)-(%d+)$')
   local bm, bs = string.match(b, '^(%d+)-(%d+)$')
@@ -304,11 +304,22 @@ for i = 4, #ARGV do
   elseif #redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1) > 0 or #redis.call('XRANGE', KEYS[1], id, id) > 0 then
     gone[#gone + 1] = id
   else
-    if first == nil then
-      local f = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
-      first = (#f > 0 and f[1][1]) or false
+    if deleted == nil then
+      -- The highest ID trimmed or deleted from the stream (Redis 7); without it (an older
+      -- server, miniredis) every ID below the first entry is taken for trimmed.
+      deleted = false
+      local info = redis.call('XINFO', 'STREAM', KEYS[1])
+      for j = 1, #info, 2 do
+        if info[j] == 'max-deleted-entry-id' then deleted = info[j + 1] end
+      end
+      if not deleted then
+        local f = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+        first = (#f > 0 and f[1][1]) or false
+      end
     end
-    if first and upTo(first, id) then lost[#lost + 1] = id else gone[#gone + 1] = id end
+    local trimmed
+    if deleted then trimmed = upTo(id, deleted) else trimmed = not (first and upTo(first, id)) end
+    if trimmed then gone[#gone + 1] = id else lost[#lost + 1] = id end
   end
 end
 for i = 1, #mine, 500 do
