@@ -91,15 +91,23 @@ const (
 )
 
 // decideScript is step 1. KEYS: registry keys; the first ARGV[2] are pruned below ARGV[3].
-// ARGV[1]: window (score units), then per event: key index, identity, score. Returns 1 (count
-// it) or 0 (a duplicate) per event. Pruning is only about memory (the window is judged on
+// ARGV[1]: window (score units); ARGV[4]: the fence (0, or the Redis time in ms from which the
+// call must write nothing, as in applyScript); then per event: key index, identity, score.
+// Returns 1 (count it) or 0 (a duplicate) per event. Pruning is only about memory (the window is judged on
 // scores), so a call prunes some keys, not all: each prune is a command of its own.
 //
 // It prunes last, as applyScript does (see there why).
 const decideScript = `
 local w, np = tonumber(ARGV[1]), tonumber(ARGV[2])
+local lease = tonumber(ARGV[4])
+if lease > 0 then
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) >= lease then
+    return redis.error_reply('LEASEEXPIRED the consumer hold on these entries ran out')
+  end
+end
 local out = {}
-local e, i = 0, 4
+local e, i = 0, 5
 while i <= #ARGV do
   local k, id, s = tonumber(ARGV[i]), ARGV[i+1], ARGV[i+2]
   local key, sn = KEYS[k], tonumber(s)
@@ -1076,14 +1084,20 @@ func (a *ProjectionApplier) decide(ctx context.Context, works []projection.Work,
 		for i, k := range keys {
 			keyAt[k] = i + 1
 		}
-		args := make([]any, 3, 3+3*len(idx))
+		args := make([]any, 4, 4+3*len(idx))
 		args[0], args[1], args[2] = a.window, np, bound
+		args[3], _ = projection.LeaseOf(ctx)
 		for _, j := range idx {
 			args = append(args, keyAt[a.keys.Registry(events[j].user)], events[j].identity, events[j].score)
 		}
 		cmds[c] = decideLua.EvalSha(ctx, pipe, keys, args...)
 	}
 	if err := a.exec(ctx, pipe, cmds, decideLua, "decide"); err != nil {
+		for _, c := range cmds {
+			if isLeaseExpired(c.Err()) {
+				return nil, fmt.Errorf("dedupe registry: %w", projection.ErrLeaseExpired)
+			}
+		}
 		return nil, err
 	}
 	for c, idx := range calls {
