@@ -310,17 +310,21 @@ func (r *ProjectionRouter) park(ctx context.Context, b *batch, group string, fai
 		entry, correlationID := r.backend.PoisonEntryOf(ctx, m)
 		entry.Projection, entry.Version, entry.Group = name, version, group
 		entry.Error, entry.Attempts, entry.FailedAt = errText, max(f.attempts, 1), time.Now()
+		parkCtx := ctx
+		if until, ok := r.backend.LeaseOf([]*message.Message{m}); ok {
+			parkCtx = projection.WithLease(ctx, until) // decided and parked by whoever holds the entry
+		}
 		var err error
-		if entry.Decision, err = r.decision(ctx, entry); err != nil {
+		entry.Decision, err = r.decision(parkCtx, entry)
+		if errors.Is(err, projection.ErrLeaseExpired) {
+			return err // neither decided nor parked: the entry may be another projector's now
+		}
+		if err != nil {
 			if ok, n := parkFailed.allow(); ok {
 				r.log.Error("could not decide whether a failed event counts; it stays pending and is retried", "projection", name,
 					"entry_id", entry.EntryID, "error", err, "handler_error", errText, "suppressed", n)
 			}
 			return err
-		}
-		parkCtx := ctx
-		if until, ok := r.backend.LeaseOf([]*message.Message{m}); ok {
-			parkCtx = projection.WithLease(ctx, until) // parked by whoever holds the entry
 		}
 		id, err := r.backend.Park(parkCtx, entry)
 		if errors.Is(err, projection.ErrLeaseExpired) {

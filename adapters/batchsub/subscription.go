@@ -603,9 +603,14 @@ func (sub *subscription) claimRound(ctx context.Context) bool {
 		}
 		sub.errLog.ok("XAUTOCLAIM")
 		// Entries deleted from the stream can never be processed. Redis 7 already dropped
-		// them from the PEL; the XACK makes sure of it (and is what older servers need).
+		// them from the PEL; the XACK makes sure of it (and is what older servers need). One
+		// this consumer still holds (its handler past HoldMax, say) is let go like one taken
+		// over: its writes are refused, and it leaves the in-flight set when it is acked or
+		// nacked, not before (its unacked slot with it).
 		for _, id := range deleted {
-			sub.acks.add(id)
+			if held := sub.inflight.markTaken([]string{id}); len(held) == 0 {
+				sub.acks.add(id)
+			}
 		}
 		batch := sub.prepare(ctx, msgs, fresh, true)
 		claimed += len(batch)
