@@ -211,7 +211,7 @@ func settings() []setting {
 			c.ConsumerName = v
 			return nil
 		}},
-		{"CLAIM_IDLE", "claim-idle", "30s", "a pending event idle this long in another (crashed) consumer is taken over", dur(func(c *Config) *time.Duration { return &c.ClaimIdle }, time.Millisecond)},
+		{"CLAIM_IDLE", "claim-idle", "30s", "a pending event idle this long in another (crashed) consumer is taken over, and a projector writes nothing for an event whose hold it could not renew this long (less a margin); the same in every projector", dur(func(c *Config) *time.Duration { return &c.ClaimIdle }, time.Millisecond)},
 		{"CLAIM_INTERVAL", "claim-interval", "5s", "how often to look for such events", dur(func(c *Config) *time.Duration { return &c.ClaimInterval }, time.Millisecond)},
 		{"CONSUMER_IDLE_REMOVE", "consumer-idle-remove", "10m", "a consumer idle this long with nothing pending (a dead process) is removed from its group", dur(func(c *Config) *time.Duration { return &c.ConsumerIdleRemove }, time.Millisecond)},
 		{"NACK_DELAY", "nack-delay", "1s", "wait before an event whose handling failed transiently is delivered again", dur(func(c *Config) *time.Duration { return &c.NackDelay }, time.Millisecond)},
