@@ -68,14 +68,8 @@ func parkedField(u ops.UnitRef) string {
 // the entry over from one that died before acknowledging it leaves the unit to the replay.
 // ARGV[1]: the parking consumer's lease (Redis ms, 0: none; projection.WithLease), from which it
 // parks nothing: another projector may have taken the entry over and applied the unit.
-var parkLua = redis.NewScript(`
-local lease = tonumber(ARGV[1])
-if lease > 0 then
-  local t = redis.call('TIME')
-  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) >= lease then
-    return redis.error_reply('LEASEEXPIRED the consumer hold on the entry ran out')
-  end
-end
+var parkLua = redis.NewScript(leaseLua + `
+if pastLease(ARGV[1]) then return leaseRefused() end
 local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
 redis.call('HSET', KEYS[2], ARGV[2], id)
 return id

@@ -97,15 +97,9 @@ const (
 // scores), so a call prunes some keys, not all: each prune is a command of its own.
 //
 // It prunes last, as applyScript does (see there why).
-const decideScript = `
+const decideScript = leaseLua + `
 local w, np = tonumber(ARGV[1]), tonumber(ARGV[2])
-local lease = tonumber(ARGV[4])
-if lease > 0 then
-  local t = redis.call('TIME')
-  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) >= lease then
-    return redis.error_reply('LEASEEXPIRED the consumer hold on these entries ran out')
-  end
-end
+if pastLease(ARGV[4]) then return leaseRefused() end
 local out = {}
 local e, i = 0, 5
 while i <= #ARGV do
@@ -164,7 +158,7 @@ return out
 // (a varint decoder) cost Redis about 580 instructions a number, some 76 numbers an event,
 // and a table read costs about 65 (callgrind; 270k -> 240k instructions per check-in of
 // BenchmarkProjectionApply/batch=500).
-const applyScript = unpackNumbersLua + `
+const applyScript = leaseLua + unpackNumbersLua + `
 local function before(a, b)
   -- Byte order, whatever locale redis-server runs in (Lua's < on strings follows strcoll).
   local n = math.min(#a, #b)
@@ -189,12 +183,7 @@ local w = tonumber(S[Q[1]])
 -- The fence: Q[2], when not 0, is the string of the Redis time (ms) from which another consumer
 -- may have taken the entries over. Checked before anything is written, by Redis's clock, so a
 -- consumer that stood still between deciding to apply and this call running applies nothing.
-if Q[2] > 0 then
-  local t = redis.call('TIME')
-  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) >= tonumber(S[Q[2]]) then
-    return redis.error_reply('LEASEEXPIRED the consumer hold on these entries ran out')
-  end
-end
+if Q[2] > 0 and pastLease(S[Q[2]]) then return leaseRefused() end
 local stale, prune = {}, {}
 local q = 4 -- Q[1], Q[2] and Q[3]: the window's string, the fence's and the number of bounds
 for _ = 1, Q[3] do
@@ -1468,7 +1457,23 @@ func (a *ProjectionApplier) apply(ctx context.Context, works []projection.Work, 
 	return states, nil
 }
 
-// isLeaseExpired says whether err is applyScript's refusal to write past the caller's lease.
+// leaseLua defines what the fenced scripts (applyScript, decideScript, parkLua) share:
+// pastLease(lease), true when lease (a string, Redis ms; "0": none) is not 0 and Redis's clock
+// has reached it (projection.WithLease), and leaseRefused(), the error they then return, before
+// writing anything (isLeaseExpired).
+const leaseLua = `
+local function pastLease(lease)
+  local l = tonumber(lease)
+  if not l or l <= 0 then return false end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) >= l
+end
+local function leaseRefused()
+  return redis.error_reply('LEASEEXPIRED the consumer hold on these entries ran out')
+end
+`
+
+// isLeaseExpired says whether err is a fenced script's refusal to write past the caller's lease.
 func isLeaseExpired(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "LEASEEXPIRED ")
 }

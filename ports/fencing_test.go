@@ -326,25 +326,23 @@ func testApplierPruning(t *testing.T, client redis.UniversalClient, keys adapter
 	return testApplier(t, client, keys).PruneEvery(1)
 }
 
-// TestStalledProjectorParksNothingForEntriesTakenOver: a projector's handler failed an entry on
-// every attempt, and the process stood still before parking it, longer than CLAIM_IDLE. Another
-// projector took the entry over, where the failure was gone, and counted it. When the first
-// moved again it parked the entry: the poison queue held a check-in that was counted, and its
-// replay would count it again. Now the park is fenced like the apply.
-func TestStalledProjectorParksNothingForEntriesTakenOver(t *testing.T) {
-	t.Parallel()
+// stallBeforeParking runs the park scenario: projection "faulty" fails an entry on every attempt
+// of process a, which stands still (frozen) in its last attempt, before it parks, longer than
+// CLAIM_IDLE; process b takes the entry over, where the failure is gone, and counts it. a runs
+// applierA (made on the run's client); the returned resume lets a move again.
+func stallBeforeParking(t *testing.T, applierA func(redis.UniversalClient, adapters.KeySpace) ports.ProjectionApplier) (r *takeoverRun, resume func()) {
 	env := redistest.Open(t)
 	keys := adapters.KeySpace{Prefix: env.Prefix}
 	f := &freezer{}
-	stalled, resume := make(chan struct{}), make(chan struct{})
-	t.Cleanup(f.thaw)
-	t.Cleanup(func() {
-		select {
-		case <-resume:
-		default:
-			close(resume)
-		}
-	})
+	stalled, moveOn := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	resume = func() {
+		once.Do(func() {
+			f.thaw()
+			close(moveOn)
+		})
+	}
+	t.Cleanup(resume)
 	faulty := newFaulty("faulty", func(_ context.Context, _ string, attempt int) error {
 		if attempt > takeoverRetries {
 			return nil // the failure is gone by the time another projector takes the entry
@@ -352,30 +350,77 @@ func TestStalledProjectorParksNothingForEntriesTakenOver(t *testing.T) {
 		if attempt == takeoverRetries { // a's last attempt: it stands still before it parks
 			f.freeze()
 			close(stalled)
-			<-resume
+			<-moveOn
 		}
 		return errors.New("intermittent failure in the projection")
 	})
-	r := &takeoverRun{t: t, ctx: context.Background(), env: env, keys: keys, client: redistest.Client(t, env.URL),
+	r = &takeoverRun{t: t, ctx: context.Background(), env: env, keys: keys, client: redistest.Client(t, env.URL),
 		log: slog.New(slog.DiscardHandler), kind: adapters.SubscriberBatched, projs: []projection.Projection{faulty}}
 	r.h = &harness{t: t, keys: keys, client: r.client, proj: faulty}
-	t.Cleanup(r.startWith("a", testApplier(t, r.client, keys), fencingClaimIdle, func(c *redis.Client) { c.AddHook(f) }))
+	t.Cleanup(r.startWith("a", applierA(r.client, keys), fencingClaimIdle, func(c *redis.Client) { c.AddHook(f) }))
 	r.h.add("held", 4)
 	select {
 	case <-stalled:
 	case <-time.After(15 * time.Second):
 		t.Fatal("a never got to its last attempt")
 	}
-
 	t.Cleanup(r.start("b", testApplier(t, r.client, keys), fencingClaimIdle))
 	require.Eventually(t, func() bool {
 		p, err := r.client.XPending(r.ctx, keys.Stream(), ports.LiveGroupName(nil, true)).Result()
 		return err == nil && p.Count == 0 && r.countOf("faulty") == 1
 	}, 20*time.Second, 20*time.Millisecond, "b takes the entry over and counts it")
+	return r, resume
+}
 
-	f.thaw()
-	close(resume)
+// TestStalledProjectorParksNothingForEntriesTakenOver: a projector's handler failed an entry on
+// every attempt, and the process stood still before parking it, longer than CLAIM_IDLE. Another
+// projector took the entry over, where the failure was gone, and counted it. When the first
+// moved again it parked the entry: the poison queue held a check-in that was counted, and its
+// replay would count it again. Now the park is fenced like the apply.
+func TestStalledProjectorParksNothingForEntriesTakenOver(t *testing.T) {
+	t.Parallel()
+	r, resume := stallBeforeParking(t, func(c redis.UniversalClient, keys adapters.KeySpace) ports.ProjectionApplier {
+		return testApplier(t, c, keys)
+	})
+	resume()
 	assert.Never(t, func() bool { return len(r.h.poison()) > 0 }, 3*time.Second, 50*time.Millisecond,
 		"a parks nothing: the entry was b's, and counted")
 	assert.Equal(t, int64(1), r.countOf("faulty"))
+}
+
+// decideRecorder records whether each Decide call carried a lease.
+type decideRecorder struct {
+	*adapters.ProjectionApplier
+	mu       sync.Mutex
+	unleased int
+}
+
+func (d *decideRecorder) Decide(ctx context.Context, es []projection.EventRef) ([]bool, error) {
+	if _, ok := projection.LeaseOf(ctx); !ok {
+		d.mu.Lock()
+		d.unleased++
+		d.mu.Unlock()
+	}
+	return d.ProjectionApplier.Decide(ctx, es)
+}
+
+// TestStalledProjectorDecidesNothingBeforeParking: the decide step is fenced so that a projector
+// past its lease does not write the registry (or prune it with floors read before it stood
+// still), but the poison path (ProjectionRouter.decision, before Park) called Applier.Decide
+// without the lease: a stalled projector about to park still ran the decide script unfenced,
+// after the entry was taken over (Park itself was then refused). Now the decision is made under
+// the lease the park is. (Found by a review helper.)
+func TestStalledProjectorDecidesNothingBeforeParking(t *testing.T) {
+	t.Parallel()
+	var rec *decideRecorder
+	r, resume := stallBeforeParking(t, func(c redis.UniversalClient, keys adapters.KeySpace) ports.ProjectionApplier {
+		rec = &decideRecorder{ProjectionApplier: testApplier(t, c, keys)}
+		return rec
+	})
+	resume()
+	time.Sleep(3 * time.Second)
+	assert.Empty(t, r.h.poison())
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	assert.Zero(t, rec.unleased, "Decide calls a made without the entry's lease (the decide script runs unfenced past it)")
 }

@@ -441,6 +441,24 @@ func consumerPending(t *testing.T, rdb redis.UniversalClient, keys adapters.KeyS
 	return total, present
 }
 
+// stopWhileHolding SIGSTOPs victim (consumer "victim") at a moment it holds events: read, not yet
+// acknowledged. Stopped, it can acknowledge nothing between the look and what the test does
+// next; the pause after the stop lets Redis execute what the process had already written to
+// its sockets (an XACK on its way would otherwise land after the look and leave nothing pending).
+func stopWhileHolding(t *testing.T, victim *svcProc, client redis.UniversalClient, keys adapters.KeySpace) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		require.NoError(t, victim.cmd.Process.Signal(syscall.SIGSTOP))
+		time.Sleep(100 * time.Millisecond)
+		if n, _ := consumerPending(t, client, keys, "victim"); n > 0 {
+			return true
+		}
+		require.NoError(t, victim.cmd.Process.Signal(syscall.SIGCONT))
+		time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+		return false
+	}, 20*time.Second, time.Millisecond, "the projector never held pending events")
+}
+
 // TestFaultProjectorStoppedMidStreamCountsOnce: a projector SIGSTOPped while it holds events, for
 // longer than CLAIM_IDLE, beside a second one that takes them over, applies them and goes on
 // (pruning its markers as it acknowledges past them); then SIGCONTed under load. Whatever it was
@@ -466,16 +484,7 @@ func TestFaultProjectorStoppedMidStreamCountsOnce(t *testing.T) {
 	defer stop()
 	wait := l.load(ctx, 4, "stop", func() string { return api.base }, 10*time.Second)
 	l.waitFor(t, 300)
-	require.Eventually(t, func() bool {
-		require.NoError(t, victim.cmd.Process.Signal(syscall.SIGSTOP))
-		time.Sleep(100 * time.Millisecond)
-		if n, _ := consumerPending(t, client, keys, "victim"); n > 0 {
-			return true
-		}
-		require.NoError(t, victim.cmd.Process.Signal(syscall.SIGCONT))
-		time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
-		return false
-	}, 20*time.Second, time.Millisecond, "the projector never held pending events")
+	stopWhileHolding(t, victim, client, keys)
 	held, _ := consumerPending(t, client, keys, "victim")
 	t.Logf("SIGSTOPped projector held %d pending events", held)
 	// The heir takes them over (after CLAIM_IDLE) and goes on, past them.
@@ -539,20 +548,8 @@ func projectorKilledMidStreamIsTakenOver(t *testing.T, partitions int) {
 			require.NoError(t, client.XGroupCreateConsumer(context.Background(), stream, g, "ghost").Err())
 		}
 	}
-	// Kill it at a moment it holds events: read, not yet acknowledged. Stopped (SIGSTOP), it can
-	// acknowledge nothing between the look and the kill; the pause after the stop lets Redis
-	// execute what the process had already written to its sockets (an XACK on its way would
-	// otherwise land after the look and leave nothing pending).
-	require.Eventually(t, func() bool {
-		require.NoError(t, victim.cmd.Process.Signal(syscall.SIGSTOP))
-		time.Sleep(100 * time.Millisecond)
-		if n, _ := consumerPending(t, client, keys, "victim"); n > 0 {
-			return true
-		}
-		require.NoError(t, victim.cmd.Process.Signal(syscall.SIGCONT))
-		time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
-		return false
-	}, 20*time.Second, time.Millisecond, "the projector never held pending events")
+	// Kill it at a moment it holds events (stopped first, see stopWhileHolding).
+	stopWhileHolding(t, victim, client, keys)
 	require.NoError(t, victim.cmd.Process.Kill())
 	<-victim.done
 	held, _ := consumerPending(t, client, keys, "victim")
