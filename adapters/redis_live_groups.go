@@ -229,7 +229,8 @@ func (l *LiveGroups) ReadAll(ctx context.Context) (map[string]ops.Membership, ma
 // last entry J, creating the live group there if it is new, and its own group backfills the
 // entries up to J: from the start (created here, unless a rebuild created it), or from where the
 // service's earlier layout left it (an upgrade, whose entries up to that point are also looked
-// up in that layout's dedupe sets).
+// up in that layout's dedupe sets), or where the live group it was disbanded from had delivered
+// through (a moved:<member> record, which the join removes).
 var joinLua = redis.NewScript(`
 local field = 'live:' .. ARGV[1]
 local raw = redis.call('HGET', KEYS[1], field)
@@ -255,6 +256,9 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
     if name == ARGV[1] then live = ld elseif name == ARGV[2] then own = ld end
   end
 end
+-- A version a disband took out of another live group: its own group stands where that group
+-- had delivered through, and backfills from there (no earlier layout's sets to look in).
+local moved = redis.call('HEXISTS', KEYS[1], 'moved:' .. ARGV[2]) == 1
 local rec
 if (live == nil or live == '0-0') and (own == nil or own == '0-0') then
   rec = {join = '0-0', own = 'done', doneAt = ARGV[3]}
@@ -275,10 +279,11 @@ else
   if live == nil then redis.call('XGROUP', 'CREATE', KEYS[2], ARGV[1], j, 'MKSTREAM') end
   if own == nil then
     redis.call('XGROUP', 'CREATE', KEYS[2], ARGV[2], '0')
-  elseif own ~= '0-0' then
+  elseif own ~= '0-0' and not moved then
     rec.legacy = own
   end
 end
+if moved then redis.call('HDEL', KEYS[1], 'moved:' .. ARGV[2]) end
 m[ARGV[2]] = rec
 local enc = cjson.encode(m)
 redis.call('HSET', KEYS[1], field, enc)
@@ -571,11 +576,15 @@ func readStreamsProgress(ctx context.Context, client redis.UniversalClient, stre
 // make the registry grow forever. Such a group, if it comes back, may count a copy that falls in
 // the window of one it decided before it stopped.
 //
+// The own groups of versions a disband took out of their live group (moved, by stream, as
+// LiveGroups.ReadMoved reads them) hold it too until they join another, for at most idleLimit
+// after the disband: a version that was moved and then run by no projector is abandoned alike.
+//
 // With partitions (lives and progress summed up, their Parts set) it is the least of the
 // partitions' floors (DedupeFloors), each from that partition's groups.
 func DedupeFloor(ctx context.Context, client redis.UniversalClient, streams []string, lives map[string]ops.Membership,
-	progress map[string]ops.GroupPosition, idleLimit time.Duration, now time.Time) (string, bool, error) {
-	floors, ok, err := DedupeFloors(ctx, client, streams, lives, progress, idleLimit, now)
+	moved map[string]map[string]ops.Moved, progress map[string]ops.GroupPosition, idleLimit time.Duration, now time.Time) (string, bool, error) {
+	floors, ok, err := DedupeFloors(ctx, client, streams, lives, moved, progress, idleLimit, now)
 	if err != nil || !ok {
 		return "", false, err
 	}
@@ -594,7 +603,7 @@ func DedupeFloor(ctx context.Context, client redis.UniversalClient, streams []st
 // floors every CheckpointInterval, and a drain of history is exactly when every group looks
 // abandoned by its position (far behind now).
 func DedupeFloors(ctx context.Context, client redis.UniversalClient, streams []string, lives map[string]ops.Membership,
-	progress map[string]ops.GroupPosition, idleLimit time.Duration, now time.Time) ([]string, bool, error) {
+	moved map[string]map[string]ops.Moved, progress map[string]ops.GroupPosition, idleLimit time.Duration, now time.Time) ([]string, bool, error) {
 	type candidate struct {
 		stream, group, acked string
 		idle                 *redis.XInfoConsumersCmd // nil: not behind by the window, it counts
@@ -620,6 +629,19 @@ func DedupeFloors(ctx context.Context, client redis.UniversalClient, streams []s
 				c.idle = pipe.XInfoConsumers(ctx, stream, g)
 			}
 			each[i] = append(each[i], c)
+		}
+		for member, mv := range moved[stream] {
+			at, err := strconv.ParseInt(mv.At, 10, 64)
+			if err != nil || at < stale {
+				continue // moved longer ago than the window and still not run: abandoned
+			}
+			sum, ok := progress[member]
+			if !ok {
+				continue // its own group is gone (destroyed by hand): nothing will decide for it
+			}
+			if p, ok := sum.On(stream); ok {
+				each[i] = append(each[i], candidate{stream: stream, group: member, acked: p.AckedThrough})
+			}
 		}
 	}
 	if pipe != nil {

@@ -53,7 +53,7 @@ func TestDedupeFloor(t *testing.T) {
 		t.Helper()
 		progress, err := adapters.ReadGroupsProgress(ctx, c, stream)
 		require.NoError(t, err)
-		f, ok, err := adapters.DedupeFloor(ctx, c, []string{stream}, lives, progress, limit, time.Now())
+		f, ok, err := adapters.DedupeFloor(ctx, c, []string{stream}, lives, nil, progress, limit, time.Now())
 		require.NoError(t, err)
 		return f, ok
 	}

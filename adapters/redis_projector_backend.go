@@ -96,7 +96,11 @@ func (p *ProjectorBackend) CreateGroup(ctx context.Context, stream, group, start
 // DedupeFloors: see the function of that name; in partition order.
 func (p *ProjectorBackend) DedupeFloors(ctx context.Context, lives map[string]ops.Membership, progress map[string]ops.GroupPosition,
 	idleLimit time.Duration, now time.Time) ([]string, bool, error) {
-	return DedupeFloors(ctx, p.client, p.Streams(), lives, progress, idleLimit, now)
+	moved, err := p.ReadMoved(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	return DedupeFloors(ctx, p.client, p.Streams(), lives, moved, progress, idleLimit, now)
 }
 
 // PoisonEntryOf is the poison entry of the message msg, as far as the message tells: the stream

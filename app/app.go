@@ -31,6 +31,7 @@ type Commands struct {
 	PurgePoisoned     *command.PurgePoisoned
 	TrimStream        *command.TrimStream
 	RecordFormat      *command.RecordFormat
+	DisbandLiveGroup  *command.DisbandLiveGroup
 	// MigratePartitions is set only for `checkins partitions migrate`, which connects without
 	// checking the configured partition count.
 	MigratePartitions *command.MigratePartitions
@@ -117,7 +118,10 @@ type OpsConfig struct {
 	RetireGrace time.Duration           // 0: command.DefaultRetireGrace
 	StallAfter  time.Duration           // 0: status and the projections list flag no stalls
 	Retention   command.RetentionPolicy
-	Logger      *slog.Logger
+	// ClaimIdle is CLAIM_IDLE: a live group is disbanded only once its consumers were idle
+	// that long (0: command.DefaultClaimIdle).
+	ClaimIdle time.Duration
+	Logger    *slog.Logger
 }
 
 // AddOps adds the operational commands and queries to a.
@@ -140,6 +144,13 @@ func (a *Application) AddOps(cfg OpsConfig) error {
 	}
 	c.TrimStream.WaitForMigrations(cfg.Backend.Migration)
 	if c.RecordFormat, err = command.NewRecordFormat(cfg.Backend.Records); err != nil {
+		return err
+	}
+	claimIdle := cfg.ClaimIdle
+	if claimIdle <= 0 {
+		claimIdle = command.DefaultClaimIdle
+	}
+	if c.DisbandLiveGroup, err = command.NewDisbandLiveGroup(cfg.Backend, claimIdle); err != nil {
 		return err
 	}
 	if q.Status, err = query.NewStatus(cfg.Backend, cfg.Projections, cfg.StallAfter); err != nil {

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 const projectionsUsage = `Usage:
   checkins projections list [--json]
   checkins projections rebuild <name> [--no-wait] [--json]
+  checkins projections disband <live group> [--dry-run] [--json]
 
 list shows, per projection, the version serving reads, the version being rebuilt if any, their
 consumer groups, lag, pending and state, and the last rebuild's progress.
@@ -28,19 +31,28 @@ PROJECTION_POLL_INTERVAL; when it has caught up, reads switch to it in one step,
 version N, and after PROJECTION_RETIRE_GRACE its keys and group are removed. The command waits
 and reports progress (unless --no-wait); stopping it does not stop the rebuild: projectors carry
 it on. Running it again for a rebuild in progress resumes watching it.
+
+disband lets projectors run the projections of a live group in other PROJECTIONS sets (processes
+that run the same projections share one consumer group, live or live:<a>,<b>, and a projection
+version is fed by one group at a time). Stop every projector that runs the group first; the
+command refuses while one read from it within CLAIM_IDLE, while entries are pending, or while a
+version still backfills. Each version then gets its own group at the position the live group had
+reached, and catches up from there once a projector with its new PROJECTIONS joins it to its new
+live group. --dry-run only checks.
 Connection flags (--redis-url, --key-prefix, ...) are those of "checkins serve --help".
 `
 
 // ProjectionsCommand is `checkins projections list|rebuild`.
 func ProjectionsCommand(ctx context.Context, args []string, stdout, stderr io.Writer, connect Connect) error {
-	boolFlags := map[string]bool{"json": true, "no-wait": true, "h": true, "help": true}
-	verb, args, err := pickVerb(args, boolFlags, projectionsUsage, stderr, "list", "rebuild")
+	boolFlags := map[string]bool{"json": true, "no-wait": true, "dry-run": true, "h": true, "help": true}
+	verb, args, err := pickVerb(args, boolFlags, projectionsUsage, stderr, "list", "rebuild", "disband")
 	if err != nil {
 		return err
 	}
 	fs := newVerbFlags("projections "+verb, projectionsUsage, stderr)
 	asJSON := fs.Bool("json", false, "print JSON")
 	noWait := fs.Bool("no-wait", false, "rebuild: start it and return; projectors carry it out")
+	dryRun := fs.Bool("dry-run", false, "disband: only check, and say what it would do")
 	s, err := connect("projections "+verb, fs, PermuteArgs(args, boolFlags))
 	if err != nil {
 		return err
@@ -57,7 +69,18 @@ func ProjectionsCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 		return printAs(stdout, *asJSON, rep, WriteProjectionsText)
 	}
 	if len(s.Args) != 1 {
-		return fmt.Errorf("rebuild takes one projection name, got %d arguments %v", len(s.Args), s.Args)
+		what := "projection name"
+		if verb == "disband" {
+			what = "live group (live, or live:<projection>,...)"
+		}
+		return fmt.Errorf("%s takes one %s, got %d arguments %v", verb, what, len(s.Args), s.Args)
+	}
+	if verb == "disband" {
+		rep, err := s.App.Commands.DisbandLiveGroup.Run(ctx, s.Args[0], *dryRun)
+		if err != nil {
+			return err
+		}
+		return printAs(stdout, *asJSON, rep, WriteDisbandText)
 	}
 	return rebuild(ctx, s.App.Commands.RebuildProjection, s.Args[0], s.Poll, *noWait, *asJSON, stdout)
 }
@@ -121,6 +144,32 @@ func rebuild(ctx context.Context, rb *command.RebuildProjection, name string, po
 		return WriteJSON(stdout, rp)
 	}
 	return nil
+}
+
+// WriteDisbandText prints what a disband did, or would do, for people.
+func WriteDisbandText(w io.Writer, rep ops.DisbandReport) error {
+	streams := make([]string, 0, len(rep.Positions))
+	for st := range rep.Positions {
+		streams = append(streams, st)
+	}
+	slices.Sort(streams)
+	where := make([]string, 0, len(streams))
+	for _, st := range streams {
+		where = append(where, st+" "+rep.Positions[st])
+	}
+	members := "no projection versions"
+	if len(rep.Members) > 0 {
+		members = strings.Join(rep.Members, ", ")
+	}
+	if !rep.Done {
+		_, err := fmt.Fprintf(w, "live group %s can be disbanded: %s would each get an own group at the position it reached (%s)\n",
+			rep.Group, members, strings.Join(where, ", "))
+		return err
+	}
+	_, err := fmt.Fprintf(w, "live group %s disbanded: %s each have an own group at the position it reached (%s)\n"+
+		"start the projectors with their new PROJECTIONS: each version joins its new live group and catches up from there\n",
+		rep.Group, members, strings.Join(where, ", "))
+	return err
 }
 
 // WriteProjectionsText prints the report as a table for people.

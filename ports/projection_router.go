@@ -603,15 +603,13 @@ func (r *ProjectionRouter) join(ctx context.Context, member string) error {
 	}
 	for g, ms := range all {
 		if _, ok := ms.Members[member]; ok && g != r.cfg.LiveGroup {
-			return fmt.Errorf("%w: %s is fed by live group %q, this process would feed it through %q: run every projector with the same PROJECTIONS (or with sets that share no projection)",
-				ErrLiveGroupConflict, member, g, r.cfg.LiveGroup)
+			return r.conflict(member, g)
 		}
 	}
 	ms, err := r.backend.Join(ctx, r.cfg.LiveGroup, member)
 	if other := (*ops.InAnotherLiveGroupError)(nil); errors.As(err, &other) {
 		// Another process joined it to its group since the look above (the join checks again).
-		return fmt.Errorf("%w: %s is fed by live group %q, this process would feed it through %q: run every projector with the same PROJECTIONS (or with sets that share no projection)",
-			ErrLiveGroupConflict, member, other.Group, r.cfg.LiveGroup)
+		return r.conflict(member, other.Group)
 	}
 	if err != nil {
 		return err
@@ -623,6 +621,13 @@ func (r *ProjectionRouter) join(ctx context.Context, member string) error {
 	r.joined[member] = true
 	r.mu.Unlock()
 	return nil
+}
+
+// conflict is ErrLiveGroupConflict for member, which live group other feeds.
+func (r *ProjectionRouter) conflict(member, other string) error {
+	return fmt.Errorf("%w: %s is fed by live group %q, this process would feed it through %q: run every projector with the same PROJECTIONS "+
+		"(or with sets that share no projection); to run it in another set, stop the projectors of %q and run: checkins projections disband %s",
+		ErrLiveGroupConflict, member, other, r.cfg.LiveGroup, other, other)
 }
 
 type stoppingHandler struct {

@@ -2,6 +2,7 @@ package command_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strconv"
 	"testing"
@@ -153,6 +154,10 @@ func (m *memBackend) Leave(_ context.Context, group, member string) error {
 	return nil
 }
 func (m *memBackend) ForgetAcked(context.Context, string) error { return nil }
+
+func (m *memBackend) Disband(context.Context, string, time.Duration, bool) (ops.DisbandReport, error) {
+	return ops.DisbandReport{}, errors.New("the walk never disbands a live group")
+}
 
 func (m *memBackend) RemoveVersion(_ context.Context, name string, version int) (int64, error) {
 	k := ops.MemberName(name, version)

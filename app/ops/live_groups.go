@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -165,3 +166,30 @@ type InAnotherLiveGroupError struct{ Group string }
 func (e *InAnotherLiveGroupError) Error() string {
 	return fmt.Sprintf("the member is in live group %q already", e.Group)
 }
+
+// Moved is a projection version taken out of a live group by a disband (command.DisbandLiveGroup)
+// and not yet joined to another: its own group holds its position, and feeds it from there
+// once a projector that runs it joins it to its live group.
+type Moved struct {
+	// From is the live group it left.
+	From string `json:"from"`
+	// At is when (Unix ms, as a string).
+	At string `json:"at"`
+	// Pos is where the live group had delivered (and acknowledged) through on that partition:
+	// the version's own group delivers what comes after.
+	Pos string `json:"pos"`
+}
+
+// DisbandReport is what disbanding a live group did, or would do.
+type DisbandReport struct {
+	Group string `json:"group"`
+	// Members are the projection versions it fed, sorted: each has its own group now.
+	Members []string `json:"members"`
+	// Positions is, per partition's stream, where the group had delivered through.
+	Positions map[string]string `json:"positions"`
+	// Done is false for a check that changed nothing (--dry-run).
+	Done bool `json:"done"`
+}
+
+// ErrDisbandRefused: the live group cannot be disbanded now; the error says why and what to do.
+var ErrDisbandRefused = errors.New("cannot disband the live group")

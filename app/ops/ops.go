@@ -144,6 +144,11 @@ type LiveGroups interface {
 	Leave(ctx context.Context, group, member string) error
 	// ForgetAcked drops a removed group's acknowledged position.
 	ForgetAcked(ctx context.Context, group string) error
+	// Disband takes every member out of live group, each with an own group at the position the
+	// live group had delivered through, and removes the group (apply false: only checks). It
+	// refuses (ErrDisbandRefused) while a consumer of the group read within minIdle, entries are
+	// pending, or a member still backfills.
+	Disband(ctx context.Context, group string, minIdle time.Duration, apply bool) (DisbandReport, error)
 }
 
 // PoisonQueue is the stream of parked events.

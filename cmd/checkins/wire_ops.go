@@ -37,7 +37,7 @@ func opsCommands() map[string]subcommand {
 // projectionCommands are the projection verbs (projections list|rebuild).
 func projectionCommands() map[string]subcommand {
 	return map[string]subcommand{
-		"projections": {"list projection versions; rebuild a projection without downtime", cliVerb(ports.ProjectionsCommand)},
+		"projections": {"list projection versions; rebuild a projection without downtime; disband a live group to regroup its projections", cliVerb(ports.ProjectionsCommand)},
 	}
 }
 
@@ -158,7 +158,7 @@ func addOps(a *app.Application, client redis.UniversalClient, keys adapters.KeyS
 		return closeOps, errors.Join(err, closeOps())
 	}
 	return closeOps, a.AddOps(app.OpsConfig{Backend: adapters.NewOpsBackend(client, keys), Applier: applier, Projections: projs,
-		RetireGrace: cfg.RetireGrace, StallAfter: cfg.StallAfter, Retention: cfg.Retention, Logger: log})
+		RetireGrace: cfg.RetireGrace, StallAfter: cfg.StallAfter, Retention: cfg.Retention, ClaimIdle: cfg.ClaimIdle, Logger: log})
 }
 
 // newApplier is the projections' applier on client (one of its own when PROJECTION_MIN_REPLICAS

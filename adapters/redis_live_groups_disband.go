@@ -1,0 +1,200 @@
+package adapters
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/checkins/checkins/app/ops"
+)
+
+// movedField records, in a partition's registry, a projection version a disband took out of its
+// live group (ops.Moved, as JSON) until a projector joins it to another: its own group then
+// feeds it from the position recorded, and the join removes the field.
+const movedField = "moved:"
+
+// disbandLua: KEYS[1] registry, KEYS[2] stream; ARGV[1] live group, ARGV[2] now (ms),
+// ARGV[3] the least idle time (ms) every consumer of the group must have, ARGV[4] '1' to do it
+// ('0': only check). Replies {state, position, members...}: state 'gone' (no such live group on
+// this partition), 'checked' or 'done'.
+//
+// Each member gets an own group at the position P the live group has delivered through (what an
+// own group left over from a finished backfill held is replaced), and a moved:<member> record;
+// then the live group, its membership and its checkpoint go. It refuses, changing nothing, while
+// a member still backfills (its own group has entries up to its join to deliver, and the live
+// group has delivered past it), while entries are pending (P would skip them, and redelivering
+// them to another group would count those already applied again), and while a consumer has read
+// within ARGV[3] (a projector still runs the group: it would recreate it).
+var disbandLua = redis.NewScript(`
+local field = 'live:' .. ARGV[1]
+local raw = redis.call('HGET', KEYS[1], field)
+if not raw then return {'gone', ''} end
+local m = cjson.decode(raw)
+local names = {}
+for name, rec in pairs(m) do
+  if rec.own ~= 'done' then return redis.error_reply('BACKFILLING ' .. name) end
+  names[#names + 1] = name
+end
+table.sort(names)
+local pos, exists, owns = '0-0', redis.call('EXISTS', KEYS[2]) == 1, {}
+local found, held = false, 0
+if exists then
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[2])) do
+    local name, ld, pending
+    for x = 1, #g, 2 do
+      if g[x] == 'name' then name = g[x+1] elseif g[x] == 'last-delivered-id' then ld = g[x+1]
+      elseif g[x] == 'pending' then pending = g[x+1] end
+    end
+    if name == ARGV[1] then
+      found = true
+      if ld == '0' then ld = '0-0' end
+      pos, held = ld, tonumber(pending)
+    elseif m[name] then
+      owns[name] = true
+    end
+  end
+  if not found then return redis.error_reply('NOGROUP') end
+  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[2], ARGV[1])) do
+    local cname, idle
+    for x = 1, #c, 2 do
+      if c[x] == 'name' then cname = c[x+1] elseif c[x] == 'idle' then idle = c[x+1] end
+    end
+    if tonumber(idle) < tonumber(ARGV[3]) then
+      return redis.error_reply('ACTIVE ' .. cname .. ' ' .. idle)
+    end
+  end
+  if held > 0 then return redis.error_reply('PENDING ' .. held) end
+end
+local reply = {'checked', pos}
+for _, name in ipairs(names) do reply[#reply + 1] = name end
+if ARGV[4] ~= '1' then return reply end
+for _, name in ipairs(names) do
+  if owns[name] then redis.call('XGROUP', 'DESTROY', KEYS[2], name) end
+  redis.call('XGROUP', 'CREATE', KEYS[2], name, pos, 'MKSTREAM')
+  redis.call('HSET', KEYS[1], 'moved:' .. name, cjson.encode({from = ARGV[1], at = ARGV[2], pos = pos}))
+end
+if found then redis.call('XGROUP', 'DESTROY', KEYS[2], ARGV[1]) end
+redis.call('HDEL', KEYS[1], field, 'acked:' .. ARGV[1])
+reply[1] = 'done'
+return reply
+`)
+
+// Disband takes every member of live group out of it, on every partition (ops.LiveGroups).
+// It checks every partition first and changes nothing when one refuses; a partition where the
+// group is already gone (a disband cut short, run again) is skipped.
+func (l *LiveGroups) Disband(ctx context.Context, group string, minIdle time.Duration, apply bool) (ops.DisbandReport, error) {
+	rep := ops.DisbandReport{Group: group, Positions: map[string]string{}}
+	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
+	idle := strconv.FormatInt(minIdle.Milliseconds(), 10)
+	pass := func(doIt bool) (int, error) {
+		found := 0
+		flag := "0"
+		if doIt {
+			flag = "1"
+		}
+		for i := range l.parts.Count() {
+			stream := l.parts.Stream(i)
+			res, err := disbandLua.Run(ctx, l.client, []string{l.parts.Registry(i), stream}, group, now, idle, flag).StringSlice()
+			if err != nil {
+				return found, disbandError(group, stream, l.parts.Count() > 1, err)
+			}
+			if len(res) < 2 {
+				return found, fmt.Errorf("disband %s on %s: unexpected reply %v", group, stream, res)
+			}
+			if res[0] == "gone" {
+				continue
+			}
+			found++
+			rep.Positions[stream] = res[1]
+			for _, m := range res[2:] {
+				if !slices.Contains(rep.Members, m) {
+					rep.Members = append(rep.Members, m)
+				}
+			}
+		}
+		return found, nil
+	}
+	found, err := pass(false)
+	if err != nil || found == 0 || !apply {
+		slices.Sort(rep.Members)
+		return rep, err
+	}
+	if _, err := pass(true); err != nil {
+		slices.Sort(rep.Members)
+		return rep, err
+	}
+	slices.Sort(rep.Members)
+	rep.Done = true
+	return rep, nil
+}
+
+// disbandError turns the script's refusals into ops.ErrDisbandRefused with what to do.
+func disbandError(group, stream string, parts bool, err error) error {
+	where := ""
+	if parts {
+		where = " on " + stream
+	}
+	msg := err.Error()
+	switch {
+	case redis.HasErrorPrefix(err, "BACKFILLING"):
+		return fmt.Errorf("%w %q: %s is still backfilling%s through its own group; wait until `checkins projections list` shows it caught up",
+			ops.ErrDisbandRefused, group, strings.TrimSpace(strings.TrimPrefix(msg, "BACKFILLING")), where)
+	case redis.HasErrorPrefix(err, "PENDING"):
+		return fmt.Errorf("%w %q: %s entries are pending%s (a projector of it stopped without finishing them): start one projector with its PROJECTIONS, wait CLAIM_IDLE for it to take them over, stop it (SIGTERM), and run this again",
+			ops.ErrDisbandRefused, group, strings.TrimSpace(strings.TrimPrefix(msg, "PENDING")), where)
+	case redis.HasErrorPrefix(err, "ACTIVE"):
+		f := strings.Fields(strings.TrimPrefix(msg, "ACTIVE"))
+		who, ago := "a consumer", ""
+		if len(f) == 2 {
+			who = "consumer " + f[0]
+			if ms, perr := strconv.ParseInt(f[1], 10, 64); perr == nil {
+				ago = " " + (time.Duration(ms) * time.Millisecond).String() + " ago"
+			}
+		}
+		return fmt.Errorf("%w %q: %s read from it%s%s: stop every projector that runs it (they would recreate it) and run this again once CLAIM_IDLE has passed",
+			ops.ErrDisbandRefused, group, who, ago, where)
+	case redis.HasErrorPrefix(err, "NOGROUP"):
+		return fmt.Errorf("%w %q: its consumer group is missing from the stream%s (Redis lost it): start one projector with its PROJECTIONS to recreate it, stop it, and run this again",
+			ops.ErrDisbandRefused, group, where)
+	}
+	return fmt.Errorf("disband live group %s%s: %w", group, where, err)
+}
+
+// ReadMoved is, per partition's stream, the versions a disband took out of a live group that
+// have not joined another yet (by member name).
+func (l *LiveGroups) ReadMoved(ctx context.Context) (map[string]map[string]ops.Moved, error) {
+	cmds := make([]*redis.MapStringStringCmd, l.parts.Count())
+	if _, err := l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range cmds {
+			cmds[i] = p.HGetAll(ctx, l.parts.Registry(i))
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	out := map[string]map[string]ops.Moved{}
+	for i, c := range cmds {
+		for f, v := range c.Val() {
+			name, ok := strings.CutPrefix(f, movedField)
+			if !ok {
+				continue
+			}
+			var m ops.Moved
+			if err := json.Unmarshal([]byte(v), &m); err != nil {
+				return nil, fmt.Errorf("registry %s: %s is not JSON: %w", l.parts.Registry(i), f, err)
+			}
+			stream := l.parts.Stream(i)
+			if out[stream] == nil {
+				out[stream] = map[string]ops.Moved{}
+			}
+			out[stream][name] = m
+		}
+	}
+	return out, nil
+}

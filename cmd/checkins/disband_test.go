@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/adapters/redistest"
+)
+
+// TestDisbandMovesProjectionsToOtherSets: projections first run together (the default set, live
+// group `live`) are then run by two projectors of their own sets, while the API takes check-ins
+// all along. Before the disband a projector of another set cannot take a projection over, and
+// says to disband; `checkins projections disband live` refuses while the group's projector runs,
+// checks with --dry-run, then gives each version an own group at live's position; the two new
+// projectors join their groups and catch up from there. Every read model comes out exact, and
+// only the two new live groups are left. With one stream and with four partitions.
+func TestDisbandMovesProjectionsToOtherSets(t *testing.T) {
+	t.Parallel()
+	for _, p := range []int{1, 4} {
+		t.Run(fmt.Sprintf("P=%d", p), func(t *testing.T) {
+			t.Parallel()
+			disbandMovesProjections(t, p)
+		})
+	}
+}
+
+func disbandMovesProjections(t *testing.T, partitions int) {
+	rdb := redistest.Open(t)
+	client := redistest.Client(t, rdb.URL)
+	base := adapters.KeySpace{Prefix: rdb.Prefix}
+	keys, err := base.WithPartitions(partitions)
+	require.NoError(t, err)
+	env := func(projections string) map[string]string {
+		return map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "STREAM_PARTITIONS": strconv.Itoa(partitions),
+			"CLAIM_IDLE": "1s", "CLAIM_INTERVAL": "100ms", "PROJECTION_POLL_INTERVAL": "200ms", "PROJECTION_RETIRE_GRACE": "1s",
+			"RATE_LIMIT_USER": "off", "PROJECTIONS": projections}
+	}
+	api := startSvc(t, "api", env(""))
+	all := startSvc(t, "project", env(""))
+
+	l := newLedger()
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	wait := l.load(ctx, 4, "d", func() string { return api.base }, 10*time.Second)
+	l.waitFor(t, 200)
+
+	// Another set cannot take users over from live: it stops at start, and says what to do.
+	users := env("users")
+	users["HTTP_ADDR"], users["OPS_ADDR"] = "127.0.0.1:0", "127.0.0.1:0"
+	code, _, stderr := runCLI(t, users, "project")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, `users.v1 is fed by live group "live"`)
+	assert.Contains(t, stderr, "run: checkins projections disband live")
+
+	code, _, stderr = runCLI(t, env(""), "projections", "disband", "live")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "read from it", "refused while a projector of it runs")
+
+	all.exit(t, syscall.SIGTERM)
+	time.Sleep(1100 * time.Millisecond) // CLAIM_IDLE
+	code, stdout, stderr := runCLI(t, env(""), "projections", "disband", "live", "--dry-run")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "live group live can be disbanded: daily_checkins.v1, leaderboards.v1, locations.v1, recent_checkins.v1, users.v1")
+	code, stdout, stderr = runCLI(t, env(""), "projections", "disband", "live")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "live group live disbanded")
+	for _, stream := range keys.Partitions().Streams() {
+		assert.NotContains(t, groupNames(t, client, stream), "live")
+	}
+	code, _, stderr = runCLI(t, env(""), "projections", "disband", "live")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, `no live group "live"`)
+
+	// The API went on meanwhile; the new sets take over and catch up.
+	from, _, _, _ := l.stats()
+	l.waitFor(t, from+200)
+	startSvc(t, "project", env("users,locations"))
+	startSvc(t, "project", env("recent_checkins,daily_checkins,leaderboards"))
+	from, _, _, _ = l.stats()
+	l.waitFor(t, from+300)
+	stop()
+	wait()
+	l.resolve(t, api.base)
+	l.verifyAll(t, rdb.URL, keys)
+	requireNothingPending(t, client, keys)
+	for _, stream := range keys.Partitions().Streams() {
+		require.Eventually(t, func() bool {
+			return slices.Equal([]string{"live:daily_checkins,leaderboards,recent_checkins", "live:locations,users"}, groupNames(t, client, stream))
+		}, 20*time.Second, 100*time.Millisecond, "only the new live groups are left on %s: %v", stream, groupNames(t, client, stream))
+	}
+	for i := range keys.Partitions().Count() {
+		reg, err := client.HGetAll(context.Background(), keys.Partitions().Registry(i)).Result()
+		require.NoError(t, err)
+		for f := range reg {
+			assert.NotRegexp(t, `^(moved:|live:live$|acked:live$)`, f, "left in the registry")
+		}
+	}
+}
+
+// groupNames are the consumer groups on stream, sorted.
+func groupNames(t *testing.T, c redis.UniversalClient, stream string) []string {
+	t.Helper()
+	gs, err := c.XInfoGroups(context.Background(), stream).Result()
+	require.NoError(t, err)
+	var names []string
+	for _, g := range gs {
+		names = append(names, g.Name)
+	}
+	slices.Sort(names)
+	return names
+}
