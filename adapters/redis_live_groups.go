@@ -258,7 +258,7 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
 end
 -- A version a disband took out of another live group: its own group stands where that group
 -- had delivered through, and backfills from there (no earlier layout's sets to look in).
-local moved = redis.call('HEXISTS', KEYS[1], 'moved:' .. ARGV[2]) == 1
+local moved = redis.call('HGET', KEYS[1], 'moved:' .. ARGV[2])
 local rec
 if (live == nil or live == '0-0') and (own == nil or own == '0-0') then
   rec = {join = '0-0', own = 'done', doneAt = ARGV[3]}
@@ -283,7 +283,11 @@ else
     rec.legacy = own
   end
 end
-if moved then redis.call('HDEL', KEYS[1], 'moved:' .. ARGV[2]) end
+if moved then
+  local mv = cjson.decode(moved)
+  if type(mv.legacy) == 'string' and mv.legacy ~= '' then rec.legacy = mv.legacy end
+  redis.call('HDEL', KEYS[1], 'moved:' .. ARGV[2])
+end
 m[ARGV[2]] = rec
 local enc = cjson.encode(m)
 redis.call('HSET', KEYS[1], field, enc)

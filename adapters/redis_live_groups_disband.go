@@ -24,8 +24,9 @@ const movedField = "moved:"
 // ('0': only check). Replies {state, position, members...}: state 'gone' (no such live group on
 // this partition), 'checked' or 'done'.
 //
-// Each member gets an own group at the position P the live group has delivered through (what an
-// own group left over from a finished backfill held is replaced), and a moved:<member> record;
+// Each member gets an own group at the position P the live group has delivered through, or at
+// its join where that is later (what an own group left over from a finished backfill held is
+// replaced, with its checkpoint), and a moved:<member> record;
 // then the live group, its membership and its checkpoint go. It refuses, changing nothing, while
 // a member still backfills (its own group has entries up to its join to deliver, and the live
 // group has delivered past it), while entries are pending (P would skip them, and redelivering
@@ -74,10 +75,23 @@ end
 local reply = {'checked', pos}
 for _, name in ipairs(names) do reply[#reply + 1] = name end
 if ARGV[4] ~= '1' then return reply end
+local function after(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
+  return am > bm or (am == bm and as > bs)
+end
 for _, name in ipairs(names) do
+  local rec = m[name]
+  -- Where its own group starts: what the live group delivered, or its join where that is later
+  -- (a live group behind a join: the version's backfill delivered up to the join already).
+  local start = pos
+  if rec.join and after(rec.join, start) then start = rec.join end
   if owns[name] then redis.call('XGROUP', 'DESTROY', KEYS[2], name) end
-  redis.call('XGROUP', 'CREATE', KEYS[2], name, pos, 'MKSTREAM')
-  redis.call('HSET', KEYS[1], 'moved:' .. name, cjson.encode({from = ARGV[1], at = ARGV[2], pos = pos}))
+  redis.call('HDEL', KEYS[1], 'acked:' .. name) -- that finished backfill's checkpoint, if any
+  redis.call('XGROUP', 'CREATE', KEYS[2], name, start, 'MKSTREAM')
+  -- An upgrade's earlier layout (legacy) goes along: its sets are removed after the next backfill.
+  redis.call('HSET', KEYS[1], 'moved:' .. name, cjson.encode({from = ARGV[1], at = ARGV[2], pos = start, legacy = rec.legacy}))
 end
 if found then redis.call('XGROUP', 'DESTROY', KEYS[2], ARGV[1]) end
 redis.call('HDEL', KEYS[1], field, 'acked:' .. ARGV[1])
@@ -121,7 +135,12 @@ func (l *LiveGroups) Disband(ctx context.Context, group string, minIdle time.Dur
 		return found, nil
 	}
 	found, err := pass(false)
-	if err != nil || found == 0 || !apply {
+	if err == nil && found == 0 {
+		// Gone everywhere: disbanded already (run again), while its versions have not all
+		// joined another group, or no such group.
+		return l.disbanded(ctx, rep)
+	}
+	if err != nil || !apply {
 		slices.Sort(rep.Members)
 		return rep, err
 	}
@@ -134,6 +153,31 @@ func (l *LiveGroups) Disband(ctx context.Context, group string, minIdle time.Dur
 	return rep, nil
 }
 
+// disbanded reports, for a live group found on no partition, the versions a disband took out of
+// it that have not joined another group yet (Done; nothing when there are none).
+func (l *LiveGroups) disbanded(ctx context.Context, rep ops.DisbandReport) (ops.DisbandReport, error) {
+	moved, err := l.ReadMoved(ctx)
+	if err != nil {
+		return rep, err
+	}
+	for stream, ms := range moved {
+		for name, mv := range ms {
+			if mv.From != rep.Group {
+				continue
+			}
+			if !slices.Contains(rep.Members, name) {
+				rep.Members = append(rep.Members, name)
+			}
+			if p, ok := rep.Positions[stream]; !ok || ops.CompareEntryIDs(mv.Pos, p) < 0 {
+				rep.Positions[stream] = mv.Pos
+			}
+		}
+	}
+	slices.Sort(rep.Members)
+	rep.Done = len(rep.Members) > 0
+	return rep, nil
+}
+
 // disbandError turns the script's refusals into ops.ErrDisbandRefused with what to do.
 func disbandError(group, stream string, parts bool, err error) error {
 	where := ""
@@ -143,7 +187,7 @@ func disbandError(group, stream string, parts bool, err error) error {
 	msg := err.Error()
 	switch {
 	case redis.HasErrorPrefix(err, "BACKFILLING"):
-		return fmt.Errorf("%w %q: %s is still backfilling%s through its own group; wait until `checkins projections list` shows it caught up",
+		return fmt.Errorf("%w %q: %s is still backfilling%s through its own group: start one projector with the group's PROJECTIONS, wait until `checkins projections list` shows it caught up, stop it (SIGTERM), and run this again",
 			ops.ErrDisbandRefused, group, strings.TrimSpace(strings.TrimPrefix(msg, "BACKFILLING")), where)
 	case redis.HasErrorPrefix(err, "PENDING"):
 		return fmt.Errorf("%w %q: %s entries are pending%s (a projector of it stopped without finishing them): start one projector with its PROJECTIONS, wait CLAIM_IDLE for it to take them over, stop it (SIGTERM), and run this again",
@@ -164,6 +208,30 @@ func disbandError(group, stream string, parts bool, err error) error {
 			ops.ErrDisbandRefused, group, where)
 	}
 	return fmt.Errorf("disband live group %s%s: %w", group, where, err)
+}
+
+// destroyFinishedLua: KEYS[1] registry, KEYS[2] stream; ARGV[1] live group, ARGV[2] member.
+// Destroys the member's own group if the member is in the live group with its backfill done.
+var destroyFinishedLua = redis.NewScript(`
+local raw = redis.call('HGET', KEYS[1], 'live:' .. ARGV[1])
+if not raw then return 0 end
+local rec = cjson.decode(raw)[ARGV[2]]
+if not rec or rec.own ~= 'done' or redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+return redis.call('XGROUP', 'DESTROY', KEYS[2], ARGV[2])
+`)
+
+// DestroyFinishedOwnGroup destroys member's own group on every partition where member is still
+// in live group with its backfill done (ops.LiveGroups).
+func (l *LiveGroups) DestroyFinishedOwnGroup(ctx context.Context, group, member string) (bool, error) {
+	destroyed := false
+	for i := range l.parts.Count() {
+		n, err := destroyFinishedLua.Run(ctx, l.client, []string{l.parts.Registry(i), l.parts.Stream(i)}, group, member).Int()
+		if err != nil {
+			return destroyed, fmt.Errorf("destroy the finished backfill's group %s on %s: %w", member, l.parts.Stream(i), err)
+		}
+		destroyed = destroyed || n == 1
+	}
+	return destroyed, nil
 }
 
 // ReadMoved is, per partition's stream, the versions a disband took out of a live group that

@@ -33,13 +33,13 @@ func TestDisbandLiveGroup(t *testing.T) {
 				base.Cluster = env.cluster
 				keys, err := base.WithPartitions(p)
 				require.NoError(t, err)
-				disbandLiveGroup(t, env.client, keys)
+				disbandLiveGroup(t, env.client, base, keys)
 			})
 		}
 	})
 }
 
-func disbandLiveGroup(t *testing.T, c redis.UniversalClient, keys adapters.KeySpace) {
+func disbandLiveGroup(t *testing.T, c redis.UniversalClient, base, keys adapters.KeySpace) {
 	ctx := context.Background()
 	parts := keys.Partitions()
 	l := adapters.NewLiveGroups(c, keys)
@@ -150,6 +150,15 @@ func disbandLiveGroup(t *testing.T, c redis.UniversalClient, keys adapters.KeySp
 		assert.Equal(t, pos[stream], moved[stream]["users.v1"].Pos)
 	}
 
+	// A partition migration waits for them to join another group (the copy translates live
+	// groups' memberships, not the moved records).
+	unsettled, err := adapters.NewPartitionMigrator(c, base).JoinsUnsettled(ctx, parts.Count())
+	require.NoError(t, err)
+	assert.Equal(t, []string{
+		"locations.v1 was taken out of live group live by `checkins projections disband` and has joined no other yet (start a projector that runs it)",
+		"users.v1 was taken out of live group live by `checkins projections disband` and has joined no other yet (start a projector that runs it)",
+	}, unsettled)
+
 	// The moved versions' own groups hold the dedupe floor at the position, until the window
 	// has passed since the disband.
 	progress, err := adapters.ReadPartitionsProgress(ctx, c, parts)
@@ -189,14 +198,21 @@ func disbandLiveGroup(t *testing.T, c redis.UniversalClient, keys adapters.KeySp
 		assert.Contains(t, moved[stream], "locations.v1")
 	}
 
-	// Run again: the group is gone everywhere, nothing to do.
+	// Run again: the group is gone everywhere; it reports what is still moved out of it.
 	rep, err = l.Disband(ctx, "live", time.Millisecond, true)
 	require.NoError(t, err)
-	assert.Empty(t, rep.Positions)
+	assert.Equal(t, ops.DisbandReport{Group: "live", Members: []string{"locations.v1"}, Positions: pos, Done: true}, rep)
+	_, err = l.Join(ctx, "live:users", "locations.v1")
+	require.NoError(t, err)
+	rep, err = l.Disband(ctx, "live", time.Millisecond, true)
+	require.NoError(t, err)
+	assert.Empty(t, rep.Positions, "no such group any more")
 
 	// A live group whose consumer group Redis lost is not disbanded: where it stood is unknown.
-	_, err = l.FinishBackfill(ctx, "live:users", "users.v1", time.Now())
-	require.NoError(t, err)
+	for _, m := range []string{"users.v1", "locations.v1"} {
+		_, err = l.FinishBackfill(ctx, "live:users", m, time.Now())
+		require.NoError(t, err)
+	}
 	for _, stream := range parts.Streams() {
 		require.NoError(t, c.XGroupDestroy(ctx, stream, "live:users").Err())
 	}

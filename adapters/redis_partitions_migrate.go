@@ -300,9 +300,6 @@ func (m *PartitionMigrator) BackfillsSplit(ctx context.Context, from, to int) ([
 // Both settle by themselves while the projectors run: the router joins a lost partition again
 // within a poll, and the live group catches up.
 func (m *PartitionMigrator) JoinsUnsettled(ctx context.Context, from int) ([]string, error) {
-	if from <= 1 {
-		return nil, nil // one registry: a member whose join was lost there is no member at all
-	}
 	src, err := NewPartitions(m.keys, from)
 	if err != nil {
 		return nil, err
@@ -310,6 +307,16 @@ func (m *PartitionMigrator) JoinsUnsettled(ctx context.Context, from int) ([]str
 	reg, err := m.readRegistries(ctx, src, from)
 	if err != nil {
 		return nil, err
+	}
+	// A version a disband took out of its live group holds its position in its own group and a
+	// moved record of the old partitions, which the copy does not translate: it joins first.
+	var moved []string
+	for name, group := range reg.moved {
+		moved = append(moved, fmt.Sprintf("%s was taken out of live group %s by `checkins projections disband` and has joined no other yet (start a projector that runs it)", name, group))
+	}
+	sort.Strings(moved)
+	if from <= 1 {
+		return moved, nil // one registry: a member whose join was lost there is no member at all
 	}
 	delivered := make([]map[string]string, from) // per old partition: group -> last delivered
 	for k := range from {
@@ -325,7 +332,7 @@ func (m *PartitionMigrator) JoinsUnsettled(ctx context.Context, from int) ([]str
 			delivered[k][g.Name] = fullEntryID(g.LastDeliveredID)
 		}
 	}
-	var out []string
+	out := moved
 	for group, per := range reg.lives {
 		members := map[string]bool{}
 		for _, ms := range per {
@@ -586,12 +593,13 @@ type groupState struct {
 type registryState struct {
 	lives map[string][]map[string]ops.LiveMember // live group -> per old partition -> member
 	acked map[string][]string                    // group -> per old partition ("" missing)
+	moved map[string]string                      // member -> the live group a disband took it out of
 }
 
 // readRegistries reads the live groups' memberships and the acknowledged positions of the
 // registries of the old partitions.
 func (m *PartitionMigrator) readRegistries(ctx context.Context, src Partitions, from int) (registryState, error) {
-	reg := registryState{lives: map[string][]map[string]ops.LiveMember{}, acked: map[string][]string{}}
+	reg := registryState{lives: map[string][]map[string]ops.LiveMember{}, acked: map[string][]string{}, moved: map[string]string{}}
 	for k := range from {
 		h, err := m.client.HGetAll(ctx, src.Registry(k)).Result()
 		if err != nil {
@@ -607,6 +615,10 @@ func (m *PartitionMigrator) readRegistries(ctx context.Context, src Partitions, 
 					reg.lives[g] = make([]map[string]ops.LiveMember, from)
 				}
 				reg.lives[g][k] = ms
+			} else if name, ok := strings.CutPrefix(f, movedField); ok {
+				var mv ops.Moved
+				_ = json.Unmarshal([]byte(v), &mv) // only named in a refusal
+				reg.moved[name] = mv.From
 			} else if g, ok := strings.CutPrefix(f, ackedField); ok {
 				if reg.acked[g] == nil {
 					reg.acked[g] = make([]string, from)

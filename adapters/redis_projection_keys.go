@@ -33,7 +33,9 @@ func (p *ProjectionKeys) RemoveVersion(ctx context.Context, name string, version
 
 // RemoveMarkers unlinks a consumer group's dedupe markers.
 func (p *ProjectionKeys) RemoveMarkers(ctx context.Context, group string) (int64, error) {
-	return p.unlinkMatching(ctx, escapeGlob(p.keys.MarkerPrefix(group))+"*")
+	// Exactly group's: its prefix then a slot's hash tag. With "*" alone the markers of live
+	// matched those of every live:<a>,<b> group too.
+	return p.unlinkMatching(ctx, escapeGlob(p.keys.MarkerPrefix(group))+"{*}")
 }
 
 // RemoveLegacyDedupe unlinks a version's dedupe sets of the earlier layout ({<slot>}:seen).

@@ -49,17 +49,16 @@ func (c *DisbandLiveGroup) Run(ctx context.Context, group string, dryRun bool) (
 	if group != "live" && !strings.HasPrefix(group, "live:") {
 		return ops.DisbandReport{}, fmt.Errorf("%q is not a live group: live groups are named live or live:<projection>,<projection>,... (see `checkins status`)", group)
 	}
+	// A migration's quiesce pauses the projectors: their consumers look idle, and they would
+	// join the group again when it ends.
+	if err := notMigrating(ctx, c.b.Migration); err != nil {
+		return ops.DisbandReport{}, err
+	}
 	rep, err := c.b.Live.Disband(ctx, group, c.minIdle, !dryRun)
 	if err != nil {
 		return rep, err
 	}
 	if len(rep.Positions) == 0 {
-		if !dryRun {
-			// What a disband cut short after its Redis part left (run again, it finds no group).
-			if err := c.forget(ctx, group); err != nil {
-				return rep, err
-			}
-		}
 		groups, _, err := c.b.Live.ReadAll(ctx)
 		if err != nil {
 			return rep, err

@@ -528,13 +528,22 @@ func (h *RebuildProjection) RemoveFinishedBackfills(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for _, ms := range groups {
+	for lg, ms := range groups {
 		for member, m := range ms.Members {
 			if m.Own != ops.BackfillDone || info.Group(member) == nil {
 				continue
 			}
 			doneAt, err := strconv.ParseInt(m.DoneAt, 10, 64)
 			if err != nil || h.now().Sub(time.UnixMilli(doneAt)) < h.grace {
+				continue
+			}
+			// Only while it is still that group's finished backfill: a disband since the look
+			// above replaced it with the group the version catches up through.
+			destroyed, err := h.b.Live.DestroyFinishedOwnGroup(ctx, lg, member)
+			if err != nil {
+				return err
+			}
+			if !destroyed {
 				continue
 			}
 			n, err := h.removeOwnGroup(ctx, member)

@@ -175,9 +175,12 @@ type Moved struct {
 	From string `json:"from"`
 	// At is when (Unix ms, as a string).
 	At string `json:"at"`
-	// Pos is where the live group had delivered (and acknowledged) through on that partition:
-	// the version's own group delivers what comes after.
+	// Pos is where the version's own group starts on that partition: where the live group had
+	// delivered (and acknowledged) through, or the version's join where that was later.
 	Pos string `json:"pos"`
+	// Legacy is the membership's Legacy (an upgrade's earlier layout), carried to its next join
+	// so that its sets are still removed after that backfill.
+	Legacy string `json:"legacy,omitempty"`
 }
 
 // DisbandReport is what disbanding a live group did, or would do.

@@ -149,6 +149,10 @@ type LiveGroups interface {
 	// refuses (ErrDisbandRefused) while a consumer of the group read within minIdle, entries are
 	// pending, or a member still backfills.
 	Disband(ctx context.Context, group string, minIdle time.Duration, apply bool) (DisbandReport, error)
+	// DestroyFinishedOwnGroup destroys member's own group where member is still in live group
+	// with its backfill done, in one step with reading that (a disband may have replaced the
+	// group since the membership was read); it reports whether it destroyed it anywhere.
+	DestroyFinishedOwnGroup(ctx context.Context, group, member string) (bool, error)
 }
 
 // PoisonQueue is the stream of parked events.
