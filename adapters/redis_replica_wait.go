@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/checkins/checkins/adapters/batchsub"
 	"github.com/checkins/checkins/domain"
 )
 
@@ -23,6 +24,18 @@ import (
 // that took the XADD, on the connection that carried it.
 func RequireReplicas(client redis.UniversalClient, n int, timeout time.Duration) error {
 	return requireReplicas(client, n, timeout, isXAdd, "RequireReplicas")
+}
+
+// RequireDeliveryReplicas makes the batched subscriber's deliveries on client count only once n
+// replicas have them (batchsub.StartsLease: its XREADGROUP, XAUTOCLAIM and keep script), as
+// RequireReplicas does for XADD: an entry's lease then starts only where a failover keeps it.
+// Without it, a promoted replica that never saw a delivery lets another consumer read the entry
+// at once, within the lease of the one that holds it. A delivery fewer replicas confirm within
+// timeout fails: its entries stay in the consumer's pending list, not handed out, and the
+// subscriber reads them again from there once the replicas are back (or another consumer takes
+// them over after CLAIM_IDLE).
+func RequireDeliveryReplicas(client redis.UniversalClient, n int, timeout time.Duration) error {
+	return requireReplicas(client, n, timeout, batchsub.StartsLease, "RequireDeliveryReplicas")
 }
 
 // requireReplicas hooks a WAIT onto every pipeline of client holding a command that matches.

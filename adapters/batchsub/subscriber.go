@@ -335,6 +335,41 @@ for _, id in ipairs(lost) do out[#out + 1] = id end
 return out
 `
 
+// keepScriptSHA is keepScript's SHA1 (StartsLease).
+var keepScriptSHA = redis.NewScript(keepScript).Hash()
+
+// StartsLease reports whether c is a command of this subscriber that starts the leases of the
+// entries it returns: XREADGROUP and XAUTOCLAIM deliver them (and XCLAIM), and the keep script
+// resets their idle time. A deployment that needs the leases to outlive a failover has these
+// confirmed by replicas before they count (a WAIT on the same connection; see
+// adapters.RequireDeliveryReplicas): a delivery a promoted replica never saw would let another
+// consumer read the entry within the lease of the one that holds it.
+func StartsLease(c redis.Cmder) bool {
+	args := c.Args()
+	if len(args) == 0 {
+		return false
+	}
+	name, _ := args[0].(string)
+	switch strings.ToLower(name) {
+	case "xreadgroup", "xautoclaim", "xclaim":
+		return true
+	case "evalsha", "evalsha_ro":
+		sha, _ := argAt(args, 1).(string)
+		return strings.EqualFold(sha, keepScriptSHA)
+	case "eval", "eval_ro":
+		body, _ := argAt(args, 1).(string)
+		return body == keepScript
+	}
+	return false
+}
+
+func argAt(args []any, i int) any {
+	if i < len(args) {
+		return args[i]
+	}
+	return nil
+}
+
 // AckScriptSHA is the SHA1 of the script this subscriber acknowledges entries with (EVALSHA; EVAL
 // of AckScript in a pipeline): what to look for in SLOWLOG or MONITOR output, or in a go-redis
 // hook, instead of XACK.

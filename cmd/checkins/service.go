@@ -250,11 +250,18 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (_
 		if err != nil {
 			return nil, err
 		}
-		subClient, err := newClient(8 * len(s.proj.projs)) // room for a rebuild's own groups
+		// Room for a rebuild's own groups. With PROJECTION_MIN_REPLICAS a delivery waits for its
+		// replicas too (a WAIT on its connection, up to PROJECTION_REPLICA_TIMEOUT).
+		subClient, err := newClientRead(8*len(s.proj.projs), 3*time.Second+cfg.ProjectionReplicaTimeout)
 		if err != nil {
 			return nil, err
 		}
 		s.closers = append(s.closers, subClient.Close)
+		if cfg.ProjectionMinReplicas > 0 {
+			if err := adapters.RequireDeliveryReplicas(subClient, cfg.ProjectionMinReplicas, cfg.ProjectionReplicaTimeout); err != nil {
+				return nil, err
+			}
+		}
 		// Updates go through a pool of their own, so reads and the API never queue behind a
 		// batch of projection writes. A WAIT holds its pipeline's reply for up to
 		// PROJECTION_REPLICA_TIMEOUT.
