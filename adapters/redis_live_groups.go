@@ -27,6 +27,7 @@ import (
 const (
 	liveField  = "live:"
 	ackedField = "acked:"
+	seenField  = "seen:" // when a projector of the group last checkpointed (checkpointLua)
 )
 
 // LiveGroups reads and changes live-group membership and acknowledged positions (ops.LiveGroups).
@@ -259,6 +260,13 @@ end
 -- A version a disband took out of another live group: its own group stands where that group
 -- had delivered through, and backfills from there (no earlier layout's sets to look in).
 local moved = redis.call('HGET', KEYS[1], 'moved:' .. ARGV[2])
+if moved and own == nil then
+  -- Its own group was lost since the disband: it stands where the disband put it, not at the
+  -- start (a first start would be fed the whole history again).
+  local mv = cjson.decode(moved)
+  redis.call('XGROUP', 'CREATE', KEYS[2], ARGV[2], mv.pos, 'MKSTREAM')
+  own = mv.pos
+end
 local rec
 if (live == nil or live == '0-0') and (own == nil or own == '0-0') then
   rec = {join = '0-0', own = 'done', doneAt = ARGV[3]}
@@ -377,7 +385,13 @@ func (l *LiveGroups) Leave(ctx context.Context, group, member string) error {
 	return nil
 }
 
+// checkpointLua: KEYS[1] registry; ARGV[1] acked:<group>, ARGV[2] the position, ARGV[3]
+// seen:<group>. Records the position unless it would move back, and in any case when (Redis's
+// clock, ms) a projector of the group last checkpointed: what tells a disband that one still runs
+// it (XINFO CONSUMERS's idle time, before Redis 7.2, does not move for reads that return nothing).
 var checkpointLua = redis.NewScript(`
+local t = redis.call('TIME')
+redis.call('HSET', KEYS[1], ARGV[3], string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))
 local function parse(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
   return tonumber(ms), tonumber(seq)
@@ -425,7 +439,7 @@ func (l *LiveGroups) Checkpoints(ctx context.Context, group string, acked map[st
 	}
 	pipe := l.client.Pipeline()
 	for i, c := range calls {
-		calls[i].cmd = checkpointLua.EvalSha(ctx, pipe, []string{c.reg}, ackedField+group, c.acked)
+		calls[i].cmd = checkpointLua.EvalSha(ctx, pipe, []string{c.reg}, ackedField+group, c.acked, seenField+group)
 	}
 	_, _ = pipe.Exec(ctx) // each call's own error is looked at below
 	var retry redis.Pipeliner
@@ -434,7 +448,7 @@ func (l *LiveGroups) Checkpoints(ctx context.Context, group string, acked map[st
 			if retry == nil {
 				retry = l.client.Pipeline()
 			}
-			calls[i].cmd = checkpointLua.Eval(ctx, retry, []string{c.reg}, ackedField+group, c.acked)
+			calls[i].cmd = checkpointLua.Eval(ctx, retry, []string{c.reg}, ackedField+group, c.acked, seenField+group)
 		}
 	}
 	if retry != nil {
@@ -465,7 +479,7 @@ func (l *LiveGroups) Acked(ctx context.Context, stream, group string) (string, e
 // ForgetAcked drops a removed group's acknowledged position, on every partition.
 func (l *LiveGroups) ForgetAcked(ctx context.Context, group string) error {
 	for i := range l.parts.Count() {
-		if err := l.client.HDel(ctx, l.parts.Registry(i), ackedField+group).Err(); err != nil {
+		if err := l.client.HDel(ctx, l.parts.Registry(i), ackedField+group, seenField+group).Err(); err != nil {
 			return err
 		}
 	}
@@ -639,13 +653,17 @@ func DedupeFloors(ctx context.Context, client redis.UniversalClient, streams []s
 			if err != nil || at < stale {
 				continue // moved longer ago than the window and still not run: abandoned
 			}
+			// Not among the positions: read before a disband that made it (or destroyed by
+			// hand): no floor until it is known, as for any group being created.
 			sum, ok := progress[member]
 			if !ok {
-				continue // its own group is gone (destroyed by hand): nothing will decide for it
+				return nil, false, nil
 			}
-			if p, ok := sum.On(stream); ok {
-				each[i] = append(each[i], candidate{stream: stream, group: member, acked: p.AckedThrough})
+			p, ok := sum.On(stream)
+			if !ok {
+				return nil, false, nil
 			}
+			each[i] = append(each[i], candidate{stream: stream, group: member, acked: p.AckedThrough})
 		}
 	}
 	if pipe != nil {

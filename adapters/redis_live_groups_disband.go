@@ -24,14 +24,15 @@ const movedField = "moved:"
 // ('0': only check). Replies {state, position, members...}: state 'gone' (no such live group on
 // this partition), 'checked' or 'done'.
 //
-// Each member gets an own group at the position P the live group has delivered through, or at
-// its join where that is later (what an own group left over from a finished backfill held is
-// replaced, with its checkpoint), and a moved:<member> record;
+// Each member gets an own group at the position P the live group has delivered through (with
+// the live group's entries-read, so that Redis tells its lag), or at its join where that is
+// later, a checkpoint there, and a moved:<member> record;
 // then the live group, its membership and its checkpoint go. It refuses, changing nothing, while
 // a member still backfills (its own group has entries up to its join to deliver, and the live
 // group has delivered past it), while entries are pending (P would skip them, and redelivering
 // them to another group would count those already applied again), and while a consumer has read
-// within ARGV[3] (a projector still runs the group: it would recreate it).
+// within ARGV[3] or a projector of the group checkpointed within it (one still runs the group: it
+// would recreate it), and while a member's finished backfill's own group is still there.
 var disbandLua = redis.NewScript(`
 local field = 'live:' .. ARGV[1]
 local raw = redis.call('HGET', KEYS[1], field)
@@ -43,21 +44,32 @@ for name, rec in pairs(m) do
   names[#names + 1] = name
 end
 table.sort(names)
-local pos, exists, owns = '0-0', redis.call('EXISTS', KEYS[2]) == 1, {}
-local found, held = false, 0
-if exists then
+-- A projector of the group checkpoints every 250 ms (checkpointLua): the one sign of a running
+-- one that every Redis version gives (XINFO CONSUMERS's idle time, before 7.2, does not move
+-- for reads that return nothing).
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local seen = tonumber(redis.call('HGET', KEYS[1], 'seen:' .. ARGV[1]) or '')
+if seen and now - seen < tonumber(ARGV[3]) then
+  return redis.error_reply('CHECKPOINTED ' .. string.format('%d', now - seen))
+end
+local pos, entriesRead, found, held = '0-0', nil, false, 0
+if redis.call('EXISTS', KEYS[2]) == 1 then
   for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[2])) do
-    local name, ld, pending
+    local name, ld, pending, er
     for x = 1, #g, 2 do
       if g[x] == 'name' then name = g[x+1] elseif g[x] == 'last-delivered-id' then ld = g[x+1]
-      elseif g[x] == 'pending' then pending = g[x+1] end
+      elseif g[x] == 'pending' then pending = g[x+1] elseif g[x] == 'entries-read' then er = g[x+1] end
     end
     if name == ARGV[1] then
       found = true
       if ld == '0' then ld = '0-0' end
       pos, held = ld, tonumber(pending)
+      if type(er) == 'number' then entriesRead = er end
     elseif m[name] then
-      owns[name] = true
+      -- A finished backfill's group, removed PROJECTION_RETIRE_GRACE after it finished by a
+      -- running projector, with its markers: replacing it here could race that removal.
+      return redis.error_reply('LEFTOVER ' .. name)
     end
   end
   if not found then return redis.error_reply('NOGROUP') end
@@ -85,16 +97,24 @@ for _, name in ipairs(names) do
   local rec = m[name]
   -- Where its own group starts: what the live group delivered, or its join where that is later
   -- (a live group behind a join: the version's backfill delivered up to the join already).
-  local start = pos
-  if rec.join and after(rec.join, start) then start = rec.join end
-  if owns[name] then redis.call('XGROUP', 'DESTROY', KEYS[2], name) end
-  redis.call('HDEL', KEYS[1], 'acked:' .. name) -- that finished backfill's checkpoint, if any
-  redis.call('XGROUP', 'CREATE', KEYS[2], name, start, 'MKSTREAM')
+  local start, args = pos, {'XGROUP', 'CREATE', KEYS[2], name, pos, 'MKSTREAM'}
+  if rec.join and after(rec.join, start) then
+    start = rec.join
+    args[5] = start
+  elseif entriesRead then
+    -- How many entries it has read, as the live group had: Redis can then tell how many its
+    -- backfill has to go (XINFO GROUPS lag) before it reaches the stream's end.
+    args[#args + 1] = 'ENTRIESREAD'
+    args[#args + 1] = string.format('%d', entriesRead)
+  end
+  redis.call(unpack(args))
+  -- Where a group lost before its first checkpoint is made again (not at the start).
+  redis.call('HSET', KEYS[1], 'acked:' .. name, start)
   -- An upgrade's earlier layout (legacy) goes along: its sets are removed after the next backfill.
   redis.call('HSET', KEYS[1], 'moved:' .. name, cjson.encode({from = ARGV[1], at = ARGV[2], pos = start, legacy = rec.legacy}))
 end
 if found then redis.call('XGROUP', 'DESTROY', KEYS[2], ARGV[1]) end
-redis.call('HDEL', KEYS[1], field, 'acked:' .. ARGV[1])
+redis.call('HDEL', KEYS[1], field, 'acked:' .. ARGV[1], 'seen:' .. ARGV[1])
 reply[1] = 'done'
 return reply
 `)
@@ -203,6 +223,16 @@ func disbandError(group, stream string, parts bool, err error) error {
 		}
 		return fmt.Errorf("%w %q: %s read from it%s%s: stop every projector that runs it (they would recreate it) and run this again once CLAIM_IDLE has passed",
 			ops.ErrDisbandRefused, group, who, ago, where)
+	case redis.HasErrorPrefix(err, "CHECKPOINTED"):
+		ago := ""
+		if ms, perr := strconv.ParseInt(strings.TrimSpace(strings.TrimPrefix(msg, "CHECKPOINTED")), 10, 64); perr == nil {
+			ago = " " + (time.Duration(ms) * time.Millisecond).String() + " ago"
+		}
+		return fmt.Errorf("%w %q: a projector of it recorded its progress%s%s: stop every projector that runs it (they would recreate it) and run this again once CLAIM_IDLE has passed",
+			ops.ErrDisbandRefused, group, ago, where)
+	case redis.HasErrorPrefix(err, "LEFTOVER"):
+		return fmt.Errorf("%w %q: the own group of %s, through which it backfilled, is still there%s (a running projector removes it PROJECTION_RETIRE_GRACE after the backfill finished): start one projector with the group's PROJECTIONS, wait that long, stop it (SIGTERM), and run this again",
+			ops.ErrDisbandRefused, group, strings.TrimSpace(strings.TrimPrefix(msg, "LEFTOVER")), where)
 	case redis.HasErrorPrefix(err, "NOGROUP"):
 		return fmt.Errorf("%w %q: its consumer group is missing from the stream%s (Redis lost it): start one projector with its PROJECTIONS to recreate it, stop it, and run this again",
 			ops.ErrDisbandRefused, group, where)

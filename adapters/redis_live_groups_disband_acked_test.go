@@ -11,17 +11,18 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
 )
 
-// TestDisbandReplacesAFinishedBackfillsCheckpoint: users.v1's own group, left over from a finished
-// backfill (within PROJECTION_RETIRE_GRACE, or its projectors stopped before anyone removed it),
-// had read and acknowledged past the live group's position (it reads on until its handler stops,
-// acknowledging what is not for it) and its checkpoint acked:users.v1 says so. The disband
-// replaces the group with one at the live group's position P, but keeps acked:users.v1 (and a
-// checkpoint never moves back). Once users.v1 joins another live group, the projector takes the
-// own group's markers below that stale checkpoint as stale (the applier's prune bound): an entry
-// after P that the group applied but had not acknowledged yet, delivered again, is applied again.
+// TestDisbandReplacesAFinishedBackfillsCheckpoint: users.v1's own group, left over from a
+// finished backfill, had read and acknowledged past the live group's position (it reads on until
+// its handler stops, acknowledging what is not for it), and its checkpoint acked:users.v1 says
+// so. The disband refuses while that group is there; once it is removed with its checkpoint (as
+// a running projector does after the grace), the disband gives users.v1 a group at the live
+// group's position P and a checkpoint there, not above: the projector takes a group's markers
+// below its checkpoint as stale (the applier's prune bound), so with the old checkpoint an entry
+// after P applied but not yet acknowledged, delivered again, was applied again.
 func TestDisbandReplacesAFinishedBackfillsCheckpoint(t *testing.T) {
 	t.Parallel()
 	env := newProjEnv(t)
@@ -64,6 +65,9 @@ func TestDisbandReplacesAFinishedBackfillsCheckpoint(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	d, err := command.NewDisbandLiveGroup(adapters.NewOpsBackend(c, keys), 10*time.Millisecond)
 	require.NoError(t, err)
+	_, err = d.Run(ctx, "live", false)
+	require.ErrorIs(t, err, ops.ErrDisbandRefused, "not while the finished backfill's group is there")
+	removeFinishedBackfills(t, c, keys)
 	rep, err := d.Run(ctx, "live", false)
 	require.NoError(t, err)
 	require.Equal(t, "4000-0", rep.Positions[stream])

@@ -12,6 +12,7 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
 )
 
@@ -49,11 +50,11 @@ func TestMigrationWaitsForMovedVersions(t *testing.T) {
 	assert.Zero(t, n, "no copy to one stream was started")
 }
 
-// TestFinishedBackfillRemovalSparesADisbandedVersionsGroup: a projector that read the membership
-// before a disband (users.v1 in live, its backfill done long ago) and removes that finished
-// backfill's group after it must not destroy the group the disband put in its place: the next
-// join would then create one at the start, and the whole history would be counted again. The
-// destroy checks the membership in the same step.
+// TestFinishedBackfillRemovalSparesADisbandedVersionsGroup: the disband refuses while a member's
+// finished backfill's group is there, which a running projector removes after the grace; once it
+// is removed the disband makes a group of the same name, and removing finished backfills (a
+// projector that read the membership before the disband) must not destroy it: the destroy checks
+// the membership in the same step.
 func TestFinishedBackfillRemovalSparesADisbandedVersionsGroup(t *testing.T) {
 	t.Parallel()
 	env := newProjEnv(t)
@@ -67,13 +68,16 @@ func TestFinishedBackfillRemovalSparesADisbandedVersionsGroup(t *testing.T) {
 	_, err = l.FinishBackfill(ctx, "live", "users.v1", time.Now().Add(-time.Hour))
 	require.NoError(t, err)
 
-	// Within the grace nothing goes; past it, only while it is still live's finished backfill.
+	_, err = l.Disband(ctx, "live", time.Millisecond, true)
+	require.ErrorIs(t, err, ops.ErrDisbandRefused)
 	rb, err := command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: adapters.NewOpsBackend(c, keys),
 		Projections: []projection.Projection{projection.UserStats{}}, RetireGrace: time.Second, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
+	require.NoError(t, rb.RemoveFinishedBackfills(ctx))
 	rep, err := l.Disband(ctx, "live", time.Millisecond, true)
 	require.NoError(t, err)
 	require.True(t, rep.Done)
+
 	destroyed, err := l.DestroyFinishedOwnGroup(ctx, "live", "users.v1")
 	require.NoError(t, err)
 	assert.False(t, destroyed, "a moved version's group is no finished backfill")

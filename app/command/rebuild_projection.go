@@ -506,6 +506,12 @@ func (h *RebuildProjection) removeOwnGroup(ctx context.Context, group string) (i
 	if err := h.b.Stream.DestroyGroup(ctx, group); err != nil {
 		return 0, err
 	}
+	return h.forgetOwnGroup(ctx, group)
+}
+
+// forgetOwnGroup removes what a version's own group leaves besides itself: its markers, its
+// recorded position and the stall check's observation; it returns how many keys went.
+func (h *RebuildProjection) forgetOwnGroup(ctx context.Context, group string) (int64, error) {
 	n, err := h.b.Keys.RemoveMarkers(ctx, group)
 	if err != nil {
 		return n, err
@@ -537,18 +543,20 @@ func (h *RebuildProjection) RemoveFinishedBackfills(ctx context.Context) error {
 			if err != nil || h.now().Sub(time.UnixMilli(doneAt)) < h.grace {
 				continue
 			}
-			// Only while it is still that group's finished backfill: a disband since the look
-			// above replaced it with the group the version catches up through.
+			// Its markers, checkpoint and observation first, the group itself last, and only
+			// while it is still that live group's finished backfill (checked in the same step):
+			// a disband refuses while such a group is there, so none can make a group of that
+			// name in between and lose it here.
+			n, err := h.forgetOwnGroup(ctx, member)
+			if err != nil {
+				return err
+			}
 			destroyed, err := h.b.Live.DestroyFinishedOwnGroup(ctx, lg, member)
 			if err != nil {
 				return err
 			}
 			if !destroyed {
 				continue
-			}
-			n, err := h.removeOwnGroup(ctx, member)
-			if err != nil {
-				return err
 			}
 			if m.Legacy != "" {
 				name, version, _ := ops.ParseMemberName(member)

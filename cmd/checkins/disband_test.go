@@ -65,7 +65,7 @@ func disbandMovesProjections(t *testing.T, partitions int) {
 
 	code, _, stderr = runCLI(t, env(""), "projections", "disband", "live")
 	assert.Equal(t, 1, code)
-	assert.Contains(t, stderr, "read from it", "refused while a projector of it runs")
+	assert.Contains(t, stderr, "stop every projector that runs it", "refused while a projector of it runs")
 
 	all.exit(t, syscall.SIGTERM)
 	time.Sleep(1100 * time.Millisecond) // CLAIM_IDLE
@@ -122,4 +122,33 @@ func groupNames(t *testing.T, c redis.UniversalClient, stream string) []string {
 	}
 	slices.Sort(names)
 	return names
+}
+
+// TestDisbandRefusesWhileAProjectorRunsOnAQuietStream: a projector that runs the group on a
+// stream where nothing new comes reads nothing, and before Redis 7.2 its consumer's idle time
+// then grows as a stopped one's would. Its checkpoints (every 250 ms) still tell that it runs:
+// the disband refuses until it is stopped.
+func TestDisbandRefusesWhileAProjectorRunsOnAQuietStream(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	env := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "CLAIM_IDLE": "1s", "RATE_LIMIT_USER": "off"}
+	api := startSvc(t, "api", env)
+	proj := startSvc(t, "project", env)
+	l := newLedger()
+	client := authedClient(5 * time.Second)
+	for i := range 5 {
+		l.post(client, api.base, fmt.Sprintf("quiet-%d", i), sent{user: 1 + int64(i), location: 3, stars: 4})
+	}
+	l.resolve(t, api.base)
+	l.verifyAll(t, rdb.URL, adapters.KeySpace{Prefix: rdb.Prefix})
+	time.Sleep(1500 * time.Millisecond) // quiet for longer than CLAIM_IDLE
+
+	code, _, stderr := runCLI(t, env, "projections", "disband", "live")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "a projector of it recorded its progress")
+	proj.exit(t, syscall.SIGTERM)
+	time.Sleep(1100 * time.Millisecond)
+	code, stdout, stderr := runCLI(t, env, "projections", "disband", "live")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "live group live disbanded")
 }

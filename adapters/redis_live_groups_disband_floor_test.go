@@ -1,0 +1,68 @@
+package adapters_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/app/ops"
+)
+
+// TestFloorsDuringADisbandHoldTheMovedVersions: a projector's checkpoint reads every
+// group's position first (Positions) and the memberships and moved records after
+// (ReadAll, then ReadMoved inside DedupeFloors). A disband between the two reads leaves the old
+// live group out of the memberships, and the moved versions' own groups, created after the
+// positions were read, out of progress: DedupeFloors takes a moved version without progress for
+// one whose group was destroyed by hand and skips it, so the floor jumps to the other live
+// groups' position, far above where the moved versions still have to decide from. (A join read
+// the same way holds the floors: a live group missing from progress makes ok false.)
+func TestFloorsDuringADisbandHoldTheMovedVersions(t *testing.T) {
+	env := newProjEnv(t)
+	ctx := context.Background()
+	c, keys := env.client, env.keys
+	l := adapters.NewLiveGroups(c, keys)
+	b := adapters.NewProjectorBackend(c, keys)
+	stream := keys.Stream()
+	// Two sets from the first start: live (users) and live:daily_checkins.
+	_, err := l.Join(ctx, "live", "users.v1")
+	require.NoError(t, err)
+	_, err = l.Join(ctx, "live:daily_checkins", "daily_checkins.v1")
+	require.NoError(t, err)
+	for range 10 {
+		require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"k", "v"}}).Err())
+	}
+	read := func(group string, n int64) string {
+		res, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: "c-" + group, Streams: []string{stream, ">"}, Count: n, Block: -1}).Result()
+		require.NoError(t, err)
+		last := ""
+		for _, m := range res[0].Messages {
+			require.NoError(t, c.XAck(ctx, stream, group, m.ID).Err())
+			last = m.ID
+		}
+		return last
+	}
+	p := read("live", 3)                 // live's projectors stopped here
+	q := read("live:daily_checkins", 10) // the other set is at the end
+	time.Sleep(5 * time.Millisecond)
+
+	// Another set's projector checkpoints: positions first ...
+	info, err := b.Positions(ctx)
+	require.NoError(t, err)
+	// ... the operator disbands live meanwhile ...
+	_, err = l.Disband(ctx, "live", time.Millisecond, true)
+	require.NoError(t, err)
+	// ... then the memberships and the floors.
+	lives, _, err := b.ReadAll(ctx)
+	require.NoError(t, err)
+	floors, ok, err := b.DedupeFloors(ctx, lives, info, 24*time.Hour, time.Now())
+	require.NoError(t, err)
+	t.Logf("live was at %s, live:daily_checkins at %s; floors %v ok %v", p, q, floors, ok)
+	if ok {
+		require.LessOrEqual(t, ops.CompareEntryIDs(floors[0], p), 0,
+			"users.v1 still decides everything after %s (its own group starts there): the floor must not pass it", p)
+	}
+}
