@@ -241,17 +241,20 @@ func disbandError(group, stream string, parts bool, err error) error {
 }
 
 // destroyFinishedLua: KEYS[1] registry, KEYS[2] stream; ARGV[1] live group, ARGV[2] member.
-// Destroys the member's own group if the member is in the live group with its backfill done.
+// Destroys the member's own group, and drops its checkpoint, if the member is in the live group
+// with its backfill done.
 var destroyFinishedLua = redis.NewScript(`
 local raw = redis.call('HGET', KEYS[1], 'live:' .. ARGV[1])
 if not raw then return 0 end
 local rec = cjson.decode(raw)[ARGV[2]]
-if not rec or rec.own ~= 'done' or redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+if not rec or rec.own ~= 'done' then return 0 end
+redis.call('HDEL', KEYS[1], 'acked:' .. ARGV[2], 'seen:' .. ARGV[2])
+if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
 return redis.call('XGROUP', 'DESTROY', KEYS[2], ARGV[2])
 `)
 
-// DestroyFinishedOwnGroup destroys member's own group on every partition where member is still
-// in live group with its backfill done (ops.LiveGroups).
+// DestroyFinishedOwnGroup destroys member's own group, with its checkpoint, on every partition
+// where member is still in live group with its backfill done (ops.LiveGroups).
 func (l *LiveGroups) DestroyFinishedOwnGroup(ctx context.Context, group, member string) (bool, error) {
 	destroyed := false
 	for i := range l.parts.Count() {

@@ -479,12 +479,19 @@ func (sub *subscription) read(ctx context.Context) {
 		lease := sub.clock.Load()
 		res, err := sub.client.XReadGroup(ctx, args).Result()
 		var (
-			msgs  []redis.XMessage
+			read  []redis.XMessage // what the read returned (the PEL cursor moves past all of it)
+			msgs  []redis.XMessage // what is handed out
 			fresh []bool
 		)
 		if err == nil && len(res) > 0 {
-			msgs = res[0].Messages
-			fresh = sub.inflight.admit(entryIDs(msgs), lease)
+			read = res[0].Messages
+			msgs = read
+			if ownPEL && len(msgs) > 0 {
+				msgs, lease, err = sub.renewRead(ctx, msgs)
+			}
+			if err == nil {
+				fresh = sub.inflight.admit(entryIDs(msgs), lease)
+			}
 		}
 		sub.fetchMu.Unlock()
 
@@ -510,11 +517,14 @@ func (sub *subscription) read(ctx context.Context) {
 		bo.reset()
 		sub.errLog.ok("XREADGROUP")
 		if ownPEL {
-			if len(msgs) == 0 {
+			if len(read) == 0 {
 				ownPEL = false
 				continue
 			}
-			lastID = msgs[len(msgs)-1].ID
+			lastID = read[len(read)-1].ID
+			if len(msgs) == 0 {
+				continue
+			}
 		}
 		select {
 		case sub.raw <- rawBatch{msgs: msgs, fresh: fresh, redelivered: ownPEL}:
@@ -699,6 +709,47 @@ func (sub *subscription) keep(ctx context.Context) bool {
 			sub.fields.Add(watermill.LogFields{"entries": len(taken), "first": taken[0]}))
 	}
 	return true
+}
+
+// renewRead starts again the leases of msgs, entries read from this consumer's own pending list.
+// Redis replicates no such read: it reset their idle time on the master alone, and after a
+// failover a replica would still count it from their last delivery, and let another consumer
+// take them over within the lease the read would give. The keep script resets their idle time
+// in a way that is replicated (and, where deliveries must be, confirmed by the replicas before
+// it answers); their leases start at its clock. Entries no longer this consumer's are left out.
+func (sub *subscription) renewRead(ctx context.Context, msgs []redis.XMessage) ([]redis.XMessage, int64, error) {
+	args := make([]any, 0, 3+len(msgs))
+	args = append(args, sub.cfg.ConsumerGroup, sub.cfg.Consumer, len(msgs))
+	for _, m := range msgs {
+		args = append(args, m.ID)
+	}
+	reply, err := sub.s.keep.Run(ctx, sub.client, []string{sub.topic}, args...).Slice()
+	if err != nil {
+		return nil, 0, fmt.Errorf("renew the leases of entries read again: %w", err)
+	}
+	var now, ngone int64
+	var ok, ok2 bool
+	if len(reply) >= 2 {
+		now, ok = reply[0].(int64)
+		ngone, ok2 = reply[1].(int64)
+	}
+	if !ok || !ok2 || ngone < 0 || int(ngone) > len(reply)-2 {
+		return nil, 0, fmt.Errorf("renew the leases of entries read again: unexpected reply %v", reply)
+	}
+	sub.observeClock(now)
+	renewed := make(map[string]bool, len(reply)-2-int(ngone))
+	for _, v := range reply[2+ngone:] {
+		if id, ok := v.(string); ok {
+			renewed[id] = true
+		}
+	}
+	kept := msgs[:0:0]
+	for _, m := range msgs {
+		if renewed[m.ID] {
+			kept = append(kept, m)
+		}
+	}
+	return kept, now, nil
 }
 
 // removeIdleConsumers deletes consumers of the group (not this one) that have nothing pending

@@ -500,18 +500,24 @@ func (h *RebuildProjection) removeVersion(ctx context.Context, name string, vers
 	return removed + n + r, err
 }
 
+// earliestJoin is m's earliest join over the partitions: a backfill's markers are all up to its
+// join on the partition it read (what its group read past the join it acknowledged unapplied).
+func earliestJoin(m ops.LiveMember) string {
+	j := m.Join
+	for _, p := range m.Parts {
+		if ops.CompareEntryIDs(p.Join, j) < 0 {
+			j = p.Join
+		}
+	}
+	return j
+}
+
 // removeOwnGroup destroys a version's own group once its backfill is over, with its markers and
 // its recorded position; it returns how many keys went.
 func (h *RebuildProjection) removeOwnGroup(ctx context.Context, group string) (int64, error) {
 	if err := h.b.Stream.DestroyGroup(ctx, group); err != nil {
 		return 0, err
 	}
-	return h.forgetOwnGroup(ctx, group)
-}
-
-// forgetOwnGroup removes what a version's own group leaves besides itself: its markers, its
-// recorded position and the stall check's observation; it returns how many keys went.
-func (h *RebuildProjection) forgetOwnGroup(ctx context.Context, group string) (int64, error) {
 	n, err := h.b.Keys.RemoveMarkers(ctx, group)
 	if err != nil {
 		return n, err
@@ -543,20 +549,23 @@ func (h *RebuildProjection) RemoveFinishedBackfills(ctx context.Context) error {
 			if err != nil || h.now().Sub(time.UnixMilli(doneAt)) < h.grace {
 				continue
 			}
-			// Its markers, checkpoint and observation first, the group itself last, and only
-			// while it is still that live group's finished backfill (checked in the same step):
-			// a disband refuses while such a group is there, so none can make a group of that
-			// name in between and lose it here.
-			n, err := h.forgetOwnGroup(ctx, member)
-			if err != nil {
-				return err
-			}
+			// Only while it is still that live group's finished backfill, checked in the same
+			// step as the group and its checkpoint go (what was read above may be old: a disband
+			// may have made a group of that name since). A disband right after may make one;
+			// its markers are all after this backfill's join, and stay.
 			destroyed, err := h.b.Live.DestroyFinishedOwnGroup(ctx, lg, member)
 			if err != nil {
 				return err
 			}
 			if !destroyed {
 				continue
+			}
+			n, err := h.b.Keys.RemoveMarkersThrough(ctx, member, earliestJoin(m))
+			if err != nil {
+				return err
+			}
+			if err := h.b.Observations.Forget(ctx, member); err != nil {
+				return err
 			}
 			if m.Legacy != "" {
 				name, version, _ := ops.ParseMemberName(member)

@@ -175,6 +175,10 @@ func (m *memBackend) RemoveMarkers(_ context.Context, group string) (int64, erro
 	m.removed = append(m.removed, "markers "+group)
 	return 0, nil
 }
+func (m *memBackend) RemoveMarkersThrough(_ context.Context, group, _ string) (int64, error) {
+	m.removed = append(m.removed, "markers "+group)
+	return 0, nil
+}
 func (m *memBackend) RemoveLegacyDedupe(context.Context, string, int) (int64, error) { return 0, nil }
 func (m *memBackend) Observed(_ context.Context, groups []string) ([]string, error) {
 	return make([]string, len(groups)), nil
