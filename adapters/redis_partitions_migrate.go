@@ -1052,7 +1052,7 @@ func (m *PartitionMigrator) Cleanup(ctx context.Context, from, to int, seen []st
 		}
 		var drop []string
 		for _, f := range fs {
-			if strings.HasPrefix(f, liveField) || strings.HasPrefix(f, ackedField) {
+			if strings.HasPrefix(f, liveField) || strings.HasPrefix(f, ackedField) || strings.HasPrefix(f, seenField) {
 				drop = append(drop, f)
 			}
 		}
