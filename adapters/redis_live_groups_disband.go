@@ -41,6 +41,9 @@ local m = cjson.decode(raw)
 local names = {}
 for name, rec in pairs(m) do
   if rec.own ~= 'done' then return redis.error_reply('BACKFILLING ' .. name) end
+  -- Its finished backfill's group is gone, what it left is being removed (all of its markers:
+  -- a group of that name made now would lose its own).
+  if rec.removing then return redis.error_reply('LEFTOVER ' .. name) end
   names[#names + 1] = name
 end
 table.sort(names)
@@ -231,7 +234,7 @@ func disbandError(group, stream string, parts bool, err error) error {
 		return fmt.Errorf("%w %q: a projector of it recorded its progress%s%s: stop every projector that runs it (they would recreate it) and run this again once CLAIM_IDLE has passed",
 			ops.ErrDisbandRefused, group, ago, where)
 	case redis.HasErrorPrefix(err, "LEFTOVER"):
-		return fmt.Errorf("%w %q: the own group of %s, through which it backfilled, is still there%s (a running projector removes it PROJECTION_RETIRE_GRACE after the backfill finished): start one projector with the group's PROJECTIONS, wait that long, stop it (SIGTERM), and run this again",
+		return fmt.Errorf("%w %q: the own group of %s, through which it backfilled, is still there or being removed%s (a running projector removes it PROJECTION_RETIRE_GRACE after the backfill finished): start one projector with the group's PROJECTIONS, wait that long, stop it (SIGTERM), and run this again",
 			ops.ErrDisbandRefused, group, strings.TrimSpace(strings.TrimPrefix(msg, "LEFTOVER")), where)
 	case redis.HasErrorPrefix(err, "NOGROUP"):
 		return fmt.Errorf("%w %q: its consumer group is missing from the stream%s (Redis lost it): start one projector with its PROJECTIONS to recreate it, stop it, and run this again",
@@ -241,30 +244,68 @@ func disbandError(group, stream string, parts bool, err error) error {
 }
 
 // destroyFinishedLua: KEYS[1] registry, KEYS[2] stream; ARGV[1] live group, ARGV[2] member.
-// Destroys the member's own group, and drops its checkpoint, if the member is in the live group
-// with its backfill done.
+// If the member is in the live group with its backfill done: marks it removing, drops its
+// checkpoint and destroys its own group; returns 1 (0 when it is not that group's finished
+// backfill: a disband took it out since it was read).
 var destroyFinishedLua = redis.NewScript(`
-local raw = redis.call('HGET', KEYS[1], 'live:' .. ARGV[1])
+local field = 'live:' .. ARGV[1]
+local raw = redis.call('HGET', KEYS[1], field)
 if not raw then return 0 end
-local rec = cjson.decode(raw)[ARGV[2]]
+local m = cjson.decode(raw)
+local rec = m[ARGV[2]]
 if not rec or rec.own ~= 'done' then return 0 end
+if not rec.removing then
+  rec.removing = true
+  redis.call('HSET', KEYS[1], field, cjson.encode(m))
+end
 redis.call('HDEL', KEYS[1], 'acked:' .. ARGV[2], 'seen:' .. ARGV[2])
-if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
-return redis.call('XGROUP', 'DESTROY', KEYS[2], ARGV[2])
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[2])) do
+    for x = 1, #g, 2 do
+      if g[x] == 'name' and g[x+1] == ARGV[2] then redis.call('XGROUP', 'DESTROY', KEYS[2], ARGV[2]) end
+    end
+  end
+end
+return 1
+`)
+
+// finishRemovalLua: KEYS[1] registry; ARGV[1] live group, ARGV[2] member. Clears the member's
+// removing mark.
+var finishRemovalLua = redis.NewScript(`
+local field = 'live:' .. ARGV[1]
+local raw = redis.call('HGET', KEYS[1], field)
+if not raw then return 0 end
+local m = cjson.decode(raw)
+local rec = m[ARGV[2]]
+if not rec or not rec.removing then return 0 end
+rec.removing = nil
+redis.call('HSET', KEYS[1], field, cjson.encode(m))
+return 1
 `)
 
 // DestroyFinishedOwnGroup destroys member's own group, with its checkpoint, on every partition
-// where member is still in live group with its backfill done (ops.LiveGroups).
+// where member is still in live group with its backfill done, and marks it removing there
+// (ops.LiveGroups).
 func (l *LiveGroups) DestroyFinishedOwnGroup(ctx context.Context, group, member string) (bool, error) {
-	destroyed := false
+	finished := false
 	for i := range l.parts.Count() {
 		n, err := destroyFinishedLua.Run(ctx, l.client, []string{l.parts.Registry(i), l.parts.Stream(i)}, group, member).Int()
 		if err != nil {
-			return destroyed, fmt.Errorf("destroy the finished backfill's group %s on %s: %w", member, l.parts.Stream(i), err)
+			return finished, fmt.Errorf("destroy the finished backfill's group %s on %s: %w", member, l.parts.Stream(i), err)
 		}
-		destroyed = destroyed || n == 1
+		finished = finished || n == 1
 	}
-	return destroyed, nil
+	return finished, nil
+}
+
+// FinishRemoval clears member's removing mark in live group on every partition (ops.LiveGroups).
+func (l *LiveGroups) FinishRemoval(ctx context.Context, group, member string) error {
+	for i := range l.parts.Count() {
+		if err := finishRemovalLua.Run(ctx, l.client, []string{l.parts.Registry(i)}, group, member).Err(); err != nil {
+			return fmt.Errorf("finish removing the finished backfill's group %s on %s: %w", member, l.parts.Stream(i), err)
+		}
+	}
+	return nil
 }
 
 // ReadMoved is, per partition's stream, the versions a disband took out of a live group that

@@ -21,6 +21,7 @@ import (
 // groups' position, far above where the moved versions still have to decide from. (A join read
 // the same way holds the floors: a live group missing from progress makes ok false.)
 func TestFloorsDuringADisbandHoldTheMovedVersions(t *testing.T) {
+	t.Parallel()
 	env := newProjEnv(t)
 	ctx := context.Background()
 	c, keys := env.client, env.keys

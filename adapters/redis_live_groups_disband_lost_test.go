@@ -20,6 +20,7 @@ import (
 // old live group applied is delivered to it again, and the moved record is deleted, so nothing
 // tells afterwards.
 func TestJoinOfAMovedVersionWhoseGroupIsLost(t *testing.T) {
+	t.Parallel()
 	env := newProjEnv(t)
 	ctx := context.Background()
 	c, keys := env.client, env.keys

@@ -32,14 +32,14 @@ func (r racingLive) DestroyFinishedOwnGroup(ctx context.Context, group, member s
 }
 
 // TestFinishedBackfillRemovalRacingADisbandKeepsTheMovedGroup: RemoveFinishedBackfills checks
-// the membership and destroys the finished backfill's group in one script
-// (DestroyFinishedOwnGroup), and then calls removeOwnGroup, which destroys the group named
-// <member> again, unconditionally, with its markers and checkpoint. A disband between the two
-// round trips creates the moved version's group at the live group's position, and the second
-// destroy removes it. The version's next join then finds no own group and creates one at "0"
-// (joinLua ignores the moved record's pos): the whole history up to the disband, which the old
-// live group had applied, is delivered to the version again.
+// the membership and destroys the finished backfill's group in one script, then removes what
+// the group left (its markers: all of them). A disband in between would make a group of that
+// name whose markers that removal would take, or (before) whose group a second destroy would
+// remove, and the version's next join would start over from the whole history: it is refused
+// until the removal is done, and then goes ahead; the moved version's group stands where the live
+// group stopped.
 func TestFinishedBackfillRemovalRacingADisbandKeepsTheMovedGroup(t *testing.T) {
+	t.Parallel()
 	env := newProjEnv(t)
 	ctx := context.Background()
 	c, keys := env.client, env.keys
@@ -70,14 +70,17 @@ func TestFinishedBackfillRemovalRacingADisbandKeepsTheMovedGroup(t *testing.T) {
 
 	b := adapters.NewOpsBackend(c, keys)
 	b.Live = racingLive{LiveGroups: b.Live, after: func() {
-		rep, err := l.Disband(ctx, "live", time.Millisecond, true)
-		require.NoError(t, err)
-		require.True(t, rep.Done)
+		_, err := l.Disband(ctx, "live", time.Millisecond, true)
+		require.ErrorIs(t, err, ops.ErrDisbandRefused, "not while what the group left is being removed")
+		assert.Contains(t, err.Error(), "is still there or being removed")
 	}}
 	rb, err := command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: b,
 		Projections: []projection.Projection{projection.UserStats{}}, RetireGrace: time.Second, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	require.NoError(t, rb.RemoveFinishedBackfills(ctx))
+	rep, err := l.Disband(ctx, "live", time.Millisecond, true)
+	require.NoError(t, err)
+	require.True(t, rep.Done)
 
 	moved, err := l.ReadMoved(ctx)
 	require.NoError(t, err)

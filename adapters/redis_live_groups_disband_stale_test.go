@@ -42,6 +42,7 @@ func (s staleLive) ReadAll(ctx context.Context) (map[string]ops.Membership, map[
 // through it, forgets all of that before its checked destroy finds the group is no finished
 // backfill and keeps it. Before 70d6777 the checked destroy came first and P changed nothing.
 func TestStaleFinishedBackfillRemovalKeepsTheMovedGroupsState(t *testing.T) {
+	t.Parallel()
 	env := newProjEnv(t)
 	ctx := context.Background()
 	c, keys := env.client, env.keys
@@ -108,31 +109,4 @@ func TestStaleFinishedBackfillRemovalKeepsTheMovedGroupsState(t *testing.T) {
 	n, err := c.Exists(ctx, marker).Result()
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, n, "the markers of the group users.v1 backfills through were removed while it runs: a redelivered batch is applied twice")
-}
-
-// TestRemoveMarkersThroughKeepsLaterOnes: a finished backfill's markers go up to its join; those
-// of entries after it (a group of the same name a disband made since) stay, and a key left empty
-// goes. On a server and a cluster.
-func TestRemoveMarkersThroughKeepsLaterOnes(t *testing.T) {
-	eachEnv(t, func(t *testing.T, env projEnv) {
-		ctx := context.Background()
-		keys := env.keys
-		keys.Cluster = env.cluster
-		score := func(id string) float64 {
-			s, ok := adapters.ScoreOfEntry(id)
-			require.True(t, ok)
-			return float64(s)
-		}
-		mixed, old := keys.MarkerPrefix("users.v1")+"{user:1}", keys.MarkerPrefix("users.v1")+"{user:2}"
-		other := keys.MarkerPrefix("users.v10") + "{user:1}"
-		require.NoError(t, env.client.ZAdd(ctx, mixed, redis.Z{Score: score("1000-0"), Member: "a"}, redis.Z{Score: score("3000-0"), Member: "b"}).Err())
-		require.NoError(t, env.client.ZAdd(ctx, old, redis.Z{Score: score("1500-0"), Member: "c"}).Err())
-		require.NoError(t, env.client.ZAdd(ctx, other, redis.Z{Score: score("1000-0"), Member: "d"}).Err())
-		n, err := adapters.NewProjectionKeys(env.client, keys).RemoveMarkersThrough(ctx, "users.v1", "2000-0")
-		require.NoError(t, err)
-		assert.Equal(t, int64(2), n)
-		assert.Equal(t, []string{"b"}, env.client.ZRange(ctx, mixed, 0, -1).Val())
-		assert.Zero(t, env.client.Exists(ctx, old).Val(), "an emptied key goes")
-		assert.Equal(t, []string{"d"}, env.client.ZRange(ctx, other, 0, -1).Val(), "another group's markers stay")
-	})
 }

@@ -23,6 +23,7 @@ import (
 // its entries-read while it backfills: the list falls back to the group's lag, everything up to
 // the stream's end.
 func TestMovedVersionsToGoCountsUpToItsJoin(t *testing.T) {
+	t.Parallel()
 	env := newProjEnv(t)
 	ctx := context.Background()
 	c, keys := env.client, env.keys

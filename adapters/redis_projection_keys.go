@@ -3,7 +3,6 @@ package adapters
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -37,52 +36,6 @@ func (p *ProjectionKeys) RemoveMarkers(ctx context.Context, group string) (int64
 	// Exactly group's: its prefix then a slot's hash tag. With "*" alone the markers of live
 	// matched those of every live:<a>,<b> group too.
 	return p.unlinkMatching(ctx, escapeGlob(p.keys.MarkerPrefix(group))+"{*}")
-}
-
-// trimMarkersLua: KEYS[1] a marker key; ARGV[1] a score. Removes the markers scored up to it,
-// and the key once empty.
-var trimMarkersLua = redis.NewScript(`
-local n = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-if redis.call('ZCARD', KEYS[1]) == 0 then redis.call('UNLINK', KEYS[1]) end
-return n
-`)
-
-// RemoveMarkersThrough removes group's markers of entries up to through (ops.ProjectionKeys);
-// it returns how many markers went.
-func (p *ProjectionKeys) RemoveMarkersThrough(ctx context.Context, group, through string) (int64, error) {
-	score, ok := ScoreOfEntry(through)
-	if !ok {
-		return 0, fmt.Errorf("remove the markers of %s: %q is not a stream entry ID", group, through)
-	}
-	bound := strconv.FormatInt(score, 10)
-	var (
-		removed int64
-		mu      sync.Mutex
-	)
-	pattern := escapeGlob(p.keys.MarkerPrefix(group)) + "{*}"
-	scan := func(ctx context.Context, c redis.UniversalClient) error {
-		iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
-		for iter.Next(ctx) {
-			n, err := trimMarkersLua.Run(ctx, c, []string{iter.Val()}, bound).Int64()
-			if err != nil {
-				return err
-			}
-			mu.Lock()
-			removed += n
-			mu.Unlock()
-		}
-		return iter.Err()
-	}
-	var err error
-	if cc, ok := p.client.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
-	} else {
-		err = scan(ctx, p.client)
-	}
-	if err != nil {
-		return removed, fmt.Errorf("remove the markers of %s through %s: %w", group, through, err)
-	}
-	return removed, nil
 }
 
 // RemoveLegacyDedupe unlinks a version's dedupe sets of the earlier layout ({<slot>}:seen).

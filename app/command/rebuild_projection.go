@@ -500,18 +500,6 @@ func (h *RebuildProjection) removeVersion(ctx context.Context, name string, vers
 	return removed + n + r, err
 }
 
-// earliestJoin is m's earliest join over the partitions: a backfill's markers are all up to its
-// join on the partition it read (what its group read past the join it acknowledged unapplied).
-func earliestJoin(m ops.LiveMember) string {
-	j := m.Join
-	for _, p := range m.Parts {
-		if ops.CompareEntryIDs(p.Join, j) < 0 {
-			j = p.Join
-		}
-	}
-	return j
-}
-
 // removeOwnGroup destroys a version's own group once its backfill is over, with its markers and
 // its recorded position; it returns how many keys went.
 func (h *RebuildProjection) removeOwnGroup(ctx context.Context, group string) (int64, error) {
@@ -542,7 +530,7 @@ func (h *RebuildProjection) RemoveFinishedBackfills(ctx context.Context) error {
 	}
 	for lg, ms := range groups {
 		for member, m := range ms.Members {
-			if m.Own != ops.BackfillDone || info.Group(member) == nil {
+			if m.Own != ops.BackfillDone || info.Group(member) == nil && !m.Removing {
 				continue
 			}
 			doneAt, err := strconv.ParseInt(m.DoneAt, 10, 64)
@@ -551,16 +539,18 @@ func (h *RebuildProjection) RemoveFinishedBackfills(ctx context.Context) error {
 			}
 			// Only while it is still that live group's finished backfill, checked in the same
 			// step as the group and its checkpoint go (what was read above may be old: a disband
-			// may have made a group of that name since). A disband right after may make one;
-			// its markers are all after this backfill's join, and stay.
-			destroyed, err := h.b.Live.DestroyFinishedOwnGroup(ctx, lg, member)
+			// may have made a group of that name since). The member is marked removing until
+			// what the group left is gone: a disband waits for it (a group of that name made
+			// meanwhile would lose its markers), and a run cut short is taken up again by the
+			// next one.
+			finished, err := h.b.Live.DestroyFinishedOwnGroup(ctx, lg, member)
 			if err != nil {
 				return err
 			}
-			if !destroyed {
+			if !finished {
 				continue
 			}
-			n, err := h.b.Keys.RemoveMarkersThrough(ctx, member, earliestJoin(m))
+			n, err := h.b.Keys.RemoveMarkers(ctx, member)
 			if err != nil {
 				return err
 			}
@@ -574,6 +564,9 @@ func (h *RebuildProjection) RemoveFinishedBackfills(ctx context.Context) error {
 					return err
 				}
 				n += k
+			}
+			if err := h.b.Live.FinishRemoval(ctx, lg, member); err != nil {
+				return err
 			}
 			h.log.Info("backfill group removed", "group", member, "keys_removed", n)
 		}

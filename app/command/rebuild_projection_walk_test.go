@@ -160,6 +160,8 @@ func (m *memBackend) DestroyFinishedOwnGroup(ctx context.Context, _, member stri
 	return ok, m.DestroyGroup(ctx, member)
 }
 
+func (m *memBackend) FinishRemoval(context.Context, string, string) error { return nil }
+
 func (m *memBackend) Disband(context.Context, string, time.Duration, bool) (ops.DisbandReport, error) {
 	return ops.DisbandReport{}, errors.New("the walk never disbands a live group")
 }
@@ -172,10 +174,6 @@ func (m *memBackend) RemoveVersion(_ context.Context, name string, version int) 
 	return n, nil
 }
 func (m *memBackend) RemoveMarkers(_ context.Context, group string) (int64, error) {
-	m.removed = append(m.removed, "markers "+group)
-	return 0, nil
-}
-func (m *memBackend) RemoveMarkersThrough(_ context.Context, group, _ string) (int64, error) {
 	m.removed = append(m.removed, "markers "+group)
 	return 0, nil
 }

@@ -151,9 +151,13 @@ type LiveGroups interface {
 	Disband(ctx context.Context, group string, minIdle time.Duration, apply bool) (DisbandReport, error)
 	// DestroyFinishedOwnGroup destroys member's own group, with its checkpoint, where member is
 	// still in live group with its backfill done, in one step with reading that (a disband may
-	// have replaced the group since the membership was read); it reports whether it destroyed
-	// it anywhere.
+	// have replaced the group since the membership was read), and marks the member Removing
+	// until FinishRemoval; it reports whether member is still that live group's finished
+	// backfill (the group destroyed now or before).
 	DestroyFinishedOwnGroup(ctx context.Context, group, member string) (bool, error)
+	// FinishRemoval clears member's Removing mark in live group: what its finished backfill's
+	// group left besides is removed.
+	FinishRemoval(ctx context.Context, group, member string) error
 }
 
 // PoisonQueue is the stream of parked events.
@@ -186,10 +190,6 @@ type ProjectionKeys interface {
 	RemoveVersion(ctx context.Context, name string, version int) (int64, error)
 	// RemoveMarkers removes a consumer group's dedupe markers.
 	RemoveMarkers(ctx context.Context, group string) (int64, error)
-	// RemoveMarkersThrough removes a consumer group's markers of entries up to through (a
-	// finished backfill's, up to its join), and leaves those after it: a group of the same name
-	// made since (a disband's) keeps its own.
-	RemoveMarkersThrough(ctx context.Context, group, through string) (int64, error)
 	// RemoveLegacyDedupe removes a version's dedupe sets of the service's earlier layout.
 	RemoveLegacyDedupe(ctx context.Context, name string, version int) (int64, error)
 }
