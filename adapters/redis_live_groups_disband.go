@@ -243,10 +243,12 @@ func disbandError(group, stream string, parts bool, err error) error {
 	return fmt.Errorf("disband live group %s%s: %w", group, where, err)
 }
 
-// destroyFinishedLua: KEYS[1] registry, KEYS[2] stream; ARGV[1] live group, ARGV[2] member.
-// If the member is in the live group with its backfill done: marks it removing, drops its
-// checkpoint and destroys its own group; returns 1 (0 when it is not that group's finished
-// backfill: a disband took it out since it was read).
+// destroyFinishedLua: KEYS[1] registry, KEYS[2] stream; ARGV[1] live group, ARGV[2] member,
+// ARGV[3] this run's token, ARGV[4] how long (ms) another run's mark holds. If the member is in
+// the live group with its backfill done, and no other run has held its removal for less than
+// ARGV[4]: marks it removing by this run ("<token> <now ms>"), drops its checkpoint and destroys
+// its own group; returns 1 (0 otherwise: a disband took it out since it was read, or another run
+// removes it).
 var destroyFinishedLua = redis.NewScript(`
 local field = 'live:' .. ARGV[1]
 local raw = redis.call('HGET', KEYS[1], field)
@@ -254,10 +256,14 @@ if not raw then return 0 end
 local m = cjson.decode(raw)
 local rec = m[ARGV[2]]
 if not rec or rec.own ~= 'done' then return 0 end
-if not rec.removing then
-  rec.removing = true
-  redis.call('HSET', KEYS[1], field, cjson.encode(m))
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if type(rec.removing) == 'string' then
+  local token, since = string.match(rec.removing, '^(%S+) (%d+)$')
+  if token and token ~= ARGV[3] and now - tonumber(since) < tonumber(ARGV[4]) then return 0 end
 end
+rec.removing = ARGV[3] .. ' ' .. string.format('%d', now)
+redis.call('HSET', KEYS[1], field, cjson.encode(m))
 redis.call('HDEL', KEYS[1], 'acked:' .. ARGV[2], 'seen:' .. ARGV[2])
 if redis.call('EXISTS', KEYS[2]) == 1 then
   for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[2])) do
@@ -269,39 +275,46 @@ end
 return 1
 `)
 
-// finishRemovalLua: KEYS[1] registry; ARGV[1] live group, ARGV[2] member. Clears the member's
-// removing mark.
-var finishRemovalLua = redis.NewScript(`
+// endRemovalLua: KEYS[1] registry; ARGV[1] live group, ARGV[2] member, ARGV[3] token, ARGV[4]
+// '1' done. If this token holds the member's removing mark: clears it (done), or keeps it held by
+// no run (since 0), for the next run to take up at once.
+var endRemovalLua = redis.NewScript(`
 local field = 'live:' .. ARGV[1]
 local raw = redis.call('HGET', KEYS[1], field)
 if not raw then return 0 end
 local m = cjson.decode(raw)
 local rec = m[ARGV[2]]
-if not rec or not rec.removing then return 0 end
-rec.removing = nil
+if not rec or type(rec.removing) ~= 'string' or string.match(rec.removing, '^(%S+)') ~= ARGV[3] then return 0 end
+if ARGV[4] == '1' then rec.removing = nil else rec.removing = ARGV[3] .. ' 0' end
 redis.call('HSET', KEYS[1], field, cjson.encode(m))
 return 1
 `)
 
 // DestroyFinishedOwnGroup destroys member's own group, with its checkpoint, on every partition
-// where member is still in live group with its backfill done, and marks it removing there
-// (ops.LiveGroups).
-func (l *LiveGroups) DestroyFinishedOwnGroup(ctx context.Context, group, member string) (bool, error) {
-	finished := false
+// where member is still in live group with its backfill done and no other run holds its
+// removal, and marks it removing by token there (ops.LiveGroups).
+func (l *LiveGroups) DestroyFinishedOwnGroup(ctx context.Context, group, member, token string, hold time.Duration) (bool, error) {
+	held := false
 	for i := range l.parts.Count() {
-		n, err := destroyFinishedLua.Run(ctx, l.client, []string{l.parts.Registry(i), l.parts.Stream(i)}, group, member).Int()
+		n, err := destroyFinishedLua.Run(ctx, l.client, []string{l.parts.Registry(i), l.parts.Stream(i)}, group, member, token,
+			strconv.FormatInt(hold.Milliseconds(), 10)).Int()
 		if err != nil {
-			return finished, fmt.Errorf("destroy the finished backfill's group %s on %s: %w", member, l.parts.Stream(i), err)
+			return held, fmt.Errorf("destroy the finished backfill's group %s on %s: %w", member, l.parts.Stream(i), err)
 		}
-		finished = finished || n == 1
+		held = held || n == 1
 	}
-	return finished, nil
+	return held, nil
 }
 
-// FinishRemoval clears member's removing mark in live group on every partition (ops.LiveGroups).
-func (l *LiveGroups) FinishRemoval(ctx context.Context, group, member string) error {
+// EndRemoval ends token's hold on member's removal in live group on every partition where it
+// holds it (ops.LiveGroups).
+func (l *LiveGroups) EndRemoval(ctx context.Context, group, member, token string, done bool) error {
+	flag := "0"
+	if done {
+		flag = "1"
+	}
 	for i := range l.parts.Count() {
-		if err := finishRemovalLua.Run(ctx, l.client, []string{l.parts.Registry(i)}, group, member).Err(); err != nil {
+		if err := endRemovalLua.Run(ctx, l.client, []string{l.parts.Registry(i)}, group, member, token, flag).Err(); err != nil {
 			return fmt.Errorf("finish removing the finished backfill's group %s on %s: %w", member, l.parts.Stream(i), err)
 		}
 	}

@@ -78,7 +78,7 @@ func TestFinishedBackfillRemovalSparesADisbandedVersionsGroup(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, rep.Done)
 
-	destroyed, err := l.DestroyFinishedOwnGroup(ctx, "live", "users.v1")
+	destroyed, err := l.DestroyFinishedOwnGroup(ctx, "live", "users.v1", "t1", time.Minute)
 	require.NoError(t, err)
 	assert.False(t, destroyed, "a moved version's group is no finished backfill")
 	require.NoError(t, rb.RemoveFinishedBackfills(ctx))
@@ -92,7 +92,7 @@ func TestFinishedBackfillRemovalSparesADisbandedVersionsGroup(t *testing.T) {
 	require.NoError(t, err)
 	_, err = l.FinishBackfill(ctx, "live:users", "users.v1", time.Now().Add(-time.Hour))
 	require.NoError(t, err)
-	destroyed, err = l.DestroyFinishedOwnGroup(ctx, "live:users", "users.v1")
+	destroyed, err = l.DestroyFinishedOwnGroup(ctx, "live:users", "users.v1", "t1", time.Minute)
 	require.NoError(t, err)
 	assert.True(t, destroyed)
 }

@@ -23,8 +23,8 @@ type racingLive struct {
 	after func()
 }
 
-func (r racingLive) DestroyFinishedOwnGroup(ctx context.Context, group, member string) (bool, error) {
-	d, err := r.LiveGroups.DestroyFinishedOwnGroup(ctx, group, member)
+func (r racingLive) DestroyFinishedOwnGroup(ctx context.Context, group, member, token string, hold time.Duration) (bool, error) {
+	d, err := r.LiveGroups.DestroyFinishedOwnGroup(ctx, group, member, token, hold)
 	if d && r.after != nil {
 		r.after()
 	}

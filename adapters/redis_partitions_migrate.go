@@ -315,9 +315,6 @@ func (m *PartitionMigrator) JoinsUnsettled(ctx context.Context, from int) ([]str
 		moved = append(moved, fmt.Sprintf("%s was taken out of live group %s by `checkins projections disband` and has joined no other yet (start a projector that runs it)", name, group))
 	}
 	sort.Strings(moved)
-	if from <= 1 {
-		return moved, nil // one registry: a member whose join was lost there is no member at all
-	}
 	delivered := make([]map[string]string, from) // per old partition: group -> last delivered
 	for k := range from {
 		delivered[k] = map[string]string{}
@@ -331,6 +328,9 @@ func (m *PartitionMigrator) JoinsUnsettled(ctx context.Context, from int) ([]str
 		for _, g := range gs {
 			delivered[k][g.Name] = fullEntryID(g.LastDeliveredID)
 		}
+	}
+	if from <= 1 {
+		return moved, nil // one registry: a member whose join was lost there is no member at all
 	}
 	out := moved
 	for group, per := range reg.lives {
@@ -728,7 +728,8 @@ func (m *PartitionMigrator) Position(ctx context.Context, from, to, batch int, f
 	}
 	// An own group missing on a partition where its member's backfill is done had delivered
 	// everything up to the join there.
-	running := map[string]bool{} // own groups still backfilling somewhere
+	running := map[string]bool{}  // own groups still backfilling somewhere
+	leftover := map[string]bool{} // finished backfills whose group or leftovers were not removed yet
 	type memberVecs struct{ join, legacy *vector }
 	members := map[string]map[string]*memberVecs{} // live group -> member -> vectors
 	var all []*vector
@@ -755,6 +756,9 @@ func (m *PartitionMigrator) Position(ctx context.Context, from, to, batch int, f
 					continue
 				}
 				joins[k], legacies[k] = lm.Join, lm.Legacy
+				if lm.Removing != "" {
+					leftover[name] = true
+				}
 				if lm.Own == ops.BackfillRunning {
 					running[name] = true
 				} else if g := groups[name]; g != nil && g.delivered[k] == "" {
@@ -775,7 +779,11 @@ func (m *PartitionMigrator) Position(ctx context.Context, from, to, batch int, f
 	groupVecs := map[string]*vector{}
 	for name, g := range groups {
 		if _, own := running[name]; !own && isOwnGroup(name, reg) {
-			continue // a finished backfill's group, gone on the other partitions: not needed
+			// A finished backfill's group, gone on the other partitions: not needed. What it
+			// left (markers, an earlier layout's sets) is removed after the migration, as its
+			// group would have been: the member is marked removing (below).
+			leftover[name] = true
+			continue
 		}
 		v, err := add(g.delivered)
 		if err != nil {
@@ -827,6 +835,10 @@ func (m *PartitionMigrator) Position(ctx context.Context, from, to, batch int, f
 				}
 				if vs.legacy.present {
 					lm.Legacy = vs.legacy.pos[j].String()
+				}
+				if leftover[name] && !running[name] {
+					// Held by no run (since 0): the first run of a projector takes it up.
+					lm.Removing = "migration 0"
 				}
 				out[name] = lm
 			}

@@ -2,6 +2,8 @@ package command
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -500,6 +502,41 @@ func (h *RebuildProjection) removeVersion(ctx context.Context, name string, vers
 	return removed + n + r, err
 }
 
+// removeLeftovers removes what a finished backfill's destroyed group left: its markers, the
+// stall check's observation, and after an upgrade the earlier layout's sets; it returns how
+// many keys went.
+func (h *RebuildProjection) removeLeftovers(ctx context.Context, member string, m ops.LiveMember) (int64, error) {
+	n, err := h.b.Keys.RemoveMarkers(ctx, member)
+	if err != nil {
+		return n, err
+	}
+	if err := h.b.Observations.Forget(ctx, member); err != nil {
+		return n, err
+	}
+	if m.Legacy != "" {
+		name, version, _ := ops.ParseMemberName(member)
+		k, err := h.b.Keys.RemoveLegacyDedupe(ctx, name, version)
+		if err != nil {
+			return n, err
+		}
+		n += k
+	}
+	return n, nil
+}
+
+// RemovalHold is how long one run's removal of a finished backfill's leftovers keeps others off:
+// a run cut short (a crash) is taken over once it has passed. Well above the longest SCAN of the
+// markers of a large keyspace: two runs at once would let the one that finishes first clear the
+// mark while the other still removes, and a disband then make a group whose markers it removes.
+const RemovalHold = 10 * time.Minute
+
+// removalToken names one run's removal of a finished backfill's leftovers.
+func removalToken() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
 // removeOwnGroup destroys a version's own group once its backfill is over, with its markers and
 // its recorded position; it returns how many keys went.
 func (h *RebuildProjection) removeOwnGroup(ctx context.Context, group string) (int64, error) {
@@ -530,7 +567,7 @@ func (h *RebuildProjection) RemoveFinishedBackfills(ctx context.Context) error {
 	}
 	for lg, ms := range groups {
 		for member, m := range ms.Members {
-			if m.Own != ops.BackfillDone || info.Group(member) == nil && !m.Removing {
+			if m.Own != ops.BackfillDone || info.Group(member) == nil && m.Removing == "" {
 				continue
 			}
 			doneAt, err := strconv.ParseInt(m.DoneAt, 10, 64)
@@ -541,31 +578,26 @@ func (h *RebuildProjection) RemoveFinishedBackfills(ctx context.Context) error {
 			// step as the group and its checkpoint go (what was read above may be old: a disband
 			// may have made a group of that name since). The member is marked removing until
 			// what the group left is gone: a disband waits for it (a group of that name made
-			// meanwhile would lose its markers), and a run cut short is taken up again by the
-			// next one.
-			finished, err := h.b.Live.DestroyFinishedOwnGroup(ctx, lg, member)
+			// meanwhile would lose its markers). Another projector's run may be at it too: one
+			// run holds the removal at a time (until RemovalHold passes without it finishing, or
+			// it fails and lets go), and only the holder clears the mark.
+			token := removalToken()
+			held, err := h.b.Live.DestroyFinishedOwnGroup(ctx, lg, member, token, RemovalHold)
 			if err != nil {
 				return err
 			}
-			if !finished {
+			if !held {
 				continue
 			}
-			n, err := h.b.Keys.RemoveMarkers(ctx, member)
+			n, err := h.removeLeftovers(ctx, member, m)
 			if err != nil {
-				return err
-			}
-			if err := h.b.Observations.Forget(ctx, member); err != nil {
-				return err
-			}
-			if m.Legacy != "" {
-				name, version, _ := ops.ParseMemberName(member)
-				k, err := h.b.Keys.RemoveLegacyDedupe(ctx, name, version)
-				if err != nil {
-					return err
+				// The mark stays, held by none: the next run takes the removal up at once.
+				if rerr := h.b.Live.EndRemoval(context.WithoutCancel(ctx), lg, member, token, false); rerr != nil {
+					h.log.Warn("could not let go of a finished backfill's removal", "group", member, "error", rerr)
 				}
-				n += k
+				return err
 			}
-			if err := h.b.Live.FinishRemoval(ctx, lg, member); err != nil {
+			if err := h.b.Live.EndRemoval(ctx, lg, member, token, true); err != nil {
 				return err
 			}
 			h.log.Info("backfill group removed", "group", member, "keys_removed", n)

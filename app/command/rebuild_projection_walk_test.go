@@ -155,12 +155,12 @@ func (m *memBackend) Leave(_ context.Context, group, member string) error {
 }
 func (m *memBackend) ForgetAcked(context.Context, string) error { return nil }
 
-func (m *memBackend) DestroyFinishedOwnGroup(ctx context.Context, _, member string) (bool, error) {
+func (m *memBackend) DestroyFinishedOwnGroup(ctx context.Context, _, member, _ string, _ time.Duration) (bool, error) {
 	_, ok := m.groups[member]
 	return ok, m.DestroyGroup(ctx, member)
 }
 
-func (m *memBackend) FinishRemoval(context.Context, string, string) error { return nil }
+func (m *memBackend) EndRemoval(context.Context, string, string, string, bool) error { return nil }
 
 func (m *memBackend) Disband(context.Context, string, time.Duration, bool) (ops.DisbandReport, error) {
 	return ops.DisbandReport{}, errors.New("the walk never disbands a live group")

@@ -27,8 +27,9 @@ type LiveMember struct {
 	// (an upgrade); they are checked there too.
 	Legacy string `json:"legacy,omitempty"`
 	// Removing: its finished backfill's own group is destroyed, and what it left (markers, the
-	// stall check's observation, an earlier layout's sets) is being removed; a disband waits.
-	Removing bool `json:"removing,omitempty"`
+	// stall check's observation, an earlier layout's sets) is being removed by the run that
+	// holds this mark ("<token> <since, ms>"); a disband waits. "" when not.
+	Removing string `json:"removing,omitempty"`
 	// Added is how many entries the stream had ever taken (XINFO STREAM entries-added) at Join,
 	// in decimal; "" when Redis did not tell (before 7.0, the embedded miniredis) or the version
 	// joined with nothing to backfill. See BackfillLag.
@@ -70,7 +71,9 @@ func SumMembers(parts map[string]LiveMember) LiveMember {
 		if p.Legacy != "" {
 			sum.Legacy = p.Legacy
 		}
-		sum.Removing = sum.Removing || p.Removing
+		if p.Removing != "" {
+			sum.Removing = p.Removing
+		}
 	}
 	if sum.Own != BackfillDone {
 		sum.DoneAt = ""

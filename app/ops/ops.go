@@ -151,13 +151,15 @@ type LiveGroups interface {
 	Disband(ctx context.Context, group string, minIdle time.Duration, apply bool) (DisbandReport, error)
 	// DestroyFinishedOwnGroup destroys member's own group, with its checkpoint, where member is
 	// still in live group with its backfill done, in one step with reading that (a disband may
-	// have replaced the group since the membership was read), and marks the member Removing
-	// until FinishRemoval; it reports whether member is still that live group's finished
-	// backfill (the group destroyed now or before).
-	DestroyFinishedOwnGroup(ctx context.Context, group, member string) (bool, error)
-	// FinishRemoval clears member's Removing mark in live group: what its finished backfill's
-	// group left besides is removed.
-	FinishRemoval(ctx context.Context, group, member string) error
+	// have replaced the group since the membership was read), and marks the member Removing,
+	// held by token, until FinishRemoval. It reports whether this run holds the removal: false
+	// when member is no longer that live group's finished backfill, or another run has held its
+	// removal for less than hold.
+	DestroyFinishedOwnGroup(ctx context.Context, group, member, token string, hold time.Duration) (bool, error)
+	// EndRemoval ends token's hold on member's removal in live group: done, the Removing mark is
+	// cleared (what its finished backfill's group left besides is removed); not done (the run
+	// failed), the mark stays and the next run may take it up at once.
+	EndRemoval(ctx context.Context, group, member, token string, done bool) error
 }
 
 // PoisonQueue is the stream of parked events.
