@@ -261,7 +261,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if type(rec.removing) == 'string' then
   local token, since = string.match(rec.removing, '^(%S+) (%d+)$')
   if token and token ~= ARGV[3] and now - tonumber(since) < tonumber(ARGV[4]) then return 0 end
-end
+end -- any other mark (true, written by a build of 2026-12-07) is held by none
 rec.removing = ARGV[3] .. ' ' .. string.format('%d', now)
 redis.call('HSET', KEYS[1], field, cjson.encode(m))
 redis.call('HDEL', KEYS[1], 'acked:' .. ARGV[2], 'seen:' .. ARGV[2])

@@ -502,6 +502,17 @@ func (h *RebuildProjection) removeVersion(ctx context.Context, name string, vers
 	return removed + n + r, err
 }
 
+// letGoOfRemoval leaves token's marks on member held by none, for the next run to take up at
+// once: this run failed (its context may have ended).
+func (h *RebuildProjection) letGoOfRemoval(ctx context.Context, lg, member, token string) {
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := h.b.Live.EndRemoval(ectx, lg, member, token, false); err != nil {
+		h.log.Warn("could not let go of a finished backfill's removal; another run takes it over after RemovalHold",
+			"group", member, "error", err)
+	}
+}
+
 // removeLeftovers removes what a finished backfill's destroyed group left: its markers, the
 // stall check's observation, and after an upgrade the earlier layout's sets; it returns how
 // many keys went.
@@ -584,6 +595,7 @@ func (h *RebuildProjection) RemoveFinishedBackfills(ctx context.Context) error {
 			token := removalToken()
 			held, err := h.b.Live.DestroyFinishedOwnGroup(ctx, lg, member, token, RemovalHold)
 			if err != nil {
+				h.letGoOfRemoval(ctx, lg, member, token) // the partitions it held before the error
 				return err
 			}
 			if !held {
@@ -591,13 +603,16 @@ func (h *RebuildProjection) RemoveFinishedBackfills(ctx context.Context) error {
 			}
 			n, err := h.removeLeftovers(ctx, member, m)
 			if err != nil {
-				// The mark stays, held by none: the next run takes the removal up at once.
-				if rerr := h.b.Live.EndRemoval(context.WithoutCancel(ctx), lg, member, token, false); rerr != nil {
-					h.log.Warn("could not let go of a finished backfill's removal", "group", member, "error", rerr)
-				}
+				h.letGoOfRemoval(ctx, lg, member, token)
 				return err
 			}
-			if err := h.b.Live.EndRemoval(ctx, lg, member, token, true); err != nil {
+			// Done even if ctx ends now (a SIGTERM): a mark left held would hold off every run
+			// and a disband for RemovalHold.
+			ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			err = h.b.Live.EndRemoval(ectx, lg, member, token, true)
+			cancel()
+			if err != nil {
+				h.letGoOfRemoval(ctx, lg, member, token)
 				return err
 			}
 			h.log.Info("backfill group removed", "group", member, "keys_removed", n)

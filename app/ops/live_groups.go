@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -29,7 +30,7 @@ type LiveMember struct {
 	// Removing: its finished backfill's own group is destroyed, and what it left (markers, the
 	// stall check's observation, an earlier layout's sets) is being removed by the run that
 	// holds this mark ("<token> <since, ms>"); a disband waits. "" when not.
-	Removing string `json:"removing,omitempty"`
+	Removing RemovalMark `json:"removing,omitempty"`
 	// Added is how many entries the stream had ever taken (XINFO STREAM entries-added) at Join,
 	// in decimal; "" when Redis did not tell (before 7.0, the embedded miniredis) or the version
 	// joined with nothing to backfill. See BackfillLag.
@@ -203,3 +204,25 @@ type DisbandReport struct {
 
 // ErrDisbandRefused: the live group cannot be disbanded now; the error says why and what to do.
 var ErrDisbandRefused = errors.New("cannot disband the live group")
+
+// RemovalMark is LiveMember.Removing. A build of 2026-12-07 wrote it as true: that reads as a
+// mark held by none, which the next run takes up.
+type RemovalMark string
+
+// UnmarshalJSON reads a mark, or the boolean of that build.
+func (r *RemovalMark) UnmarshalJSON(b []byte) error {
+	switch string(b) {
+	case "true":
+		*r = "unknown 0"
+		return nil
+	case "false", "null":
+		*r = ""
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("a removal mark must be a string: %w", err)
+	}
+	*r = RemovalMark(s)
+	return nil
+}
