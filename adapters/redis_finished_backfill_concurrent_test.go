@@ -3,7 +3,6 @@ package adapters_test
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/app/ops"
-	"github.com/checkins/checkins/app/projection"
 )
 
 // slowMarkers runs before() before removing markers: a slow SCAN of a large keyspace.
@@ -65,10 +63,7 @@ func TestConcurrentRemovalsKeepTheMarkUntilTheHolderIsDone(t *testing.T) {
 	time.Sleep(5 * time.Millisecond)
 
 	newRB := func(b ops.Backend) *command.RebuildProjection {
-		rb, err := command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: b,
-			Projections: []projection.Projection{projection.UserStats{}}, RetireGrace: time.Second, Logger: slog.New(slog.DiscardHandler)})
-		require.NoError(t, err)
-		return rb
+		return removalRun(t, b, time.Second)
 	}
 	newMarker := keys.MarkerPrefix("users.v1") + "{7}"
 	a := adapters.NewOpsBackend(c, keys)

@@ -2,7 +2,6 @@ package adapters_test
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -11,8 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/checkins/checkins/adapters"
-	"github.com/checkins/checkins/app/command"
-	"github.com/checkins/checkins/app/projection"
 )
 
 // earlierDestroyFinishedLua is destroyFinishedLua as ae7590d (the previous build) ran it: it
@@ -70,9 +67,7 @@ func TestMarkOfAnEarlierBuildIsTakenUp(t *testing.T) {
 	assert.NoError(t, err, "ReadAll of a membership marked by the previous build")
 	_, err = l.Read(ctx, "live")
 	assert.NoError(t, err, "Read of a membership marked by the previous build")
-	rb, err := command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: adapters.NewOpsBackend(c, keys),
-		Projections: []projection.Projection{projection.UserStats{}}, RetireGrace: time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
+	rb := removalRun(t, adapters.NewOpsBackend(c, keys), time.Millisecond)
 	for range 3 {
 		assert.NoError(t, rb.RemoveFinishedBackfills(ctx))
 	}

@@ -3,7 +3,6 @@ package adapters_test
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -13,9 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/checkins/checkins/adapters"
-	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/app/ops"
-	"github.com/checkins/checkins/app/projection"
 )
 
 // cancelAfterForget cancels the run's context once the observation is forgotten: the leftovers
@@ -53,7 +50,9 @@ func (f failDestroyOn) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 	return next
 }
 
-func finishedOnTwoPartitions(t *testing.T) (*redis.Client, adapters.KeySpace, adapters.Partitions, *adapters.LiveGroups, string) {
+// finishedOnTwoPartitions: users.v1's backfill on two partitions applied an entry of each (a
+// marker), acknowledged them, and finished at doneAt; base is the keyspace before partitions.
+func finishedOnTwoPartitions(t *testing.T, doneAt time.Time) (*redis.Client, adapters.KeySpace, adapters.KeySpace, adapters.Partitions, *adapters.LiveGroups, string) {
 	client, base, parts, u0, u1 := twoPartitions(t)
 	ctx := context.Background()
 	k2, err := base.WithPartitions(2)
@@ -72,16 +71,9 @@ func finishedOnTwoPartitions(t *testing.T) (*redis.Client, adapters.KeySpace, ad
 	}
 	marker := k2.MarkerPrefix("users.v1") + "{0}"
 	require.NoError(t, client.ZAdd(ctx, marker, redis.Z{Score: 1, Member: "identity-of-a"}).Err())
-	_, err = l.FinishBackfill(ctx, "live", "users.v1", time.Now().Add(-time.Hour))
+	_, err = l.FinishBackfill(ctx, "live", "users.v1", doneAt)
 	require.NoError(t, err)
-	return client, k2, parts, l, marker
-}
-
-func removalRun(t *testing.T, b ops.Backend) *command.RebuildProjection {
-	rb, err := command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: b,
-		Projections: []projection.Projection{projection.UserStats{}}, RetireGrace: time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
-	return rb
+	return client, base, k2, parts, l, marker
 }
 
 func removalMarks(t *testing.T, c *redis.Client, parts adapters.Partitions) []string {
@@ -99,16 +91,16 @@ func removalMarks(t *testing.T, c *redis.Client, parts adapters.Partitions) []st
 // disband wait RemovalHold (10 min) for a run that is gone.
 func TestCancelledRemovalLetsGo(t *testing.T) {
 	t.Parallel()
-	client, k2, parts, l, marker := finishedOnTwoPartitions(t)
+	client, _, k2, parts, l, marker := finishedOnTwoPartitions(t, time.Now().Add(-time.Hour))
 	ctx, cancel := context.WithCancel(context.Background())
 	b := adapters.NewOpsBackend(client, k2)
 	b.Observations = cancelAfterForget{Observations: b.Observations, cancel: cancel}
-	err := removalRun(t, b).RemoveFinishedBackfills(ctx)
+	err := removalRun(t, b, time.Millisecond).RemoveFinishedBackfills(ctx)
 	t.Logf("cancelled run: %v; marks: %q", err, removalMarks(t, client, parts))
 	n, _ := client.Exists(context.Background(), marker).Result()
 	require.Zero(t, n, "the markers went")
 
-	require.NoError(t, removalRun(t, adapters.NewOpsBackend(client, k2)).RemoveFinishedBackfills(context.Background()))
+	require.NoError(t, removalRun(t, adapters.NewOpsBackend(client, k2), time.Millisecond).RemoveFinishedBackfills(context.Background()))
 	marks := removalMarks(t, client, parts)
 	t.Logf("after the next run: %q", marks)
 	for _, m := range marks {
@@ -123,15 +115,15 @@ func TestCancelledRemovalLetsGo(t *testing.T) {
 // takes the whole removal up and clears every mark at once.
 func TestRemovalFailingOnALaterPartitionLetsGo(t *testing.T) {
 	t.Parallel()
-	client, k2, parts, l, marker := finishedOnTwoPartitions(t)
+	client, _, k2, parts, l, marker := finishedOnTwoPartitions(t, time.Now().Add(-time.Hour))
 	flaky := redis.NewClient(client.Options())
 	t.Cleanup(func() { _ = flaky.Close() })
 	flaky.AddHook(failDestroyOn{reg: parts.Registry(1)})
-	err := removalRun(t, adapters.NewOpsBackend(flaky, k2)).RemoveFinishedBackfills(context.Background())
+	err := removalRun(t, adapters.NewOpsBackend(flaky, k2), time.Millisecond).RemoveFinishedBackfills(context.Background())
 	require.Error(t, err, "the checked destroy fails on partition 1")
 	t.Logf("failed run: %v; marks: %q", err, removalMarks(t, client, parts))
 
-	require.NoError(t, removalRun(t, adapters.NewOpsBackend(client, k2)).RemoveFinishedBackfills(context.Background()))
+	require.NoError(t, removalRun(t, adapters.NewOpsBackend(client, k2), time.Millisecond).RemoveFinishedBackfills(context.Background()))
 	n, _ := client.Exists(context.Background(), marker).Result()
 	require.Zero(t, n, "the next run removed the markers")
 	marks := removalMarks(t, client, parts)

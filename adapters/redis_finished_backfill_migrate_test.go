@@ -2,7 +2,6 @@ package adapters_test
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -12,7 +11,6 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app/command"
-	"github.com/checkins/checkins/app/projection"
 )
 
 // TestMigrationCarriesARemovalCutShort: a finished backfill's removal is cut short after the
@@ -21,33 +19,11 @@ import (
 // after it removes the markers (dropping the mark, no run ever would).
 func TestMigrationCarriesARemovalCutShort(t *testing.T) {
 	t.Parallel()
-	client, base, parts, u0, u1 := twoPartitions(t)
+	client, base, k2, _, l, marker := finishedOnTwoPartitions(t, time.Now().Add(-time.Hour))
 	ctx := context.Background()
-	k2, err := base.WithPartitions(2)
-	require.NoError(t, err)
-	for i, u := range []int64{u0, u1} {
-		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(i), ID: "1-1", Values: checkinValues("a"+string(rune('0'+i)), u)}).Err())
-		require.NoError(t, client.XGroupCreate(ctx, parts.Stream(i), "live", "$").Err())
-	}
-	l := adapters.NewLiveGroups(client, k2)
-	_, err = l.Join(ctx, "live", "users.v1")
-	require.NoError(t, err)
-	// The backfill applied both entries (its markers), acknowledged everything, and finished.
-	for i := range 2 {
-		_, err := client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "users.v1", Consumer: "c", Streams: []string{parts.Stream(i), ">"}}).Result()
-		require.NoError(t, err)
-		require.NoError(t, client.XAck(ctx, parts.Stream(i), "users.v1", "1-1").Err())
-	}
-	marker := k2.MarkerPrefix("users.v1") + "{0}"
-	require.NoError(t, client.ZAdd(ctx, marker, redis.Z{Score: 1, Member: "identity-of-a"}).Err())
-	_, err = l.FinishBackfill(ctx, "live", "users.v1", time.Now().Add(-time.Hour))
-	require.NoError(t, err)
 
 	newRB := func(c redis.UniversalClient, keys adapters.KeySpace) *command.RebuildProjection {
-		rb, err := command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: adapters.NewOpsBackend(c, keys),
-			Projections: []projection.Projection{projection.UserStats{}}, RetireGrace: time.Second, Logger: slog.New(slog.DiscardHandler)})
-		require.NoError(t, err)
-		return rb
+		return removalRun(t, adapters.NewOpsBackend(c, keys), time.Second)
 	}
 	rdbURL := client.Options()
 	flaky := redis.NewClient(rdbURL)
@@ -67,9 +43,7 @@ func TestMigrationCarriesARemovalCutShort(t *testing.T) {
 	require.NoError(t, err)
 	t.Logf("membership after the migration: %s", ms.Raw)
 	assert.NotEmpty(t, ms.Members["users.v1"].Removing, "the migration carries the mark")
-	after, err := command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: adapters.NewOpsBackend(client, base),
-		Projections: []projection.Projection{projection.UserStats{}}, RetireGrace: time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
+	after := removalRun(t, adapters.NewOpsBackend(client, base), time.Millisecond)
 	time.Sleep(10 * time.Millisecond)
 	require.NoError(t, after.RemoveFinishedBackfills(ctx))
 	n, err := client.Exists(ctx, marker).Result()
@@ -82,26 +56,8 @@ func TestMigrationCarriesARemovalCutShort(t *testing.T) {
 // the member removing, so a later run removes the markers the group left.
 func TestMigrationMarksAFinishedBackfillNotYetRemoved(t *testing.T) {
 	t.Parallel()
-	client, base, parts, u0, u1 := twoPartitions(t)
+	client, base, _, _, _, marker := finishedOnTwoPartitions(t, time.Now())
 	ctx := context.Background()
-	k2, err := base.WithPartitions(2)
-	require.NoError(t, err)
-	for i, u := range []int64{u0, u1} {
-		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(i), ID: "1-1", Values: checkinValues("a"+string(rune('0'+i)), u)}).Err())
-		require.NoError(t, client.XGroupCreate(ctx, parts.Stream(i), "live", "$").Err())
-	}
-	l := adapters.NewLiveGroups(client, k2)
-	_, err = l.Join(ctx, "live", "users.v1")
-	require.NoError(t, err)
-	for i := range 2 {
-		_, err := client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "users.v1", Consumer: "c", Streams: []string{parts.Stream(i), ">"}}).Result()
-		require.NoError(t, err)
-		require.NoError(t, client.XAck(ctx, parts.Stream(i), "users.v1", "1-1").Err())
-	}
-	marker := k2.MarkerPrefix("users.v1") + "{0}"
-	require.NoError(t, client.ZAdd(ctx, marker, redis.Z{Score: 1, Member: "identity-of-a"}).Err())
-	_, err = l.FinishBackfill(ctx, "live", "users.v1", time.Now())
-	require.NoError(t, err)
 
 	mp, err := command.NewMigratePartitions(adapters.NewPartitionMigrator(client, base))
 	require.NoError(t, err)
@@ -111,9 +67,7 @@ func TestMigrationMarksAFinishedBackfillNotYetRemoved(t *testing.T) {
 	require.NoError(t, err)
 	t.Logf("membership after the migration: %s; groups: %v", ms.Raw, client.XInfoGroups(ctx, base.Stream()).Val())
 	assert.NotEmpty(t, ms.Members["users.v1"].Removing, "the migration marks it: it dropped the group")
-	rb, err := command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: adapters.NewOpsBackend(client, base),
-		Projections: []projection.Projection{projection.UserStats{}}, RetireGrace: time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
+	rb := removalRun(t, adapters.NewOpsBackend(client, base), time.Millisecond)
 	time.Sleep(10 * time.Millisecond)
 	for range 3 {
 		require.NoError(t, rb.RemoveFinishedBackfills(ctx))

@@ -3,7 +3,6 @@ package adapters_test
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -86,9 +85,7 @@ func TestFinishedBackfillMarkersOnALaterJoinedPartitionGo(t *testing.T) {
 	_, err = l.FinishBackfill(ctx, "live", "users.v1", time.Now().Add(-time.Hour))
 	require.NoError(t, err)
 
-	rb, err := command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: adapters.NewOpsBackend(client, keys),
-		Projections: []projection.Projection{projection.UserStats{}}, RetireGrace: time.Second, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
+	rb := removalRun(t, adapters.NewOpsBackend(client, keys), time.Second)
 	require.NoError(t, rb.RemoveFinishedBackfills(ctx))
 	require.NoError(t, rb.RemoveFinishedBackfills(ctx)) // and again, as every projector does periodically
 
@@ -155,10 +152,7 @@ func TestFinishedBackfillRemovalCutShortIsTakenUpAgain(t *testing.T) {
 	require.NoError(t, err)
 
 	newRB := func(client redis.UniversalClient) *command.RebuildProjection {
-		rb, err := command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: adapters.NewOpsBackend(client, keys),
-			Projections: []projection.Projection{projection.UserStats{}}, RetireGrace: time.Second, Logger: slog.New(slog.DiscardHandler)})
-		require.NoError(t, err)
-		return rb
+		return removalRun(t, adapters.NewOpsBackend(client, keys), time.Second)
 	}
 	flaky := redistest.Client(t, env.url)
 	flaky.AddHook(&failingScan{})

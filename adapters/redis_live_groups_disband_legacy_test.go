@@ -2,7 +2,6 @@ package adapters_test
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -12,7 +11,6 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app/command"
-	"github.com/checkins/checkins/app/projection"
 )
 
 // TestDisbandAfterAnUpgradeStillRemovesTheEarlierLayout: users.v1 was upgraded from the earlier
@@ -58,9 +56,7 @@ func TestDisbandAfterAnUpgradeStillRemovesTheEarlierLayout(t *testing.T) {
 	assert.NotEmpty(t, ms.Members["users.v1"].Legacy, "the earlier layout goes along with the moved version")
 	_, err = l.FinishBackfill(ctx, "live:users", "users.v1", time.Now().Add(-time.Hour))
 	require.NoError(t, err)
-	rb, err := command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: b,
-		Projections: []projection.Projection{projection.UserStats{}}, RetireGrace: time.Second, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
+	rb := removalRun(t, b, time.Second)
 	require.NoError(t, rb.RemoveFinishedBackfills(ctx))
 
 	gs, err := c.XInfoGroups(ctx, keys.Stream()).Result()

@@ -2,7 +2,6 @@ package adapters_test
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -13,7 +12,6 @@ import (
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/app/ops"
-	"github.com/checkins/checkins/app/projection"
 )
 
 // TestMigrationWaitsForMovedVersions: a version disbanded from its live group and not yet joined
@@ -70,9 +68,7 @@ func TestFinishedBackfillRemovalSparesADisbandedVersionsGroup(t *testing.T) {
 
 	_, err = l.Disband(ctx, "live", time.Millisecond, true)
 	require.ErrorIs(t, err, ops.ErrDisbandRefused)
-	rb, err := command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: adapters.NewOpsBackend(c, keys),
-		Projections: []projection.Projection{projection.UserStats{}}, RetireGrace: time.Second, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
+	rb := removalRun(t, adapters.NewOpsBackend(c, keys), time.Second)
 	require.NoError(t, rb.RemoveFinishedBackfills(ctx))
 	rep, err := l.Disband(ctx, "live", time.Millisecond, true)
 	require.NoError(t, err)

@@ -2,7 +2,6 @@ package adapters_test
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -11,9 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/checkins/checkins/adapters"
-	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/app/ops"
-	"github.com/checkins/checkins/app/projection"
 )
 
 // racingLive runs after() right after DestroyFinishedOwnGroup answers: a disband that lands
@@ -74,9 +71,7 @@ func TestFinishedBackfillRemovalRacingADisbandKeepsTheMovedGroup(t *testing.T) {
 		require.ErrorIs(t, err, ops.ErrDisbandRefused, "not while what the group left is being removed")
 		assert.Contains(t, err.Error(), "is still there or being removed")
 	}}
-	rb, err := command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: b,
-		Projections: []projection.Projection{projection.UserStats{}}, RetireGrace: time.Second, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
+	rb := removalRun(t, b, time.Second)
 	require.NoError(t, rb.RemoveFinishedBackfills(ctx))
 	rep, err := l.Disband(ctx, "live", time.Millisecond, true)
 	require.NoError(t, err)

@@ -2,7 +2,6 @@ package adapters_test
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -13,7 +12,6 @@ import (
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/app/ops"
-	"github.com/checkins/checkins/app/projection"
 )
 
 // staleLive runs after() once, right after ReadAll answered: a projector (of another live group)
@@ -72,10 +70,7 @@ func TestStaleFinishedBackfillRemovalKeepsTheMovedGroupsState(t *testing.T) {
 	time.Sleep(5 * time.Millisecond)
 
 	newRB := func(b ops.Backend) *command.RebuildProjection {
-		rb, err := command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: b,
-			Projections: []projection.Projection{projection.UserStats{}}, RetireGrace: time.Second, Logger: slog.New(slog.DiscardHandler)})
-		require.NoError(t, err)
-		return rb
+		return removalRun(t, b, time.Second)
 	}
 	marker := keys.MarkerPrefix("users.v1") + "{0}"
 	done := false

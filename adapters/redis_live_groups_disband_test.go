@@ -42,15 +42,21 @@ func TestDisbandLiveGroup(t *testing.T) {
 	})
 }
 
+// removalRun is the use case that removes finished backfills (of users.v1) on b, after grace.
+func removalRun(t *testing.T, b ops.Backend, grace time.Duration) *command.RebuildProjection {
+	t.Helper()
+	rb, err := command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: b,
+		Projections: []projection.Projection{projection.UserStats{}}, RetireGrace: grace, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	return rb
+}
+
 // removeFinishedBackfills removes the own groups of finished backfills, as a running projector
 // does PROJECTION_RETIRE_GRACE (here a millisecond) after they finished.
 func removeFinishedBackfills(t *testing.T, c redis.UniversalClient, keys adapters.KeySpace) {
 	t.Helper()
 	time.Sleep(5 * time.Millisecond)
-	rb, err := command.NewRebuildProjection(command.RebuildProjectionConfig{Backend: adapters.NewOpsBackend(c, keys),
-		Projections: []projection.Projection{projection.UserStats{}}, RetireGrace: time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
-	require.NoError(t, rb.RemoveFinishedBackfills(context.Background()))
+	require.NoError(t, removalRun(t, adapters.NewOpsBackend(c, keys), time.Millisecond).RemoveFinishedBackfills(context.Background()))
 }
 
 func disbandLiveGroup(t *testing.T, c redis.UniversalClient, base, keys adapters.KeySpace) {

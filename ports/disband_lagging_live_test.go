@@ -2,24 +2,17 @@ package ports_test
 
 import (
 	"context"
-	"errors"
 	"io"
 	"log/slog"
-	"strconv"
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/checkins/checkins/adapters"
-	"github.com/checkins/checkins/adapters/redistest"
 	"github.com/checkins/checkins/app/command"
 	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
-	"github.com/checkins/checkins/domain"
-	"github.com/checkins/checkins/ports"
 )
 
 // TestDisbandWhileLiveIsBehindAJoin: users.v1 joined "live" at J while the live group was
@@ -30,61 +23,12 @@ import (
 // live group, its own group delivers (L, J] again, and every check-in there is counted twice.
 func TestDisbandWhileLiveIsBehindAJoin(t *testing.T) {
 	t.Parallel()
-	env := redistest.Open(t)
-	client := redistest.Client(t, env.URL)
-	keys := adapters.KeySpace{Prefix: env.Prefix}
+	h := newDisbandHarness(t)
+	client, keys, ctx := h.client, h.keys, context.Background()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ctx := context.Background()
 	slow := newFaulty("slow", func(context.Context, string, int) error { time.Sleep(10 * time.Millisecond); return nil })
 	users := projection.UserStats{}
-
-	start := func(group string, targets []ops.ProjectionTarget) (*ports.ProjectionRouter, func()) {
-		var projs []projection.Projection
-		for _, tg := range targets {
-			projs = append(projs, tg.Projection)
-		}
-		r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-			Targets: targets, Projections: projs, LiveGroup: group,
-			Backend: adapters.NewProjectorBackend(client, keys), Applier: testApplier(t, client, keys),
-			Logger: log, CloseTimeout: 10 * time.Second, Retry: ports.DefaultRetryPolicy(), HandlerTimeout: 30 * time.Second,
-			NewSubscriber: adapters.Subscribers{Kind: "batched", NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, env.URL), nil },
-				Consumer: "c-" + group, BatchSize: 10, MaxInFlight: 10, BlockTime: 50 * time.Millisecond, DrainTimeout: 5 * time.Second, Logger: watermill.NopLogger{}}.New,
-		})
-		require.NoError(t, err)
-		rctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- r.Run(rctx) }()
-		require.Eventually(t, r.Running, 10*time.Second, 10*time.Millisecond)
-		return r, func() {
-			cancel()
-			select {
-			case err := <-done:
-				require.NoError(t, err)
-			case <-time.After(20 * time.Second):
-				t.Fatal("router did not stop")
-			}
-		}
-	}
-	n := 0
-	add := func(count int) {
-		for range count {
-			n++
-			e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "c" + strconv.Itoa(n), UserID: 7, LocationID: 1, StarRating: 2, Timestamp: int64(n)}}
-			values := map[string]any{}
-			for k, v := range e.Fields() {
-				values[k] = v
-			}
-			require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: values}).Err())
-		}
-	}
-	count := func() int64 {
-		v, err := users.Get(ctx, adapters.NewProjectionReader(client, keys, "users"), 7)
-		if errors.Is(err, domain.ErrNotFound) {
-			return 0
-		}
-		require.NoError(t, err)
-		return v.NumCheckins
-	}
+	start, add, count := h.start, h.add, h.count
 	live := adapters.NewLiveGroups(client, keys)
 
 	// slow.v1 alone first: the live group starts at the beginning.

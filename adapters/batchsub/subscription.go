@@ -669,21 +669,7 @@ func (sub *subscription) keep(ctx context.Context) bool {
 	for _, id := range ask {
 		args = append(args, id)
 	}
-	reply, err := sub.s.keep.Run(ctx, sub.client, []string{sub.topic}, args...).Slice()
-	if err == nil && len(reply) == 0 {
-		err = errors.New("keep: empty reply")
-	}
-	var now, ngone int64
-	if err == nil {
-		var ok, ok2 bool
-		if len(reply) >= 2 {
-			now, ok = reply[0].(int64)
-			ngone, ok2 = reply[1].(int64)
-		}
-		if !ok || !ok2 || ngone < 0 || int(ngone) > len(reply)-2 {
-			err = fmt.Errorf("keep: unexpected reply %v", reply)
-		}
-	}
+	now, gone, renewed, err := sub.runKeep(ctx, args)
 	if err != nil {
 		if ctx.Err() == nil {
 			sub.redisFailed(ctx, "could not keep the entries held from being taken over; retrying at the next interval", err)
@@ -691,14 +677,6 @@ func (sub *subscription) keep(ctx context.Context) bool {
 		return false
 	}
 	sub.errLog.ok("keep")
-	sub.observeClock(now)
-	ids := make([]string, 0, len(reply)-2)
-	for _, v := range reply[2:] {
-		if id, ok := v.(string); ok {
-			ids = append(ids, id)
-		}
-	}
-	gone, renewed := ids[:min(int(ngone), len(ids))], ids[min(int(ngone), len(ids)):]
 	sub.inflight.renew(renewed, now)
 	// Gone are the entries XACKed since the snapshot, and any that another consumer took over
 	// while this one did not keep them (stood still longer than ClaimMinIdle): it may be
@@ -723,33 +701,48 @@ func (sub *subscription) renewRead(ctx context.Context, msgs []redis.XMessage) (
 	for _, m := range msgs {
 		args = append(args, m.ID)
 	}
-	reply, err := sub.s.keep.Run(ctx, sub.client, []string{sub.topic}, args...).Slice()
+	now, _, renewed, err := sub.runKeep(ctx, args)
 	if err != nil {
 		return nil, 0, fmt.Errorf("renew the leases of entries read again: %w", err)
 	}
-	var now, ngone int64
+	ours := make(map[string]bool, len(renewed))
+	for _, id := range renewed {
+		ours[id] = true
+	}
+	kept := msgs[:0:0]
+	for _, m := range msgs {
+		if ours[m.ID] {
+			kept = append(kept, m)
+		}
+	}
+	return kept, now, nil
+}
+
+// runKeep runs the keep script (keepScript; args from ARGV[1] on) and observes the clock it read:
+// now, the IDs no longer this consumer's (gone), and those whose leases start again at now.
+func (sub *subscription) runKeep(ctx context.Context, args []any) (now int64, gone, renewed []string, err error) {
+	reply, err := sub.s.keep.Run(ctx, sub.client, []string{sub.topic}, args...).Slice()
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	var ngone int64
 	var ok, ok2 bool
 	if len(reply) >= 2 {
 		now, ok = reply[0].(int64)
 		ngone, ok2 = reply[1].(int64)
 	}
 	if !ok || !ok2 || ngone < 0 || int(ngone) > len(reply)-2 {
-		return nil, 0, fmt.Errorf("renew the leases of entries read again: unexpected reply %v", reply)
+		return 0, nil, nil, fmt.Errorf("keep: unexpected reply %v", reply)
 	}
 	sub.observeClock(now)
-	renewed := make(map[string]bool, len(reply)-2-int(ngone))
-	for _, v := range reply[2+ngone:] {
+	ids := make([]string, 0, len(reply)-2)
+	for _, v := range reply[2:] {
 		if id, ok := v.(string); ok {
-			renewed[id] = true
+			ids = append(ids, id)
 		}
 	}
-	kept := msgs[:0:0]
-	for _, m := range msgs {
-		if renewed[m.ID] {
-			kept = append(kept, m)
-		}
-	}
-	return kept, now, nil
+	n := min(int(ngone), len(ids))
+	return now, ids[:n], ids[n:], nil
 }
 
 // removeIdleConsumers deletes consumers of the group (not this one) that have nothing pending
