@@ -231,13 +231,17 @@ func (l *LiveGroups) ReadAll(ctx context.Context) (map[string]ops.Membership, ma
 // entries up to J: from the start (created here, unless a rebuild created it), or from where the
 // service's earlier layout left it (an upgrade, whose entries up to that point are also looked
 // up in that layout's dedupe sets), or where the live group it was disbanded from had delivered
-// through (a moved:<member> record, which the join removes).
+// through (a moved:<member> record, which the join removes). It refuses (DROPPING) a member whose
+// drop was begun and not finished.
 var joinLua = redis.NewScript(`
 local field = 'live:' .. ARGV[1]
 local raw = redis.call('HGET', KEYS[1], field)
 local m = {}
 if raw then m = cjson.decode(raw) end
 if m[ARGV[2]] then return raw end
+-- A version being dropped (checkins projections drop, cut short): its read model is half
+-- removed, and a first start now would build on what is left.
+if redis.call('HEXISTS', KEYS[1], 'dropping:' .. ARGV[2]) == 1 then return redis.error_reply('DROPPING') end
 for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
   if f ~= field and string.sub(f, 1, 5) == 'live:' then
     local other = redis.call('HGET', KEYS[1], f)
@@ -320,6 +324,10 @@ func (l *LiveGroups) Join(ctx context.Context, group, member string) (ops.Member
 		if err != nil && redis.HasErrorPrefix(err, "LIVEGROUPCONFLICT") {
 			_, other, _ := strings.Cut(err.Error(), "LIVEGROUPCONFLICT ")
 			return ops.Membership{}, &ops.InAnotherLiveGroupError{Group: other}
+		}
+		if err != nil && redis.HasErrorPrefix(err, "DROPPING") {
+			return ops.Membership{}, fmt.Errorf("%w: %s is being dropped (checkins projections drop was cut short): run `checkins projections drop %s` again to finish, then this process runs it from the start of the stream",
+				ops.ErrDropUnfinished, member, member)
 		}
 		if err != nil {
 			if l.parts.Count() > 1 {

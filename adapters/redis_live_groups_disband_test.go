@@ -183,8 +183,8 @@ func disbandLiveGroup(t *testing.T, c redis.UniversalClient, base, keys adapters
 	unsettled, err := adapters.NewPartitionMigrator(c, base).JoinsUnsettled(ctx, parts.Count())
 	require.NoError(t, err)
 	assert.Equal(t, []string{
-		"locations.v1 was taken out of live group live by `checkins projections disband` and has joined no other yet (start a projector that runs it)",
-		"users.v1 was taken out of live group live by `checkins projections disband` and has joined no other yet (start a projector that runs it)",
+		"locations.v1 was taken out of live group live by `checkins projections disband` and has joined no other yet (start a projector that runs it, or drop it: checkins projections drop locations.v1)",
+		"users.v1 was taken out of live group live by `checkins projections disband` and has joined no other yet (start a projector that runs it, or drop it: checkins projections drop users.v1)",
 	}, unsettled)
 
 	// The moved versions' own groups hold the dedupe floor at the position, until the window

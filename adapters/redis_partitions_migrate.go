@@ -312,7 +312,12 @@ func (m *PartitionMigrator) JoinsUnsettled(ctx context.Context, from int) ([]str
 	// moved record of the old partitions, which the copy does not translate: it joins first.
 	var moved []string
 	for name, group := range reg.moved {
-		moved = append(moved, fmt.Sprintf("%s was taken out of live group %s by `checkins projections disband` and has joined no other yet (start a projector that runs it)", name, group))
+		moved = append(moved, fmt.Sprintf("%s was taken out of live group %s by `checkins projections disband` and has joined no other yet (start a projector that runs it, or drop it: checkins projections drop %s)", name, group, name))
+	}
+	// Its own group is gone and its read model half removed: the copy would carry the mark of
+	// the old partitions no further, and a join would then build on what is left.
+	for name := range reg.dropping {
+		moved = append(moved, fmt.Sprintf("%s is being dropped and its drop was cut short (run: checkins projections drop %s)", name, name))
 	}
 	sort.Strings(moved)
 	delivered := make([]map[string]string, from) // per old partition: group -> last delivered
@@ -594,12 +599,15 @@ type registryState struct {
 	lives map[string][]map[string]ops.LiveMember // live group -> per old partition -> member
 	acked map[string][]string                    // group -> per old partition ("" missing)
 	moved map[string]string                      // member -> the live group a disband took it out of
+	// dropping: members whose drop (checkins projections drop) was begun and not finished.
+	dropping map[string]bool
 }
 
 // readRegistries reads the live groups' memberships and the acknowledged positions of the
 // registries of the old partitions.
 func (m *PartitionMigrator) readRegistries(ctx context.Context, src Partitions, from int) (registryState, error) {
-	reg := registryState{lives: map[string][]map[string]ops.LiveMember{}, acked: map[string][]string{}, moved: map[string]string{}}
+	reg := registryState{lives: map[string][]map[string]ops.LiveMember{}, acked: map[string][]string{}, moved: map[string]string{},
+		dropping: map[string]bool{}}
 	for k := range from {
 		h, err := m.client.HGetAll(ctx, src.Registry(k)).Result()
 		if err != nil {
@@ -619,6 +627,8 @@ func (m *PartitionMigrator) readRegistries(ctx context.Context, src Partitions, 
 				var mv ops.Moved
 				_ = json.Unmarshal([]byte(v), &mv) // only named in a refusal
 				reg.moved[name] = mv.From
+			} else if name, ok := strings.CutPrefix(f, droppingField); ok {
+				reg.dropping[name] = true
 			} else if g, ok := strings.CutPrefix(f, ackedField); ok {
 				if reg.acked[g] == nil {
 					reg.acked[g] = make([]string, from)

@@ -32,6 +32,7 @@ type Commands struct {
 	TrimStream        *command.TrimStream
 	RecordFormat      *command.RecordFormat
 	DisbandLiveGroup  *command.DisbandLiveGroup
+	DropMovedVersion  *command.DropMovedVersion
 	// MigratePartitions is set only for `checkins partitions migrate`, which connects without
 	// checking the configured partition count.
 	MigratePartitions *command.MigratePartitions
@@ -151,6 +152,9 @@ func (a *Application) AddOps(cfg OpsConfig) error {
 		claimIdle = command.DefaultClaimIdle
 	}
 	if c.DisbandLiveGroup, err = command.NewDisbandLiveGroup(cfg.Backend, claimIdle); err != nil {
+		return err
+	}
+	if c.DropMovedVersion, err = command.NewDropMovedVersion(cfg.Backend, claimIdle); err != nil {
 		return err
 	}
 	if q.Status, err = query.NewStatus(cfg.Backend, cfg.Projections, cfg.StallAfter); err != nil {

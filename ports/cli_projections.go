@@ -20,6 +20,7 @@ const projectionsUsage = `Usage:
   checkins projections list [--json]
   checkins projections rebuild <name> [--no-wait] [--json]
   checkins projections disband <live group> [--dry-run] [--json]
+  checkins projections drop <name>.v<N> [--dry-run] [--json]
 
 list shows, per projection, the version serving reads, the version being rebuilt if any, their
 consumer groups, lag, pending and state, and the last rebuild's progress.
@@ -39,20 +40,25 @@ command refuses while one read from it within CLAIM_IDLE, while entries are pend
 version still backfills. Each version then gets its own group at the position the live group had
 reached, and catches up from there once a projector with its new PROJECTIONS joins it to its new
 live group. --dry-run only checks.
+
+drop removes a version that a disband took out of its live group and that no PROJECTIONS set
+runs any more: its own group, its moved record and its read model (its keys), so that partitions
+migrate can run. Run by a projector again later, it starts from the start of the stream, like a
+new projection. It refuses while the version is in a live group again. --dry-run only checks.
 Connection flags (--redis-url, --key-prefix, ...) are those of "checkins serve --help".
 `
 
-// ProjectionsCommand is `checkins projections list|rebuild`.
+// ProjectionsCommand is `checkins projections list|rebuild|disband|drop`.
 func ProjectionsCommand(ctx context.Context, args []string, stdout, stderr io.Writer, connect Connect) error {
 	boolFlags := map[string]bool{"json": true, "no-wait": true, "dry-run": true, "h": true, "help": true}
-	verb, args, err := pickVerb(args, boolFlags, projectionsUsage, stderr, "list", "rebuild", "disband")
+	verb, args, err := pickVerb(args, boolFlags, projectionsUsage, stderr, "list", "rebuild", "disband", "drop")
 	if err != nil {
 		return err
 	}
 	fs := newVerbFlags("projections "+verb, projectionsUsage, stderr)
 	asJSON := fs.Bool("json", false, "print JSON")
 	noWait := fs.Bool("no-wait", false, "rebuild: start it and return; projectors carry it out")
-	dryRun := fs.Bool("dry-run", false, "disband: only check, and say what it would do")
+	dryRun := fs.Bool("dry-run", false, "disband, drop: only check, and say what it would do")
 	s, err := connect("projections "+verb, fs, PermuteArgs(args, boolFlags))
 	if err != nil {
 		return err
@@ -70,8 +76,11 @@ func ProjectionsCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 	}
 	if len(s.Args) != 1 {
 		what := "projection name"
-		if verb == "disband" {
+		switch verb {
+		case "disband":
 			what = "live group (live, or live:<projection>,...)"
+		case "drop":
+			what = "projection version (<name>.v<N>)"
 		}
 		return fmt.Errorf("%s takes one %s, got %d arguments %v", verb, what, len(s.Args), s.Args)
 	}
@@ -81,6 +90,13 @@ func ProjectionsCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 			return err
 		}
 		return printAs(stdout, *asJSON, rep, WriteDisbandText)
+	}
+	if verb == "drop" {
+		rep, err := s.App.Commands.DropMovedVersion.Run(ctx, s.Args[0], *dryRun)
+		if err != nil {
+			return err
+		}
+		return printAs(stdout, *asJSON, rep, WriteDropText)
 	}
 	return rebuild(ctx, s.App.Commands.RebuildProjection, s.Args[0], s.Poll, *noWait, *asJSON, stdout)
 }
@@ -169,6 +185,32 @@ func WriteDisbandText(w io.Writer, rep ops.DisbandReport) error {
 	_, err := fmt.Fprintf(w, "live group %s disbanded: %s each have an own group at the position it reached (%s)\n"+
 		"start the projectors with their new PROJECTIONS: each version joins its new live group and catches up from there\n",
 		rep.Group, members, strings.Join(where, ", "))
+	return err
+}
+
+// WriteDropText prints what dropping a moved version did, or would do, for people.
+func WriteDropText(w io.Writer, rep ops.DropReport) error {
+	streams := make([]string, 0, len(rep.Positions))
+	for st := range rep.Positions {
+		streams = append(streams, st)
+	}
+	slices.Sort(streams)
+	where := make([]string, 0, len(streams))
+	for _, st := range streams {
+		where = append(where, st+" "+rep.Positions[st])
+	}
+	if !rep.Done {
+		_, err := fmt.Fprintf(w, "%s can be dropped: its own group (at %s), its moved record and its read model would be removed\n",
+			rep.Member, strings.Join(where, ", "))
+		return err
+	}
+	resumed := ""
+	if rep.Resumed {
+		resumed = " (a drop cut short, finished)"
+	}
+	_, err := fmt.Fprintf(w, "%s dropped%s: its own group (at %s), its moved record and its read model (%d keys) are gone\n"+
+		"a projector that runs it again starts it from the start of the stream\n",
+		rep.Member, resumed, strings.Join(where, ", "), rep.KeysRemoved)
 	return err
 }
 

@@ -166,6 +166,16 @@ func (m *memBackend) Disband(context.Context, string, time.Duration, bool) (ops.
 	return ops.DisbandReport{}, errors.New("the walk never disbands a live group")
 }
 
+func (m *memBackend) DropMoved(context.Context, string, time.Duration, bool) (ops.DropReport, error) {
+	return ops.DropReport{}, errors.New("the walk never drops a version")
+}
+
+func (m *memBackend) EndDrop(context.Context, string) error { return nil }
+
+func (m *memBackend) ReadMoved(context.Context) (map[string]map[string]ops.Moved, error) {
+	return nil, nil
+}
+
 func (m *memBackend) RemoveVersion(_ context.Context, name string, version int) (int64, error) {
 	k := ops.MemberName(name, version)
 	n := m.keys[k]

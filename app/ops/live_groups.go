@@ -205,6 +205,27 @@ type DisbandReport struct {
 // ErrDisbandRefused: the live group cannot be disbanded now; the error says why and what to do.
 var ErrDisbandRefused = errors.New("cannot disband the live group")
 
+// DropReport is what dropping a moved version did, or would do (command.DropMovedVersion).
+type DropReport struct {
+	// Member is the projection version, <name>.v<N>.
+	Member string `json:"member"`
+	// Positions is, per partition's stream, where its own group stood: what its read model
+	// had applied.
+	Positions map[string]string `json:"positions"`
+	// Resumed: a drop begun earlier (cut short) was finished.
+	Resumed bool `json:"resumed,omitempty"`
+	// KeysRemoved is how many keys of its read model and markers went.
+	KeysRemoved int64 `json:"keysRemoved"`
+	// Done is false for a check that changed nothing (--dry-run).
+	Done bool `json:"done"`
+}
+
+// ErrDropUnfinished: a join found the version's drop begun and not finished.
+var ErrDropUnfinished = errors.New("projection version's drop is unfinished")
+
+// ErrDropRefused: the version cannot be dropped now; the error says why and what to do.
+var ErrDropRefused = errors.New("cannot drop the projection version")
+
 // RemovalMark is LiveMember.Removing. A build of 2026-12-07 wrote it as true: that reads as a
 // mark held by none, which the next run takes up.
 type RemovalMark string

@@ -160,6 +160,17 @@ type LiveGroups interface {
 	// cleared (what its finished backfill's group left besides is removed); not done (the run
 	// failed), the mark stays and the next run may take it up at once.
 	EndRemoval(ctx context.Context, group, member, token string, done bool) error
+	// DropMoved drops member, a version a disband took out of its live group and that no live
+	// group runs: its own group, moved record and checkpoint go, and a dropping mark holds off
+	// joins until EndDrop (apply false: only checks). It refuses (ErrDropRefused) while the
+	// member is in a live group, or its own group is read. A report with no Positions: member
+	// was neither moved nor being dropped.
+	DropMoved(ctx context.Context, member string, minIdle time.Duration, apply bool) (DropReport, error)
+	// ReadMoved is, per partition's stream, the versions a disband took out of a live group that
+	// have not joined another yet, by member name.
+	ReadMoved(ctx context.Context) (map[string]map[string]Moved, error)
+	// EndDrop removes member's dropping marks, once its keys are gone.
+	EndDrop(ctx context.Context, member string) error
 }
 
 // PoisonQueue is the stream of parked events.

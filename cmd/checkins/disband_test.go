@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/ops"
 )
 
 // TestDisbandMovesProjectionsToOtherSets: projections first run together (the default set, live
@@ -151,4 +153,62 @@ func TestDisbandRefusesWhileAProjectorRunsOnAQuietStream(t *testing.T) {
 	code, stdout, stderr := runCLI(t, env, "projections", "disband", "live")
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "live group live disbanded")
+}
+
+// TestDropMovedVersionFromTheCLI: after a disband, a version no set runs any more is dropped with
+// `checkins projections drop`: a check first, then the drop, which removes its read model, and
+// which answers for a name that is not a version, or not moved, with what is wrong. A projector
+// that runs it again later counts the whole stream onto an empty read model: every read model
+// equals the independent computation.
+func TestDropMovedVersionFromTheCLI(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	env := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "CLAIM_IDLE": "1s", "RATE_LIMIT_USER": "off"}
+	keys := adapters.KeySpace{Prefix: rdb.Prefix}
+	api := startSvc(t, "api", env)
+	proj := startSvc(t, "project", env)
+	l := newLedger()
+	client := authedClient(5 * time.Second)
+	for i := range 8 {
+		l.post(client, api.base, fmt.Sprintf("drop-%d", i), sent{user: 1 + int64(i%3), location: 3, stars: 4})
+	}
+	l.resolve(t, api.base)
+	l.verifyAll(t, rdb.URL, keys)
+	proj.exit(t, syscall.SIGTERM)
+	time.Sleep(1100 * time.Millisecond)
+	code, _, stderr := runCLI(t, env, "projections", "disband", "live")
+	require.Equal(t, 0, code, stderr)
+
+	code, _, stderr = runCLI(t, env, "projections", "drop", "users")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, `"users" is not a projection version`)
+	code, stdout, stderr := runCLI(t, env, "projections", "drop", "users.v1", "--dry-run")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "users.v1 can be dropped")
+	c := redistest.Client(t, rdb.URL)
+	userKeys := func() int {
+		ks, err := c.Keys(context.Background(), keys.ProjectionPrefix("users", 1)+"*").Result()
+		require.NoError(t, err)
+		return len(ks)
+	}
+	require.NotZero(t, userKeys())
+	code, stdout, stderr = runCLI(t, env, "projections", "drop", "users.v1", "--json")
+	require.Equal(t, 0, code, stderr)
+	var rep ops.DropReport
+	require.NoError(t, json.Unmarshal([]byte(stdout), &rep), stdout)
+	assert.True(t, rep.Done)
+	assert.Positive(t, rep.KeysRemoved)
+	assert.Zero(t, userKeys(), "its read model is gone")
+	code, _, stderr = runCLI(t, env, "projections", "drop", "users.v1")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "users.v1 is not a version a disband took out of its live group")
+	assert.Contains(t, stderr, "they are: daily_checkins.v1, leaderboards.v1, locations.v1, recent_checkins.v1")
+
+	// Run again, alone in a set of its own: from the start of the stream, each check-in once.
+	withUsers := map[string]string{"PROJECTIONS": "users"}
+	for k, v := range env {
+		withUsers[k] = v
+	}
+	startSvc(t, "project", withUsers)
+	l.verifyAll(t, rdb.URL, keys)
 }

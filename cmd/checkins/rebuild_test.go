@@ -383,7 +383,8 @@ func TestCLIProjectionsRejectsBadUse(t *testing.T) {
 		want string
 	}{
 		{[]string{"projections"}, "missing verb"},
-		{[]string{"projections", "drop", "users"}, `unknown verb "drop"`},
+		{[]string{"projections", "delete", "users"}, `unknown verb "delete"`},
+		{[]string{"projections", "drop"}, "drop takes one projection version (<name>.v<N>)"},
 		{[]string{"projections", "rebuild"}, "rebuild takes one projection name"},
 		{[]string{"projections", "rebuild", "nope"}, `projection "nope" (known: users, locations, leaderboards, recent_checkins, daily_checkins)`},
 		{[]string{"projections", "list", "extra"}, "unexpected arguments"},
