@@ -290,6 +290,39 @@ redis.call('HSET', KEYS[1], field, cjson.encode(m))
 return 1
 `)
 
+// renewRemovalLua: KEYS[1] registry; ARGV[1] live group, ARGV[2] member, ARGV[3] token. Stamps
+// the member's removing mark with the time now if this token holds it: 1; 0 if another run
+// holds it (taken over) or it is gone; -1 if the member is not in the live group's finished
+// backfills here (nothing to hold on this partition).
+var renewRemovalLua = redis.NewScript(`
+local field = 'live:' .. ARGV[1]
+local raw = redis.call('HGET', KEYS[1], field)
+if not raw then return -1 end
+local m = cjson.decode(raw)
+local rec = m[ARGV[2]]
+if not rec then return -1 end
+if type(rec.removing) ~= 'string' or string.match(rec.removing, '^(%S+)') ~= ARGV[3] then return 0 end
+local t = redis.call('TIME')
+rec.removing = ARGV[3] .. ' ' .. string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+redis.call('HSET', KEYS[1], field, cjson.encode(m))
+return 1
+`)
+
+// RenewRemoval stamps token's marks on member's removal with the time now, on every partition
+// where member is in live group (ops.LiveGroups); false when another run took one over, or it
+// went.
+func (l *LiveGroups) RenewRemoval(ctx context.Context, group, member, token string) (bool, error) {
+	held := true
+	for i := range l.parts.Count() {
+		n, err := renewRemovalLua.Run(ctx, l.client, []string{l.parts.Registry(i)}, group, member, token).Int()
+		if err != nil {
+			return false, fmt.Errorf("renew the removal of the finished backfill's group %s on %s: %w", member, l.parts.Stream(i), err)
+		}
+		held = held && n != 0
+	}
+	return held, nil
+}
+
 // DestroyFinishedOwnGroup destroys member's own group, with its checkpoint, on every partition
 // where member is still in live group with its backfill done and no other run holds its
 // removal, and marks it removing by token there (ops.LiveGroups).

@@ -32,6 +32,9 @@ type RebuildProjectionConfig struct {
 	RetireGrace time.Duration           // 0: DefaultRetireGrace
 	Logger      *slog.Logger
 	Now         func() time.Time // default time.Now
+	// RemovalHold is how long a run's hold on removing a finished backfill's leftovers lasts
+	// without being renewed (0: RemovalHold).
+	RemovalHold time.Duration
 }
 
 // RebuildProjection rebuilds a projection without downtime.
@@ -57,6 +60,7 @@ type RebuildProjection struct {
 	grace time.Duration
 	log   *slog.Logger
 	now   func() time.Time
+	hold  time.Duration // RemovalHold, unless configured
 }
 
 // NewRebuildProjection fails fast on missing dependencies.
@@ -71,7 +75,11 @@ func NewRebuildProjection(cfg RebuildProjectionConfig) (*RebuildProjection, erro
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &RebuildProjection{b: cfg.Backend, projs: cfg.Projections, grace: cfg.RetireGrace, log: cfg.Logger, now: cfg.Now}, nil
+	hold := cfg.RemovalHold
+	if hold <= 0 {
+		hold = RemovalHold
+	}
+	return &RebuildProjection{b: cfg.Backend, projs: cfg.Projections, grace: cfg.RetireGrace, log: cfg.Logger, now: cfg.Now, hold: hold}, nil
 }
 
 // KnownProjection returns domain.ErrNotFound, naming the known ones, unless name is one of projs.
@@ -535,11 +543,54 @@ func (h *RebuildProjection) removeLeftovers(ctx context.Context, member string, 
 	return n, nil
 }
 
-// RemovalHold is how long one run's removal of a finished backfill's leftovers keeps others off:
-// a run cut short (a crash) is taken over once it has passed. Well above the longest SCAN of the
-// markers of a large keyspace: two runs at once would let the one that finishes first clear the
-// mark while the other still removes, and a disband then make a group whose markers it removes.
+// RemovalHold is how long one run's removal of a finished backfill's leftovers keeps others off
+// without renewing its hold: a run cut short (a crash, a process that stands still) is taken over
+// once it has passed. The run renews it every quarter of it, and stops as soon as a renewal
+// finds it taken over: two runs at once would let the one that finishes first clear the mark
+// while the other still removes, and a disband then make a group whose markers it removes.
 const RemovalHold = 10 * time.Minute
+
+// errRemovalTakenOver: a renewal found another run holding the removal.
+var errRemovalTakenOver = errors.New("another run took the removal over (this one had not renewed its hold within RemovalHold)")
+
+// removeHeld removes what member's destroyed group left (removeLeftovers) while renewing token's
+// hold every quarter of it; it stops, with an error, once a renewal finds the removal taken over.
+func (h *RebuildProjection) removeHeld(ctx context.Context, lg, member, token string, m ops.LiveMember) (int64, error) {
+	rctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop, renewing := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(renewing)
+		t := time.NewTicker(h.hold / 4)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-rctx.Done():
+				return
+			case <-t.C:
+			}
+			held, err := h.b.Live.RenewRemoval(rctx, lg, member, token)
+			if err != nil {
+				// The next tick tries again: the hold lasts three more.
+				h.log.Warn("could not renew the hold on a finished backfill's removal", "group", member, "error", err)
+				continue
+			}
+			if !held {
+				cancel(errRemovalTakenOver)
+				return
+			}
+		}
+	}()
+	n, err := h.removeLeftovers(rctx, member, m)
+	close(stop)
+	<-renewing
+	if cause := context.Cause(rctx); errors.Is(cause, errRemovalTakenOver) {
+		return n, fmt.Errorf("removing what the finished backfill %s left: %w", member, cause)
+	}
+	return n, err
+}
 
 // removalToken names one run's removal of a finished backfill's leftovers.
 func removalToken() string {
@@ -593,7 +644,7 @@ func (h *RebuildProjection) RemoveFinishedBackfills(ctx context.Context) error {
 			// run holds the removal at a time (until RemovalHold passes without it finishing, or
 			// it fails and lets go), and only the holder clears the mark.
 			token := removalToken()
-			held, err := h.b.Live.DestroyFinishedOwnGroup(ctx, lg, member, token, RemovalHold)
+			held, err := h.b.Live.DestroyFinishedOwnGroup(ctx, lg, member, token, h.hold)
 			if err != nil {
 				h.letGoOfRemoval(ctx, lg, member, token) // the partitions it held before the error
 				return err
@@ -601,7 +652,7 @@ func (h *RebuildProjection) RemoveFinishedBackfills(ctx context.Context) error {
 			if !held {
 				continue
 			}
-			n, err := h.removeLeftovers(ctx, member, m)
+			n, err := h.removeHeld(ctx, lg, member, token, m)
 			if err != nil {
 				h.letGoOfRemoval(ctx, lg, member, token)
 				return err

@@ -162,6 +162,10 @@ func (m *memBackend) DestroyFinishedOwnGroup(ctx context.Context, _, member, _ s
 
 func (m *memBackend) EndRemoval(context.Context, string, string, string, bool) error { return nil }
 
+func (m *memBackend) RenewRemoval(context.Context, string, string, string) (bool, error) {
+	return true, nil
+}
+
 func (m *memBackend) Disband(context.Context, string, time.Duration, bool) (ops.DisbandReport, error) {
 	return ops.DisbandReport{}, errors.New("the walk never disbands a live group")
 }

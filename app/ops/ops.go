@@ -160,6 +160,10 @@ type LiveGroups interface {
 	// cleared (what its finished backfill's group left besides is removed); not done (the run
 	// failed), the mark stays and the next run may take it up at once.
 	EndRemoval(ctx context.Context, group, member, token string, done bool) error
+	// RenewRemoval stamps token's Removing marks on member with the time now, so that no other
+	// run takes the removal over while this one is at it; false when another run took it over
+	// (the hold had passed) or the mark went.
+	RenewRemoval(ctx context.Context, group, member, token string) (bool, error)
 	// DropMoved drops member, a version a disband took out of its live group and that no live
 	// group runs: its own group, moved record and checkpoint go, and a dropping mark holds off
 	// joins until EndDrop (apply false: only checks). It refuses (ErrDropRefused) while the
