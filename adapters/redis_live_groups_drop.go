@@ -123,6 +123,17 @@ func (l *LiveGroups) EndDrop(ctx context.Context, member string) error {
 	return nil
 }
 
+// ForgetMoved removes member's moved record and dropping mark on every partition
+// (ops.LiveGroups): the version is removed for good.
+func (l *LiveGroups) ForgetMoved(ctx context.Context, member string) error {
+	for i := range l.parts.Count() {
+		if err := l.client.HDel(ctx, l.parts.Registry(i), movedField+member, droppingField+member).Err(); err != nil {
+			return fmt.Errorf("forget that %s was moved on %s: %w", member, l.parts.Stream(i), err)
+		}
+	}
+	return nil
+}
+
 // dropError turns the script's refusals into ops.ErrDropRefused with what to do.
 func dropError(member, stream string, parts bool, err error) error {
 	where := ""

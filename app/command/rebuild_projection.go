@@ -499,6 +499,12 @@ func (h *RebuildProjection) removeVersion(ctx context.Context, name string, vers
 	if err := h.b.Observations.Forget(ctx, group); err != nil {
 		return removed, err
 	}
+	// A disband may have taken it out of its live group while it was retiring (the switch's
+	// driver stopped before it left): no projector will join it again, so its moved record
+	// would hold partition migrations and the dedupe floors off for good.
+	if err := h.b.Live.ForgetMoved(ctx, group); err != nil {
+		return removed, err
+	}
 	n, err := h.removeOwnGroup(ctx, group)
 	if err != nil {
 		return removed + n, err

@@ -175,6 +175,9 @@ type LiveGroups interface {
 	ReadMoved(ctx context.Context) (map[string]map[string]Moved, error)
 	// EndDrop removes member's dropping marks, once its keys are gone.
 	EndDrop(ctx context.Context, member string) error
+	// ForgetMoved removes member's moved record and dropping marks: the version is removed for
+	// good (a rebuild retired it), and nothing will join it again.
+	ForgetMoved(ctx context.Context, member string) error
 }
 
 // PoisonQueue is the stream of parked events.
