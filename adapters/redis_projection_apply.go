@@ -827,6 +827,16 @@ func Validate(name string, u *projection.Update) error {
 			return fmt.Errorf("projection %s: op %s needs %d keys and at least %d args, got %d and %d", name, op.Kind,
 				want[0], want[1], len(op.Keys), len(op.Args))
 		}
+		// hmaxby's args beyond its first four are field-value pairs, sent as a count of pairs:
+		// an odd one out would put every later number of the script call one place off (the
+		// rest of the item half applied under its marker, the next items failing). Any other
+		// op's args beyond its arity would be dropped unseen.
+		if op.Kind == projection.OpHMaxBy && (len(op.Args)-4)%2 != 0 {
+			return fmt.Errorf("projection %s: hmaxby of %s takes field-value pairs after its first four args, got %d args", name, op.Keys[0], len(op.Args))
+		}
+		if want := opArity[op.Kind][1]; op.Kind != projection.OpHMaxBy && len(op.Args) != want {
+			return fmt.Errorf("projection %s: op %s of %s takes %d args, got %d", name, op.Kind, op.Keys[0], want, len(op.Args))
+		}
 		// Keeping no member would delete the set, and a later op of the same script on it would
 		// fail in a slot that is migrating (see applyScript).
 		if op.Kind == projection.OpZKeepTop {
