@@ -59,3 +59,74 @@ func TestMigrateWaitsForTheLiveGroupToPassEveryJoin(t *testing.T) {
 	res, err = client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "live", Consumer: "c", Streams: []string{keys.Stream(), ">"}, Count: 10, Block: -1}).Result()
 	assert.ErrorIs(t, err, redis.Nil, "the live group delivers nothing again (h, which v2's own group applied, among it): %v", res)
 }
+
+// quiesceHook runs before() when the migration quiesces the stream.
+type quiesceHook struct {
+	command.PartitionMigration
+	before func()
+}
+
+func (q quiesceHook) Quiesce(ctx context.Context, reason string) error {
+	if q.before != nil {
+		q.before()
+	}
+	return q.PartitionMigration.Quiesce(ctx, reason)
+}
+
+// TestMigrateChecksTheJoinsAgainOnceQuiesced: the joins were settled when the migration checked
+// them, and a projector joined users.v2 (a rebuild's) to the live group before the quiesce
+// stopped it, at 50-0 on partition 1, which the live group has not delivered. The checks ran
+// only before the quiesce, so the merge went on with the live group behind the join (the case
+// TestMigrateWaitsForTheLiveGroupToPassEveryJoin refuses). Checked again once the projectors
+// stand still, the migration is called off, with nothing copied and the stream no longer
+// quiesced; run again once the live group caught up, it goes.
+func TestMigrateChecksTheJoinsAgainOnceQuiesced(t *testing.T) {
+	t.Parallel()
+	client, keys, parts, u0, u1 := twoPartitions(t)
+	ctx := context.Background()
+	for _, e := range []struct {
+		p      int
+		id, ck string
+		user   int64
+	}{{0, "10-0", "a", u0}, {1, "40-0", "h", u1}} {
+		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(e.p), ID: e.id, Values: checkinValues(e.ck, e.user)}).Err())
+	}
+	require.NoError(t, client.XGroupCreate(ctx, parts.Stream(0), "live", "10-0").Err())
+	require.NoError(t, client.XGroupCreate(ctx, parts.Stream(1), "live", "40-0").Err())
+	for i := range 2 {
+		require.NoError(t, client.HSet(ctx, parts.Registry(i), "live:live", `{"users.v1":{"join":"0-0","own":"done","doneAt":"1"}}`).Err())
+	}
+	pm := adapters.NewPartitionMigrator(client, keys)
+	joined := false
+	mp, err := command.NewMigratePartitions(quiesceHook{PartitionMigration: pm, before: func() {
+		if joined {
+			return
+		}
+		joined = true
+		require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(1), ID: "50-0", Values: checkinValues("k", u1)}).Err())
+		for i, join := range []string{"10-0", "50-0"} {
+			require.NoError(t, client.HSet(ctx, parts.Registry(i), "live:live",
+				`{"users.v1":{"join":"0-0","own":"done","doneAt":"1"},"users.v2":{"join":"`+join+`","own":"done","doneAt":"1"}}`).Err())
+		}
+	}})
+	require.NoError(t, err)
+	_, err = mp.Handle(ctx, command.MigrateRequest{To: 1, Batch: 2})
+	require.ErrorContains(t, err, "live group live has delivered up to 40-0 on partition 1, below the join of users.v2 there (50-0)")
+	require.ErrorContains(t, err, "the migration is called off and nothing was changed")
+	p, err := pm.Progress(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, p.Phase, "no migration is recorded")
+	why, err := adapters.NewOpsBackend(client, keys).Migration.Running(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, why, "the stream is no longer quiesced")
+	n, err := client.Exists(ctx, keys.Stream()).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "nothing copied")
+
+	// The live group catches up on partition 1; run again, the migration goes.
+	res, err := client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "live", Consumer: "c", Streams: []string{parts.Stream(1), ">"}, Count: 10, Block: -1}).Result()
+	require.NoError(t, err)
+	require.NoError(t, client.XAck(ctx, parts.Stream(1), "live", res[0].Messages[0].ID).Err())
+	_, err = mp.Handle(ctx, command.MigrateRequest{To: 1, Batch: 2})
+	require.NoError(t, err)
+}

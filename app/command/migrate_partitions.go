@@ -262,26 +262,11 @@ func (m *MigratePartitions) handle(ctx context.Context, req MigrateRequest, repo
 		if err := m.b.TargetsEmpty(ctx, req.To); err != nil {
 			return MigrateResult{}, err
 		}
-		unsettled, err := m.b.JoinsUnsettled(ctx, recorded)
-		if err != nil {
+		if why, err := m.unsettled(ctx, recorded, req.To); err != nil || why != "" {
+			if err == nil {
+				err = errors.New(why + " (nothing was changed)")
+			}
 			return MigrateResult{}, err
-		}
-		if len(unsettled) > 0 {
-			return MigrateResult{}, fmt.Errorf("the projection versions' joins on the %d partitions would not carry over to %d: %s; the projectors settle this by themselves (they join a lost partition again within a poll, and the live group catches up): run it again once they have (nothing was changed)",
-				recorded, req.To, strings.Join(unsettled, "; "))
-		}
-		if recorded > 1 {
-			// Merged, a backfilling version's join positions on the old partitions may
-			// interleave in the new ones: entries past the first such hole would change hands
-			// between its own group and the live group, and be lost to it or counted twice.
-			split, err := m.b.BackfillsSplit(ctx, recorded, req.To)
-			if err != nil {
-				return MigrateResult{}, err
-			}
-			if len(split) > 0 {
-				return MigrateResult{}, fmt.Errorf("projection versions %s are still backfilling, and the positions where they joined on the %d partitions interleave once merged into %d: some of their entries would be lost to them or counted twice; wait until `checkins projections list` shows them caught up, then run it again (nothing was changed)",
-					strings.Join(split, ", "), recorded, req.To)
-			}
 		}
 		p = MigrationProgress{From: recorded, To: req.To, Phase: PhaseQuiesce, Started: started.UnixMilli()}
 		if err := m.b.SaveProgress(ctx, p); err != nil {
@@ -322,6 +307,19 @@ func (m *MigratePartitions) handle(ctx context.Context, req MigrateRequest, repo
 		}
 		if err := m.waitIdle(ctx, p.From, req, report); err != nil {
 			return res, err
+		}
+		// Again, now that the projectors stand still: one may have joined a version (a
+		// rebuild's, a moved one) between the checks above and the quiesce, or this run carries
+		// on one that stopped here. Nothing is copied yet, so it is called off.
+		why, err := m.unsettled(ctx, p.From, p.To)
+		if err != nil {
+			return res, err
+		}
+		if why != "" {
+			if err := m.b.Finish(ctx); err != nil {
+				return res, fmt.Errorf("%s; calling the migration off failed, the API still answers 503: %w (run it again)", why, err)
+			}
+			return res, fmt.Errorf("%s (this changed while the projectors were being stopped: the migration is called off and nothing was changed)", why)
 		}
 		if err := next(PhaseCopy); err != nil {
 			return res, err
@@ -392,6 +390,33 @@ func (m *MigratePartitions) handle(ctx context.Context, req MigrateRequest, repo
 	}
 	res.Took = time.Since(started)
 	return res, nil
+}
+
+// unsettled says why the live groups' memberships on the partitions of from would not carry
+// over to to now ("": they would).
+func (m *MigratePartitions) unsettled(ctx context.Context, from, to int) (string, error) {
+	unsettled, err := m.b.JoinsUnsettled(ctx, from)
+	if err != nil {
+		return "", err
+	}
+	if len(unsettled) > 0 {
+		return fmt.Sprintf("the projection versions' joins on the %d partitions would not carry over to %d: %s; the projectors settle this by themselves (they join a lost partition again within a poll, and the live group catches up): run it again once they have",
+			from, to, strings.Join(unsettled, "; ")), nil
+	}
+	if from > 1 {
+		// Merged, a backfilling version's join positions on the old partitions may interleave
+		// in the new ones: entries past the first such hole would change hands between its own
+		// group and the live group, and be lost to it or counted twice.
+		split, err := m.b.BackfillsSplit(ctx, from, to)
+		if err != nil {
+			return "", err
+		}
+		if len(split) > 0 {
+			return fmt.Sprintf("projection versions %s are still backfilling, and the positions where they joined on the %d partitions interleave once merged into %d: some of their entries would be lost to them or counted twice; wait until `checkins projections list` shows them caught up, then run it again",
+				strings.Join(split, ", "), from, to), nil
+		}
+	}
+	return "", nil
 }
 
 // waitIdle waits until no group has entries pending, for up to req.Wait (then fails, or goes on
