@@ -232,12 +232,16 @@ func (l *LiveGroups) ReadAll(ctx context.Context) (map[string]ops.Membership, ma
 // service's earlier layout left it (an upgrade, whose entries up to that point are also looked
 // up in that layout's dedupe sets), or where the live group it was disbanded from had delivered
 // through (a moved:<member> record, which the join removes). It refuses (DROPPING) a member whose
-// drop was begun and not finished.
+// drop was begun and not finished (DROPPING), and a live group whose disband has not finished
+// removing its markers (DISBANDING).
 var joinLua = redis.NewScript(`
 local field = 'live:' .. ARGV[1]
 local raw = redis.call('HGET', KEYS[1], field)
 local m = {}
 if raw then m = cjson.decode(raw) end
+-- A group of that name was disbanded and its markers are still being removed: joined now, its
+-- markers would go with them.
+if redis.call('HEXISTS', KEYS[1], 'disbanding:' .. ARGV[1]) == 1 then return redis.error_reply('DISBANDING') end
 if m[ARGV[2]] then return raw end
 -- A version being dropped (checkins projections drop, cut short): its read model is half
 -- removed, and a first start now would build on what is left.
@@ -324,6 +328,10 @@ func (l *LiveGroups) Join(ctx context.Context, group, member string) (ops.Member
 		if err != nil && redis.HasErrorPrefix(err, "LIVEGROUPCONFLICT") {
 			_, other, _ := strings.Cut(err.Error(), "LIVEGROUPCONFLICT ")
 			return ops.Membership{}, &ops.InAnotherLiveGroupError{Group: other}
+		}
+		if err != nil && redis.HasErrorPrefix(err, "DISBANDING") {
+			return ops.Membership{}, fmt.Errorf("%w: live group %s was disbanded and its applied markers are still being removed: wait for `checkins projections disband %s` to finish, or run it again if it was cut short",
+				ops.ErrDisbandUnfinished, group, group)
 		}
 		if err != nil && redis.HasErrorPrefix(err, "DROPPING") {
 			return ops.Membership{}, fmt.Errorf("%w: %s is being dropped (checkins projections drop was cut short): run `checkins projections drop %s` again to finish, then this process runs it from the start of the stream",

@@ -36,7 +36,12 @@ const movedField = "moved:"
 var disbandLua = redis.NewScript(`
 local field = 'live:' .. ARGV[1]
 local raw = redis.call('HGET', KEYS[1], field)
-if not raw then return {'gone', ''} end
+if not raw then
+  -- Disbanded already, and what it left (its markers) not yet all removed: the command was cut
+  -- short; run again, it finishes.
+  if redis.call('HEXISTS', KEYS[1], 'disbanding:' .. ARGV[1]) == 1 then return {'unfinished', ''} end
+  return {'gone', ''}
+end
 local m = cjson.decode(raw)
 local names = {}
 for name, rec in pairs(m) do
@@ -118,6 +123,9 @@ for _, name in ipairs(names) do
 end
 if found then redis.call('XGROUP', 'DESTROY', KEYS[2], ARGV[1]) end
 redis.call('HDEL', KEYS[1], field, 'acked:' .. ARGV[1], 'seen:' .. ARGV[1])
+-- Until its markers are gone (EndDisband), no projector joins a group of that name: a projector
+-- of the old set started meanwhile would write markers the removal then takes.
+redis.call('HSET', KEYS[1], 'disbanding:' .. ARGV[1], ARGV[2])
 reply[1] = 'done'
 return reply
 `)
@@ -143,6 +151,10 @@ func (l *LiveGroups) Disband(ctx context.Context, group string, minIdle time.Dur
 			}
 			if len(res) < 2 {
 				return found, fmt.Errorf("disband %s on %s: unexpected reply %v", group, stream, res)
+			}
+			if res[0] == "unfinished" {
+				rep.Unfinished = true
+				continue
 			}
 			if res[0] == "gone" {
 				continue
@@ -175,6 +187,21 @@ func (l *LiveGroups) Disband(ctx context.Context, group string, minIdle time.Dur
 	rep.Done = true
 	return rep, nil
 }
+
+// EndDisband removes group's disbanding marks on every partition (ops.LiveGroups).
+func (l *LiveGroups) EndDisband(ctx context.Context, group string) error {
+	for i := range l.parts.Count() {
+		if err := l.client.HDel(ctx, l.parts.Registry(i), disbandingField+group).Err(); err != nil {
+			return fmt.Errorf("finish disbanding %s on %s: %w", group, l.parts.Stream(i), err)
+		}
+	}
+	return nil
+}
+
+// disbandingField marks, in a partition's registry, a live group a disband removed whose applied
+// markers are not all removed yet (the time of the disband, ms): joins into a group of that name
+// are refused meanwhile.
+const disbandingField = "disbanding:"
 
 // disbanded reports, for a live group found on no partition, the versions a disband took out of
 // it that have not joined another group yet (Done; nothing when there are none).

@@ -94,6 +94,7 @@ func TestDisbandOfARetiringVersionLeavesNoMovedRecord(t *testing.T) {
 	time.Sleep(5 * time.Millisecond)
 	rep, err := l.Disband(ctx, "live", time.Millisecond, true)
 	require.NoError(t, err)
+	require.NoError(t, l.EndDisband(ctx, "live")) // its markers removed (the command does both)
 	t.Logf("disband: %+v", rep)
 
 	// A projector of the new set runs users: it joins its targets (serving v2 only) and steps

@@ -168,7 +168,13 @@ func disbandLiveGroup(t *testing.T, c redis.UniversalClient, base, keys adapters
 		assert.NotContains(t, reg, stream+" acked:live")
 		assert.NotContains(t, reg, stream+" seen:live")
 		assert.Equal(t, pos[stream], reg[stream+" acked:users.v1"], "a group lost before its first checkpoint is made again there")
+		assert.Contains(t, reg, stream+" disbanding:live", "until its markers are gone (the command's EndDisband)")
 	}
+	// Meanwhile no projector joins a group of that name: a projector of the old set would write
+	// markers the removal then takes.
+	_, err = l.Join(ctx, "live", "daily_checkins.v1")
+	require.ErrorIs(t, err, ops.ErrDisbandUnfinished)
+	assert.Contains(t, err.Error(), "run it again if it was cut short")
 	moved, err := l.ReadMoved(ctx)
 	require.NoError(t, err)
 	require.Len(t, moved, parts.Count())
@@ -183,9 +189,14 @@ func disbandLiveGroup(t *testing.T, c redis.UniversalClient, base, keys adapters
 	unsettled, err := adapters.NewPartitionMigrator(c, base).JoinsUnsettled(ctx, parts.Count())
 	require.NoError(t, err)
 	assert.Equal(t, []string{
+		"live group live was disbanded and removing its markers was cut short (run: checkins projections disband live)",
 		"locations.v1 was taken out of live group live by `checkins projections disband` and has joined no other yet (start a projector that runs it, or drop it: checkins projections drop locations.v1)",
 		"users.v1 was taken out of live group live by `checkins projections disband` and has joined no other yet (start a projector that runs it, or drop it: checkins projections drop users.v1)",
 	}, unsettled)
+	require.NoError(t, l.EndDisband(ctx, "live"))
+	for _, stream := range parts.Streams() {
+		assert.NotContains(t, registry(), stream+" disbanding:live")
+	}
 
 	// The moved versions' own groups hold the dedupe floor at the position, until the window
 	// has passed since the disband.

@@ -319,6 +319,11 @@ func (m *PartitionMigrator) JoinsUnsettled(ctx context.Context, from int) ([]str
 	for name := range reg.dropping {
 		moved = append(moved, fmt.Sprintf("%s is being dropped and its drop was cut short (run: checkins projections drop %s)", name, name))
 	}
+	// Its markers would outlive the mark, which the copy does not carry: a group of that name
+	// made later would find them.
+	for g := range reg.disbanding {
+		moved = append(moved, fmt.Sprintf("live group %s was disbanded and removing its markers was cut short (run: checkins projections disband %s)", g, g))
+	}
 	sort.Strings(moved)
 	delivered := make([]map[string]string, from) // per old partition: group -> last delivered
 	for k := range from {
@@ -601,13 +606,15 @@ type registryState struct {
 	moved map[string]string                      // member -> the live group a disband took it out of
 	// dropping: members whose drop (checkins projections drop) was begun and not finished.
 	dropping map[string]bool
+	// disbanding: live groups whose disband was cut short before their markers were removed.
+	disbanding map[string]bool
 }
 
 // readRegistries reads the live groups' memberships and the acknowledged positions of the
 // registries of the old partitions.
 func (m *PartitionMigrator) readRegistries(ctx context.Context, src Partitions, from int) (registryState, error) {
 	reg := registryState{lives: map[string][]map[string]ops.LiveMember{}, acked: map[string][]string{}, moved: map[string]string{},
-		dropping: map[string]bool{}}
+		dropping: map[string]bool{}, disbanding: map[string]bool{}}
 	for k := range from {
 		h, err := m.client.HGetAll(ctx, src.Registry(k)).Result()
 		if err != nil {
@@ -629,6 +636,8 @@ func (m *PartitionMigrator) readRegistries(ctx context.Context, src Partitions, 
 				reg.moved[name] = mv.From
 			} else if name, ok := strings.CutPrefix(f, droppingField); ok {
 				reg.dropping[name] = true
+			} else if g, ok := strings.CutPrefix(f, disbandingField); ok {
+				reg.disbanding[g] = true
 			} else if g, ok := strings.CutPrefix(f, ackedField); ok {
 				if reg.acked[g] == nil {
 					reg.acked[g] = make([]string, from)

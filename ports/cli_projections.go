@@ -173,6 +173,14 @@ func WriteDisbandText(w io.Writer, rep ops.DisbandReport) error {
 	for _, st := range streams {
 		where = append(where, st+" "+rep.Positions[st])
 	}
+	if rep.Unfinished && len(rep.Members) == 0 {
+		if !rep.Done {
+			_, err := fmt.Fprintf(w, "live group %s was disbanded, and removing its applied markers was cut short: run this again without --dry-run to finish\n", rep.Group)
+			return err
+		}
+		_, err := fmt.Fprintf(w, "live group %s: finished removing what its disband left (its applied markers); a group of that name can be joined again\n", rep.Group)
+		return err
+	}
 	members := "no projection versions"
 	if len(rep.Members) > 0 {
 		members = strings.Join(rep.Members, ", ")

@@ -58,7 +58,7 @@ func (c *DisbandLiveGroup) Run(ctx context.Context, group string, dryRun bool) (
 	if err != nil {
 		return rep, err
 	}
-	if len(rep.Positions) == 0 {
+	if len(rep.Positions) == 0 && !rep.Unfinished {
 		groups, _, err := c.b.Live.ReadAll(ctx)
 		if err != nil {
 			return rep, err
@@ -76,6 +76,10 @@ func (c *DisbandLiveGroup) Run(ctx context.Context, group string, dryRun bool) (
 	if err := c.forget(ctx, group); err != nil {
 		return rep, fmt.Errorf("disbanded %s, but %w (run it again)", group, err)
 	}
+	if err := c.b.Live.EndDisband(ctx, group); err != nil {
+		return rep, fmt.Errorf("disbanded %s, but %w (run it again)", group, err)
+	}
+	rep.Done = true
 	return rep, nil
 }
 

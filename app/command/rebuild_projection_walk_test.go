@@ -176,6 +176,8 @@ func (m *memBackend) DropMoved(context.Context, string, time.Duration, bool) (op
 
 func (m *memBackend) EndDrop(context.Context, string) error { return nil }
 
+func (m *memBackend) EndDisband(context.Context, string) error { return nil }
+
 func (m *memBackend) ForgetMoved(context.Context, string) error { return nil }
 
 func (m *memBackend) ReadMoved(context.Context) (map[string]map[string]ops.Moved, error) {

@@ -200,6 +200,8 @@ type DisbandReport struct {
 	Positions map[string]string `json:"positions"`
 	// Done is false for a check that changed nothing (--dry-run).
 	Done bool `json:"done"`
+	// Unfinished: the group was disbanded before, and removing its markers was cut short.
+	Unfinished bool `json:"unfinished,omitempty"`
 }
 
 // ErrDisbandRefused: the live group cannot be disbanded now; the error says why and what to do.
@@ -219,6 +221,9 @@ type DropReport struct {
 	// Done is false for a check that changed nothing (--dry-run).
 	Done bool `json:"done"`
 }
+
+// ErrDisbandUnfinished: a join found the live group disbanded with its markers not yet removed.
+var ErrDisbandUnfinished = errors.New("live group's disband is unfinished")
 
 // ErrDropUnfinished: a join found the version's drop begun and not finished.
 var ErrDropUnfinished = errors.New("projection version's drop is unfinished")

@@ -173,6 +173,9 @@ type LiveGroups interface {
 	// ReadMoved is, per partition's stream, the versions a disband took out of a live group that
 	// have not joined another yet, by member name.
 	ReadMoved(ctx context.Context) (map[string]map[string]Moved, error)
+	// EndDisband removes group's disbanding marks (set by Disband), once its markers are gone:
+	// joins into a group of that name are refused until then.
+	EndDisband(ctx context.Context, group string) error
 	// EndDrop removes member's dropping marks, once its keys are gone.
 	EndDrop(ctx context.Context, member string) error
 	// ForgetMoved removes member's moved record and dropping marks: the version is removed for
