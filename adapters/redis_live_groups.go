@@ -171,20 +171,38 @@ func ParseMembership(group, raw string) (ops.Membership, error) {
 // up to it is acknowledged on every partition), and only a group recorded on every partition
 // has one.
 func (l *LiveGroups) ReadAll(ctx context.Context) (map[string]ops.Membership, map[string]string, error) {
-	n := l.parts.Count()
-	cmds := make([]*redis.MapStringStringCmd, n)
+	regs, err := l.registries(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return l.lives(regs)
+}
+
+// registries reads every partition's registry, in one pipeline: each as one view.
+func (l *LiveGroups) registries(ctx context.Context) ([]map[string]string, error) {
+	cmds := make([]*redis.MapStringStringCmd, l.parts.Count())
 	if _, err := l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range cmds {
 			cmds[i] = p.HGetAll(ctx, l.parts.Registry(i))
 		}
 		return nil
 	}); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
+	regs := make([]map[string]string, len(cmds))
+	for i, c := range cmds {
+		regs[i] = c.Val()
+	}
+	return regs, nil
+}
+
+// lives is ReadAll of the registries read.
+func (l *LiveGroups) lives(regs []map[string]string) (map[string]ops.Membership, map[string]string, error) {
+	n := len(regs)
 	raws := map[string][]string{}
 	ackedBy := map[string][]string{}
-	for i, c := range cmds {
-		for f, v := range c.Val() {
+	for i, reg := range regs {
+		for f, v := range reg {
 			if g, ok := strings.CutPrefix(f, liveField); ok {
 				if raws[g] == nil {
 					raws[g] = make([]string, n)
@@ -219,6 +237,22 @@ func (l *LiveGroups) ReadAll(ctx context.Context) (map[string]ops.Membership, ma
 		acked[g] = least
 	}
 	return groups, acked, nil
+}
+
+// ReadLivesAndMoved is ReadAll's memberships and ReadMoved's records from one read of each
+// registry: a moved version's join (which removes its record and adds its membership in one
+// step) is in one of the two, never in neither.
+func (l *LiveGroups) ReadLivesAndMoved(ctx context.Context) (map[string]ops.Membership, map[string]map[string]ops.Moved, error) {
+	regs, err := l.registries(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	lives, _, err := l.lives(regs)
+	if err != nil {
+		return nil, nil, err
+	}
+	moved, err := l.moved(regs)
+	return lives, moved, err
 }
 
 // joinLua: KEYS[1] registry, KEYS[2] stream; ARGV[1] live group, ARGV[2] member (= its own

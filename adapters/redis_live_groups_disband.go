@@ -384,18 +384,18 @@ func (l *LiveGroups) EndRemoval(ctx context.Context, group, member, token string
 // ReadMoved is, per partition's stream, the versions a disband took out of a live group that
 // have not joined another yet (by member name).
 func (l *LiveGroups) ReadMoved(ctx context.Context) (map[string]map[string]ops.Moved, error) {
-	cmds := make([]*redis.MapStringStringCmd, l.parts.Count())
-	if _, err := l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i := range cmds {
-			cmds[i] = p.HGetAll(ctx, l.parts.Registry(i))
-		}
-		return nil
-	}); err != nil {
+	regs, err := l.registries(ctx)
+	if err != nil {
 		return nil, err
 	}
+	return l.moved(regs)
+}
+
+// moved is ReadMoved of the registries read.
+func (l *LiveGroups) moved(regs []map[string]string) (map[string]map[string]ops.Moved, error) {
 	out := map[string]map[string]ops.Moved{}
-	for i, c := range cmds {
-		for f, v := range c.Val() {
+	for i, reg := range regs {
+		for f, v := range reg {
 			name, ok := strings.CutPrefix(f, movedField)
 			if !ok {
 				continue

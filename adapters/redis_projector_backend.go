@@ -93,10 +93,12 @@ func (p *ProjectorBackend) CreateGroup(ctx context.Context, stream, group, start
 	return (&StreamAdmin{client: p.client, stream: stream}).CreateGroup(ctx, group, start)
 }
 
-// DedupeFloors: see the function of that name; in partition order.
-func (p *ProjectorBackend) DedupeFloors(ctx context.Context, lives map[string]ops.Membership, progress map[string]ops.GroupPosition,
+// DedupeFloors: see the function of that name; in partition order. The memberships and the
+// moved records are read together: read one after the other, a moved version's join between the
+// reads left it in neither, and its own group out of the floors.
+func (p *ProjectorBackend) DedupeFloors(ctx context.Context, progress map[string]ops.GroupPosition,
 	idleLimit time.Duration, now time.Time) ([]string, bool, error) {
-	moved, err := p.ReadMoved(ctx)
+	lives, moved, err := p.ReadLivesAndMoved(ctx)
 	if err != nil {
 		return nil, false, err
 	}

@@ -70,8 +70,8 @@ type ProjectorBackend interface {
 	CreateGroup(ctx context.Context, stream, group, start string) error
 	// DedupeFloors is, per partition in partition order, the position below which no group
 	// will decide an event of that partition again.
-	DedupeFloors(ctx context.Context, lives map[string]ops.Membership, progress map[string]ops.GroupPosition,
-		idleLimit time.Duration, now time.Time) ([]string, bool, error)
+	// It reads the live groups' memberships itself, with the moved versions, in one view.
+	DedupeFloors(ctx context.Context, progress map[string]ops.GroupPosition, idleLimit time.Duration, now time.Time) ([]string, bool, error)
 
 	// The poison queue: the entry a message came from, parked with the reason.
 	PoisonEntryOf(ctx context.Context, msg *message.Message) (entry ops.PoisonEntry, correlationID string)

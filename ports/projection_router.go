@@ -884,11 +884,11 @@ func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
 	// Floors computed from what is read now must not undo a hold that comes meanwhile (a
 	// backfill starting: SetTargets may join it after this reads the membership).
 	gen := r.cfg.Applier.FloorsGeneration()
-	lives, acked, err := r.backend.ReadAll(ctx)
+	_, acked, err := r.backend.ReadAll(ctx)
 	if err != nil {
 		return err
 	}
-	floors, ok, err := r.backend.DedupeFloors(ctx, lives, info, r.cfg.Applier.Window(), time.Now())
+	floors, ok, err := r.backend.DedupeFloors(ctx, info, r.cfg.Applier.Window(), time.Now())
 	if err != nil {
 		return err
 	}
