@@ -188,9 +188,12 @@ func (l *LiveGroups) Disband(ctx context.Context, group string, minIdle time.Dur
 	return rep, nil
 }
 
-// EndDisband removes group's disbanding marks on every partition (ops.LiveGroups).
+// EndDisband removes group's disbanding marks on every partition (ops.LiveGroups), the last
+// partition first: a join walks them from the first, so cut short, the marks left hold the
+// next join off before it joined anything (cleared from the first, a join went through on the
+// cleared partitions and stopped at the rest, half joined).
 func (l *LiveGroups) EndDisband(ctx context.Context, group string) error {
-	for i := range l.parts.Count() {
+	for i := l.parts.Count() - 1; i >= 0; i-- {
 		if err := l.client.HDel(ctx, l.parts.Registry(i), disbandingField+group).Err(); err != nil {
 			return fmt.Errorf("finish disbanding %s on %s: %w", group, l.parts.Stream(i), err)
 		}

@@ -113,9 +113,10 @@ func (l *LiveGroups) DropMoved(ctx context.Context, member string, minIdle time.
 	return rep, nil
 }
 
-// EndDrop removes member's dropping marks on every partition (ops.LiveGroups).
+// EndDrop removes member's dropping marks on every partition (ops.LiveGroups), the last
+// partition first, for the reason EndDisband does.
 func (l *LiveGroups) EndDrop(ctx context.Context, member string) error {
-	for i := range l.parts.Count() {
+	for i := l.parts.Count() - 1; i >= 0; i-- {
 		if err := l.client.HDel(ctx, l.parts.Registry(i), droppingField+member).Err(); err != nil {
 			return fmt.Errorf("finish dropping %s on %s: %w", member, l.parts.Stream(i), err)
 		}
