@@ -29,8 +29,8 @@ type DropMovedVersion struct {
 
 // NewDropMovedVersion is the use case on b; minIdle is CLAIM_IDLE (see NewDisbandLiveGroup).
 func NewDropMovedVersion(b ops.Backend, minIdle time.Duration) (*DropMovedVersion, error) {
-	if b.Live == nil || b.Keys == nil || b.Observations == nil {
-		return nil, errors.New("command: DropMovedVersion needs the live groups, the projection keys and the observations")
+	if b.Live == nil || b.Keys == nil || b.Observations == nil || b.Registry == nil || b.Stream == nil {
+		return nil, errors.New("command: DropMovedVersion needs the live groups, the projection keys, the observations, the registry and the stream")
 	}
 	if minIdle <= 0 {
 		return nil, fmt.Errorf("command: DropMovedVersion needs a positive idle time, got %s", minIdle)
@@ -58,6 +58,20 @@ func (c *DropMovedVersion) Run(ctx context.Context, member string, dryRun bool) 
 		return rep, nil
 	}
 	// Its own group is gone; a dropping mark holds joins off until its read model is gone too.
+	// Where its next run begins, as for a rebuild's build: the start of the stream, now. A
+	// replay of an entry the version parked before the drop then counts as gone through by that
+	// run (which applies the entry or parks its own copy), not once more.
+	at, err := c.b.Registry.ServerTime(ctx)
+	if err != nil {
+		return rep, ops.Unavailable(err)
+	}
+	starts, err := c.b.Stream.Starts(ctx)
+	if err != nil {
+		return rep, ops.Unavailable(err)
+	}
+	if err := c.b.Registry.SetBuildStart(ctx, name, version, ops.BuildStart{At: at, Streams: starts}); err != nil {
+		return rep, fmt.Errorf("dropped the group of %s, but recording where its next run begins failed: %w (run this again to finish)", member, err)
+	}
 	n, err := c.b.Keys.RemoveVersion(ctx, name, version)
 	rep.KeysRemoved += n
 	if err != nil {
@@ -69,6 +83,13 @@ func (c *DropMovedVersion) Run(ctx context.Context, member string, dryRun bool) 
 	rep.KeysRemoved += n
 	if err != nil {
 		return rep, fmt.Errorf("dropped %s, but removing its group's markers failed: %w (run this again to finish)", member, err)
+	}
+	// The markers of replays into it: run again, it would find them and take the events it
+	// parks again for counted already, and drop them.
+	n, err = c.b.Keys.RemoveMarkers(ctx, ReplayGroup(name, version))
+	rep.KeysRemoved += n
+	if err != nil {
+		return rep, fmt.Errorf("dropped %s, but removing the markers of replays into it failed: %w (run this again to finish)", member, err)
 	}
 	if err := c.b.Observations.Forget(ctx, member); err != nil {
 		return rep, fmt.Errorf("dropped %s, but forgetting its group's observation failed: %w (run this again to finish)", member, err)

@@ -1,0 +1,148 @@
+package ports_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/checkins/checkins/adapters"
+	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/app/ops"
+	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
+)
+
+// TestDroppedVersionRunAgainCountsAReplayedEvent: users.v1 counted two check-ins through "live"
+// and a third, parked, by a replay (markers of replay.users.v1, never pruned). "live" is disbanded
+// and users.v1 dropped. Run again, it parks the same entry (the same failure) and the operator
+// replays it: the replay found the first run's replay marker and reported the event counted
+// already, deleting the entry, though the new read model never counted it (found by a review).
+// The drop now removes the markers of replays into the version, as a rebuild's retirement does.
+func TestDroppedVersionRunAgainCountsAReplayedEvent(t *testing.T) {
+	t.Parallel()
+	h := newDisbandHarness(t)
+	client, keys, ctx := h.client, h.keys, context.Background()
+	users := []ops.ProjectionTarget{{Projection: projection.UserStats{}, Version: 1}}
+	_, stop := h.start("live", users)
+	h.add(2)
+	require.Eventually(t, func() bool { return h.count() == 2 }, 20*time.Second, 20*time.Millisecond)
+	stop()
+
+	// A third check-in, which users.v1 parked (added with the router stopped: not counted by it).
+	e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "parked", UserID: 7, LocationID: 1, StarRating: 2, Timestamp: 99}}
+	values := map[string]any{}
+	for k, v := range e.Fields() {
+		values[k] = v
+	}
+	entryID, err := client.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: values}).Result()
+	require.NoError(t, err)
+	q := adapters.NewPoisonQueue(client, keys)
+	park := func(group string) string {
+		id, err := q.Park(ctx, ops.PoisonEntry{Stream: keys.Stream(), EntryID: entryID, Projection: "users", Group: group, Version: 1,
+			Error: "boom", Attempts: 5, FailedAt: time.Now(), Fields: e.Fields(), Decision: ops.DecisionCounted})
+		require.NoError(t, err)
+		return id
+	}
+	b := adapters.NewOpsBackend(client, keys)
+	replay, err := command.NewReplayPoisoned(command.ReplayPoisonedConfig{
+		Backend: b, Projections: []projection.Projection{projection.UserStats{}},
+		Applier: testApplier(t, client, keys), Logger: slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	res, err := replay.Replay(ctx, park("live"))
+	require.NoError(t, err)
+	require.True(t, res.Applied)
+	require.Equal(t, int64(3), h.count())
+
+	// The live group delivers the parked entry (the router parked and acknowledged it).
+	rs, err := client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "live", Consumer: "c-live", Streams: []string{keys.Stream(), ">"}, Block: -1}).Result()
+	require.NoError(t, err)
+	for _, m := range rs[0].Messages {
+		require.NoError(t, client.XAck(ctx, keys.Stream(), "live", m.ID).Err())
+	}
+	time.Sleep(50 * time.Millisecond)
+
+	d, err := command.NewDisbandLiveGroup(b, 20*time.Millisecond)
+	require.NoError(t, err)
+	_, err = d.Run(ctx, "live", false)
+	require.NoError(t, err)
+	drop, err := command.NewDropMovedVersion(b, 20*time.Millisecond)
+	require.NoError(t, err)
+	rep, err := drop.Run(ctx, "users.v1", false)
+	require.NoError(t, err)
+	require.True(t, rep.Done)
+	require.Equal(t, int64(0), h.count(), "its read model went with it")
+
+	left, err := client.Keys(ctx, keys.MarkerPrefix(command.ReplayGroup("users", 1))+"*").Result()
+	require.NoError(t, err)
+	assert.Empty(t, left, "the drop leaves the dropped version's replay markers")
+
+	// Run again (live:users), the version parks the same entry again; it is replayed.
+	res, err = replay.Replay(ctx, park("live:users"))
+	require.NoError(t, err)
+	assert.True(t, res.Applied, "the new read model never counted it: the replay must apply it")
+	assert.Equal(t, int64(1), h.count(), "the replayed check-in counts in the read model built after the drop")
+}
+
+// TestDroppedVersionRunAgainSupersedesWhatItParkedBefore: users.v1 parked a check-in, which
+// nobody replayed, and was dropped. Run again from the start of the stream, it applies that
+// check-in itself (the failure is gone). Replaying the entry parked before the drop then counted
+// it a second time (suspected by a review): the drop records where the version's next run begins,
+// as a rebuild's start does, so the replay takes the entry for gone through by that run.
+func TestDroppedVersionRunAgainSupersedesWhatItParkedBefore(t *testing.T) {
+	t.Parallel()
+	h := newDisbandHarness(t)
+	client, keys, ctx := h.client, h.keys, context.Background()
+	users := []ops.ProjectionTarget{{Projection: projection.UserStats{}, Version: 1}}
+	_, stop := h.start("live", users)
+	h.add(2)
+	require.Eventually(t, func() bool { return h.count() == 2 }, 20*time.Second, 20*time.Millisecond)
+	stop()
+	// A third check-in, which users.v1 parked and acknowledged (added with the router stopped).
+	e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "parked", UserID: 7, LocationID: 1, StarRating: 2, Timestamp: 99}}
+	values := map[string]any{}
+	for k, v := range e.Fields() {
+		values[k] = v
+	}
+	entryID, err := client.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: values}).Result()
+	require.NoError(t, err)
+	parked, err := adapters.NewPoisonQueue(client, keys).Park(ctx, ops.PoisonEntry{Stream: keys.Stream(), EntryID: entryID, Projection: "users",
+		Group: "live", Version: 1, Error: "boom", Attempts: 5, FailedAt: time.Now(), Fields: e.Fields(), Decision: ops.DecisionCounted})
+	require.NoError(t, err)
+	rs, err := client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "live", Consumer: "c-live", Streams: []string{keys.Stream(), ">"}, Block: -1}).Result()
+	require.NoError(t, err)
+	for _, m := range rs[0].Messages {
+		require.NoError(t, client.XAck(ctx, keys.Stream(), "live", m.ID).Err())
+	}
+	time.Sleep(50 * time.Millisecond)
+
+	b := adapters.NewOpsBackend(client, keys)
+	d, err := command.NewDisbandLiveGroup(b, 20*time.Millisecond)
+	require.NoError(t, err)
+	_, err = d.Run(ctx, "live", false)
+	require.NoError(t, err)
+	drop, err := command.NewDropMovedVersion(b, 20*time.Millisecond)
+	require.NoError(t, err)
+	_, err = drop.Run(ctx, "users.v1", false)
+	require.NoError(t, err)
+
+	// Run again: the whole stream, the once-parked check-in among it.
+	_, stop = h.start("live:users", users)
+	defer stop()
+	require.Eventually(t, func() bool { return h.count() == 3 }, 20*time.Second, 20*time.Millisecond)
+
+	replay, err := command.NewReplayPoisoned(command.ReplayPoisonedConfig{
+		Backend: b, Projections: []projection.Projection{projection.UserStats{}},
+		Applier: testApplier(t, client, keys), Logger: slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	res, err := replay.Replay(ctx, parked)
+	require.NoError(t, err)
+	assert.False(t, res.Applied, "the run after the drop went through that entry itself")
+	assert.Equal(t, int64(3), h.count(), "each check-in counted once")
+}
