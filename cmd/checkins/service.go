@@ -19,6 +19,7 @@ import (
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app"
 	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/query"
 	"github.com/checkins/checkins/ports"
 )
@@ -298,12 +299,18 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (_
 		}
 		if len(targets) > 0 {
 			if _, _, err := s.router.SetTargets(pingCtx, targets); err != nil {
-				if !ports.IsTransient(adapters.RedisErrors{}, err) && !errors.Is(err, context.DeadlineExceeded) {
+				switch {
+				case errors.Is(err, ops.ErrDisbandUnfinished) || errors.Is(err, ops.ErrDropUnfinished):
+					// A disband or a drop is removing what a group or version left: the
+					// registry watcher joins once it is done (/readyz says why meanwhile).
+					log.Warn("projections start once the disband or drop in progress has finished", "error", err)
+				case !ports.IsTransient(adapters.RedisErrors{}, err) && !errors.Is(err, context.DeadlineExceeded):
 					return nil, err
+				default:
+					// Redis cannot be reached yet: the registry watcher starts the projections
+					// when it answers.
+					log.Warn("projections start when Redis answers", "error", err)
 				}
-				// Redis cannot be reached yet: the registry watcher starts the projections when
-				// it answers.
-				log.Warn("projections start when Redis answers", "error", err)
 			}
 		}
 	}
