@@ -44,7 +44,8 @@ live group. --dry-run only checks.
 drop removes a version that a disband took out of its live group and that no PROJECTIONS set
 runs any more: its own group, its moved record and its read model (its keys), so that partitions
 migrate can run. Run by a projector again later, it starts from the start of the stream, like a
-new projection. It refuses while the version is in a live group again. --dry-run only checks.
+new projection. It refuses while the version is in a live group again, and while events it
+parked wait in the poison queue (purge or replay them first). --dry-run only checks.
 Connection flags (--redis-url, --key-prefix, ...) are those of "checkins serve --help".
 `
 

@@ -29,8 +29,8 @@ type DropMovedVersion struct {
 
 // NewDropMovedVersion is the use case on b; minIdle is CLAIM_IDLE (see NewDisbandLiveGroup).
 func NewDropMovedVersion(b ops.Backend, minIdle time.Duration) (*DropMovedVersion, error) {
-	if b.Live == nil || b.Keys == nil || b.Observations == nil || b.Registry == nil || b.Stream == nil {
-		return nil, errors.New("command: DropMovedVersion needs the live groups, the projection keys, the observations, the registry and the stream")
+	if b.Live == nil || b.Keys == nil || b.Observations == nil || b.Poison == nil {
+		return nil, errors.New("command: DropMovedVersion needs the live groups, the projection keys, the observations and the poison queue")
 	}
 	if minIdle <= 0 {
 		return nil, fmt.Errorf("command: DropMovedVersion needs a positive idle time, got %s", minIdle)
@@ -47,31 +47,31 @@ func (c *DropMovedVersion) Run(ctx context.Context, member string, dryRun bool) 
 	if err := notMigrating(ctx, c.b.Migration); err != nil {
 		return ops.DropReport{}, err
 	}
-	rep, err := c.b.Live.DropMoved(ctx, member, c.minIdle, !dryRun)
-	if err != nil {
+	rep, err := c.b.Live.DropMoved(ctx, member, c.minIdle, false)
+	if err != nil || len(rep.Positions) == 0 {
+		if err == nil {
+			err = c.notMoved(ctx, member)
+		}
 		return rep, err
 	}
-	if len(rep.Positions) == 0 {
-		return rep, c.notMoved(ctx, member)
+	// Events it parked: a replay after its next run could not tell whether that run went
+	// through them (it counts them twice if it did, and drops them if RETENTION trimmed them
+	// before it began); no projector parks new ones for it meanwhile (none runs it).
+	if n, err := c.parkedBy(ctx, name, version); err != nil {
+		return rep, ops.Unavailable(err)
+	} else if n > 0 {
+		return rep, fmt.Errorf("%w %s: %d events it parked are in the poison queue: purge them (checkins poison purge --all --projection %s; run again, the version goes through them itself) or replay them, and run this again",
+			ops.ErrDropRefused, member, n, name)
+	}
+	if !dryRun {
+		if rep, err = c.b.Live.DropMoved(ctx, member, c.minIdle, true); err != nil {
+			return rep, err
+		}
 	}
 	if dryRun {
 		return rep, nil
 	}
 	// Its own group is gone; a dropping mark holds joins off until its read model is gone too.
-	// Where its next run begins, as for a rebuild's build: the start of the stream, now. A
-	// replay of an entry the version parked before the drop then counts as gone through by that
-	// run (which applies the entry or parks its own copy), not once more.
-	at, err := c.b.Registry.ServerTime(ctx)
-	if err != nil {
-		return rep, ops.Unavailable(err)
-	}
-	starts, err := c.b.Stream.Starts(ctx)
-	if err != nil {
-		return rep, ops.Unavailable(err)
-	}
-	if err := c.b.Registry.SetBuildStart(ctx, name, version, ops.BuildStart{At: at, Streams: starts}); err != nil {
-		return rep, fmt.Errorf("dropped the group of %s, but recording where its next run begins failed: %w (run this again to finish)", member, err)
-	}
 	n, err := c.b.Keys.RemoveVersion(ctx, name, version)
 	rep.KeysRemoved += n
 	if err != nil {
@@ -98,6 +98,26 @@ func (c *DropMovedVersion) Run(ctx context.Context, member string, dryRun bool) 
 		return rep, fmt.Errorf("dropped %s, but %w (run this again to finish)", member, err)
 	}
 	return rep, nil
+}
+
+// parkedBy counts the poison queue's entries that version of projection name parked.
+func (c *DropMovedVersion) parkedBy(ctx context.Context, name string, version int) (int, error) {
+	n, after := 0, ""
+	for {
+		es, err := c.b.Poison.Range(ctx, after, "+", 500)
+		if err != nil {
+			return 0, err
+		}
+		for _, e := range es {
+			if e.Projection == name && failedVersion(e) == version {
+				n++
+			}
+		}
+		if len(es) < 500 {
+			return n, nil
+		}
+		after = es[len(es)-1].ID
+	}
 }
 
 // notMoved is the error for a member that is neither moved nor being dropped: it names the
