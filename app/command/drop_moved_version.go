@@ -63,13 +63,11 @@ func (c *DropMovedVersion) Run(ctx context.Context, member string, dryRun bool) 
 		return rep, fmt.Errorf("%w %s: %d events it parked are in the poison queue: purge them (checkins poison purge --all --projection %s; run again, the version goes through them itself) or replay them, and run this again",
 			ops.ErrDropRefused, member, n, name)
 	}
-	if !dryRun {
-		if rep, err = c.b.Live.DropMoved(ctx, member, c.minIdle, true); err != nil {
-			return rep, err
-		}
-	}
 	if dryRun {
 		return rep, nil
+	}
+	if rep, err = c.b.Live.DropMoved(ctx, member, c.minIdle, true); err != nil {
+		return rep, err
 	}
 	// Its own group is gone; a dropping mark holds joins off until its read model is gone too.
 	n, err := c.b.Keys.RemoveVersion(ctx, name, version)
