@@ -189,16 +189,9 @@ func (l *LiveGroups) Disband(ctx context.Context, group string, minIdle time.Dur
 }
 
 // EndDisband removes group's disbanding marks on every partition (ops.LiveGroups), the last
-// partition first: a join walks them from the first, so cut short, the marks left hold the
-// next join off before it joined anything (cleared from the first, a join went through on the
-// cleared partitions and stopped at the rest, half joined).
+// first (clearFields).
 func (l *LiveGroups) EndDisband(ctx context.Context, group string) error {
-	for i := l.parts.Count() - 1; i >= 0; i-- {
-		if err := l.client.HDel(ctx, l.parts.Registry(i), disbandingField+group).Err(); err != nil {
-			return fmt.Errorf("finish disbanding %s on %s: %w", group, l.parts.Stream(i), err)
-		}
-	}
-	return nil
+	return l.clearFields(ctx, "finish disbanding "+group, disbandingField+group)
 }
 
 // disbandingField marks, in a partition's registry, a live group a disband removed whose applied

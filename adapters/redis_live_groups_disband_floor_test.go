@@ -14,6 +14,31 @@ import (
 	"github.com/checkins/checkins/app/ops"
 )
 
+// twoSetsOfTenEntries: two sets from the first start, live (users.v1) and live:daily_checkins
+// (daily_checkins.v1), on a stream of ten entries. read(group, n) has group deliver and
+// acknowledge its next n entries and returns the last one's ID.
+func twoSetsOfTenEntries(t *testing.T, l *adapters.LiveGroups, c redis.UniversalClient, stream string) (read func(group string, n int64) string) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := l.Join(ctx, "live", "users.v1")
+	require.NoError(t, err)
+	_, err = l.Join(ctx, "live:daily_checkins", "daily_checkins.v1")
+	require.NoError(t, err)
+	for range 10 {
+		require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"k", "v"}}).Err())
+	}
+	return func(group string, n int64) string {
+		res, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: "c-" + group, Streams: []string{stream, ">"}, Count: n, Block: -1}).Result()
+		require.NoError(t, err)
+		last := ""
+		for _, m := range res[0].Messages {
+			require.NoError(t, c.XAck(ctx, stream, group, m.ID).Err())
+			last = m.ID
+		}
+		return last
+	}
+}
+
 // TestFloorsDuringADisbandHoldTheMovedVersions: a projector's checkpoint reads every
 // group's position first (Positions) and the memberships and moved records after
 // (inside DedupeFloors). A disband between the two reads leaves the old
@@ -30,24 +55,8 @@ func TestFloorsDuringADisbandHoldTheMovedVersions(t *testing.T) {
 	l := adapters.NewLiveGroups(c, keys)
 	b := adapters.NewProjectorBackend(c, keys)
 	stream := keys.Stream()
-	// Two sets from the first start: live (users) and live:daily_checkins.
-	_, err := l.Join(ctx, "live", "users.v1")
-	require.NoError(t, err)
-	_, err = l.Join(ctx, "live:daily_checkins", "daily_checkins.v1")
-	require.NoError(t, err)
-	for range 10 {
-		require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"k", "v"}}).Err())
-	}
-	read := func(group string, n int64) string {
-		res, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: "c-" + group, Streams: []string{stream, ">"}, Count: n, Block: -1}).Result()
-		require.NoError(t, err)
-		last := ""
-		for _, m := range res[0].Messages {
-			require.NoError(t, c.XAck(ctx, stream, group, m.ID).Err())
-			last = m.ID
-		}
-		return last
-	}
+	read := twoSetsOfTenEntries(t, l, c, stream)
+	var err error
 	p := read("live", 3)                 // live's projectors stopped here
 	q := read("live:daily_checkins", 10) // the other set is at the end
 	time.Sleep(5 * time.Millisecond)
@@ -100,23 +109,8 @@ func TestFloorsReadAMovedVersionsJoinInOneView(t *testing.T) {
 	c, keys := env.client, env.keys
 	l := adapters.NewLiveGroups(c, keys)
 	stream := keys.Stream()
-	_, err := l.Join(ctx, "live", "users.v1")
-	require.NoError(t, err)
-	_, err = l.Join(ctx, "live:daily_checkins", "daily_checkins.v1")
-	require.NoError(t, err)
-	for range 10 {
-		require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"k", "v"}}).Err())
-	}
-	read := func(group string, n int64) string {
-		res, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: "c-" + group, Streams: []string{stream, ">"}, Count: n, Block: -1}).Result()
-		require.NoError(t, err)
-		last := ""
-		for _, m := range res[0].Messages {
-			require.NoError(t, c.XAck(ctx, stream, group, m.ID).Err())
-			last = m.ID
-		}
-		return last
-	}
+	read := twoSetsOfTenEntries(t, l, c, stream)
+	var err error
 	p := read("live", 3)
 	read("live:daily_checkins", 10)
 	time.Sleep(5 * time.Millisecond)

@@ -113,23 +113,25 @@ func (l *LiveGroups) DropMoved(ctx context.Context, member string, minIdle time.
 	return rep, nil
 }
 
-// EndDrop removes member's dropping marks on every partition (ops.LiveGroups), the last
-// partition first, for the reason EndDisband does.
+// EndDrop removes member's dropping marks on every partition (ops.LiveGroups), the last first.
 func (l *LiveGroups) EndDrop(ctx context.Context, member string) error {
-	for i := l.parts.Count() - 1; i >= 0; i-- {
-		if err := l.client.HDel(ctx, l.parts.Registry(i), droppingField+member).Err(); err != nil {
-			return fmt.Errorf("finish dropping %s on %s: %w", member, l.parts.Stream(i), err)
-		}
-	}
-	return nil
+	return l.clearFields(ctx, "finish dropping "+member, droppingField+member)
 }
 
 // ForgetMoved removes member's moved record and dropping mark on every partition
 // (ops.LiveGroups): the version is removed for good.
 func (l *LiveGroups) ForgetMoved(ctx context.Context, member string) error {
-	for i := range l.parts.Count() {
-		if err := l.client.HDel(ctx, l.parts.Registry(i), movedField+member, droppingField+member).Err(); err != nil {
-			return fmt.Errorf("forget that %s was moved on %s: %w", member, l.parts.Stream(i), err)
+	return l.clearFields(ctx, "forget that "+member+" was moved", movedField+member, droppingField+member)
+}
+
+// clearFields removes fields from every partition's registry, the last partition first: a join
+// walks them from the first, so a clear cut short leaves the marks of the first partitions, which
+// refuse the next join before it joins anything (cleared from the first, a join went through on
+// the cleared partitions and stopped at the rest, half joined). what names it in an error.
+func (l *LiveGroups) clearFields(ctx context.Context, what string, fields ...string) error {
+	for i := l.parts.Count() - 1; i >= 0; i-- {
+		if err := l.client.HDel(ctx, l.parts.Registry(i), fields...).Err(); err != nil {
+			return fmt.Errorf("%s on %s: %w", what, l.parts.Stream(i), err)
 		}
 	}
 	return nil

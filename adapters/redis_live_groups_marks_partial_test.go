@@ -44,17 +44,10 @@ func (f failNthHDel) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	return next
 }
 
-// TestEndDisbandCutShortHoldsTheNextJoinWhole: with two partitions, the disband of "live" is cut
-// short inside EndDisband, between its two HDELs. A projector of the old set starts meanwhile
-// (what the mark is for). The marks were cleared from partition 0 on: it joined "live" on
-// partition 0, where the mark was gone, and was refused on partition 1, half joined; the disband
-// run again was refused (the member backfilled on partition 0) and the projector stayed refused
-// on partition 1: neither could leave that state (found by a review). Cleared from the last
-// partition down, the mark left is partition 0's: the join is refused before it joins anything,
-// and the disband run again finishes.
-func TestEndDisbandCutShortHoldsTheNextJoinWhole(t *testing.T) {
-	t.Parallel()
-	env := newProjEnv(t)
+// liveOnTwoPartitions is users.v1 in live group live on two partitions, whose one entry each
+// the group delivered and acknowledged, its consumer idle for a few milliseconds since.
+func liveOnTwoPartitions(t *testing.T, env projEnv) (redis.UniversalClient, adapters.KeySpace, adapters.Partitions, *adapters.LiveGroups) {
+	t.Helper()
 	ctx := context.Background()
 	c := env.client
 	keys, err := env.keys.WithPartitions(2)
@@ -72,6 +65,22 @@ func TestEndDisbandCutShortHoldsTheNextJoinWhole(t *testing.T) {
 		require.NoError(t, c.XAck(ctx, stream, "live", res[0].Messages[0].ID).Err())
 	}
 	time.Sleep(5 * time.Millisecond)
+	return c, keys, parts, l
+}
+
+// TestEndDisbandCutShortHoldsTheNextJoinWhole: with two partitions, the disband of "live" is cut
+// short inside EndDisband, between its two HDELs. A projector of the old set starts meanwhile
+// (what the mark is for). The marks were cleared from partition 0 on: it joined "live" on
+// partition 0, where the mark was gone, and was refused on partition 1, half joined; the disband
+// run again was refused (the member backfilled on partition 0) and the projector stayed refused
+// on partition 1: neither could leave that state (found by a review). Cleared from the last
+// partition down, the mark left is partition 0's: the join is refused before it joins anything,
+// and the disband run again finishes.
+func TestEndDisbandCutShortHoldsTheNextJoinWhole(t *testing.T) {
+	t.Parallel()
+	env := newProjEnv(t)
+	ctx := context.Background()
+	c, keys, parts, l := liveOnTwoPartitions(t, env)
 
 	hooked := redistest.Client(t, env.url)
 	seen := 0
@@ -105,22 +114,7 @@ func TestEndDropCutShortHoldsTheNextJoinWhole(t *testing.T) {
 	t.Parallel()
 	env := newProjEnv(t)
 	ctx := context.Background()
-	c := env.client
-	keys, err := env.keys.WithPartitions(2)
-	require.NoError(t, err)
-	parts := keys.Partitions()
-	l := adapters.NewLiveGroups(c, keys)
-	for _, stream := range parts.Streams() {
-		require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"k", "v"}}).Err())
-	}
-	_, err = l.Join(ctx, "live", "users.v1")
-	require.NoError(t, err)
-	for _, stream := range parts.Streams() {
-		res, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "live", Consumer: "c1", Streams: []string{stream, ">"}, Block: -1}).Result()
-		require.NoError(t, err)
-		require.NoError(t, c.XAck(ctx, stream, "live", res[0].Messages[0].ID).Err())
-	}
-	time.Sleep(5 * time.Millisecond)
+	c, keys, _, l := liveOnTwoPartitions(t, env)
 	b := adapters.NewOpsBackend(c, keys)
 	d, err := command.NewDisbandLiveGroup(b, time.Millisecond)
 	require.NoError(t, err)

@@ -28,26 +28,8 @@ func TestDroppedVersionRunAgainCountsAReplayedEvent(t *testing.T) {
 	h := newDisbandHarness(t)
 	client, keys, ctx := h.client, h.keys, context.Background()
 	users := []ops.ProjectionTarget{{Projection: projection.UserStats{}, Version: 1}}
-	_, stop := h.start("live", users)
-	h.add(2)
-	require.Eventually(t, func() bool { return h.count() == 2 }, 20*time.Second, 20*time.Millisecond)
-	stop()
-
-	// A third check-in, which users.v1 parked (added with the router stopped: not counted by it).
-	e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "parked", UserID: 7, LocationID: 1, StarRating: 2, Timestamp: 99}}
-	values := map[string]any{}
-	for k, v := range e.Fields() {
-		values[k] = v
-	}
-	entryID, err := client.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: values}).Result()
-	require.NoError(t, err)
-	q := adapters.NewPoisonQueue(client, keys)
-	park := func(group string) string {
-		id, err := q.Park(ctx, ops.PoisonEntry{Stream: keys.Stream(), EntryID: entryID, Projection: "users", Group: group, Version: 1,
-			Error: "boom", Attempts: 5, FailedAt: time.Now(), Fields: e.Fields(), Decision: ops.DecisionCounted})
-		require.NoError(t, err)
-		return id
-	}
+	parkAs, deliverToLive := twoCountedAndAThirdParked(t, h, users)
+	park := func(group string) string { return parkAs("users", group) }
 	b := adapters.NewOpsBackend(client, keys)
 	replay, err := command.NewReplayPoisoned(command.ReplayPoisonedConfig{
 		Backend: b, Projections: []projection.Projection{projection.UserStats{}},
@@ -59,13 +41,7 @@ func TestDroppedVersionRunAgainCountsAReplayedEvent(t *testing.T) {
 	require.True(t, res.Applied)
 	require.Equal(t, int64(3), h.count())
 
-	// The live group delivers the parked entry (the router parked and acknowledged it).
-	rs, err := client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "live", Consumer: "c-live", Streams: []string{keys.Stream(), ">"}, Block: -1}).Result()
-	require.NoError(t, err)
-	for _, m := range rs[0].Messages {
-		require.NoError(t, client.XAck(ctx, keys.Stream(), "live", m.ID).Err())
-	}
-	time.Sleep(50 * time.Millisecond)
+	deliverToLive()
 
 	d, err := command.NewDisbandLiveGroup(b, 20*time.Millisecond)
 	require.NoError(t, err)
@@ -101,32 +77,11 @@ func TestDropWaitsForTheEventsItParked(t *testing.T) {
 	h := newDisbandHarness(t)
 	client, keys, ctx := h.client, h.keys, context.Background()
 	users := []ops.ProjectionTarget{{Projection: projection.UserStats{}, Version: 1}}
-	_, stop := h.start("live", users)
-	h.add(2)
-	require.Eventually(t, func() bool { return h.count() == 2 }, 20*time.Second, 20*time.Millisecond)
-	stop()
-	// A third check-in, which users.v1 parked and acknowledged (added with the router stopped).
-	e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "parked", UserID: 7, LocationID: 1, StarRating: 2, Timestamp: 99}}
-	values := map[string]any{}
-	for k, v := range e.Fields() {
-		values[k] = v
-	}
-	entryID, err := client.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: values}).Result()
-	require.NoError(t, err)
+	park, deliverToLive := twoCountedAndAThirdParked(t, h, users)
+	parked := park("users", "live")
+	park("locations", "live") // another projection's parked event does not hold the drop
+	deliverToLive()
 	q := adapters.NewPoisonQueue(client, keys)
-	parked, err := q.Park(ctx, ops.PoisonEntry{Stream: keys.Stream(), EntryID: entryID, Projection: "users",
-		Group: "live", Version: 1, Error: "boom", Attempts: 5, FailedAt: time.Now(), Fields: e.Fields(), Decision: ops.DecisionCounted})
-	require.NoError(t, err)
-	// Another projection's parked event does not hold the drop.
-	_, err = q.Park(ctx, ops.PoisonEntry{Stream: keys.Stream(), EntryID: entryID, Projection: "locations",
-		Group: "live", Version: 1, Error: "boom", Attempts: 5, FailedAt: time.Now(), Fields: e.Fields(), Decision: ops.DecisionCounted})
-	require.NoError(t, err)
-	rs, err := client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "live", Consumer: "c-live", Streams: []string{keys.Stream(), ">"}, Block: -1}).Result()
-	require.NoError(t, err)
-	for _, m := range rs[0].Messages {
-		require.NoError(t, client.XAck(ctx, keys.Stream(), "live", m.ID).Err())
-	}
-	time.Sleep(50 * time.Millisecond)
 
 	b := adapters.NewOpsBackend(client, keys)
 	d, err := command.NewDisbandLiveGroup(b, 20*time.Millisecond)
@@ -150,9 +105,45 @@ func TestDropWaitsForTheEventsItParked(t *testing.T) {
 	require.NoError(t, err)
 
 	// Run again: the whole stream, the once-parked check-in among it, counted once.
-	_, stop = h.start("live:users", users)
+	_, stop := h.start("live:users", users)
 	defer stop()
 	require.Eventually(t, func() bool { return h.count() == 3 }, 20*time.Second, 20*time.Millisecond)
 	time.Sleep(500 * time.Millisecond)
 	assert.Equal(t, int64(3), h.count())
+}
+
+// twoCountedAndAThirdParked: users.v1 counts two check-ins of user 7 through live, and a third is
+// added with its router stopped. park parks that third for a projection, from a group, as
+// users.v1's router would have (version 1); deliverToLive has live deliver and acknowledge it,
+// as that router did once it had parked it.
+func twoCountedAndAThirdParked(t *testing.T, h *disbandHarness, users []ops.ProjectionTarget) (park func(proj, group string) string, deliverToLive func()) {
+	t.Helper()
+	client, keys, ctx := h.client, h.keys, context.Background()
+	_, stop := h.start("live", users)
+	h.add(2)
+	require.Eventually(t, func() bool { return h.count() == 2 }, 20*time.Second, 20*time.Millisecond)
+	stop()
+	e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "parked", UserID: 7, LocationID: 1, StarRating: 2, Timestamp: 99}}
+	values := map[string]any{}
+	for k, v := range e.Fields() {
+		values[k] = v
+	}
+	entryID, err := client.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: values}).Result()
+	require.NoError(t, err)
+	q := adapters.NewPoisonQueue(client, keys)
+	park = func(proj, group string) string {
+		id, err := q.Park(ctx, ops.PoisonEntry{Stream: keys.Stream(), EntryID: entryID, Projection: proj, Group: group, Version: 1,
+			Error: "boom", Attempts: 5, FailedAt: time.Now(), Fields: e.Fields(), Decision: ops.DecisionCounted})
+		require.NoError(t, err)
+		return id
+	}
+	deliverToLive = func() {
+		rs, err := client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "live", Consumer: "c-live", Streams: []string{keys.Stream(), ">"}, Block: -1}).Result()
+		require.NoError(t, err)
+		for _, m := range rs[0].Messages {
+			require.NoError(t, client.XAck(ctx, keys.Stream(), "live", m.ID).Err())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return park, deliverToLive
 }

@@ -2,16 +2,13 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os/exec"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
 )
 
@@ -22,25 +19,10 @@ import (
 // by a review). It now waits, and joins once the disband is done, as the README says.
 func TestOldSetProjectorWaitsOutADisband(t *testing.T) {
 	t.Parallel()
-	rdb := redistest.Open(t)
-	env := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "CLAIM_IDLE": "1s", "RATE_LIMIT_USER": "off"}
-	keys := adapters.KeySpace{Prefix: rdb.Prefix}
-	api := startSvc(t, "api", env)
-	proj := startSvc(t, "project", env)
-	l := newLedger()
-	client := authedClient(5 * time.Second)
-	for i := range 4 {
-		l.post(client, api.base, fmt.Sprintf("wait-%d", i), sent{user: 1 + int64(i%2), location: 3, stars: 4})
-	}
-	l.resolve(t, api.base)
-	l.verifyAll(t, rdb.URL, keys)
-	proj.exit(t, syscall.SIGTERM)
-	time.Sleep(1100 * time.Millisecond)
-	code, _, stderr := runCLI(t, env, "projections", "disband", "live")
-	require.Equal(t, 0, code, stderr)
+	url, env, keys, _ := disbandedAfterCheckins(t, "wait", 4, 2)
 
 	// The disband's second step (removing the markers, a SCAN) is under way: its mark is set.
-	c := redistest.Client(t, rdb.URL)
+	c := redistest.Client(t, url)
 	reg := keys.Partitions().Registry(0)
 	ctx := context.Background()
 	require.NoError(t, c.HSet(ctx, reg, "disbanding:live", strconv.FormatInt(time.Now().UnixMilli(), 10)).Err())

@@ -155,13 +155,13 @@ func TestDisbandRefusesWhileAProjectorRunsOnAQuietStream(t *testing.T) {
 	assert.Contains(t, stdout, "live group live disbanded")
 }
 
-// TestDropMovedVersionFromTheCLI: after a disband, a version no set runs any more is dropped with
-// `checkins projections drop`: a check first, then the drop, which removes its read model, and
-// which answers for a name that is not a version, or not moved, with what is wrong. A projector
-// that runs it again later counts the whole stream onto an empty read model: every read model
-// equals the independent computation.
-func TestDropMovedVersionFromTheCLI(t *testing.T) {
-	t.Parallel()
+// disbandedAfterCheckins: `checkins api` and `checkins project` (every projection: live group
+// live) run on a private Redis, n check-ins of users 1..users at location 3 are posted and
+// projected (every read model checked), project stops (SIGTERM), and once CLAIM_IDLE (1s) has
+// passed `checkins projections disband live` runs. It returns the Redis URL, the environment,
+// the keys and the ledger of the check-ins.
+func disbandedAfterCheckins(t *testing.T, prefix string, n, users int) (string, map[string]string, adapters.KeySpace, *ledger) {
+	t.Helper()
 	rdb := redistest.Open(t)
 	env := map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "CLAIM_IDLE": "1s", "RATE_LIMIT_USER": "off"}
 	keys := adapters.KeySpace{Prefix: rdb.Prefix}
@@ -169,8 +169,8 @@ func TestDropMovedVersionFromTheCLI(t *testing.T) {
 	proj := startSvc(t, "project", env)
 	l := newLedger()
 	client := authedClient(5 * time.Second)
-	for i := range 8 {
-		l.post(client, api.base, fmt.Sprintf("drop-%d", i), sent{user: 1 + int64(i%3), location: 3, stars: 4})
+	for i := range n {
+		l.post(client, api.base, fmt.Sprintf("%s-%d", prefix, i), sent{user: 1 + int64(i%users), location: 3, stars: 4})
 	}
 	l.resolve(t, api.base)
 	l.verifyAll(t, rdb.URL, keys)
@@ -178,14 +178,25 @@ func TestDropMovedVersionFromTheCLI(t *testing.T) {
 	time.Sleep(1100 * time.Millisecond)
 	code, _, stderr := runCLI(t, env, "projections", "disband", "live")
 	require.Equal(t, 0, code, stderr)
+	return rdb.URL, env, keys, l
+}
 
-	code, _, stderr = runCLI(t, env, "projections", "drop", "users")
+// TestDropMovedVersionFromTheCLI: after a disband, a version no set runs any more is dropped with
+// `checkins projections drop`: a check first, then the drop, which removes its read model, and
+// which answers for a name that is not a version, or not moved, with what is wrong. A projector
+// that runs it again later counts the whole stream onto an empty read model: every read model
+// equals the independent computation.
+func TestDropMovedVersionFromTheCLI(t *testing.T) {
+	t.Parallel()
+	url, env, keys, l := disbandedAfterCheckins(t, "drop", 8, 3)
+
+	code, _, stderr := runCLI(t, env, "projections", "drop", "users")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, `"users" is not a projection version`)
 	code, stdout, stderr := runCLI(t, env, "projections", "drop", "users.v1", "--dry-run")
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "users.v1 can be dropped")
-	c := redistest.Client(t, rdb.URL)
+	c := redistest.Client(t, url)
 	userKeys := func() int {
 		ks, err := c.Keys(context.Background(), keys.ProjectionPrefix("users", 1)+"*").Result()
 		require.NoError(t, err)
@@ -210,5 +221,5 @@ func TestDropMovedVersionFromTheCLI(t *testing.T) {
 		withUsers[k] = v
 	}
 	startSvc(t, "project", withUsers)
-	l.verifyAll(t, rdb.URL, keys)
+	l.verifyAll(t, url, keys)
 }
