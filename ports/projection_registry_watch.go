@@ -57,11 +57,14 @@ func (w RegistryWatch) reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, _, err := w.Router.SetTargets(ctx, targets); err != nil {
-		return err
+	_, _, waiting := w.Router.SetTargets(ctx, targets)
+	if waiting != nil && !JoinWaits(waiting) {
+		return waiting
 	}
+	// A target that waits for a disband or drop holds off nothing else: the other projections'
+	// backfills are removed and their rebuilds stepped all the same.
 	if err := w.Rebuild.RemoveFinishedBackfills(ctx); err != nil {
-		return err
+		return errors.Join(waiting, err)
 	}
-	return w.Rebuild.StepAll(ctx, w.Projections)
+	return errors.Join(waiting, w.Rebuild.StepAll(ctx, w.Projections))
 }

@@ -436,11 +436,13 @@ var ErrLiveGroupConflict = errors.New("projection version is fed by another live
 // stream's last entry, with its own group to backfill what came before), a handler runs for the
 // live group and for every own group still backfilling, and the handlers no longer needed
 // stop. It may be called before Run and then periodically; it returns once stopped handlers
-// have finished their in-flight batches.
+// have finished their in-flight batches. A target whose join must wait (JoinWaits) is left out
+// of this call and named in its error; the others are set up all the same.
 func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.ProjectionTarget) (added, removed []string, err error) {
 	if err := r.rejoinIfLost(ctx, targets); err != nil {
 		return nil, nil, err
 	}
+	var waiting []error
 	targeted := make(map[string]bool, len(targets))
 	for _, t := range targets {
 		targeted[ops.MemberName(t.Projection.Name(), t.Version)] = true
@@ -457,7 +459,12 @@ func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.Project
 		r.atVersion[ops.MemberName(t.Projection.Name(), t.Version)] = t.Projection
 		r.atMu.Unlock()
 		if err := r.join(ctx, ops.MemberName(t.Projection.Name(), t.Version)); err != nil {
-			return nil, nil, err
+			if !JoinWaits(err) {
+				return nil, nil, err
+			}
+			// Held off for a while (a disband or drop under way): the other targets are joined
+			// and fed meanwhile, and the next call tries it again.
+			waiting = append(waiting, err)
 		}
 	}
 	ms, err := r.backend.Read(ctx, r.cfg.LiveGroup)
@@ -488,7 +495,25 @@ func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.Project
 		r.transientCleared(rt.group)
 		r.log.Info("projection handler stopped", "group", rt.group)
 	}
-	return added, removed, err
+	return added, removed, errors.Join(append(waiting, err)...)
+}
+
+// JoinWaits tells whether err, from SetTargets, only says that joins must wait for a disband or
+// a drop under way (ops.ErrDisbandUnfinished, ops.ErrDropUnfinished): the targets it does not
+// name were joined and are fed, and a later call joins the rest once that work is done.
+func JoinWaits(err error) bool {
+	if err == nil {
+		return false
+	}
+	if many, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range many.Unwrap() {
+			if !JoinWaits(e) {
+				return false
+			}
+		}
+		return true
+	}
+	return errors.Is(err, ops.ErrDisbandUnfinished) || errors.Is(err, ops.ErrDropUnfinished)
 }
 
 // rejoinPartial forgets having joined a member that is missing from some partition at two looks

@@ -19,7 +19,6 @@ import (
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app"
 	"github.com/checkins/checkins/app/command"
-	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/query"
 	"github.com/checkins/checkins/ports"
 )
@@ -300,10 +299,11 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (_
 		if len(targets) > 0 {
 			if _, _, err := s.router.SetTargets(pingCtx, targets); err != nil {
 				switch {
-				case errors.Is(err, ops.ErrDisbandUnfinished) || errors.Is(err, ops.ErrDropUnfinished):
-					// A disband or a drop is removing what a group or version left: the
-					// registry watcher joins once it is done (/readyz says why meanwhile).
-					log.Warn("projections start once the disband or drop in progress has finished", "error", err)
+				case ports.JoinWaits(err):
+					// A disband or a drop is removing what a group or version left: the other
+					// projections start now, those the error names once it is done (the registry
+					// watcher joins them; /readyz says why meanwhile).
+					log.Warn("some projections start once the disband or drop in progress has finished", "error", err)
 				case !ports.IsTransient(adapters.RedisErrors{}, err) && !errors.Is(err, context.DeadlineExceeded):
 					return nil, err
 				default:
