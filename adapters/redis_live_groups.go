@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/checkins/checkins/app/ops"
+	"github.com/checkins/checkins/domain"
 )
 
 // Processing groups ("live groups"): the projection versions a projector runs together consume
@@ -277,6 +278,10 @@ if raw then m = cjson.decode(raw) end
 -- markers would go with them.
 if redis.call('HEXISTS', KEYS[1], 'disbanding:' .. ARGV[1]) == 1 then return redis.error_reply('DISBANDING') end
 if m[ARGV[2]] then return raw end
+-- A partition migration runs: it translates the memberships as they were once its projectors
+-- stood still.
+local migrating = redis.call('HGET', KEYS[1], '` + migratingField + `')
+if migrating then return redis.error_reply('MIGRATING ' .. migrating) end
 -- A version being dropped (checkins projections drop, cut short): its read model is half
 -- removed, and a first start now would build on what is left.
 if redis.call('HEXISTS', KEYS[1], 'dropping:' .. ARGV[2]) == 1 then return redis.error_reply('DROPPING') end
@@ -366,6 +371,11 @@ func (l *LiveGroups) Join(ctx context.Context, group, member string) (ops.Member
 		if err != nil && redis.HasErrorPrefix(err, "DISBANDING") {
 			return ops.Membership{}, fmt.Errorf("%w: live group %s was disbanded and its applied markers are still being removed: wait for `checkins projections disband %s` to finish, or run it again if it was cut short",
 				ops.ErrDisbandUnfinished, group, group)
+		}
+		if err != nil && redis.HasErrorPrefix(err, "MIGRATING") {
+			_, why, _ := strings.Cut(err.Error(), "MIGRATING ")
+			return ops.Membership{}, fmt.Errorf("%w (%s): %s joins live group %s once it is done; if it stopped, `checkins partitions migrate --to N` resumes it",
+				domain.ErrMigrating, why, member, group)
 		}
 		if err != nil && redis.HasErrorPrefix(err, "DROPPING") {
 			return ops.Membership{}, fmt.Errorf("%w: %s is being dropped (checkins projections drop was cut short): run `checkins projections drop %s` again to finish, then this process runs it from the start of the stream",

@@ -145,14 +145,59 @@ func (m *PartitionMigrator) Lock(ctx context.Context, ttl time.Duration) (lost <
 	return l.lost, l.release, true, nil
 }
 
-// Quiesce sets the quiesce flag (reason is what processes report).
-func (m *PartitionMigrator) Quiesce(ctx context.Context, reason string) error {
-	return m.client.HSet(ctx, m.keys.Meta(), metaQuiesce, reason).Err()
+// migratingField marks the registry of every partition, old and new, while a migration runs
+// (from its quiesce until it finishes or is called off): a join refuses it (MIGRATING). The
+// migration checks the joins once its projectors stand still and then translates them; the
+// quiesce flag stops projectors only as they poll it, and a projector started meanwhile joins at
+// start, so a join would otherwise land after that check, or half of it (a join walks the
+// partitions), and be translated as it was then. The marks go in the registries themselves, the
+// keys a join script reads, so that a join cannot pass them.
+const migratingField = "migrating"
+
+// Quiesce sets the quiesce flag (reason is what processes report) and marks the registries of
+// the partitions of from and of to as migrating.
+func (m *PartitionMigrator) Quiesce(ctx context.Context, reason string, from, to int) error {
+	if err := m.client.HSet(ctx, m.keys.Meta(), metaQuiesce, reason).Err(); err != nil {
+		return err
+	}
+	return m.eachRegistry(from, to, func(reg string) error {
+		if err := m.client.HSet(ctx, reg, migratingField, reason).Err(); err != nil {
+			return fmt.Errorf("mark %s as migrating: %w", reg, err)
+		}
+		return nil
+	})
 }
 
-// Finish clears the progress and the quiesce flag.
-func (m *PartitionMigrator) Finish(ctx context.Context) error {
+// Finish clears the registries' migrating marks (of the partitions of from and of to), then the
+// progress and the quiesce flag: cut short in between, the progress is still there, and the
+// migration run again sets the marks again before it finishes.
+func (m *PartitionMigrator) Finish(ctx context.Context, from, to int) error {
+	err := m.eachRegistry(from, to, func(reg string) error {
+		if err := m.client.HDel(ctx, reg, migratingField).Err(); err != nil {
+			return fmt.Errorf("clear the migrating mark of %s: %w", reg, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
 	return m.client.HDel(ctx, m.keys.Meta(), metaMigrate, metaQuiesce).Err()
+}
+
+// eachRegistry runs do on the registry of every partition of from and of to.
+func (m *PartitionMigrator) eachRegistry(from, to int, do func(reg string) error) error {
+	for _, n := range []int{from, to} {
+		parts, err := NewPartitions(m.keys, n)
+		if err != nil {
+			return err
+		}
+		for i := range parts.Count() {
+			if err := do(parts.Registry(i)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // Layouts checks that from and to partitions can be told apart (no key shared by both).

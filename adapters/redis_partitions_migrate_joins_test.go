@@ -2,7 +2,10 @@ package adapters_test
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/domain"
 )
 
 // TestMigrateWaitsForTheLiveGroupToPassEveryJoin: users.v2 joined the live group at 10-0 on
@@ -66,11 +70,11 @@ type quiesceHook struct {
 	before func()
 }
 
-func (q quiesceHook) Quiesce(ctx context.Context, reason string) error {
+func (q quiesceHook) Quiesce(ctx context.Context, reason string, from, to int) error {
 	if q.before != nil {
 		q.before()
 	}
-	return q.PartitionMigration.Quiesce(ctx, reason)
+	return q.PartitionMigration.Quiesce(ctx, reason, from, to)
 }
 
 // TestMigrateChecksTheJoinsAgainOnceQuiesced: the joins were settled when the migration checked
@@ -129,4 +133,71 @@ func TestMigrateChecksTheJoinsAgainOnceQuiesced(t *testing.T) {
 	require.NoError(t, client.XAck(ctx, parts.Stream(1), "live", res[0].Messages[0].ID).Err())
 	_, err = mp.Handle(ctx, command.MigrateRequest{To: 1, Batch: 2})
 	require.NoError(t, err)
+}
+
+// copyHook runs before() when the migration starts copying (its joins checked, its projectors
+// standing still).
+type copyHook struct {
+	command.PartitionMigration
+	before func()
+}
+
+func (c copyHook) Copy(ctx context.Context, from, to, batch int, pause time.Duration, saved func(last string) error) (command.CopyResult, error) {
+	c.before()
+	return c.PartitionMigration.Copy(ctx, from, to, batch, pause, saved)
+}
+
+// TestMigrationHoldsOffJoinsUntilItFinishes: once the migration checked the joins with its
+// projectors standing still, it translates the memberships as they are then. A projector
+// started meanwhile joins at start, whatever the quiesce flag says (the flag only stops reading,
+// as the processes poll it), so its join landed after the check, or half of it (a join walks the
+// partitions) under the translation. Now every registry, old and new, is marked migrating from
+// the quiesce on, and a join refuses it (domain.ErrMigrating, which a projector waits out) until
+// the migration finishes; then the version joins the new partitions. Called off, the migration
+// clears the marks too.
+func TestMigrationHoldsOffJoinsUntilItFinishes(t *testing.T) {
+	t.Parallel()
+	client, keys, parts, u0, u1 := twoPartitions(t)
+	ctx := context.Background()
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(0), ID: "10-0", Values: checkinValues("a", u0)}).Err())
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(1), ID: "20-0", Values: checkinValues("b", u1)}).Err())
+	k2, err := keys.WithPartitions(2)
+	require.NoError(t, err)
+	old, now := adapters.NewLiveGroups(client, k2), adapters.NewLiveGroups(client, keys)
+	_, err = old.Join(ctx, "live", "users.v1")
+	require.NoError(t, err)
+
+	tried := 0
+	mp, err := command.NewMigratePartitions(copyHook{PartitionMigration: adapters.NewPartitionMigrator(client, keys), before: func() {
+		tried++
+		_, err := old.Join(ctx, "live", "users.v2")
+		require.ErrorIs(t, err, domain.ErrMigrating, "a join on the old partitions waits")
+		require.ErrorContains(t, err, "2 to 1 partitions")
+		_, err = now.Join(ctx, "live", "users.v2")
+		require.ErrorIs(t, err, domain.ErrMigrating, "and one on the new partitions")
+	}})
+	require.NoError(t, err)
+	_, err = mp.Handle(ctx, command.MigrateRequest{To: 1, Batch: 2})
+	require.NoError(t, err)
+	require.Equal(t, 1, tried)
+	ms, err := now.Read(ctx, "live")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"users.v1"}, slices.Sorted(maps.Keys(ms.Members)), "the refused joins changed nothing")
+	n, err := client.HExists(ctx, keys.Partitions().Registry(0), "migrating").Result()
+	require.NoError(t, err)
+	assert.False(t, n, "the mark is gone")
+	_, err = now.Join(ctx, "live", "users.v2")
+	require.NoError(t, err, "once it is done, the version joins the new partitions")
+
+	// Called off (a disband moved a version between the first check and the quiesce), it clears
+	// the marks as well.
+	mp, err = command.NewMigratePartitions(quiesceHook{PartitionMigration: adapters.NewPartitionMigrator(client, keys), before: func() {
+		require.NoError(t, client.HSet(ctx, keys.Partitions().Registry(0), "moved:daily_checkins.v1", `{"from":"live","pos":"0-0"}`).Err())
+	}})
+	require.NoError(t, err)
+	_, err = mp.Handle(ctx, command.MigrateRequest{To: 2, Batch: 2})
+	require.ErrorContains(t, err, "the migration is called off")
+	require.NoError(t, client.HDel(ctx, keys.Partitions().Registry(0), "moved:daily_checkins.v1").Err())
+	_, err = now.Join(ctx, "live", "users.v3")
+	require.NoError(t, err, "nothing holds a join after a refusal")
 }

@@ -23,6 +23,10 @@ type RegistryWatch struct {
 	Projections []projection.Projection
 	Interval    time.Duration
 	Logger      *slog.Logger
+	// Paused, when set and true, makes a poll change nothing: a partition migration runs (its
+	// quiesce), and translates the live groups' memberships, the backfills' groups and the
+	// versions' keys as its projectors left them.
+	Paused func() bool
 }
 
 // Run watches until ctx ends.
@@ -31,6 +35,14 @@ func (w RegistryWatch) Run(ctx context.Context) error {
 	defer t.Stop()
 	failing := &throttledLog{interval: time.Minute}
 	for {
+		if w.Paused != nil && w.Paused() {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+				continue
+			}
+		}
 		err := w.reconcile(ctx)
 		if err != nil && ctx.Err() == nil && !errors.Is(err, ErrRouterNotRunning) {
 			if ok, n := failing.allow(); ok {

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -124,4 +125,50 @@ func TestRebuildDrivenByTheProjectorLoop(t *testing.T) {
 			assert.Equal(t, ops.RebuildDone, rebuilds[0].State)
 		})
 	}
+}
+
+// TestRegistryWatchStandsStillWhilePaused: while the process is paused (a partition migration's
+// quiesce), the registry watcher changes nothing: a rebuild started meanwhile is not joined (nor
+// stepped, nor its finished backfills removed), since the migration translates the memberships,
+// groups and keys as the projectors left them once they stood still. It goes on once the pause
+// ends.
+func TestRegistryWatchStandsStillWhilePaused(t *testing.T) {
+	t.Parallel()
+	env := redistest.Open(t)
+	client := redistest.Client(t, env.URL)
+	keys := adapters.KeySpace{Prefix: env.Prefix}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx := context.Background()
+	projs := []projection.Projection{projection.UserStats{}}
+	a := opsApp(t, client, keys, projs, app.OpsConfig{RetireGrace: 300 * time.Millisecond, Logger: log})
+	router, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
+		Targets: []ops.ProjectionTarget{{Projection: projection.UserStats{}, Version: 1}},
+		Backend: adapters.NewProjectorBackend(client, keys), Applier: testApplier(t, client, keys),
+		Logger: log, CloseTimeout: 10 * time.Second, Retry: ports.DefaultRetryPolicy(),
+		NewSubscriber: adapters.Subscribers{Kind: "batched", NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, env.URL), nil },
+			Consumer: "c1", BlockTime: 50 * time.Millisecond, DrainTimeout: 5 * time.Second, Logger: watermill.NopLogger{}}.New,
+	})
+	require.NoError(t, err)
+	redistest.Background(t, "router", 20*time.Second, router.Run)
+	var paused atomic.Bool
+	paused.Store(true)
+	watch := ports.RegistryWatch{Router: router, Versions: a.Queries.ProjectionVersions, Rebuild: a.Commands.RebuildProjection,
+		Projections: projs, Interval: 20 * time.Millisecond, Logger: log, Paused: paused.Load}
+	redistest.Background(t, "registry watcher", 20*time.Second, watch.Run)
+	require.Eventually(t, router.Running, 10*time.Second, 10*time.Millisecond)
+
+	_, err = a.Commands.RebuildProjection.Start(ctx, "users")
+	require.NoError(t, err)
+	live := adapters.NewLiveGroups(client, keys)
+	members := func() []string {
+		ms, err := live.Read(ctx, "live")
+		require.NoError(t, err)
+		return slices.Sorted(maps.Keys(ms.Members))
+	}
+	time.Sleep(300 * time.Millisecond) // 15 polls
+	assert.Equal(t, []string{"users.v1"}, members(), "nothing joined while paused")
+
+	paused.Store(false)
+	require.Eventually(t, func() bool { return slices.Contains(members(), "users.v2") }, 10*time.Second, 20*time.Millisecond,
+		"the rebuild's version joins once the pause ends")
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/projection"
+	"github.com/checkins/checkins/domain"
 )
 
 // How the projections are fed, one story over a few files:
@@ -462,8 +463,8 @@ func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.Project
 			if !JoinWaits(err) {
 				return nil, nil, err
 			}
-			// Held off for a while (a disband or drop under way): the other targets are joined
-			// and fed meanwhile, and the next call tries it again.
+			// Held off for a while (a disband, drop or migration under way): the other targets
+			// are joined and fed meanwhile, and the next call tries it again.
 			waiting = append(waiting, err)
 		}
 	}
@@ -498,9 +499,10 @@ func (r *ProjectionRouter) SetTargets(ctx context.Context, targets []ops.Project
 	return added, removed, errors.Join(append(waiting, err)...)
 }
 
-// JoinWaits tells whether err, from SetTargets, only says that joins must wait for a disband or
-// a drop under way (ops.ErrDisbandUnfinished, ops.ErrDropUnfinished): the targets it does not
-// name were joined and are fed, and a later call joins the rest once that work is done.
+// JoinWaits tells whether err, from SetTargets, only says that joins must wait for a disband, a
+// drop or a partition migration under way (ops.ErrDisbandUnfinished, ops.ErrDropUnfinished,
+// domain.ErrMigrating): the targets it does not name were joined and are fed, and a later call
+// joins the rest once that work is done.
 func JoinWaits(err error) bool {
 	if err == nil {
 		return false
@@ -513,7 +515,7 @@ func JoinWaits(err error) bool {
 		}
 		return true
 	}
-	return errors.Is(err, ops.ErrDisbandUnfinished) || errors.Is(err, ops.ErrDropUnfinished)
+	return errors.Is(err, ops.ErrDisbandUnfinished) || errors.Is(err, ops.ErrDropUnfinished) || errors.Is(err, domain.ErrMigrating)
 }
 
 // rejoinPartial forgets having joined a member that is missing from some partition at two looks

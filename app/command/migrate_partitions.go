@@ -33,8 +33,10 @@ type PartitionMigration interface {
 	MaxRequestTimeout(ctx context.Context) (time.Duration, error)
 	Progress(ctx context.Context) (MigrationProgress, error)
 	SaveProgress(ctx context.Context, p MigrationProgress) error
-	Quiesce(ctx context.Context, reason string) error
-	Finish(ctx context.Context) error
+	// Quiesce stops the API and the projectors, and holds off joins into the live groups of
+	// the partitions of from and of to, until Finish.
+	Quiesce(ctx context.Context, reason string, from, to int) error
+	Finish(ctx context.Context, from, to int) error
 	Layouts(from, to int) error
 	TargetsEmpty(ctx context.Context, to int) error
 	Pending(ctx context.Context, from int) ([]string, error)
@@ -281,7 +283,7 @@ func (m *MigratePartitions) handle(ctx context.Context, req MigrateRequest, repo
 		report(fmt.Sprintf("carrying on the migration from %d to %d partitions (phase %s)", p.From, p.To, p.Phase))
 	}
 	res := MigrateResult{From: p.From, To: p.To}
-	if err := m.b.Quiesce(ctx, fmt.Sprintf("%d to %d partitions", p.From, p.To)); err != nil {
+	if err := m.b.Quiesce(ctx, fmt.Sprintf("%d to %d partitions", p.From, p.To), p.From, p.To); err != nil {
 		return res, err
 	}
 	next := func(phase string) error {
@@ -316,7 +318,7 @@ func (m *MigratePartitions) handle(ctx context.Context, req MigrateRequest, repo
 			return res, err
 		}
 		if why != "" {
-			if err := m.b.Finish(ctx); err != nil {
+			if err := m.b.Finish(ctx, p.From, p.To); err != nil {
 				return res, fmt.Errorf("%s; calling the migration off failed, the API still answers 503: %w (run it again)", why, err)
 			}
 			return res, fmt.Errorf("%s (this changed while the projectors were being stopped: the migration is called off and nothing was changed)", why)
@@ -383,7 +385,7 @@ func (m *MigratePartitions) handle(ctx context.Context, req MigrateRequest, repo
 		if late > 0 {
 			report(fmt.Sprintf("copied %d entries added to the old partitions during the migration (a producer writing to the stream directly)", late))
 		}
-		if err := m.b.Finish(ctx); err != nil {
+		if err := m.b.Finish(ctx, p.From, p.To); err != nil {
 			return res, err
 		}
 		report(fmt.Sprintf("the stream has %d partitions; the old ones are deleted; restart every process with STREAM_PARTITIONS=%d", p.To, p.To))

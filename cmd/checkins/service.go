@@ -300,10 +300,11 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (_
 			if _, _, err := s.router.SetTargets(pingCtx, targets); err != nil {
 				switch {
 				case ports.JoinWaits(err):
-					// A disband or a drop is removing what a group or version left: the other
-					// projections start now, those the error names once it is done (the registry
-					// watcher joins them; /readyz says why meanwhile).
-					log.Warn("some projections start once the disband or drop in progress has finished", "error", err)
+					// A disband or a drop is removing what a group or version left, or a
+					// partition migration runs: the other projections start now, those the error
+					// names once it is done (the registry watcher joins them; /readyz says why
+					// meanwhile).
+					log.Warn("some projections start once the disband, drop or partition migration in progress has finished", "error", err)
 				case !ports.IsTransient(adapters.RedisErrors{}, err) && !errors.Is(err, context.DeadlineExceeded):
 					return nil, err
 				default:

@@ -95,7 +95,7 @@ func (s *Service) projectionBackground() ([]func(context.Context) error, error) 
 	}
 	a := s.app
 	watch := ports.RegistryWatch{Router: s.router, Versions: a.Queries.ProjectionVersions, Rebuild: a.Commands.RebuildProjection,
-		Projections: s.proj.projs, Interval: s.cfg.ProjectionPoll, Logger: s.log}
+		Projections: s.proj.projs, Interval: s.cfg.ProjectionPoll, Logger: s.log, Paused: s.quiesced}
 	out := []func(context.Context) error{watch.Run}
 	if s.cfg.Retention.Enabled() {
 		out = append(out, func(ctx context.Context) error {
