@@ -137,7 +137,7 @@ func (a *Application) AddOps(cfg OpsConfig) error {
 		Projections: cfg.Projections, Applier: cfg.Applier, Logger: cfg.Logger}); err != nil {
 		return err
 	}
-	if c.PurgePoisoned, err = command.NewPurgePoisoned(cfg.Backend.Poison, cfg.Logger); err != nil {
+	if c.PurgePoisoned, err = command.NewPurgePoisoned(cfg.Backend.Poison, cfg.Logger, cfg.Projections); err != nil {
 		return err
 	}
 	if c.TrimStream, err = command.NewTrimStream(cfg.Backend.Stream, cfg.Retention); err != nil {

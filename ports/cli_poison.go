@@ -3,13 +3,16 @@ package ports
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/checkins/checkins/app/command"
+	"github.com/checkins/checkins/app/ops"
 	"github.com/checkins/checkins/app/query"
 )
 
@@ -44,6 +47,9 @@ func PoisonCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 		return err
 	}
 	defer s.Close()
+	if err := poisonFlagsFit(fs, verb, *all); err != nil {
+		return err
+	}
 	c, q := s.App.Commands, s.App.Queries
 	switch verb {
 	case "list":
@@ -75,6 +81,9 @@ func PoisonCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 		}
 		if *all {
 			res, err := c.ReplayPoisoned.ReplayAll(ctx, command.BulkRequest{Projection: *projection})
+			if err != nil && ops.IsClientError(err) {
+				return err // refused: nothing ran
+			}
 			if werr := writeBulk(stdout, res, *asJSON, "replayed"); werr != nil {
 				return werr
 			}
@@ -106,6 +115,9 @@ func PoisonCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 		}
 		if *all {
 			res, err := c.PurgePoisoned.PurgeAll(ctx, command.BulkRequest{Projection: *projection})
+			if err != nil && ops.IsClientError(err) {
+				return err // refused: nothing ran
+			}
 			if werr := writeBulk(stdout, res, *asJSON, "purged"); werr != nil {
 				return werr
 			}
@@ -124,6 +136,38 @@ func PoisonCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 		return nil
 	}
 }
+
+// poisonFlagsFit refuses a flag set on the command line that verb does not take: ignored, it
+// would do more than asked (`purge --all --limit 1` purged the whole queue, `purge <id>
+// --projection users` an entry of another projection).
+func poisonFlagsFit(fs *flag.FlagSet, verb string, all bool) error {
+	takes := map[string][]string{
+		"list":   {"projection", "limit", "cursor", "json"},
+		"show":   {"json"},
+		"replay": {"all", "json"},
+		"purge":  {"all", "json"},
+	}[verb]
+	if all {
+		takes = append(takes, "projection")
+	}
+	var wrong []string
+	fs.Visit(func(f *flag.Flag) {
+		if slices.Contains(poisonFlagNames, f.Name) && !slices.Contains(takes, f.Name) {
+			wrong = append(wrong, "--"+f.Name)
+		}
+	})
+	if len(wrong) == 0 {
+		return nil
+	}
+	why := fmt.Sprintf("poison %s does not take %s", verb, strings.Join(wrong, ", "))
+	if (verb == "replay" || verb == "purge") && !all && slices.Contains(wrong, "--projection") {
+		why += " without --all (one entry is named by its ID)"
+	}
+	return errors.New(why + "; see `checkins poison --help`")
+}
+
+// poisonFlagNames are the flags of the poison verbs (the connection flags are everyone's).
+var poisonFlagNames = []string{"json", "all", "projection", "limit", "cursor"}
 
 // oneID reads the single <id> argument, or none with --all.
 func oneID(args []string, all bool) (string, error) {

@@ -2,7 +2,10 @@ package ports
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 
 	"github.com/labstack/echo/v4"
 
@@ -94,12 +97,23 @@ func (h opsHandlers) replayOne(c echo.Context) error {
 }
 
 func bulkRequest(c echo.Context) (command.BulkRequest, error) {
+	// A parameter it does not know is refused: ignored, a misspelt filter
+	// (DELETE /ops/poison?projetion=users) ran over every entry.
+	for name := range c.QueryParams() {
+		if !slices.Contains(bulkParams, name) {
+			return command.BulkRequest{}, &domain.ValidationError{Code: domain.CodeInvalid, Field: name,
+				Message: fmt.Sprintf("is not a parameter of this route (it takes %s)", strings.Join(bulkParams, ", "))}
+		}
+	}
 	limit, err := queryLimit(c, DefaultHTTPBulkLimit, 0)
 	if err != nil {
 		return command.BulkRequest{}, err
 	}
 	return command.BulkRequest{Projection: c.QueryParam("projection"), After: c.QueryParam("after"), Until: c.QueryParam("until"), Max: limit}, nil
 }
+
+// bulkParams are the query parameters of a bulk replay or purge.
+var bulkParams = []string{"projection", "after", "until", "limit"}
 
 func (h opsHandlers) replayAll(c echo.Context) error {
 	r, err := bulkRequest(c)

@@ -428,7 +428,7 @@ func TestOpsReplayAllGoesInChunksAndResumes(t *testing.T) {
 		h.park("purge-"+strconv.Itoa(i), 1)
 	}
 	pr, err := ops.PurgeAll(context.Background(), command.BulkRequest{Projection: "other"})
-	require.NoError(t, err)
+	require.ErrorContains(t, err, `no parked entry names projection "other"`, "neither an entry nor the build names it")
 	assert.Zero(t, pr.Purged)
 	pr, err = ops.PurgeAll(context.Background(), command.BulkRequest{Projection: "faulty"})
 	require.NoError(t, err)

@@ -3,9 +3,13 @@ package command
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/checkins/checkins/app/ops"
+	"github.com/checkins/checkins/domain"
 )
 
 // PoisonChunk is how many parked entries a bulk replay or purge reads per round trip.
@@ -57,7 +61,24 @@ var errStopEarly = errors.New("stop early")
 
 // walkPoison walks the queue from r.After to r.Until in chunks, handing the entries of
 // r.Projection to do. do returns the ID of the first entry it did not handle when it stops early.
-func walkPoison(ctx context.Context, q ops.PoisonQueue, r BulkRequest, res *BulkResult, do func([]ops.PoisonEntry) (string, error)) error {
+// A whole run (from the start to its end) for a projection that no entry names and that known
+// (the build's projections) does not hold is refused: a misspelt name would otherwise do
+// nothing and say it succeeded.
+func walkPoison(ctx context.Context, q ops.PoisonQueue, r BulkRequest, known []string, res *BulkResult, do func([]ops.PoisonEntry) (string, error)) error {
+	matched := false
+	err := walkPoisonRange(ctx, q, r, res, func(es []ops.PoisonEntry) (string, error) {
+		matched = true
+		return do(es)
+	})
+	if err == nil && r.Projection != "" && !matched && r.After == "" && res.Next == "" && !slices.Contains(known, r.Projection) {
+		return &domain.ValidationError{Code: domain.CodeInvalid, Field: "projection",
+			Message: fmt.Sprintf("no parked entry names projection %q and this build has no such projection (known: %s)", r.Projection, strings.Join(known, ", "))}
+	}
+	return err
+}
+
+// walkPoisonRange is walkPoison's walk.
+func walkPoisonRange(ctx context.Context, q ops.PoisonQueue, r BulkRequest, res *BulkResult, do func([]ops.PoisonEntry) (string, error)) error {
 	if err := ops.ValidateCursor("after", r.After); err != nil {
 		return err
 	}

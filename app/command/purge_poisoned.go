@@ -6,20 +6,32 @@ import (
 	"log/slog"
 
 	"github.com/checkins/checkins/app/ops"
+	"github.com/checkins/checkins/app/projection"
 )
 
 // PurgePoisoned deletes parked events.
 type PurgePoisoned struct {
 	queue ops.PoisonQueue
 	log   *slog.Logger
+	known []string // the build's projections, for a bulk run's filter
 }
 
-// NewPurgePoisoned fails fast on missing dependencies.
-func NewPurgePoisoned(queue ops.PoisonQueue, log *slog.Logger) (*PurgePoisoned, error) {
+// NewPurgePoisoned fails fast on missing dependencies. projections are the build's, which a
+// bulk purge's filter is checked against.
+func NewPurgePoisoned(queue ops.PoisonQueue, log *slog.Logger, projections []projection.Projection) (*PurgePoisoned, error) {
 	if queue == nil || log == nil {
 		return nil, errors.New("command: PurgePoisoned needs a PoisonQueue and a Logger")
 	}
-	return &PurgePoisoned{queue: queue, log: log}, nil
+	return &PurgePoisoned{queue: queue, log: log, known: projectionNames(projections)}, nil
+}
+
+// projectionNames are the names of projs.
+func projectionNames(projs []projection.Projection) []string {
+	out := make([]string, len(projs))
+	for i, p := range projs {
+		out[i] = p.Name()
+	}
+	return out
 }
 
 // Purge deletes one parked entry.
@@ -39,7 +51,7 @@ func (h *PurgePoisoned) Purge(ctx context.Context, id string) error {
 func (h *PurgePoisoned) PurgeAll(ctx context.Context, r BulkRequest) (BulkResult, error) {
 	ctx = withReserve(ctx)
 	var res BulkResult
-	err := walkPoison(ctx, h.queue, r, &res, func(chunk []ops.PoisonEntry) (string, error) {
+	err := walkPoison(ctx, h.queue, r, h.known, &res, func(chunk []ops.PoisonEntry) (string, error) {
 		ids := make([]string, 0, len(chunk))
 		for _, e := range chunk {
 			ids = append(ids, e.ID)

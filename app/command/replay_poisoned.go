@@ -263,7 +263,7 @@ func (h *ReplayPoisoned) replayVersion(ctx context.Context, e ops.PoisonEntry) (
 func (h *ReplayPoisoned) ReplayAll(ctx context.Context, r BulkRequest) (BulkResult, error) {
 	ctx = withReserve(ctx)
 	var res BulkResult
-	err := walkPoison(ctx, h.cfg.Backend.Poison, r, &res, func(chunk []ops.PoisonEntry) (string, error) {
+	err := walkPoison(ctx, h.cfg.Backend.Poison, r, projectionNames(h.cfg.Projections), &res, func(chunk []ops.PoisonEntry) (string, error) {
 		for _, e := range chunk {
 			if stopSoon(ctx) {
 				return e.ID, errStopEarly
