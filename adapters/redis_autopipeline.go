@@ -270,7 +270,7 @@ func (p *AutoPipeline) exec(batch []*pipelineCall) {
 	for attempt := 0; ; attempt++ {
 		pipe := p.client.Pipeline()
 		for _, c := range send {
-			_ = pipe.Process(ctx, c.cmd)
+			_ = pipe.Process(ctx, sendOnce{c.cmd})
 		}
 		_, _ = pipe.Exec(ctx)
 		if attempt > 0 {
@@ -292,6 +292,20 @@ func (p *AutoPipeline) exec(batch []*pipelineCall) {
 		}
 	}
 }
+
+// sendOnce is a command go-redis must not send again (Cmder.NoRetry): the client re-sent a
+// whole pipeline when the reply to the first was late (a read timeout, or a connection lost after
+// the write) and, on a cluster, a node's whole batch when its first command failed with TRYAGAIN
+// (a slot migrating). Once Redis answered again both copies had run: an ingest script counted
+// the limit twice and answered 429 (or "replayed") for the check-in its first run recorded, a
+// plain XADD wrote the event twice, and another request's XADD in the batch ran up to four times
+// (found by a review). The pipeline's commands are writes whose outcome a caller must learn
+// once: such an error is an unknown outcome, which the idempotency records settle when the client
+// retries. MOVED and ASK, which ran nothing, are still followed (go-redis sends only those
+// commands again), as is the NOSCRIPT load below.
+type sendOnce struct{ redis.Cmder }
+
+func (sendOnce) NoRetry() bool { return true }
 
 // minHeadroom is the least time a command's caller must have left for the command to be sent: a
 // round trip under load takes a few milliseconds, and a pipeline's deadline is its earliest

@@ -339,9 +339,10 @@ func (h *RecordCheckinHandler) settle(ctx context.Context, rec IdempotencyRecord
 			return RecordCheckinResult{Checkin: existing.Checkin, Replayed: true}, nil
 		}
 		if existing.Owner == rec.Owner {
-			// This attempt's own reservation: its command ran twice (the Redis client sends a
-			// pipeline again when the reply to the first was lost) and the second run found what
-			// the first wrote. Owners are unique per attempt, so nobody else publishes it.
+			// This attempt's own reservation: its command ran twice and the second run found
+			// what the first wrote (a client that sends a command again when its reply was late;
+			// the auto-pipeline's does not, adapters.sendOnce). Owners are unique per attempt,
+			// so nobody else publishes it.
 			return h.publish(ctx, rec, correlationID, false)
 		}
 		// Another attempt holds the reservation. Reservation times come from the clocks of
