@@ -131,7 +131,18 @@ func retryMiddleware(p RetryPolicy) message.HandlerMiddleware {
 						}
 					}
 					if len(retry) == 0 || attempt >= p.MaxAttempts {
-						return nil, &BatchFailure{Failed: append(final, retry...), Held: bf.Held}
+						// A unit that has not spent its attempts (it began failing after the
+						// others, held back with their entries until then) is held, not failed:
+						// the poison middleware parks the failed ones and runs it again.
+						failed, held := final, bf.Held
+						for _, f := range retry {
+							if f.attempts >= p.MaxAttempts {
+								failed = append(failed, f)
+							} else {
+								held = append(held, f.unit)
+							}
+						}
+						return nil, &BatchFailure{Failed: failed, Held: held}
 					}
 					units = make([]unit, 0, len(retry)+len(bf.Held))
 					for _, f := range retry {
