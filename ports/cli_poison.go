@@ -19,8 +19,8 @@ import (
 const poisonUsage = `Usage:
   checkins poison list [--projection P] [--limit N] [--cursor ID] [--json]
   checkins poison show <id>
-  checkins poison replay <id> | --all [--projection P] [--json]
-  checkins poison purge <id> | --all [--projection P] [--json]
+  checkins poison replay <id> | --all [--projection P [--version N]] [--json]
+  checkins poison purge <id> | --all [--projection P [--version N]] [--json]
 
 Parked events live in the stream <KEY_PREFIX>:events:poison. Replay runs an event through the
 projection that failed, against its store (which dedupes: a replay never double counts), and
@@ -40,6 +40,7 @@ func PoisonCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 	asJSON := fs.Bool("json", false, "print JSON")
 	all := fs.Bool("all", false, "every entry (replay, purge)")
 	projection := fs.String("projection", "", "only entries of this projection")
+	version := fs.Int("version", 0, "with --all --projection: only entries that version of it parked")
 	limit := fs.Int("limit", query.DefaultPoisonListLimit, "entries per page (list)")
 	cursor := fs.String("cursor", "", "continue a list after this entry ID")
 	s, err := connect("poison "+verb, fs, PermuteArgs(args, boolFlags))
@@ -80,7 +81,7 @@ func PoisonCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 			return err
 		}
 		if *all {
-			res, err := c.ReplayPoisoned.ReplayAll(ctx, command.BulkRequest{Projection: *projection})
+			res, err := c.ReplayPoisoned.ReplayAll(ctx, command.BulkRequest{Projection: *projection, Version: *version})
 			if err != nil && ops.IsClientError(err) {
 				return err // refused: nothing ran
 			}
@@ -114,7 +115,7 @@ func PoisonCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 			return err
 		}
 		if *all {
-			res, err := c.PurgePoisoned.PurgeAll(ctx, command.BulkRequest{Projection: *projection})
+			res, err := c.PurgePoisoned.PurgeAll(ctx, command.BulkRequest{Projection: *projection, Version: *version})
 			if err != nil && ops.IsClientError(err) {
 				return err // refused: nothing ran
 			}
@@ -148,7 +149,7 @@ func poisonFlagsFit(fs *flag.FlagSet, verb string, all bool) error {
 		"purge":  {"all", "json"},
 	}[verb]
 	if all {
-		takes = append(takes, "projection")
+		takes = append(takes, "projection", "version")
 	}
 	var wrong []string
 	fs.Visit(func(f *flag.Flag) {
@@ -160,14 +161,14 @@ func poisonFlagsFit(fs *flag.FlagSet, verb string, all bool) error {
 		return nil
 	}
 	why := fmt.Sprintf("poison %s does not take %s", verb, strings.Join(wrong, ", "))
-	if (verb == "replay" || verb == "purge") && !all && slices.Contains(wrong, "--projection") {
+	if (verb == "replay" || verb == "purge") && !all && (slices.Contains(wrong, "--projection") || slices.Contains(wrong, "--version")) {
 		why += " without --all (one entry is named by its ID)"
 	}
 	return errors.New(why + "; see `checkins poison --help`")
 }
 
 // poisonFlagNames are the flags of the poison verbs (the connection flags are everyone's).
-var poisonFlagNames = []string{"json", "all", "projection", "limit", "cursor"}
+var poisonFlagNames = []string{"json", "all", "projection", "version", "limit", "cursor"}
 
 // oneID reads the single <id> argument, or none with --all.
 func oneID(args []string, all bool) (string, error) {

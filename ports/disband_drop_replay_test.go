@@ -78,10 +78,15 @@ func TestDropWaitsForTheEventsItParked(t *testing.T) {
 	client, keys, ctx := h.client, h.keys, context.Background()
 	users := []ops.ProjectionTarget{{Projection: projection.UserStats{}, Version: 1}}
 	park, deliverToLive := twoCountedAndAThirdParked(t, h, users)
-	parked := park("users", "live")
+	park("users", "live")
 	park("locations", "live") // another projection's parked event does not hold the drop
 	deliverToLive()
 	q := adapters.NewPoisonQueue(client, keys)
+	// Nor does one another version of users parked (say the one serving now).
+	e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "other-version", UserID: 8, LocationID: 1, StarRating: 2, Timestamp: 98}}
+	otherVersion, err := q.Park(ctx, ops.PoisonEntry{Stream: keys.Stream(), EntryID: "1-1", Projection: "users", Group: "live", Version: 2,
+		Error: "boom", Attempts: 5, FailedAt: time.Now(), Fields: e.Fields(), Decision: ops.DecisionCounted})
+	require.NoError(t, err)
 
 	b := adapters.NewOpsBackend(client, keys)
 	d, err := command.NewDisbandLiveGroup(b, 20*time.Millisecond)
@@ -93,14 +98,25 @@ func TestDropWaitsForTheEventsItParked(t *testing.T) {
 	for _, dry := range []bool{true, false} {
 		_, err = drop.Run(ctx, "users.v1", dry)
 		require.ErrorIs(t, err, ops.ErrDropRefused)
-		assert.Contains(t, err.Error(), "1 events it parked are in the poison queue: purge them (checkins poison purge --all --projection users")
+		assert.Contains(t, err.Error(), "1 events it parked are in the poison queue: purge them (checkins poison purge --all --projection users --version 1;")
 	}
 	assert.Equal(t, int64(2), h.count(), "nothing changed")
 	moved, err := adapters.NewLiveGroups(client, keys).ReadMoved(ctx)
 	require.NoError(t, err)
 	assert.Contains(t, moved[keys.Stream()], "users.v1", "still moved")
 
-	require.NoError(t, q.Delete(ctx, parked))
+	// As the refusal says: the entries users.v1 parked go, the others stay (without --version,
+	// the serving version's would have gone too, uncounted for good).
+	purge, err := command.NewPurgePoisoned(q, slog.New(slog.DiscardHandler), []projection.Projection{projection.UserStats{}})
+	require.NoError(t, err)
+	res, err := purge.PurgeAll(ctx, command.BulkRequest{Projection: "users", Version: 1})
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), res.Purged)
+	left, err := q.Range(ctx, "", "+", 10)
+	require.NoError(t, err)
+	require.Len(t, left, 2)
+	assert.Equal(t, "locations", left[0].Projection)
+	assert.Equal(t, otherVersion, left[1].ID)
 	_, err = drop.Run(ctx, "users.v1", false)
 	require.NoError(t, err)
 

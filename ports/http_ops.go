@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/labstack/echo/v4"
@@ -109,11 +110,18 @@ func bulkRequest(c echo.Context) (command.BulkRequest, error) {
 	if err != nil {
 		return command.BulkRequest{}, err
 	}
-	return command.BulkRequest{Projection: c.QueryParam("projection"), After: c.QueryParam("after"), Until: c.QueryParam("until"), Max: limit}, nil
+	version := 0
+	if v := c.QueryParam("version"); v != "" {
+		if version, err = strconv.Atoi(v); err != nil || version < 1 {
+			return command.BulkRequest{}, &domain.ValidationError{Code: domain.CodeInvalid, Field: "version",
+				Message: fmt.Sprintf("must be a projection version, an integer >= 1, got %q", v)}
+		}
+	}
+	return command.BulkRequest{Projection: c.QueryParam("projection"), Version: version, After: c.QueryParam("after"), Until: c.QueryParam("until"), Max: limit}, nil
 }
 
 // bulkParams are the query parameters of a bulk replay or purge.
-var bulkParams = []string{"projection", "after", "until", "limit"}
+var bulkParams = []string{"projection", "version", "after", "until", "limit"}
 
 func (h opsHandlers) replayAll(c echo.Context) error {
 	r, err := bulkRequest(c)

@@ -132,7 +132,60 @@ func TestPoisonBulkRouteRefusesAnUnknownParameter(t *testing.T) {
 		var e apiErr
 		assert.Equal(t, http.StatusBadRequest, call(t, method, ts.URL+path, &e), m)
 		assert.Equal(t, "projetion", e.Error.Field, m)
-		assert.Contains(t, e.Error.Message, "is not a parameter of this route (it takes projection, after, until, limit)", m)
+		assert.Contains(t, e.Error.Message, "is not a parameter of this route (it takes projection, version, after, until, limit)", m)
 	}
 	assert.Len(t, h.poison(), 2, "a request with a parameter the route does not know changes nothing")
+}
+
+// TestPoisonBulkByVersion: --version (HTTP: version) keeps a bulk run to the entries one version
+// of the projection parked, which `projections drop` tells an operator to purge: without it the
+// serving version's parked events went too, uncounted for good. It goes with --all and
+// --projection; a bad one is refused, naming it, and nothing changes.
+func TestPoisonBulkByVersion(t *testing.T) {
+	t.Parallel()
+	p := newFaulty("users", nil)
+	h := startHarness(t, p, harnessOptions{})
+	q := adapters.NewPoisonQueue(h.client, h.keys)
+	e := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "v", UserID: 1, LocationID: 2, StarRating: 3, Timestamp: 1_700_000_000_000}, RecordedAt: 1_700_000_000_000}
+	parkV := func(version int) string {
+		id, err := q.Park(context.Background(), ops.PoisonEntry{Stream: h.keys.Stream(), EntryID: "1-1", Projection: "users", Version: version,
+			Group: testGroup, Error: "test", Attempts: 5, FailedAt: time.Now(), Fields: e.Fields()})
+		require.NoError(t, err)
+		return id
+	}
+	parkV(1)
+	parkV(1)
+	v2 := parkV(2)
+	ts, _ := opsAPI(t, h)
+	projs := []projection.Projection{p}
+
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"purge", v2, "--version", "2"}, "poison purge does not take --version without --all"},
+		{[]string{"purge", "--all", "--version", "2"}, "must be a projection version (1 or more) and go with a projection, got 2"},
+		{[]string{"purge", "--all", "--projection", "users", "--version", "-1"}, "must be a projection version (1 or more) and go with a projection, got -1"},
+	} {
+		_, err := poisonCLI(t, h, projs, c.args...)
+		require.Error(t, err, "%v", c.args)
+		assert.Contains(t, err.Error(), c.want, "%v", c.args)
+	}
+	for _, query := range []string{"projection=users&version=0", "projection=users&version=x", "version=1"} {
+		var ae apiErr
+		assert.Equal(t, http.StatusBadRequest, call(t, http.MethodDelete, ts.URL+"/ops/poison?"+query, &ae), query)
+		assert.Equal(t, "version", ae.Error.Field, query)
+	}
+	require.Len(t, h.poison(), 3, "nothing changed")
+
+	var res map[string]any
+	require.Equal(t, http.StatusOK, call(t, http.MethodDelete, ts.URL+"/ops/poison?projection=users&version=1", &res))
+	assert.EqualValues(t, 2, res["purged"])
+	left := h.poison()
+	require.Len(t, left, 1)
+	assert.Equal(t, v2, left[0].ID, "version 2's entry stays")
+	out, err := poisonCLI(t, h, projs, "purge", "--all", "--projection", "users", "--version", "2")
+	require.NoError(t, err)
+	assert.Equal(t, "purged 1 entries\n", out)
+	assert.Empty(t, h.poison())
 }

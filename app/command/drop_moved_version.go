@@ -60,8 +60,8 @@ func (c *DropMovedVersion) Run(ctx context.Context, member string, dryRun bool) 
 	if n, err := c.parkedBy(ctx, name, version); err != nil {
 		return rep, ops.Unavailable(err)
 	} else if n > 0 {
-		return rep, fmt.Errorf("%w %s: %d events it parked are in the poison queue: purge them (checkins poison purge --all --projection %s; run again, the version goes through them itself) or replay them, and run this again",
-			ops.ErrDropRefused, member, n, name)
+		return rep, fmt.Errorf("%w %s: %d events it parked are in the poison queue: purge them (checkins poison purge --all --projection %s --version %d; run again, the version goes through them itself) or replay them, and run this again",
+			ops.ErrDropRefused, member, n, name, version)
 	}
 	if dryRun {
 		return rep, nil

@@ -18,6 +18,9 @@ const PoisonChunk = 100
 // BulkRequest selects entries for a bulk replay or purge.
 type BulkRequest struct {
 	Projection string // "" for all
+	// Version, with Projection, keeps only the entries that version of it parked (0: every
+	// version's).
+	Version int
 	// After continues a previous call ("" from the start); Until bounds the run to entries that
 	// were in the queue when it began ("" = the newest entry now), so entries re-parked by a
 	// failed replay are not replayed again in the same run.
@@ -65,6 +68,10 @@ var errStopEarly = errors.New("stop early")
 // (the build's projections) does not hold is refused: a misspelt name would otherwise do
 // nothing and say it succeeded.
 func walkPoison(ctx context.Context, q ops.PoisonQueue, r BulkRequest, known []string, res *BulkResult, do func([]ops.PoisonEntry) (string, error)) error {
+	if r.Version < 0 || r.Version > 0 && r.Projection == "" {
+		return &domain.ValidationError{Code: domain.CodeInvalid, Field: "version",
+			Message: fmt.Sprintf("must be a projection version (1 or more) and go with a projection, got %d", r.Version)}
+	}
 	matched := false
 	err := walkPoisonRange(ctx, q, r, res, func(es []ops.PoisonEntry) (string, error) {
 		matched = true
@@ -124,7 +131,7 @@ func walkPoisonRange(ctx context.Context, q ops.PoisonQueue, r BulkRequest, res 
 		}
 		mine := es[:0:0]
 		for _, e := range es {
-			if r.Projection == "" || e.Projection == r.Projection {
+			if r.Projection == "" || e.Projection == r.Projection && (r.Version == 0 || failedVersion(e) == r.Version) {
 				mine = append(mine, e)
 			}
 		}
