@@ -37,6 +37,9 @@ type JWKSConfig struct {
 	Logger       *slog.Logger
 }
 
+// maxJWKSRedirects bounds the redirects a JWKS fetch follows (net/http's own default).
+const maxJWKSRedirects = 10
+
 // NewJWKSVerifier verifies tokens signed with asymmetric keys from cfg.URL. It fetches the set
 // once (a failure is logged, not fatal: tokens are refused as signed with an unknown key until a
 // fetch succeeds), then refreshes it in the background until ctx ends.
@@ -68,6 +71,20 @@ func NewJWKSVerifier(ctx context.Context, cfg JWKSConfig) (*Verifier, error) {
 		base = http.DefaultTransport
 	}
 	capped.Transport = cappedTransport{next: base, max: cfg.MaxBytes}
+	// A redirect must keep to the rule the URL is held to: followed to plain http on another
+	// machine, whoever answers it serves the keys tokens are checked with (found by a review).
+	capped.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if len(via) >= maxJWKSRedirects {
+			return fmt.Errorf("JWKS fetch: more than %d redirects", maxJWKSRedirects)
+		}
+		if req.URL.Scheme != "https" && !(req.URL.Scheme == "http" && isLoopbackHost(req.URL.Hostname())) {
+			return fmt.Errorf("JWKS fetch: refused a redirect to %q: keys come over https only (plain http only on loopback)", req.URL.Redacted())
+		}
+		if client.CheckRedirect != nil {
+			return client.CheckRedirect(req, via)
+		}
+		return nil
+	}
 	noErrFirst := true
 	kf, err := keyfunc.NewDefaultOverrideCtx(ctx, []string{cfg.URL}, keyfunc.Override{
 		Client:                    &capped,

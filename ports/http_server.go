@@ -81,21 +81,35 @@ func NewHTTPServer(a app.Application, ready Readiness, cfg HTTPConfig, log *slog
 		// trusts them, GO-2026-6872 and GO-2026-6875).
 		e.IPExtractor = cfg.IPExtractor
 		e.Pre(securityHeaders)
-		if e == s.echo && len(cfg.CORSAllowedOrigins) > 0 { // before auth: a preflight has no token
-			e.Use(corsMiddleware(cfg.CORSAllowedOrigins))
-		}
 		e.Use(s.requestContext, s.accessLog)
 		if cfg.Observe != nil {
 			e.Use(cfg.Observe)
 		}
+		var limit echo.MiddlewareFunc
 		if !cfg.IPLimit.Off() {
 			// Each listener its own budget: a flood of the public port leaves the ops port usable.
 			l, err := NewIPRateLimiter(cfg.IPLimit)
 			if err != nil { // ParseRateLimit never gives such a limit
 				log.Error("per-address rate limit NOT applied", "limit", cfg.IPLimit.String(), "error", err)
 			} else {
-				e.Use(s.limitIP(l))
+				limit = s.limitIP(l)
 			}
+		}
+		switch {
+		case e == s.echo && len(cfg.CORSAllowedOrigins) > 0:
+			// CORS before auth (a preflight has no token). It answers a preflight itself, so
+			// the per-address limit counts a preflight before it (preflights went unlimited:
+			// found by a review), and any other request after it, so that a 429 carries its
+			// headers and a browser can read it.
+			if limit != nil {
+				e.Use(onlyPreflights(limit, true))
+			}
+			e.Use(corsMiddleware(cfg.CORSAllowedOrigins))
+			if limit != nil {
+				e.Use(onlyPreflights(limit, false))
+			}
+		case limit != nil:
+			e.Use(limit)
 		}
 	}
 	if cfg.Quiesced != nil {
@@ -355,5 +369,19 @@ func (s *HTTPServer) quiesce(next echo.HandlerFunc) echo.HandlerFunc {
 			return apiError(http.StatusServiceUnavailable, domain.CodeUnavailable, "", why.Error()+"; retry later")
 		}
 		return apiError(http.StatusServiceUnavailable, CodeMigrating, "", why.Error()+"; retry later")
+	}
+}
+
+// onlyPreflights applies m to the preflights (OPTIONS, which the CORS middleware answers) when
+// preflights is true, and to every other request when false.
+func onlyPreflights(m echo.MiddlewareFunc, preflights bool) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		limited := m(next)
+		return func(c echo.Context) error {
+			if (c.Request().Method == http.MethodOptions) == preflights {
+				return limited(c)
+			}
+			return next(c)
+		}
 	}
 }

@@ -97,8 +97,13 @@ func (u *UI) login(c echo.Context) error {
 	if u.srv.cfg.Auth == nil {
 		return c.Redirect(http.StatusSeeOther, "/ui/")
 	}
-	next := safeNext(c.FormValue("next"))
-	raw := strings.TrimSpace(c.FormValue("token"))
+	// From the body only: FormValue reads the query string too, and a token there stays in the
+	// request line, where proxies and access logs keep it (found by a review).
+	if c.QueryParams().Has("token") {
+		return u.render(c, http.StatusUnauthorized, "login", loginView{Error: "the token goes in the form's body, never in the URL", Next: safeNext(c.Request().PostFormValue("next")), On: true})
+	}
+	next := safeNext(c.Request().PostFormValue("next"))
+	raw := strings.TrimSpace(c.Request().PostFormValue("token"))
 	raw = strings.TrimSpace(strings.TrimPrefix(raw, "Bearer "))
 	fail := func(msg string) error {
 		return u.render(c, http.StatusUnauthorized, "login", loginView{Error: msg, Next: next, On: true})

@@ -3,6 +3,7 @@ package command
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -65,6 +66,16 @@ func ParseRateLimit(v string) (RateLimit, error) {
 		if l.Burst, err = strconv.Atoi(b); err != nil || l.Burst < 1 {
 			return RateLimit{}, bad
 		}
+	}
+	// The limiters count in nanoseconds: one request's share of the period, and a burst's.
+	// Beyond them the share was 0 (no limit) or the burst's window overflowed negative (every
+	// request refused; found by a review).
+	iv := period / time.Duration(rate)
+	if iv == 0 {
+		return RateLimit{}, fmt.Errorf("must be at most 1000000000/s, got %q", v)
+	}
+	if int64(l.Burst) > math.MaxInt64/int64(iv) {
+		return RateLimit{}, fmt.Errorf("burst must be at most %d at %d/%s (its window, burst x period/rate, must fit), got %q", math.MaxInt64/int64(iv), rate, unit, v)
 	}
 	return l, nil
 }
