@@ -267,3 +267,79 @@ func TestTakeOverRunsOnceWhenItsReplyIsLate(t *testing.T) {
 	assert.Equal(t, dead.Checkin, res.Checkin, "a retry answers with the original check-in")
 	assert.True(t, res.Replayed, "a retry answers as a retry")
 }
+
+// stallOnEvalProcessHook stalls Redis (once armed) just before the first EVALSHA sent on its own
+// (not in a pipeline).
+type stallOnEvalProcessHook struct {
+	armed atomic.Bool
+	stall func()
+}
+
+func (h *stallOnEvalProcessHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *stallOnEvalProcessHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "evalsha" && h.armed.CompareAndSwap(true, false) {
+			h.stall()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *stallOnEvalProcessHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestTakeOverRunTwicePublishesTheOriginal: the store on a client of its own (no auto-pipeline),
+// which sends a command again when its reply is late (go-redis's MaxRetries). A retry's TakeOver
+// runs twice: the first run takes the reservation of a dead request, the second finds it held by
+// the retry's own owner. settle published the retry's own check-in then (its own server-set
+// timestamp and recording time: another identity than the original's, should that have landed
+// after all) and answered it as new; it now publishes what is stored, the original, and answers
+// as a retry.
+func TestTakeOverRunTwicePublishesTheOriginal(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	keys := adapters.KeySpace{Prefix: "r10u"}
+	check := redistest.Client(t, srv.URL())
+	newClient := func(rt time.Duration) *redis.Client {
+		c, err := adapters.NewRedisClient(adapters.ClientOptions{URL: srv.URL(), ReadTimeout: rt})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	hook := &stallOnEvalProcessHook{stall: func() { stallRedis(t, srv.URL(), 700*time.Millisecond) }}
+	idemClient := newClient(400 * time.Millisecond)
+	idemClient.AddHook(hook)
+	pub, err := adapters.NewEventPublisher(newClient(0), keys, watermill.NopLogger{})
+	require.NoError(t, err)
+	idem := adapters.NewIdempotencyStore(idemClient, keys, time.Hour)
+	h := lateReplyHandler(t, pub, idem).WithTakeoverAge(time.Second)
+	ctx := context.Background()
+	_, err = h.Handle(ctx, command.RecordCheckin{Input: input(ptr("warm"), 99, 1, 1, nil)})
+	require.NoError(t, err)
+
+	in := input(ptr("ck-6"), 5, 6, 2, nil)
+	t0 := time.Now().Add(-time.Minute).UnixMilli()
+	dead := command.IdempotencyRecord{Fingerprint: in.Fingerprint(), RecordedAt: t0, Owner: "dead", ReservedAt: t0,
+		Checkin: domain.Checkin{ID: "ck-6", UserID: 5, LocationID: 6, StarRating: 2, Timestamp: t0}}
+	got, err := idem.Reserve(ctx, dead)
+	require.NoError(t, err)
+	require.Nil(t, got)
+	_, _, err = idem.TakeOver(ctx, ingestRecord(98, "none", 1), ingestRecord(98, "none", 1)) // the script is cached
+	require.NoError(t, err)
+	hook.armed.Store(true)
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	res, err := h.Handle(rctx, command.RecordCheckin{Input: in})
+	require.NoError(t, err)
+	xs, err := check.XRange(ctx, keys.Stream(), "-", "+").Result()
+	require.NoError(t, err)
+	var ts []any
+	for _, x := range xs {
+		if x.Values[domain.FieldCheckinID] == "ck-6" {
+			ts = append(ts, x.Values[domain.FieldTimestamp])
+		}
+	}
+	assert.Equal(t, []any{strconv.FormatInt(t0, 10)}, ts, "the original check-in (timestamp %d) is what is published", t0)
+	assert.Equal(t, dead.Checkin, res.Checkin)
+	assert.True(t, res.Replayed, "a retry answers as a retry")
+}

@@ -342,8 +342,11 @@ func (h *RecordCheckinHandler) settle(ctx context.Context, rec IdempotencyRecord
 			// This attempt's own reservation: its command ran twice and the second run found
 			// what the first wrote (a client that sends a command again when its reply was late;
 			// the auto-pipeline's does not, adapters.sendOnce). Owners are unique per attempt,
-			// so nobody else publishes it.
-			return h.publish(ctx, rec, correlationID, false)
+			// so nobody else publishes it. What is stored is what it publishes: after a takeover
+			// run twice, the original check-in (rec is this retry's, with its own recording
+			// time, and would be another identity than an original that landed after all).
+			tookOver := existing.Checkin != rec.Checkin || existing.RecordedAt != rec.RecordedAt
+			return h.publish(ctx, *existing, correlationID, tookOver)
 		}
 		// Another attempt holds the reservation. Reservation times come from the clocks of
 		// several processes: the takeover age must stay well above their skew.
