@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/MicahParks/jwkset"
 	"github.com/MicahParks/keyfunc/v3"
 	"github.com/golang-jwt/jwt/v5"
 	"golang.org/x/time/rate"
@@ -104,6 +105,11 @@ func NewJWKSVerifier(ctx context.Context, cfg JWKSConfig) (*Verifier, error) {
 		},
 	})
 	if err != nil {
+		return nil, fmt.Errorf("JWKS %s: %w", redactedURL(cfg.URL), err)
+	}
+	// Only keys for signatures ("use": "sig", or none given) verify a token: a key the provider
+	// publishes for encryption is not one it signs with (RFC 7517, section 4.2).
+	if kf, err = keyfunc.New(keyfunc.Options{Ctx: ctx, Storage: kf.Storage(), UseWhitelist: []jwkset.USE{jwkset.UseSig, ""}}); err != nil {
 		return nil, fmt.Errorf("JWKS %s: %w", redactedURL(cfg.URL), err)
 	}
 	// The key lookup (and the refresh an unknown kid triggers) runs on a context of its own,

@@ -2,6 +2,9 @@ package ports_test
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
+	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -79,4 +82,36 @@ func TestJWKSRedirectToPlainHTTPIsRefused(t *testing.T) {
 	assert.Error(t, verr, "keys fetched over plain http from %s (after a redirect) are trusted; fetches there: %d",
 		plain.URL, plain.fetches.Load())
 	assert.Equal(t, http.StatusUnauthorized, resp.status, "a token signed with a key served over plain http checks in: %s", resp.body)
+}
+
+// TestJWKSKeyForEncryptionDoesNotVerify: a key the provider publishes for encryption ("use":
+// "enc") is not one it signs with (RFC 7517, section 4.2); it verified tokens all the same
+// (suspected by a review). Now only keys for signatures, or keys that say nothing of their use,
+// verify a token.
+func TestJWKSKeyForEncryptionDoesNotVerify(t *testing.T) {
+	t.Parallel()
+	idp := newJWKSServer(t)
+	enc, none, sig := newRSAKID(t, "enc1"), newRSAKID(t, "none1"), newRSAKID(t, "sig1")
+	jwk := func(k *rsaKID, use string) map[string]string {
+		m := map[string]string{"kty": "RSA", "alg": "RS256", "kid": k.kid,
+			"n": base64.RawURLEncoding.EncodeToString(k.key.N.Bytes()),
+			"e": base64.RawURLEncoding.EncodeToString(big.NewInt(int64(k.key.E)).Bytes())}
+		if use != "" {
+			m["use"] = use
+		}
+		return m
+	}
+	body, err := json.Marshal(map[string]any{"keys": []map[string]string{jwk(enc, "enc"), jwk(none, ""), jwk(sig, "sig")}})
+	require.NoError(t, err)
+	idp.mu.Lock()
+	idp.body = body
+	idp.mu.Unlock()
+	v := newJWKSVerifier(t, idp.URL, time.Hour, time.Hour, nil)
+	ctx := context.Background()
+	_, err = v.Verify(ctx, enc.sign(t, idpClaims("1")))
+	assert.Error(t, err, "a key for encryption verifies no token")
+	_, err = v.Verify(ctx, none.sign(t, idpClaims("1")))
+	assert.NoError(t, err, "a key that says nothing of its use does")
+	_, err = v.Verify(ctx, sig.sign(t, idpClaims("1")))
+	assert.NoError(t, err, "a key for signatures does")
 }
