@@ -355,11 +355,39 @@ return enc
 // version joined (its backfill registers identities its registry floors do not yet account for).
 const joinsField = "live_joins"
 
+// notRetired fails with ops.ErrVersionRetired when member is a version below the one its
+// projection serves: a rebuild retired it (or is retiring it), and joined again it would be fed
+// for good, its keys rebuilt from the start of the stream by an own group that holds back
+// retention and the dedupe floors, with nothing left to retire it (a projector that read its
+// targets before the switch and joined them after the retire did that; found by a review). The
+// check and the join are two steps; a retire comes PROJECTION_RETIRE_GRACE after the switch,
+// far longer than the step between them.
+func (l *LiveGroups) notRetired(ctx context.Context, member string) error {
+	name, version, ok := ops.ParseMemberName(member)
+	if !ok {
+		return nil
+	}
+	v, err := l.client.HGet(ctx, l.keys.Projections(), name+".version").Result()
+	if errors.Is(err, redis.Nil) {
+		return nil // never rebuilt: version 1 serves
+	}
+	if err != nil {
+		return err
+	}
+	if serving, err := strconv.Atoi(v); err == nil && version < serving {
+		return fmt.Errorf("%w: %s (reads come from v%d)", ops.ErrVersionRetired, member, serving)
+	}
+	return nil
+}
+
 // Join makes member (MemberName) part of live group, once: later calls return the membership.
 // With partitions it joins on each partition in turn, at that partition's position: until it
 // has joined a partition, the live group's entries there are not for it (they are at or below
 // the position it joins at, so its backfill delivers them).
 func (l *LiveGroups) Join(ctx context.Context, group, member string) (ops.Membership, error) {
+	if err := l.notRetired(ctx, member); err != nil {
+		return ops.Membership{}, err
+	}
 	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
 	raws := make([]string, l.parts.Count())
 	for i := range raws {

@@ -634,6 +634,12 @@ func (r *ProjectionRouter) join(ctx context.Context, member string) error {
 		}
 	}
 	ms, err := r.backend.Join(ctx, r.cfg.LiveGroup, member)
+	if errors.Is(err, ops.ErrVersionRetired) {
+		// Targets read before a rebuild switched reads and retired this version: it is no
+		// target any more, and the next poll's targets leave it out.
+		r.log.Info("not joining a projection version a rebuild retired", "member", member, "error", err)
+		return nil
+	}
 	if other := (*ops.InAnotherLiveGroupError)(nil); errors.As(err, &other) {
 		// Another process joined it to its group since the look above (the join checks again).
 		return r.conflict(member, other.Group)

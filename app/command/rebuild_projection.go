@@ -152,7 +152,9 @@ func (h *RebuildProjection) UpgradeLayouts(ctx context.Context, projs []projecti
 		}
 		h.log.Info("projection version of an earlier layout: rebuilding it in the current one", "projection", name,
 			"version", st.Serving, "layout", layout, "current_layout", current)
-		if _, err := h.Start(ctx, name); err != nil && !errors.Is(err, ErrRebuildBusy) {
+		// A partition migration refuses a rebuild's start until it is done: the next poll
+		// starts it then (a projector started meanwhile exited on it; found by a review).
+		if _, err := h.Start(ctx, name); err != nil && !errors.Is(err, ErrRebuildBusy) && !errors.Is(err, domain.ErrMigrating) {
 			return err
 		}
 	}
@@ -410,6 +412,15 @@ func (h *RebuildProjection) Step(ctx context.Context, name string) (ops.RebuildP
 	default:
 		if !ok {
 			rp.State = ops.RebuildDone
+			return rp, nil
+		}
+		if settled, _ := st.Progress(); settled.State != rp.State {
+			// Nothing is built or retired any more, yet the record says otherwise
+			// (VersionState.Progress): a CLI waiting for the rebuild never returned. Recorded
+			// done now.
+			now := h.now().UTC()
+			rp.State, rp.FinishedAt = ops.RebuildDone, &now
+			return rp, h.saveProgress(ctx, rp)
 		}
 		return rp, nil
 	}
@@ -474,7 +485,7 @@ func (h *RebuildProjection) storedProgress(ctx context.Context, name string, fal
 	if err != nil {
 		return fallback, err
 	}
-	if rp, ok := ops.ParseRebuildProgress(st.Rebuild); ok {
+	if rp, ok := st.Progress(); ok {
 		return rp, nil
 	}
 	return fallback, nil

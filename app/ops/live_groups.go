@@ -225,6 +225,10 @@ type DropReport struct {
 // ErrDisbandUnfinished: a join found the live group disbanded with its markers not yet removed.
 var ErrDisbandUnfinished = errors.New("live group's disband is unfinished")
 
+// ErrVersionRetired: a join of a version below the one its projection serves (a rebuild
+// retired it).
+var ErrVersionRetired = errors.New("projection version was retired by a rebuild")
+
 // ErrDropUnfinished: a join found the version's drop begun and not finished.
 var ErrDropUnfinished = errors.New("projection version's drop is unfinished")
 

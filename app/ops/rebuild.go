@@ -67,6 +67,19 @@ type RebuildProgress struct {
 	StreamLength int64 `json:"streamLength"`
 }
 
+// Progress is the stored progress record of the last rebuild (ok false: none), read against the
+// registry: a record that is not done while the registry has nothing built or retired and
+// serves its target is done. A driver that wrote an earlier step after another finished the
+// rebuild, or the one that finished it and could not record that (its context ended), left it
+// saying "retiring" for good (found by a review); its FinishedAt is then unknown (nil).
+func (st VersionState) Progress() (RebuildProgress, bool) {
+	rp, ok := ParseRebuildProgress(st.Rebuild)
+	if ok && rp.State != RebuildDone && st.Building == 0 && st.Retiring == 0 && rp.To == st.Serving {
+		rp.State = RebuildDone
+	}
+	return rp, ok
+}
+
 // ParseRebuildProgress reads a stored progress record.
 func ParseRebuildProgress(s string) (RebuildProgress, bool) {
 	var rp RebuildProgress

@@ -144,7 +144,7 @@ func (q *ProjectionVersions) List(ctx context.Context) (ProjectionsReport, error
 			vs.State = VersionState(vs)
 			rep.Versions = append(rep.Versions, vs)
 		}
-		if rp, ok := ops.ParseRebuildProgress(st.Rebuild); ok {
+		if rp, ok := st.Progress(); ok {
 			rep.Rebuilds = append(rep.Rebuilds, rp)
 		}
 	}
@@ -233,7 +233,7 @@ func (q *ProjectionVersions) Rebuilds(ctx context.Context) ([]ops.RebuildProgres
 		if err != nil {
 			return nil, ops.Unavailable(err)
 		}
-		if rp, ok := ops.ParseRebuildProgress(st.Rebuild); ok {
+		if rp, ok := st.Progress(); ok {
 			out = append(out, rp)
 		}
 	}
