@@ -477,6 +477,9 @@ func (sub *subscription) read(ctx context.Context) {
 			continue
 		}
 		lease := sub.clock.Load()
+		if ownPEL {
+			sub.inflight.beginRead()
+		}
 		res, err := sub.client.XReadGroup(ctx, args).Result()
 		var (
 			read  []redis.XMessage // what the read returned (the PEL cursor moves past all of it)
@@ -492,6 +495,9 @@ func (sub *subscription) read(ctx context.Context) {
 			if err == nil {
 				fresh = sub.inflight.admit(entryIDs(msgs), lease)
 			}
+		}
+		if ownPEL {
+			sub.inflight.endRead()
 		}
 		sub.fetchMu.Unlock()
 
@@ -590,6 +596,7 @@ func (sub *subscription) claimRound(ctx context.Context) bool {
 			continue
 		}
 		lease := sub.clock.Load()
+		sub.inflight.beginRead()
 		msgs, next, deleted, err := sub.client.XAutoClaimWithDeleted(ctx, &redis.XAutoClaimArgs{
 			Stream:   sub.topic,
 			Group:    sub.cfg.ConsumerGroup,
@@ -602,6 +609,7 @@ func (sub *subscription) claimRound(ctx context.Context) bool {
 		if err == nil {
 			fresh = sub.inflight.admit(entryIDs(msgs), lease)
 		}
+		sub.inflight.endRead()
 		sub.fetchMu.Unlock()
 
 		if err != nil {

@@ -31,6 +31,11 @@ type inflightSet struct {
 	// replaced when someone took it, so the hot ack path allocates nothing while nobody waits.
 	changed chan struct{}
 	watched bool
+	// reading is set while a read that can return members again is out (the own pending list,
+	// an own XAUTOCLAIM), and gone holds the members XACKed meanwhile: Redis may have run the
+	// read before the XACK, and such a member, no longer held, is no new delivery (admit).
+	reading bool
+	gone    map[string]struct{}
 }
 
 type held struct {
@@ -62,6 +67,11 @@ func (f *inflightSet) admit(ids []string, lease int64) []bool {
 	f.mu.Lock()
 	for i, id := range ids {
 		h, dup := f.ids[id]
+		if _, acked := f.gone[id]; !dup && acked {
+			// XACKed while the read that returned it was out: its handler had it already.
+			// Handed out again it was applied again, under a fresh lease (found by a review).
+			continue
+		}
 		if !dup {
 			f.ids[id] = held{at: now, lease: lease}
 			f.unacked++
@@ -197,8 +207,30 @@ func (f *inflightSet) xacked(ids []string) {
 			f.taken.Add(-1)
 		}
 		delete(f.ids, id)
+		if f.reading {
+			if f.gone == nil {
+				f.gone = map[string]struct{}{}
+			}
+			f.gone[id] = struct{}{}
+		}
 	}
 	f.notify()
+	f.mu.Unlock()
+}
+
+// beginRead marks a read out that can return members again (the own pending list, an own
+// XAUTOCLAIM), until endRead; the caller holds fetchMu, so one at a time.
+func (f *inflightSet) beginRead() {
+	f.mu.Lock()
+	f.reading = true
+	f.mu.Unlock()
+}
+
+// endRead ends what beginRead began, once its entries are admitted.
+func (f *inflightSet) endRead() {
+	f.mu.Lock()
+	f.reading = false
+	clear(f.gone)
 	f.mu.Unlock()
 }
 
