@@ -224,3 +224,21 @@ func TestUpgradeLayoutsWaitsOutAMigration(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, st.Building, "nothing started during the migration")
 }
+
+// TestStepAllStepsTheOthersPastAFailure: one projection's step fails (here its registry entry
+// is unreadable), and StepAll returned at it: the rebuilds of the projections after it were not
+// stepped on any poll while it failed. Now each is stepped, and the error names the one that
+// failed.
+func TestStepAllStepsTheOthersPastAFailure(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := switchedRebuild(t)
+	require.NoError(t, e.client.HSet(ctx, e.keys.Projections(), "locations.version", "x").Err())
+	rb := e.rebuild(t, e.be, func() time.Time { return e.switch_.Add(11 * time.Second) })
+	err := rb.StepAll(ctx, []projection.Projection{projection.LocationStats{}, projection.UserStats{}})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "rebuild of locations")
+	st, err := e.be.Registry.State(ctx, "users")
+	require.NoError(t, err)
+	assert.Zero(t, st.Retiring, "users' retire went on past locations' failure")
+}

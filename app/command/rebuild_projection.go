@@ -427,20 +427,23 @@ func (h *RebuildProjection) Step(ctx context.Context, name string) (ops.RebuildP
 }
 
 // StepAll steps the rebuild of each of projs that has one in progress (what every projector
-// does at each registry poll).
+// does at each registry poll). One projection's failure holds off no other's step: the errors
+// are returned together, each naming its projection.
 func (h *RebuildProjection) StepAll(ctx context.Context, projs []projection.Projection) error {
+	var errs []error
 	for _, p := range projs {
-		st, err := h.b.Registry.State(ctx, p.Name())
-		if err != nil {
-			return err
+		if ctx.Err() != nil {
+			return errors.Join(append(errs, ctx.Err())...)
 		}
-		if st.Building > 0 || st.Retiring > 0 {
-			if _, err := h.Step(ctx, p.Name()); err != nil {
-				return err
-			}
+		st, err := h.b.Registry.State(ctx, p.Name())
+		if err == nil && (st.Building > 0 || st.Retiring > 0) {
+			_, err = h.Step(ctx, p.Name())
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("rebuild of %s: %w", p.Name(), err))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // leave takes member out of whichever live group feeds it (a retired version): batches read
