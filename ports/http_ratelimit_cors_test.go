@@ -47,3 +47,22 @@ func TestCORSPreflightIsLimitedPerAddress(t *testing.T) {
 		})
 	}
 }
+
+// TestCORSOriginsABrowserNeverSends: an origin listed with its scheme's default port or a
+// trailing dot was accepted and never matched what a browser sends, so CORS was off for it
+// without a word (found by a review). Now the start refuses it, saying how to write it.
+func TestCORSOriginsABrowserNeverSends(t *testing.T) {
+	t.Parallel()
+	for bad, want := range map[string]string{
+		"https://app.example.com:443": "list it as https://app.example.com",
+		"http://app.example.com:80":   "list it as http://app.example.com",
+		"https://app.example.com.":    "ends its host with a dot",
+	} {
+		_, err := ports.ParseCORSOrigins(bad)
+		require.Error(t, err, bad)
+		assert.Contains(t, err.Error(), want, bad)
+	}
+	got, err := ports.ParseCORSOrigins("https://app.example.com:8443")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"https://app.example.com:8443"}, got, "another port is the origin's own")
+}

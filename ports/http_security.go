@@ -68,6 +68,15 @@ func ParseCORSOrigins(v string) ([]string, error) {
 			u.RawQuery != "" || u.Fragment != "" || u.User != nil || strings.ContainsAny(o, "*?") {
 			return nil, fmt.Errorf("origins must look like https://app.example.com (scheme and host, optional port, no path or wildcard), got %q", o)
 		}
+		// A browser sends the origin as it serializes it: never with its scheme's default port
+		// or a trailing dot. Listed so, it would never match, and CORS would be off for it
+		// without a word.
+		if p := u.Port(); (u.Scheme == "https" && p == "443") || (u.Scheme == "http" && p == "80") {
+			return nil, fmt.Errorf("origin %q names its scheme's default port, which browsers never send: list it as %s://%s", o, u.Scheme, u.Hostname())
+		}
+		if strings.HasSuffix(u.Hostname(), ".") {
+			return nil, fmt.Errorf("origin %q ends its host with a dot, which browsers never send: list it without", o)
+		}
 		out = append(out, strings.ToLower(o))
 	}
 	return out, nil
