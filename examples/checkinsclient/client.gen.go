@@ -512,6 +512,9 @@ type BulkLimit = int
 // BulkUntil defines model for BulkUntil.
 type BulkUntil = string
 
+// BulkVersion defines model for BulkVersion.
+type BulkVersion = int
+
 // CorrelationID defines model for CorrelationID.
 type CorrelationID = string
 
@@ -690,6 +693,9 @@ type PurgeOpsPoisonParams struct {
 	// Limit entries this call handles at most
 	Limit *BulkLimit `form:"limit,omitempty" json:"limit,omitempty"`
 
+	// Version with projection, only the entries that version of it parked
+	Version *BulkVersion `form:"version,omitempty" json:"version,omitempty"`
+
 	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
 }
@@ -720,6 +726,9 @@ type ReplayOpsPoisonParams struct {
 
 	// Limit entries this call handles at most
 	Limit *BulkLimit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Version with projection, only the entries that version of it parked
+	Version *BulkVersion `form:"version,omitempty" json:"version,omitempty"`
 
 	// XCorrelationID carried into the event's metadata and the logs, and sent back; a new UUID when absent, longer than 128 characters, or holding anything but visible ASCII other than quotes, `<`, `>` and `\`
 	XCorrelationID *CorrelationID `json:"X-Correlation-ID,omitempty"`
@@ -2278,6 +2287,18 @@ func NewPurgeOpsPoisonRequest(server string, params *PurgeOpsPoisonParams) (*htt
 
 		}
 
+		if params.Version != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "version", *params.Version, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if encoded := queryValues.Encode(); encoded != "" {
 			rawQueryFragments = append(rawQueryFragments, encoded)
 		}
@@ -2467,6 +2488,18 @@ func NewReplayOpsPoisonRequest(server string, params *ReplayOpsPoisonParams) (*h
 		if params.Limit != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Version != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "version", *params.Version, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			} else {
 				for _, qp := range strings.Split(queryFrag, "&") {
