@@ -328,8 +328,16 @@ type poisonEntryView struct {
 }
 
 func (u *UI) poisonEntry(c echo.Context) error {
-	e, err := u.cfg.App.Queries.ListPoisoned.Show(c.Request().Context(), c.Param("id"))
-	v := poisonEntryView{Page: u.page(c, "Poison entry "+c.Param("id"), "poison"), poisonState: u.poisonStateOf(c), Back: u.poisonBack(c)}
+	id := c.Param("id")
+	if ops.ValidateCursor("id", id) != nil || id == "" {
+		// Not an entry ID: none of its words go on the page (a link could carry any sentence
+		// into the dashboard's title and banner; found by a review).
+		v := poisonEntryView{Page: u.page(c, "Poison entry", "poison"), poisonState: u.poisonStateOf(c), Back: u.poisonBack(c)}
+		v.Page.Error = "not a poison entry ID (they look like 1700000000000-0)"
+		return u.render(c, http.StatusBadRequest, "poison_entry", v)
+	}
+	e, err := u.cfg.App.Queries.ListPoisoned.Show(c.Request().Context(), id)
+	v := poisonEntryView{Page: u.page(c, "Poison entry "+id, "poison"), poisonState: u.poisonStateOf(c), Back: u.poisonBack(c)}
 	if err != nil {
 		if errors.Is(err, domain.ErrNotFound) || ops.IsClientError(err) {
 			v.Page.Error = err.Error()

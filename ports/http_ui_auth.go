@@ -3,6 +3,7 @@ package ports
 import (
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -16,6 +17,10 @@ import (
 // script reads it; SameSite=Strict, so no other site's page sends it; path /ui, so the API and
 // /ops never take it).
 const UICookie = "checkins_ui"
+
+// maxCookieBytes is the largest cookie browsers keep (RFC 6265 section 6.1 asks for at least 4096
+// bytes of name, value and attributes; Chromium and Firefox drop a larger one).
+const maxCookieBytes = 4096
 
 // isUIPath reports whether p is a dashboard route.
 func isUIPath(p string) bool { return p == "/ui" || strings.HasPrefix(p, "/ui/") }
@@ -129,6 +134,12 @@ func (u *UI) login(c echo.Context) error {
 		Secure: c.Scheme() == "https"}
 	if exp, ok := tokenExpiry(raw); ok {
 		ck.Expires = exp
+	}
+	if len(ck.String()) > maxCookieBytes {
+		// Browsers drop a cookie this large without a word: the login seemed to work and the
+		// next page asked for a token again (found by a review).
+		return fail(fmt.Sprintf("this token is too large for a browser session (%d bytes; a browser keeps a cookie of at most %d): use a token with fewer claims, or call the /ops routes with it in the Authorization header",
+			len(raw), maxCookieBytes))
 	}
 	c.SetCookie(ck)
 	return c.Redirect(http.StatusSeeOther, next)

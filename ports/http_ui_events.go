@@ -291,6 +291,12 @@ func (u *UI) serveEvents(c echo.Context) error {
 	if err := errors.Join(rc.SetWriteDeadline(time.Time{}), rc.SetReadDeadline(time.Time{})); err != nil {
 		u.log.Debug("dashboard stream: cannot lift the connection deadlines", "error", err)
 	}
+	// Each write gets a deadline of its own instead: a client that stops reading fills the
+	// socket's buffers, and a write without one blocked for good, holding the stream's slot and
+	// a graceful stop until TCP gave up (found by a review).
+	writeWithin := 2*u.hub.heartbeat + 5*time.Second
+	deadline := func() { _ = rc.SetWriteDeadline(time.Now().Add(writeWithin)) }
+	deadline()
 	w.Header().Set(echo.HeaderContentType, "text/event-stream")
 	w.Header().Set(echo.HeaderCacheControl, "no-store")
 	w.Header().Set("X-Accel-Buffering", "no")
@@ -307,6 +313,7 @@ func (u *UI) serveEvents(c echo.Context) error {
 		if !ok {
 			return nil
 		}
+		deadline()
 		var buf bytes.Buffer
 		if err := u.tmpl.ExecuteTemplate(&buf, "overview_live", overviewView{Sample: s, CanAct: canAct}); err != nil {
 			return err
@@ -324,8 +331,7 @@ func (u *UI) serveEvents(c echo.Context) error {
 		if err := writeSSE(w, "tick", []byte(s.At.UTC().Format(time.RFC3339))); err != nil {
 			return err
 		}
-		w.Flush()
-		return nil
+		return rc.Flush() // its error too: a flush past the deadline fails, the stream ends
 	}
 	if err := send(); err != nil {
 		return nil
@@ -338,10 +344,12 @@ func (u *UI) serveEvents(c echo.Context) error {
 			return nil
 		case <-u.hub.done:
 			// Shutdown: tell the page, then end the answer so the listener can close.
+			deadline()
 			_ = writeSSE(w, "bye", []byte("shutting down"))
 			w.Flush()
 			return nil
 		case <-hb.C:
+			deadline()
 			if why := u.streamRefused(c); why != "" {
 				_ = writeSSE(w, "bye", []byte(why))
 				w.Flush()
@@ -350,7 +358,9 @@ func (u *UI) serveEvents(c echo.Context) error {
 			if _, err := fmt.Fprint(w, ": heartbeat\n\n"); err != nil {
 				return nil
 			}
-			w.Flush()
+			if rc.Flush() != nil {
+				return nil
+			}
 		case <-ch:
 			if err := send(); err != nil {
 				return nil

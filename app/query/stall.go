@@ -141,7 +141,14 @@ func (m *ProgressMonitor) CheckGroups(ctx context.Context, groups []string) ([]G
 // partition, tab-separated. Unchanged is the longest any partition that is behind has been
 // unchanged (the shortest of all when none is behind).
 func (m *ProgressMonitor) checkParts(ctx context.Context, gp *GroupProgress, g *ops.GroupInfo, seen string, now time.Time) {
-	prevAll, _, _ := strings.Cut(seen, "|")
+	// Cut at the last "|" and each item at its last "=": a stream's name holds KEY_PREFIX, which
+	// may hold either (the signature and the times hold neither). Cut at the first, no
+	// observation parsed back, every check restarted the clock, and a partitioned group never
+	// read as stalled (found by a review).
+	prevAll := seen
+	if i := strings.LastIndex(seen, "|"); i >= 0 {
+		prevAll = seen[:i]
+	}
 	m.mu.Lock()
 	if o, ok := m.local[gp.Group]; ok {
 		prevAll = o.sig // Redis refused the last observation (out of memory): this one is newer
@@ -149,8 +156,8 @@ func (m *ProgressMonitor) checkParts(ctx context.Context, gp *GroupProgress, g *
 	m.mu.Unlock()
 	prev := map[string]string{} // stream -> signature@since
 	for _, item := range strings.Split(prevAll, "\t") {
-		if stream, rest, ok := strings.Cut(item, "="); ok {
-			prev[stream] = rest
+		if i := strings.LastIndex(item, "="); i >= 0 {
+			prev[item[:i]] = item[i+1:]
 		}
 	}
 	streams := make([]string, 0, len(g.Parts))

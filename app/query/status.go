@@ -147,8 +147,10 @@ func (s *Status) Status(ctx context.Context) (StatusReport, error) {
 		} else if _, m, ok := ops.MemberOf(live, g.Name); ok {
 			ps.Kind, ps.BackfillTo = KindBackfill, m.Join
 		}
-		if g.Lag >= 0 {
-			lag := g.Lag
+		// As /metrics and /ops/projections count it: Redis tells no lag for a group created in
+		// the middle of the stream until it reaches the end, and the status said "unknown" (the
+		// dashboard "?" and "ok") while the metrics counted it (found by a review).
+		if lag, err := ops.GroupLag(ctx, s.b.Stream, info, &g); err == nil {
 			ps.Lag = &lag
 		}
 		for _, c := range g.Consumers {
@@ -168,8 +170,9 @@ func (s *Status) Status(ctx context.Context) (StatusReport, error) {
 	// Projections this build runs that no group feeds yet (never started).
 	for _, n := range s.names {
 		if !seen[n] {
+			lag := info.Length // nothing delivered yet
 			st.Projections = append(st.Projections, ProjectionStatus{Projection: n, Version: 1, Group: ops.MemberName(n, 1),
-				Kind: KindGroup, Consumers: []ConsumerStatus{}, Poisoned: poisoned[n]})
+				Kind: KindGroup, Consumers: []ConsumerStatus{}, Poisoned: poisoned[n], Lag: &lag})
 		}
 	}
 	for i := range st.Projections {
