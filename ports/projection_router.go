@@ -906,8 +906,11 @@ func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
 			}
 		}
 		// Quiet (nothing pending, nothing delivered since the last look, on any partition): let
-		// go of the markers of the last batches, which no script call will prune now.
-		if known && quiet {
+		// go of the markers of the last batches, which no script call will prune now. Not while
+		// paused: a partition migration may deliver entries again on the new partitions (its
+		// --force, or a run resumed), and their markers are what catches what was applied
+		// (found by a review).
+		if known && quiet && !r.paused() {
 			if _, err := r.cfg.Applier.Sweep(ctx, g, sum.AckedThrough); err != nil {
 				return err
 			}
@@ -935,7 +938,7 @@ func (r *ProjectionRouter) checkpoint(ctx context.Context) error {
 		}
 		// Quiet: the registries' last prunes used the floors of their last decides, which trail
 		// what every group has now passed; no call will prune them until their users check in.
-		if allQuiet {
+		if allQuiet && !r.paused() {
 			if _, err := r.cfg.Applier.SweepRegistries(ctx); err != nil {
 				return err
 			}
@@ -1105,3 +1108,6 @@ func (r *ProjectionRouter) streamOf(d projection.Entry) string {
 	}
 	return d.Stream
 }
+
+// paused says whether the process stands still for a partition migration (ProjectionRouterConfig.Paused).
+func (r *ProjectionRouter) paused() bool { return r.cfg.Paused != nil && r.cfg.Paused() }

@@ -135,6 +135,7 @@ type harnessOptions struct {
 	targets        []ops.ProjectionTarget                                                     // nil: p as version 1
 	before         func(h *harness)                                                           // runs before the router starts
 	observer       ports.ProjectionObserver                                                   // nil: none
+	paused         func() bool                                                                // nil: never (a partition migration's quiesce)
 }
 
 const testGroup = "live"
@@ -166,7 +167,7 @@ func startHarness(t *testing.T, p *faultyProjection, o harnessOptions) *harness 
 	}
 	newSub := adapters.Subscribers{Kind: o.subscriber, NewClient: func() (redis.UniversalClient, error) { return subClient(), nil },
 		Consumer: "c1", BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: o.nackDelay,
-		ClaimInterval: time.Second, ClaimIdle: 5 * time.Second, DrainTimeout: 5 * time.Second, Logger: wlog}.New
+		ClaimInterval: time.Second, ClaimIdle: 5 * time.Second, DrainTimeout: 5 * time.Second, Logger: wlog, Paused: o.paused}.New
 	applier := testApplier(t, h.client, h.keys)
 	if o.applier != nil {
 		applier = o.applier(h.client, h.keys)
@@ -181,7 +182,7 @@ func startHarness(t *testing.T, p *faultyProjection, o harnessOptions) *harness 
 	r, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
 		Targets: targets, Backend: adapters.NewProjectorBackend(h.client, h.keys), Applier: applier,
 		NewSubscriber: newSub, Retry: o.retry, HandlerTimeout: o.handlerTimeout, CloseTimeout: 10 * time.Second, Logger: log,
-		Observer: o.observer,
+		Observer: o.observer, Paused: o.paused,
 	})
 	require.NoError(t, err)
 	h.router, h.apply = r, applier

@@ -345,6 +345,16 @@ func (m *MigratePartitions) handle(ctx context.Context, req MigrateRequest, repo
 			return res, err
 		}
 	}
+	if p.Phase == PhasePosition && recorded == p.To {
+		// The count was recorded, so the groups were positioned and their copy replicated: the
+		// run stopped between recording it and saving the next phase. Positioned again from the
+		// old partitions, entries a projector of the new count took over and acknowledged since
+		// were pending again, and counted twice (found by a review).
+		report(fmt.Sprintf("the stream's count is %d already: its groups were positioned; cleaning up", p.To))
+		if err := next(PhaseCleanup); err != nil {
+			return res, err
+		}
+	}
 	if p.Phase == PhasePosition {
 		t0 := time.Now()
 		seen := p.Seen
