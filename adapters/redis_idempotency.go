@@ -357,8 +357,13 @@ func (s *IdempotencyStore) recordAt(ctx context.Context, key string, c domain.Ch
 		return "", 0, err
 	}
 	old, err := decodeRecord(c.ID, v)
-	if err != nil || old.Checkin.UserID != c.UserID {
-		return "", 0, nil // another user's (or unreadable): scoping ignores it
+	if err != nil {
+		// As at the current key: ignored, the checkinId was reserved again, a retry recorded
+		// again and another body accepted (found by a review).
+		return "", 0, err
+	}
+	if old.Checkin.UserID != c.UserID {
+		return "", 0, nil // another user's: scoping ignores it
 	}
 	ttl, err := s.do(ctx, "PTTL", key)
 	if err != nil {
@@ -586,10 +591,15 @@ func (s *IdempotencyStore) recordLayout(ctx context.Context) (map[string]int64, 
 	earlier := "0"
 	_, err := s.client.HGet(ctx, s.keys.Meta(), metaIdemLayout).Result()
 	switch {
-	case errors.Is(err, redis.Nil) && cur == IdemLayoutUser:
+	case errors.Is(err, redis.Nil) && cur == IdemLayoutUser && !s.keys.Cluster:
 		// The layout of every version before layouts were recorded: nothing to look up or to
 		// record (a single server's keys stay those of before).
 		return nil, nil
+	case errors.Is(err, redis.Nil) && cur == IdemLayoutUser:
+		// On a cluster it is recorded: a partition migration's first store of the new layout
+		// then knows to look the users' slots up. It guessed from the new partitions' streams
+		// having held an entry, and after a migration of a stream RETENTION had emptied (none
+		// copied) a retry of a check-in of before was recorded again (found by a review).
 	case errors.Is(err, redis.Nil):
 		// Versions before layouts were recorded wrote IdemLayoutUser; they ran here if a
 		// partition of the stream ever held an entry.

@@ -36,8 +36,8 @@ func (c *RecordFormat) Set(ctx context.Context, format string) (before string, e
 	if before, err = c.records.Format(ctx); err != nil {
 		return "", err
 	}
-	if before == format {
-		return before, nil
-	}
+	// Written even when it reads so already: with none recorded, Format says what the first
+	// check-in would record, and that may change before it comes (a stream copied in before the
+	// API starts reads as served, JSON), dropping the switch (found by a review).
 	return before, c.records.SetFormat(ctx, format)
 }
