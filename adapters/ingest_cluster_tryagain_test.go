@@ -35,26 +35,8 @@ func TestClusterTryAgainRunsAnotherRequestsXAddOnce(t *testing.T) {
 	ctx := context.Background()
 	keys, err := adapters.NewKeySpace("r10c", true)
 	require.NoError(t, err)
-	newClient := func() redis.UniversalClient {
-		c, err := adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: cl.URL()})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
 	check := redistest.ClusterClient(t, cl.URL())
-	pipeClient := newClient()
-	block := &blockingEchoHook{delay: 300 * time.Millisecond, started: make(chan struct{})}
-	pipeClient.AddHook(block)
-	pipe := adapters.NewAutoPipeline(pipeClient, 64, 1)
-	t.Cleanup(func() { _ = pipe.Close() })
-	pub, err := adapters.NewPipelinedEventPublisher(newClient(), pipe, keys, watermill.NopLogger{})
-	require.NoError(t, err)
-	idem := adapters.NewIdempotencyStore(newClient(), keys, time.Hour).WithAutoPipeline(pipe)
-	policy, err := command.ParseRateLimit("100/s,burst=100")
-	require.NoError(t, err)
-	l, err := adapters.NewRedisRateLimiter(newClient(), pipe, keys, policy)
-	require.NoError(t, err)
-	l = l.WithReservations(idem)
+	pipe, block, pub, _, l := clusterIngest(t, cl, keys, "100/s,burst=100")
 
 	streamSlot := adapters.KeySlot(keys.Stream())
 	streamMaster := cl.MasterOf(t, streamSlot)
@@ -123,26 +105,8 @@ func TestClusterTryAgainRunsAnotherUsersScriptOnce(t *testing.T) {
 	require.NoError(t, err)
 	keys, err = keys.WithPartitions(adapters.DefaultClusterPartitions)
 	require.NoError(t, err)
-	newClient := func() redis.UniversalClient {
-		c, err := adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: cl.URL()})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
 	check := redistest.ClusterClient(t, cl.URL())
-	pipeClient := newClient()
-	block := &blockingEchoHook{delay: 300 * time.Millisecond, started: make(chan struct{})}
-	pipeClient.AddHook(block)
-	pipe := adapters.NewAutoPipeline(pipeClient, 64, 1)
-	t.Cleanup(func() { _ = pipe.Close() })
-	pub, err := adapters.NewPipelinedEventPublisher(newClient(), pipe, keys, watermill.NopLogger{})
-	require.NoError(t, err)
-	idem := adapters.NewIdempotencyStore(newClient(), keys, time.Hour).WithAutoPipeline(pipe)
-	policy, err := command.ParseRateLimit("1/m,burst=1")
-	require.NoError(t, err)
-	l, err := adapters.NewRedisRateLimiter(newClient(), pipe, keys, policy)
-	require.NoError(t, err)
-	l = l.WithReservations(idem)
+	pipe, block, pub, idem, l := clusterIngest(t, cl, keys, "1/m,burst=1")
 	rp, err := adapters.NewReservingPublisher(pub, pipe, idem, l)
 	require.NoError(t, err)
 	h := lateReplyHandler(t, pub, idem).WithUserLimit(l).WithReservingPublisher(rp)
@@ -189,4 +153,32 @@ func TestClusterTryAgainRunsAnotherUsersScriptOnce(t *testing.T) {
 	}
 	assert.Equal(t, 1, n, "B's check-in is on the stream")
 	assert.NoError(t, errB, "B's only request, recorded, must not be refused")
+}
+
+// clusterIngest wires the API's ingest on cl as cmd/checkins does, with the per-user limit
+// policy: one auto-pipeline worker, whose client's ECHO block holds it up (block) so that the
+// next commands share a batch.
+func clusterIngest(t *testing.T, cl *redistest.Cluster, keys adapters.KeySpace, policy string) (*adapters.AutoPipeline, *blockingEchoHook,
+	*adapters.EventPublisher, *adapters.IdempotencyStore, *adapters.RedisRateLimiter) {
+	t.Helper()
+	ctx := context.Background()
+	newClient := func() redis.UniversalClient {
+		c, err := adapters.NewUniversalRedisClient(ctx, adapters.ClientOptions{URL: cl.URL()})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	pipeClient := newClient()
+	block := &blockingEchoHook{delay: 300 * time.Millisecond, started: make(chan struct{})}
+	pipeClient.AddHook(block)
+	pipe := adapters.NewAutoPipeline(pipeClient, 64, 1)
+	t.Cleanup(func() { _ = pipe.Close() })
+	pub, err := adapters.NewPipelinedEventPublisher(newClient(), pipe, keys, watermill.NopLogger{})
+	require.NoError(t, err)
+	idem := adapters.NewIdempotencyStore(newClient(), keys, time.Hour).WithAutoPipeline(pipe)
+	p, err := command.ParseRateLimit(policy)
+	require.NoError(t, err)
+	l, err := adapters.NewRedisRateLimiter(newClient(), pipe, keys, p)
+	require.NoError(t, err)
+	return pipe, block, pub, idem, l.WithReservations(idem)
 }

@@ -60,17 +60,56 @@ type lateReplyEnv struct {
 	idem  *adapters.IdempotencyStore
 }
 
+// serviceClient is a client as the service makes them (NewRedisClient: MaxRetries 1), with read
+// timeout rt (0: its default), closed at the test's end.
+func serviceClient(t *testing.T, url string, rt time.Duration) *redis.Client {
+	t.Helper()
+	c, err := adapters.NewRedisClient(adapters.ClientOptions{URL: url, ReadTimeout: rt})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// abandonedReservation warms h up, then reserves checkinID as a request of a minute ago that left
+// the timestamp to the server and died before publishing; the takeover script is in Redis's
+// cache (as after any earlier takeover). It returns that request, to be retried, and its record.
+func abandonedReservation(t *testing.T, h *command.RecordCheckinHandler, idem *adapters.IdempotencyStore, checkinID string) (command.RecordCheckin, command.IdempotencyRecord) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := h.Handle(ctx, command.RecordCheckin{Input: input(ptr("warm"), 99, 1, 1, nil)})
+	require.NoError(t, err)
+	in := input(ptr(checkinID), 5, 6, 2, nil)
+	t0 := time.Now().Add(-time.Minute).UnixMilli()
+	dead := command.IdempotencyRecord{Fingerprint: in.Fingerprint(), RecordedAt: t0, Owner: "dead", ReservedAt: t0,
+		Checkin: domain.Checkin{ID: checkinID, UserID: 5, LocationID: 6, StarRating: 2, Timestamp: t0}}
+	got, err := idem.Reserve(ctx, dead)
+	require.NoError(t, err)
+	require.Nil(t, got)
+	_, _, err = idem.TakeOver(ctx, ingestRecord(98, "none", 1), ingestRecord(98, "none", 1))
+	require.NoError(t, err)
+	return command.RecordCheckin{Input: in}, dead
+}
+
+// publishedTimestamps are the timestamps of checkinID's entries on keys' stream.
+func publishedTimestamps(t *testing.T, check *redis.Client, keys adapters.KeySpace, checkinID string) []any {
+	t.Helper()
+	xs, err := check.XRange(context.Background(), keys.Stream(), "-", "+").Result()
+	require.NoError(t, err)
+	var ts []any
+	for _, x := range xs {
+		if x.Values[domain.FieldCheckinID] == checkinID {
+			ts = append(ts, x.Values[domain.FieldTimestamp])
+		}
+	}
+	return ts
+}
+
 // newLateReplyEnv wires the API's ingest as cmd/checkins does, with a pipeline client whose read
 // timeout is readTimeout (MaxRetries 1, as NewRedisClient sets it).
 func newLateReplyEnv(t *testing.T, readTimeout time.Duration) lateReplyEnv {
 	t.Helper()
 	srv := redistest.Start(t, redistest.Options{})
-	newClient := func(rt time.Duration) *redis.Client {
-		c, err := adapters.NewRedisClient(adapters.ClientOptions{URL: srv.URL(), ReadTimeout: rt})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
+	newClient := func(rt time.Duration) *redis.Client { return serviceClient(t, srv.URL(), rt) }
 	e := lateReplyEnv{url: srv.URL(), check: redistest.Client(t, srv.URL()), keys: adapters.KeySpace{Prefix: "r10"}}
 	e.pipe = adapters.NewAutoPipeline(newClient(readTimeout), 256, 1)
 	t.Cleanup(func() { _ = e.pipe.Close() })
@@ -216,12 +255,7 @@ func TestTakeOverRunsOnceWhenItsReplyIsLate(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
 	keys := adapters.KeySpace{Prefix: "r10t"}
 	check := redistest.Client(t, srv.URL())
-	newClient := func(rt time.Duration) *redis.Client {
-		c, err := adapters.NewRedisClient(adapters.ClientOptions{URL: srv.URL(), ReadTimeout: rt})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
+	newClient := func(rt time.Duration) *redis.Client { return serviceClient(t, srv.URL(), rt) }
 	hook := &stallOnEvalHook{stall: func() { stallRedis(t, srv.URL(), 700*time.Millisecond) }}
 	pipeClient := newClient(400 * time.Millisecond)
 	pipeClient.AddHook(hook)
@@ -231,38 +265,17 @@ func TestTakeOverRunsOnceWhenItsReplyIsLate(t *testing.T) {
 	require.NoError(t, err)
 	idem := adapters.NewIdempotencyStore(newClient(0), keys, time.Hour).WithAutoPipeline(pipe)
 	h := lateReplyHandler(t, pub, idem).WithTakeoverAge(time.Second)
-	ctx := context.Background()
-	_, err = h.Handle(ctx, command.RecordCheckin{Input: input(ptr("warm"), 99, 1, 1, nil)})
-	require.NoError(t, err)
-
-	// The first request (no timestamp: the server's) reserved ck-5 a minute ago and died.
-	in := input(ptr("ck-5"), 5, 6, 2, nil)
-	t0 := time.Now().Add(-time.Minute).UnixMilli()
-	dead := command.IdempotencyRecord{Fingerprint: in.Fingerprint(), RecordedAt: t0, Owner: "dead", ReservedAt: t0,
-		Checkin: domain.Checkin{ID: "ck-5", UserID: 5, LocationID: 6, StarRating: 2, Timestamp: t0}}
-	got, err := idem.Reserve(ctx, dead)
-	require.NoError(t, err)
-	require.Nil(t, got)
-
-	// The takeover script is in Redis's cache (as after any earlier takeover).
-	_, _, err = idem.TakeOver(ctx, ingestRecord(98, "none", 1), ingestRecord(98, "none", 1))
-	require.NoError(t, err)
+	retry, dead := abandonedReservation(t, h, idem, "ck-5")
+	t0 := dead.RecordedAt
 	hook.armed.Store(true) // the next script call (the retry's TakeOver) meets a stall
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err = h.Handle(rctx, command.RecordCheckin{Input: in})
+	_, err = h.Handle(rctx, retry)
 	require.ErrorIs(t, err, domain.ErrUnavailable, "an unknown outcome")
 	time.Sleep(1500 * time.Millisecond) // the stall ends; the retry's reservation ages past the takeover age
-	res, err := h.Handle(rctx, command.RecordCheckin{Input: in})
+	res, err := h.Handle(rctx, retry)
 	require.NoError(t, err)
-	xs, err := check.XRange(ctx, keys.Stream(), "-", "+").Result()
-	require.NoError(t, err)
-	var ts []any
-	for _, x := range xs {
-		if x.Values[domain.FieldCheckinID] == "ck-5" {
-			ts = append(ts, x.Values[domain.FieldTimestamp])
-		}
-	}
+	ts := publishedTimestamps(t, check, keys, "ck-5")
 	assert.Equal(t, []any{strconv.FormatInt(t0, 10)}, ts, "the original check-in (timestamp %d) is what the takeover publishes", t0)
 	assert.Equal(t, dead.Checkin, res.Checkin, "a retry answers with the original check-in")
 	assert.True(t, res.Replayed, "a retry answers as a retry")
@@ -300,12 +313,7 @@ func TestTakeOverRunTwicePublishesTheOriginal(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
 	keys := adapters.KeySpace{Prefix: "r10u"}
 	check := redistest.Client(t, srv.URL())
-	newClient := func(rt time.Duration) *redis.Client {
-		c, err := adapters.NewRedisClient(adapters.ClientOptions{URL: srv.URL(), ReadTimeout: rt})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
+	newClient := func(rt time.Duration) *redis.Client { return serviceClient(t, srv.URL(), rt) }
 	hook := &stallOnEvalProcessHook{stall: func() { stallRedis(t, srv.URL(), 700*time.Millisecond) }}
 	idemClient := newClient(400 * time.Millisecond)
 	idemClient.AddHook(hook)
@@ -313,32 +321,14 @@ func TestTakeOverRunTwicePublishesTheOriginal(t *testing.T) {
 	require.NoError(t, err)
 	idem := adapters.NewIdempotencyStore(idemClient, keys, time.Hour)
 	h := lateReplyHandler(t, pub, idem).WithTakeoverAge(time.Second)
-	ctx := context.Background()
-	_, err = h.Handle(ctx, command.RecordCheckin{Input: input(ptr("warm"), 99, 1, 1, nil)})
-	require.NoError(t, err)
-
-	in := input(ptr("ck-6"), 5, 6, 2, nil)
-	t0 := time.Now().Add(-time.Minute).UnixMilli()
-	dead := command.IdempotencyRecord{Fingerprint: in.Fingerprint(), RecordedAt: t0, Owner: "dead", ReservedAt: t0,
-		Checkin: domain.Checkin{ID: "ck-6", UserID: 5, LocationID: 6, StarRating: 2, Timestamp: t0}}
-	got, err := idem.Reserve(ctx, dead)
-	require.NoError(t, err)
-	require.Nil(t, got)
-	_, _, err = idem.TakeOver(ctx, ingestRecord(98, "none", 1), ingestRecord(98, "none", 1)) // the script is cached
-	require.NoError(t, err)
+	retry, dead := abandonedReservation(t, h, idem, "ck-6")
+	t0 := dead.RecordedAt
 	hook.armed.Store(true)
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	res, err := h.Handle(rctx, command.RecordCheckin{Input: in})
+	res, err := h.Handle(rctx, retry)
 	require.NoError(t, err)
-	xs, err := check.XRange(ctx, keys.Stream(), "-", "+").Result()
-	require.NoError(t, err)
-	var ts []any
-	for _, x := range xs {
-		if x.Values[domain.FieldCheckinID] == "ck-6" {
-			ts = append(ts, x.Values[domain.FieldTimestamp])
-		}
-	}
+	ts := publishedTimestamps(t, check, keys, "ck-6")
 	assert.Equal(t, []any{strconv.FormatInt(t0, 10)}, ts, "the original check-in (timestamp %d) is what is published", t0)
 	assert.Equal(t, dead.Checkin, res.Checkin)
 	assert.True(t, res.Replayed, "a retry answers as a retry")

@@ -45,14 +45,7 @@ func TestRebuildDrivenByTheProjectorLoop(t *testing.T) {
 			projs := []projection.Projection{projection.UserStats{}}
 			a := opsApp(t, client, keys, projs, app.OpsConfig{RetireGrace: 300 * time.Millisecond, Logger: log})
 
-			router, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-				Targets: []ops.ProjectionTarget{{Projection: projection.UserStats{}, Version: 1}},
-				Backend: adapters.NewProjectorBackend(client, keys), Applier: testApplier(t, client, keys),
-				Logger: log, CloseTimeout: 10 * time.Second, Retry: ports.DefaultRetryPolicy(),
-				NewSubscriber: adapters.Subscribers{Kind: sub, NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, env.URL), nil },
-					Consumer: "c1", BlockTime: 50 * time.Millisecond, DrainTimeout: 5 * time.Second, Logger: watermill.NopLogger{}}.New,
-			})
-			require.NoError(t, err)
+			router := usersV1Router(t, env.URL, client, keys, sub, log)
 			redistest.Background(t, "router", 20*time.Second, router.Run)
 			watch := ports.RegistryWatch{Router: router, Versions: a.Queries.ProjectionVersions, Rebuild: a.Commands.RebuildProjection,
 				Projections: projs, Interval: 50 * time.Millisecond, Logger: log}
@@ -141,14 +134,7 @@ func TestRegistryWatchStandsStillWhilePaused(t *testing.T) {
 	ctx := context.Background()
 	projs := []projection.Projection{projection.UserStats{}}
 	a := opsApp(t, client, keys, projs, app.OpsConfig{RetireGrace: 300 * time.Millisecond, Logger: log})
-	router, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-		Targets: []ops.ProjectionTarget{{Projection: projection.UserStats{}, Version: 1}},
-		Backend: adapters.NewProjectorBackend(client, keys), Applier: testApplier(t, client, keys),
-		Logger: log, CloseTimeout: 10 * time.Second, Retry: ports.DefaultRetryPolicy(),
-		NewSubscriber: adapters.Subscribers{Kind: "batched", NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, env.URL), nil },
-			Consumer: "c1", BlockTime: 50 * time.Millisecond, DrainTimeout: 5 * time.Second, Logger: watermill.NopLogger{}}.New,
-	})
-	require.NoError(t, err)
+	router := usersV1Router(t, env.URL, client, keys, "batched", log)
 	redistest.Background(t, "router", 20*time.Second, router.Run)
 	var paused atomic.Bool
 	paused.Store(true)
@@ -157,7 +143,7 @@ func TestRegistryWatchStandsStillWhilePaused(t *testing.T) {
 	redistest.Background(t, "registry watcher", 20*time.Second, watch.Run)
 	require.Eventually(t, router.Running, 10*time.Second, 10*time.Millisecond)
 
-	_, err = a.Commands.RebuildProjection.Start(ctx, "users")
+	_, err := a.Commands.RebuildProjection.Start(ctx, "users")
 	require.NoError(t, err)
 	live := adapters.NewLiveGroups(client, keys)
 	members := func() []string {
@@ -171,4 +157,18 @@ func TestRegistryWatchStandsStillWhilePaused(t *testing.T) {
 	paused.Store(false)
 	require.Eventually(t, func() bool { return slices.Contains(members(), "users.v2") }, 10*time.Second, 20*time.Millisecond,
 		"the rebuild's version joins once the pause ends")
+}
+
+// usersV1Router is a router that feeds users.v1 through subscriber kind sub (not started).
+func usersV1Router(t *testing.T, url string, client redis.UniversalClient, keys adapters.KeySpace, sub string, log *slog.Logger) *ports.ProjectionRouter {
+	t.Helper()
+	router, err := ports.NewProjectionRouter(ports.ProjectionRouterConfig{
+		Targets: []ops.ProjectionTarget{{Projection: projection.UserStats{}, Version: 1}},
+		Backend: adapters.NewProjectorBackend(client, keys), Applier: testApplier(t, client, keys),
+		Logger: log, CloseTimeout: 10 * time.Second, Retry: ports.DefaultRetryPolicy(),
+		NewSubscriber: adapters.Subscribers{Kind: sub, NewClient: func() (redis.UniversalClient, error) { return redistest.Client(t, url), nil },
+			Consumer: "c1", BlockTime: 50 * time.Millisecond, DrainTimeout: 5 * time.Second, Logger: watermill.NopLogger{}}.New,
+	})
+	require.NoError(t, err)
+	return router
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -34,9 +35,7 @@ func (h *ackRaceHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		name := strings.ToLower(cmd.Name())
 		args := cmd.Args()
-		isAck := (name == "evalsha" || name == "eval") && len(args) > 1 &&
-			(args[1] == batchsub.AckScriptSHA || args[1] == batchsub.AckScript)
-		if isAck && h.failAcks.Load() {
+		if isAckScript(cmd) && h.failAcks.Load() {
 			err := errors.New("test: XACK refused by the test")
 			cmd.SetErr(err)
 			return err
@@ -107,15 +106,7 @@ func TestAckedEntryIsNotDeliveredAgainByTheOwnPELRead(t *testing.T) {
 	}
 	hook.failAcks.Store(false) // the acker's next retry XACKs E while the keep reply is on its way
 
-	select {
-	case m := <-msgs:
-		pending := pendingCount(t, client, topic)
-		until, _ := batchsub.LeaseUntil(m.Context())
-		now, _ := client.Time(ctx).Result()
-		t.Fatalf("entry %s was delivered again (deliveries %s) after its message was acked and XACKed (pending in the group now: %d; lease left by Redis's clock: %dms)",
-			m.Metadata.Get(batchsub.MetaEntryID), m.Metadata.Get(batchsub.MetaDeliveries), pending, until-now.UnixMilli())
-	case <-time.After(4 * time.Second):
-	}
+	notDeliveredAgain(t, client, msgs, topic)
 	require.Zero(t, pendingCount(t, client, topic))
 }
 
@@ -134,10 +125,7 @@ func (h *ackRaceClaimHook) ProcessPipelineHook(next redis.ProcessPipelineHook) r
 
 func (h *ackRaceClaimHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		name := strings.ToLower(cmd.Name())
-		args := cmd.Args()
-		if (name == "evalsha" || name == "eval") && len(args) > 1 &&
-			(args[1] == batchsub.AckScriptSHA || args[1] == batchsub.AckScript) && h.failAcks.Load() {
+		if isAckScript(cmd) && h.failAcks.Load() {
 			err := errors.New("test: XACK refused by the test")
 			cmd.SetErr(err)
 			return err
@@ -170,7 +158,7 @@ func TestAckedEntryIsNotDeliveredAgainByItsOwnClaim(t *testing.T) {
 	hook := &ackRaceClaimHook{claimed: make(chan struct{}, 1)}
 	client.AddHook(hook)
 	ctx := context.Background()
-	const topic = "review15-acked-claimed"
+	const topic = "acked-claimed"
 	_, ids := publish(t, client, topic, "m", 1)
 
 	sub := newSub(t, client, batchsub.Config{
@@ -198,11 +186,25 @@ func TestAckedEntryIsNotDeliveredAgainByItsOwnClaim(t *testing.T) {
 	}
 	hook.failAcks.Store(false) // the acker's retry XACKs E while the XAUTOCLAIM reply is on its way
 
+	notDeliveredAgain(t, client, msgs, topic)
+}
+
+// isAckScript tells whether cmd runs the subscriber's fenced XACK script.
+func isAckScript(cmd redis.Cmder) bool {
+	name, args := strings.ToLower(cmd.Name()), cmd.Args()
+	return (name == "evalsha" || name == "eval") && len(args) > 1 &&
+		(args[1] == batchsub.AckScriptSHA || args[1] == batchsub.AckScript)
+}
+
+// notDeliveredAgain fails the test when msgs hands out a message within 4 s: the entry, acked and
+// XACKed, was delivered again.
+func notDeliveredAgain(t *testing.T, client *redis.Client, msgs <-chan *message.Message, topic string) {
+	t.Helper()
 	select {
 	case m := <-msgs:
 		pending := pendingCount(t, client, topic)
 		until, _ := batchsub.LeaseUntil(m.Context())
-		now, _ := client.Time(ctx).Result()
+		now, _ := client.Time(context.Background()).Result()
 		t.Fatalf("entry %s was delivered again (deliveries %s) after its message was acked and XACKed (pending in the group now: %d; lease left by Redis's clock: %dms)",
 			m.Metadata.Get(batchsub.MetaEntryID), m.Metadata.Get(batchsub.MetaDeliveries), pending, until-now.UnixMilli())
 	case <-time.After(4 * time.Second):
