@@ -698,19 +698,20 @@ func (m *PartitionMigrator) readRegistries(ctx context.Context, src Partitions, 
 type vector struct {
 	at []ops.EntryID
 	// per new partition: the translated position (the last entry of the prefix of delivered
-	// entries), the entries up to it, whether an entry not delivered was met, and the delivered
-	// entries after that one (holes).
+	// entries), the entries up to it, whether an entry not delivered was met, the delivered
+	// entries after that one (holes), and the entries pending on the old partitions (again).
 	pos     []ops.EntryID
 	count   []int64
 	closed  []bool
 	holes   [][]string
+	again   [][]string
 	present bool
-	pending []map[string]bool // per old partition: entries taken as not delivered
+	pending []map[string]bool // per old partition: entries pending (only with force)
 }
 
 func newVector(at []string, to int) (*vector, error) {
 	v := &vector{at: make([]ops.EntryID, len(at)), pos: make([]ops.EntryID, to), count: make([]int64, to),
-		closed: make([]bool, to), holes: make([][]string, to)}
+		closed: make([]bool, to), holes: make([][]string, to), again: make([][]string, to)}
 	for i, s := range at {
 		if s == "" || s == "0" {
 			continue
@@ -726,12 +727,16 @@ func newVector(at []string, to int) (*vector, error) {
 }
 
 func (v *vector) see(e migrateEntry) {
-	delivered := !v.at[e.old].Less(e.id) && (v.pending == nil || !v.pending[e.old][e.msg.ID])
+	pending := v.pending != nil && v.pending[e.old][e.msg.ID]
+	delivered := !v.at[e.old].Less(e.id) && !pending
 	switch {
 	case delivered && !v.closed[e.to]:
 		v.pos[e.to], v.count[e.to] = e.newID, v.count[e.to]+1
 	case delivered:
 		v.holes[e.to] = append(v.holes[e.to], e.newID.String())
+	case pending:
+		v.closed[e.to] = true
+		v.again[e.to] = append(v.again[e.to], e.newID.String())
 	default:
 		v.closed[e.to] = true
 	}
@@ -743,7 +748,9 @@ const migrateConsumer = "partitions-migrate"
 
 // Position translates every consumer group and the live-group registry of the old layout to
 // the new one (see above) and reports the groups positioned. With force, groups may have
-// entries pending: they count as not delivered (delivered again on the new partitions).
+// entries pending: they are pending again on the new partitions (for migrateConsumer, taken
+// over at once, as the redeliveries they are), and the poison queue's records of the units
+// parked of them go with them (parkedOn).
 //
 // seen bounds what it reads of each old partition to what the copy read there (nil: all):
 // entries a producer added after the copy are not in the new partitions yet, and the cleanup
@@ -864,13 +871,30 @@ func (m *PartitionMigrator) Position(ctx context.Context, from, to, batch int, f
 		}
 		ackedVecs[name] = v
 	}
+	parked, err := m.parkedOn(ctx, src)
+	if err != nil {
+		return command.PositionResult{}, err
+	}
+	moved := map[string]any{} // the parked units' records on the new partitions
 	if _, err := m.walk(ctx, from, to, batch, seen, func(e migrateEntry) error {
 		for _, v := range all {
 			v.see(e)
 		}
+		for _, r := range parked[src.Stream(e.old)+"\n"+e.id.String()] {
+			u := r.unit
+			u.Stream, u.Entry = dst.Stream(e.to), e.newID.String()
+			moved[parkedField(u)] = r.poisonID
+		}
 		return nil
 	}); err != nil {
 		return command.PositionResult{}, err
+	}
+	// Before any group is positioned: an entry it delivers again on its new partition is one
+	// whose units some projections parked, and they must leave those to the replay.
+	if len(moved) > 0 {
+		if err := m.client.HSet(ctx, m.keys.PoisonParked(), moved).Err(); err != nil {
+			return command.PositionResult{}, fmt.Errorf("carry the parked units' records over to the new partitions: %w", err)
+		}
 	}
 	res := command.PositionResult{Groups: len(groupVecs)}
 	for _, v := range groupVecs {
@@ -883,7 +907,7 @@ func (m *PartitionMigrator) Position(ctx context.Context, from, to, batch int, f
 	for j := range to {
 		stream := dst.Stream(j)
 		for name, v := range groupVecs {
-			if err := m.positionGroup(ctx, stream, name, v.pos[j], v.count[j], v.holes[j], batch); err != nil {
+			if err := m.positionGroup(ctx, stream, name, v.pos[j], v.count[j], v.holes[j], v.again[j], batch); err != nil {
 				return res, fmt.Errorf("position group %s on %s: %w", name, stream, err)
 			}
 		}
@@ -926,24 +950,75 @@ func (m *PartitionMigrator) Position(ctx context.Context, from, to, batch int, f
 	return res, nil
 }
 
+// parkedRecord is the record of a parked unit (PoisonQueue.Park): the unit and its poison entry.
+type parkedRecord struct {
+	unit     ops.UnitRef
+	poisonID string
+}
+
+// parkedOn reads the records of the parked units of the partitions of src, by "<stream>\n<entry
+// ID>". A record names its entry by stream and ID; an entry a group had pending is delivered
+// again on its new partition (with --force), so its record is carried over with it (Position):
+// without it, a projection that had parked its unit would apply it there, and the unit's
+// replay would count it a second time. The old partitions' records go with their streams
+// (SweepParked).
+func (m *PartitionMigrator) parkedOn(ctx context.Context, src Partitions) (map[string][]parkedRecord, error) {
+	streams := map[string]bool{}
+	for _, s := range src.Streams() {
+		streams[s] = true
+	}
+	out := map[string][]parkedRecord{}
+	var cursor uint64
+	for {
+		kvs, next, err := m.client.HScan(ctx, m.keys.PoisonParked(), cursor, "", 500).Result()
+		if err != nil {
+			return nil, fmt.Errorf("read the parked units' records: %w", err)
+		}
+		for i := 0; i+1 < len(kvs); i += 2 {
+			u, ok := parseParkedField(kvs[i])
+			if ok && streams[u.Stream] {
+				k := u.Stream + "\n" + u.Entry
+				out[k] = append(out[k], parkedRecord{unit: u, poisonID: kvs[i+1]})
+			}
+		}
+		if cursor = next; cursor == 0 {
+			return out, nil
+		}
+	}
+}
+
 // positionGroup (re)creates group on stream at pos, with count entries up to it. holes are
 // entries after pos the group had delivered on the old partitions: the group then stands at the
 // last of them, the entries in between that it had not delivered are pending for
 // migrateConsumer, idle long enough for a projector to take them over at once, and the holes are
-// acknowledged. Every entry is so delivered exactly once over the two layouts.
-func (m *PartitionMigrator) positionGroup(ctx context.Context, stream, group string, pos ops.EntryID, count int64, holes []string, batch int) error {
+// acknowledged. Every entry is so delivered exactly once over the two layouts. again are
+// entries after pos the group had pending on the old partitions (a migration with --force):
+// the group stands at least at the last of them, and they are pending for migrateConsumer too,
+// so that a projector takes them over as the redeliveries they are: it asks whether a
+// projection parked its unit of one (Position carries the records over), where a first
+// delivery is not asked about.
+func (m *PartitionMigrator) positionGroup(ctx context.Context, stream, group string, pos ops.EntryID, count int64, holes, again []string, batch int) error {
 	if err := m.client.XGroupDestroy(ctx, stream, group).Err(); err != nil && !isNoSuchKey(err) {
 		return err
 	}
 	if err := m.client.Do(ctx, "XGROUP", "CREATE", stream, group, pos.String(), "MKSTREAM", "ENTRIESREAD", count).Err(); err != nil {
 		return err
 	}
-	if len(holes) == 0 {
-		return nil
+	var last ops.EntryID // 0-0: neither
+	for _, ids := range [][]string{holes, again} {
+		if len(ids) == 0 {
+			continue
+		}
+		id, err := ops.ParseEntryID(ids[len(ids)-1])
+		if err != nil {
+			return err
+		}
+		if last.Less(id) {
+			last = id
+		}
 	}
-	last, err := ops.ParseEntryID(holes[len(holes)-1])
-	if err != nil {
-		return err
+	if last == (ops.EntryID{}) {
+		return nil
 	}
 	delivered := make(map[string]bool, len(holes))
 	for _, h := range holes {

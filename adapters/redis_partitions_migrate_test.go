@@ -2,6 +2,7 @@ package adapters_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -561,4 +562,64 @@ func TestMigrateRefusesToSplitABackfillingVersion(t *testing.T) {
 	_, err = mp.Handle(ctx, command.MigrateRequest{To: 1, Batch: 2})
 	require.NoError(t, err)
 	assert.EqualValues(t, 3, client.XLen(ctx, keys.Stream()).Val())
+}
+
+// TestMigrateForceCarriesParkedUnitsOver: with --force, an entry a group still had pending is
+// delivered again on its new partition. Where a projection had parked its unit of that entry,
+// the record that says so goes with the entry, to its new stream and ID (renumbered or not):
+// the projection leaves the unit to the poison queue's replay there too, instead of applying it
+// and having the replay count it a second time.
+func TestMigrateForceCarriesParkedUnitsOver(t *testing.T) {
+	t.Parallel()
+	client, keys, parts, u0, u1 := twoPartitions(t)
+	ctx := context.Background()
+	// Both old partitions hold 5-0; merged, partition 1's copy is renumbered to 5-1.
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(0), ID: "5-0", Values: checkinValues("a", u0)}).Err())
+	require.NoError(t, client.XAdd(ctx, &redis.XAddArgs{Stream: parts.Stream(1), ID: "5-0", Values: checkinValues("d", u1)}).Err())
+	pq := adapters.NewPoisonQueue(client, keys)
+	for i, s := range parts.Streams() {
+		require.NoError(t, client.XGroupCreate(ctx, s, "live", "0").Err())
+		// A consumer that died after it parked its unit and before it acknowledged the entry.
+		require.NoError(t, client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "live", Consumer: "dead", Streams: []string{s, ">"}}).Err())
+		_, err := pq.Park(ctx, ops.PoisonEntry{Stream: s, EntryID: "5-0", Projection: "locations", Version: 1, Group: "live",
+			Error: "boom", Attempts: 1, FailedAt: time.Now(), Fields: map[string]string{"checkinId": strconv.Itoa(i)}})
+		require.NoError(t, err)
+	}
+	// What is not the locations unit of a pending entry of the old partitions stays as it was.
+	other := ops.UnitRef{Group: "live", Stream: "elsewhere", Entry: "5-0", Member: "locations.v1"}
+	require.NoError(t, client.HSet(ctx, keys.PoisonParked(), other.Group+"\n"+other.Stream+"\n"+other.Entry+"\n"+other.Member, "1-0").Err())
+
+	mp, err := command.NewMigratePartitions(adapters.NewPartitionMigrator(client, keys))
+	require.NoError(t, err)
+	_, err = mp.Handle(ctx, command.MigrateRequest{To: 1, Force: true, Wait: 100 * time.Millisecond})
+	require.NoError(t, err)
+
+	fresh, err := client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "live", Consumer: "new", Streams: []string{keys.Stream(), ">"}, Block: -1}).Result()
+	if !errors.Is(err, redis.Nil) {
+		require.NoError(t, err)
+		require.Empty(t, fresh[0].Messages, "no entry pending before is delivered as a first delivery")
+	}
+	pending, err := client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: keys.Stream(), Group: "live", Start: "-", End: "+", Count: 10}).Result()
+	require.NoError(t, err)
+	var ids []string
+	for _, p := range pending {
+		ids = append(ids, p.ID)
+		assert.Equal(t, "partitions-migrate", p.Consumer, "%s is pending, for a projector to take over", p.ID)
+	}
+	require.Equal(t, []string{"5-0", "5-1"}, ids, "both entries are pending again on the new stream")
+	// A projector's takeover is a redelivery (a delivery count of 2): it asks about parked units.
+	_, _, err = client.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: keys.Stream(), Group: "live", Consumer: "new", MinIdle: time.Millisecond, Start: "0"}).Result()
+	require.NoError(t, err)
+	pending, err = client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: keys.Stream(), Group: "live", Start: "-", End: "+", Count: 10}).Result()
+	require.NoError(t, err)
+	for _, p := range pending {
+		assert.EqualValues(t, 2, p.RetryCount, "%s is delivered again", p.ID)
+	}
+	unit := func(entry, member string) ops.UnitRef {
+		return ops.UnitRef{Group: "live", Stream: keys.Stream(), Entry: entry, Member: member}
+	}
+	got, err := pq.Parked(ctx, []ops.UnitRef{unit("5-0", "locations.v1"), unit("5-1", "locations.v1"), unit("5-0", "users.v1"), other})
+	require.NoError(t, err)
+	assert.Equal(t, []bool{true, true, false, true}, got,
+		"the locations units of both entries are parked at their new places (5-1: renumbered); users' are not")
 }

@@ -87,7 +87,7 @@ func (r *takeoverRun) startWith(consumer string, applier ports.ProjectionApplier
 			}
 			return c, nil
 		},
-			Consumer: consumer, BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: 100 * time.Millisecond,
+			Consumer: consumer, Parts: r.keys.Partitions(), BatchSize: 50, MaxInFlight: 100, BlockTime: 50 * time.Millisecond, NackDelay: 100 * time.Millisecond,
 			ClaimInterval: 100 * time.Millisecond, ClaimIdle: claimIdle, DrainTimeout: time.Second, Logger: watermill.NewSlogLogger(r.log)}.New,
 		Retry:        ports.RetryPolicy{InitialInterval: 10 * time.Millisecond, Multiplier: 2, MaxInterval: 50 * time.Millisecond, MaxAttempts: takeoverRetries},
 		CloseTimeout: 5 * time.Second, Logger: r.log, Observer: r.observer,
