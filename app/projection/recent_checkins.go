@@ -57,11 +57,31 @@ func (c RecentCheckin) Member(layout int) (string, error) {
 	var buf [48]byte
 	b := strconv.AppendInt(buf[:0], c.Timestamp, 10)
 	b = append(b, ' ')
+	return string(c.appendTie(b)), nil
+}
+
+// Tie settles which of a user's check-ins of equal timestamps is the latest: the greater Tie in
+// byte order. It is the compact member after its timestamp ("<locationId> <starRating>
+// <checkinId>"), so the check-ins a full set of RecentCheckinsCompact keeps are the latest by
+// it, and UserStats takes the same one for the user's latest (HMaxBy's tie). It tells apart two
+// check-ins that reuse a checkinId with other bodies (another location or rating), so that
+// which is the latest does not depend on the order they were applied in.
+func (c RecentCheckin) Tie() string {
+	var buf [48]byte
+	return string(c.appendTie(buf[:0]))
+}
+
+func (c RecentCheckin) appendTie(b []byte) []byte {
 	b = strconv.AppendInt(b, c.LocationID, 10)
 	b = append(b, ' ')
 	b = strconv.AppendInt(b, int64(c.StarRating), 10)
 	b = append(b, ' ')
-	return string(b) + c.CheckinID, nil
+	return append(b, c.CheckinID...)
+}
+
+// recentOf is the check-in e, as RecentCheckins keeps it.
+func recentOf(e domain.CheckinRecorded) RecentCheckin {
+	return RecentCheckin{CheckinID: e.ID, LocationID: e.LocationID, StarRating: e.StarRating, Timestamp: e.Timestamp}
 }
 
 // parseRecentMember decodes a member of either layout: a JSON one starts with '{', which no
@@ -122,7 +142,7 @@ func (RecentCheckins) Name() string { return "recent_checkins" }
 
 // OnCheckinRecorded adds the check-in scored by its timestamp and trims to the newest N.
 func (r RecentCheckins) OnCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, s Store) error {
-	member, err := RecentCheckin{CheckinID: e.ID, LocationID: e.LocationID, StarRating: e.StarRating, Timestamp: e.Timestamp}.Member(r.layout())
+	member, err := recentOf(e).Member(r.layout())
 	if err != nil {
 		return fmt.Errorf("encode recent check-in %s: %w", e.ID, err)
 	}
@@ -151,14 +171,14 @@ func (RecentCheckins) Get(ctx context.Context, r Reader, userID int64) (RecentCh
 		}
 		v.Checkins[i] = c
 	}
-	// Of equal timestamps the greater checkinId first, the one users takes for the latest
-	// (HMaxBy's tie): Redis orders them by the member's bytes, which compare location IDs as
-	// text ("10" before "9").
+	// Of equal timestamps the greater Tie first, the one users takes for the latest. It is the
+	// order Redis lists compact members in; JSON members (an earlier layout) it orders by their
+	// checkinId first.
 	slices.SortStableFunc(v.Checkins, func(a, b RecentCheckin) int {
 		if c := cmp.Compare(b.Timestamp, a.Timestamp); c != 0 {
 			return c
 		}
-		return strings.Compare(b.CheckinID, a.CheckinID)
+		return strings.Compare(b.Tie(), a.Tie())
 	})
 	return v, nil
 }

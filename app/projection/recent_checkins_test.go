@@ -132,9 +132,10 @@ func TestRecentCheckinsRejectsAMalformedMember(t *testing.T) {
 }
 
 // TestRecentCheckinsAgreeWithUserStatsOnTies: of check-ins at the same timestamp, the one the
-// recent list shows first is the one users takes for the latest (the greater checkinId). The
-// list ordered them by the member's bytes, which compare the location IDs as text: "a" at
-// location 9 came first while users said lastSeenAt 10.
+// recent list shows first is the one users takes for the latest. The list ordered them by the
+// member's bytes, which compare the location IDs as text ("a" at location 9 first), while users
+// took the greater checkinId (lastSeenAt 10). Both now take the greater RecentCheckin.Tie, the
+// compact member after its timestamp: the one a full set keeps.
 func TestRecentCheckinsAgreeWithUserStatsOnTies(t *testing.T) {
 	t.Parallel()
 	p, q := newProjTest(t), newProjTest(t) // one each: the applier dedupes per group
@@ -153,5 +154,5 @@ func TestRecentCheckinsAgreeWithUserStatsOnTies(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, recent.Checkins, 3)
 	assert.Equal(t, stats.LastSeenAt, recent.Checkins[0].LocationID, "the same latest check-in")
-	assert.Equal(t, []string{"b", "a", "c"}, []string{recent.Checkins[0].CheckinID, recent.Checkins[1].CheckinID, recent.Checkins[2].CheckinID})
+	assert.Equal(t, []string{"a", "b", "c"}, []string{recent.Checkins[0].CheckinID, recent.Checkins[1].CheckinID, recent.Checkins[2].CheckinID})
 }

@@ -22,11 +22,15 @@ type UserStatsView struct {
 // Name implements Projection.
 func (UserStats) Name() string { return "users" }
 
-// OnCheckinRecorded counts the check-in once and moves lastCheckin forward only.
+// OnCheckinRecorded counts the check-in once and moves lastCheckin forward only. Of check-ins
+// at one timestamp the latest is the one of the greater RecentCheckin.Tie, whatever order they
+// come in: the one recent_checkins lists first and keeps. (Releases before it held the
+// checkinId alone, in field lastCheckinId, which two check-ins reusing one could share: the
+// first applied won. A hash of theirs keeps that field, unread, until the version is rebuilt.)
 func (UserStats) OnCheckinRecorded(ctx context.Context, e domain.CheckinRecorded, s Store) error {
 	return s.Apply(ctx, NewUpdate(userSlot(e.UserID)).
 		HIncrBy("stats", "numCheckins", 1).
-		HMaxBy("stats", "lastCheckin", e.Timestamp, "lastCheckinId", e.ID,
+		HMaxBy("stats", "lastCheckin", e.Timestamp, "lastCheckinTie", recentOf(e).Tie(),
 			"lastSeenAt", strconv.FormatInt(e.LocationID, 10)))
 }
 

@@ -38,7 +38,7 @@ type expectedModel struct {
 
 type userExpect struct {
 	num, last, seenAt int64
-	lastID            string
+	lastTie           string
 	checkins          []projection.RecentCheckin
 }
 
@@ -92,13 +92,14 @@ func (m *expectedModel) count(c domain.Checkin, recent bool) {
 		m.users[c.UserID] = u
 	}
 	u.num++
-	// The latest check-in wins; an equal timestamp is settled by the greater checkinId in byte
-	// order, as the projection does.
-	if u.num == 1 || c.Timestamp > u.last || (c.Timestamp == u.last && c.ID > u.lastID) {
-		u.last, u.lastID, u.seenAt = c.Timestamp, c.ID, c.LocationID
+	// The latest check-in wins; an equal timestamp is settled by the greater tie in byte order
+	// ("<locationId> <starRating> <checkinId>"), as the projection does.
+	rc := projection.RecentCheckin{CheckinID: c.ID, LocationID: c.LocationID, StarRating: c.StarRating, Timestamp: c.Timestamp}
+	if tie := rc.Tie(); u.num == 1 || c.Timestamp > u.last || (c.Timestamp == u.last && tie > u.lastTie) {
+		u.last, u.lastTie, u.seenAt = c.Timestamp, tie, c.LocationID
 	}
 	if recent {
-		u.checkins = append(u.checkins, projection.RecentCheckin{CheckinID: c.ID, LocationID: c.LocationID, StarRating: c.StarRating, Timestamp: c.Timestamp})
+		u.checkins = append(u.checkins, rc)
 	}
 	l := m.locs[c.LocationID]
 	if l == nil {
@@ -114,7 +115,7 @@ func utcDay(ms int64) string { return time.UnixMilli(ms).UTC().Format(projection
 
 // latest is what RecentCheckins keeps of a user in layout and how it lists them: the newest by
 // timestamp, ties broken by the sorted-set member's bytes (the layout's encoding) for which are
-// kept; listed newest first, equal timestamps the greater checkinId first (as users takes the
+// kept; listed newest first, equal timestamps the greater tie first (as users takes the
 // latest).
 func (u *userExpect) latest(layout int) []projection.RecentCheckin {
 	s := slices.Clone(u.checkins)
@@ -130,7 +131,7 @@ func (u *userExpect) latest(layout int) []projection.RecentCheckin {
 		if c := cmp.Compare(b.Timestamp, a.Timestamp); c != 0 {
 			return c
 		}
-		return strings.Compare(b.CheckinID, a.CheckinID)
+		return strings.Compare(b.Tie(), a.Tie())
 	})
 	return s
 }
