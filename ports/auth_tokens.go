@@ -293,11 +293,13 @@ func (i *TokenIssuer) Mint(user int64, scopes []string, ttl time.Duration) (Toke
 	if user < 1 {
 		return Token{}, fmt.Errorf("user must be an integer >= 1, got %d", user)
 	}
-	if ttl <= 0 {
-		return Token{}, fmt.Errorf("ttl must be positive, got %s", ttl)
+	if ttl < time.Second {
+		return Token{}, fmt.Errorf("ttl must be at least 1s (a token's expiry is in whole seconds), got %s", ttl)
 	}
+	// exp is whole seconds (RFC 7519's NumericDate as the JWT library writes it): ExpiresAt is
+	// the token's own, never a fraction of a second after it.
 	now := i.now().Truncate(time.Second)
-	exp := now.Add(ttl)
+	exp := now.Add(ttl).Truncate(time.Second)
 	claims := tokenClaims{RegisteredClaims: jwt.RegisteredClaims{Issuer: i.issuer, Subject: strconv.FormatInt(user, 10),
 		Audience: jwt.ClaimStrings{i.audience}, IssuedAt: jwt.NewNumericDate(now), ExpiresAt: jwt.NewNumericDate(exp)}}
 	if len(scopes) > 0 {
