@@ -112,12 +112,27 @@ func (s *Service) devTokens() (*devTokens, error) {
 		return nil, err
 	}
 	d := &devTokens{user: user, ops: ops}
-	if s.http != nil && s.mode.API {
-		d.curl = fmt.Sprintf(`curl -i -X POST %s/checkins -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' -d '{"locationId": 7, "starRating": 4}'`,
-			hostPort(s.listener.Addr()), user.Token)
+	// Both listeners speak HTTPS with TLS_CERT_FILE: the lines name https:// and trust that
+	// certificate (a self-signed one is what development uses; curl takes a leaf as a trust
+	// anchor as well).
+	scheme, trust := "http://", ""
+	if f := s.cfg.HTTP.TLSCertFile; f != "" {
+		scheme, trust = "https://", " --cacert "+shellQuote(f)
 	}
-	d.opsCurl = fmt.Sprintf(`curl -s %s/ops/status -H 'Authorization: Bearer %s'`, hostPort(s.OpsAddr()), ops.Token)
+	if s.http != nil && s.mode.API {
+		d.curl = fmt.Sprintf(`curl -i%s -X POST %s/checkins -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' -d '{"locationId": 7, "starRating": 4}'`,
+			trust, scheme+hostPort(s.listener.Addr()), user.Token)
+	}
+	d.opsCurl = fmt.Sprintf(`curl -s%s %s/ops/status -H 'Authorization: Bearer %s'`, trust, scheme+hostPort(s.OpsAddr()), ops.Token)
 	return d, nil
+}
+
+// shellQuote is s as one word of a POSIX shell.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+=:,@") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // announceDev logs dev mode's tokens, and prints them plainly on w for a person to copy.
@@ -162,7 +177,7 @@ func (s *Service) announceDev(w io.Writer) error {
 	return err
 }
 
-// hostPort is an address as a client on this machine reaches it.
+// hostPort is an address as a client on this machine reaches it (host:port).
 func hostPort(a net.Addr) string {
 	host, port, err := net.SplitHostPort(a.String())
 	if err != nil {
@@ -171,7 +186,7 @@ func hostPort(a net.Addr) string {
 	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
 		host = "localhost"
 	}
-	return "http://" + net.JoinHostPort(host, port)
+	return net.JoinHostPort(host, port)
 }
 
 // isTerminal says whether w is a terminal (a character device), where a person reads it.
