@@ -102,6 +102,42 @@ func DetectRedisMode(ctx context.Context, o ClientOptions) (RedisMode, error) {
 	return RedisModeStandalone, nil
 }
 
+// ErrRedisModeMismatch: REDIS_MODE says standalone or cluster, and the server REDIS_URL names
+// says otherwise (CheckRedisMode).
+var ErrRedisModeMismatch = errors.New("the redis mode does not match the server")
+
+// CheckRedisMode asks the first address of o.URL whether it is a cluster node, for a mode given
+// as standalone or cluster (auto asks already, DetectRedisMode): a standalone client of a
+// cluster node has every write of a key in another node's slot refused (MOVED, CROSSSLOT),
+// and a cluster client of one server every command ("cluster support disabled"). The error
+// wraps ErrRedisModeMismatch when the server answered otherwise, ErrRedisModeUndetected when it
+// did not answer.
+func CheckRedisMode(ctx context.Context, o ClientOptions, mode RedisMode) error {
+	u, err := url.Parse(o.URL)
+	if err != nil {
+		return fmt.Errorf("REDIS_URL: %w", err)
+	}
+	first := *u
+	first.RawQuery = "" // the seeds (addr=) are the cluster client's; one address is asked
+	o.URL = first.String()
+	single, err := NewRedisClient(o)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = single.Close() }()
+	info, err := single.Info(ctx, "cluster").Result()
+	if err != nil {
+		return fmt.Errorf("ask %s whether it is a cluster node: %w: %w", u.Host, ErrRedisModeUndetected, err)
+	}
+	switch node := strings.Contains(info, "cluster_enabled:1"); {
+	case node && mode == RedisModeStandalone:
+		return fmt.Errorf("%w: REDIS_MODE is standalone, and %s is a Redis Cluster node (set REDIS_MODE=cluster, or auto)", ErrRedisModeMismatch, u.Host)
+	case !node && mode == RedisModeCluster:
+		return fmt.Errorf("%w: REDIS_MODE is cluster, and %s is a server without cluster support (set REDIS_MODE=standalone, or auto)", ErrRedisModeMismatch, u.Host)
+	}
+	return nil
+}
+
 func newClusterClient(o ClientOptions, u *url.URL) (*redis.ClusterClient, error) {
 	return newClusterClientWith(o, u, ClusterStateReloadInterval, true)
 }

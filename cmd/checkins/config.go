@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
@@ -133,6 +134,14 @@ func settings() []setting {
 					return fmt.Errorf("database must be a number, got %q", db)
 				}
 			}
+			// Every address, the seeds' (addr=) too: a port no server can listen on is never
+			// dialled, and the process would wait for it for good, answering 503.
+			addrs := append([]string{u.Host}, u.Query()["addr"]...)
+			for _, a := range addrs {
+				if err := checkRedisAddr(a); err != nil {
+					return err
+				}
+			}
 			c.RedisURL = v
 			return nil
 		}},
@@ -211,7 +220,7 @@ func settings() []setting {
 			c.ConsumerName = v
 			return nil
 		}},
-		{"CLAIM_IDLE", "claim-idle", "30s", "a pending event idle this long in another (crashed) consumer is taken over, and a projector writes nothing for an event whose hold it could not renew this long (less a margin); the same in every projector", dur(func(c *Config) *time.Duration { return &c.ClaimIdle }, time.Millisecond)},
+		{"CLAIM_IDLE", "claim-idle", "30s", "a pending event idle this long in another (crashed) consumer is taken over, and a projector writes nothing for an event whose hold it could not renew this long (less a margin); the same in every projector (at least 100ms: below, a projector's hold of a batch runs out before it can apply it)", dur(func(c *Config) *time.Duration { return &c.ClaimIdle }, 100*time.Millisecond)},
 		{"CLAIM_INTERVAL", "claim-interval", "5s", "how often to look for such events", dur(func(c *Config) *time.Duration { return &c.ClaimInterval }, time.Millisecond)},
 		{"CONSUMER_IDLE_REMOVE", "consumer-idle-remove", "10m", "a consumer idle this long with nothing pending (a dead process) is removed from its group", dur(func(c *Config) *time.Duration { return &c.ConsumerIdleRemove }, time.Millisecond)},
 		{"NACK_DELAY", "nack-delay", "1s", "wait before an event whose handling failed transiently is delivered again", dur(func(c *Config) *time.Duration { return &c.NackDelay }, time.Millisecond)},
@@ -417,4 +426,19 @@ func redact(raw string) string {
 		return scheme + "://xxxxx" + rest[at:]
 	}
 	return "xxxxx" + rest[at:]
+}
+
+// checkRedisAddr refuses an address of REDIS_URL whose port is not 1-65535 (none: Redis's 6379).
+func checkRedisAddr(a string) error {
+	_, port, err := net.SplitHostPort(a)
+	if err != nil {
+		if strings.Contains(err.Error(), "missing port") {
+			return nil
+		}
+		return fmt.Errorf("address %q: %v", a, err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port must be 1-65535, got %q in %q", port, a)
+	}
+	return nil
 }

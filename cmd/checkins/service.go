@@ -55,8 +55,10 @@ type Service struct {
 	banner        io.Writer // dev mode's tokens are printed here for a person (nil: logged only)
 
 	// modeGuessed: REDIS_MODE auto, and Redis did not answer at start whether it is a cluster
-	// node; standalone was assumed until Ready learns otherwise.
-	modeGuessed atomic.Bool
+	// node; standalone was assumed until Ready learns otherwise. modeUnchecked: REDIS_MODE
+	// standalone or cluster, and Redis did not answer at start whether it agrees; Ready asks.
+	modeGuessed   atomic.Bool
+	modeUnchecked atomic.Bool
 }
 
 // quiesced: projectors stop reading while a partition migration runs (or changed P).
@@ -117,6 +119,15 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (_
 		return nil, err
 	}
 	s.modeGuessed.Store(guessed)
+	if !cfg.embeddedRedis && (cfg.RedisMode == adapters.RedisModeStandalone || cfg.RedisMode == adapters.RedisModeCluster) {
+		err := adapters.CheckRedisMode(pingCtx, redisOptions(cfg), cfg.RedisMode)
+		switch {
+		case errors.Is(err, adapters.ErrRedisModeMismatch):
+			return nil, fmt.Errorf("invalid REDIS_URL/REDIS_MODE: %w", err)
+		case err != nil: // not answered yet: Ready asks until it does
+			s.modeUnchecked.Store(true)
+		}
+	}
 	if s.keys, err = adapters.NewKeySpace(cfg.KeyPrefix, redisMode == adapters.RedisModeCluster); err != nil {
 		return nil, fmt.Errorf("invalid KEY_PREFIX: %w", err)
 	}
@@ -333,6 +344,12 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (_
 	return s, nil
 }
 
+// redisOptions are the options of a short-lived client of REDIS_URL, to ask it something at start.
+func redisOptions(cfg Config) adapters.ClientOptions {
+	return adapters.ClientOptions{URL: cfg.RedisURL, TLS: cfg.RedisTLS, DialTimeout: 2 * time.Second,
+		ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second}
+}
+
 // resolveRedisMode decides once whether REDIS_URL is one server or a cluster, so that every
 // client of the process is of the same kind. Auto mode with one address asks it; when it does not
 // answer yet the service starts as on one server (as before clusters were supported), says so,
@@ -370,6 +387,15 @@ func (s *Service) Ready(ctx context.Context) error {
 			s.modeGuessed.Store(false) // one server indeed
 		case !adapters.IsTransient(err):
 			s.modeGuessed.Store(false) // INFO refused (a managed Redis): it cannot tell, and will not
+		}
+	}
+	if s.modeUnchecked.Load() {
+		err := adapters.CheckRedisMode(ctx, redisOptions(s.cfg), s.cfg.RedisMode)
+		switch {
+		case errors.Is(err, adapters.ErrRedisModeMismatch):
+			return fmt.Errorf("%w: restart with the mode fixed", err)
+		case err == nil || !errors.Is(err, adapters.ErrRedisModeUndetected) || !adapters.IsTransient(err):
+			s.modeUnchecked.Store(false) // agreed, or INFO refused (a managed Redis): it cannot tell, and will not
 		}
 	}
 	if why, ok := s.quiesce.Quiesced(); ok {
