@@ -12,9 +12,21 @@ func (s *Service) wireUI() error {
 	for i, p := range projs {
 		names[i] = p.Name()
 	}
+	shared := s.cfg.OpsAddr == s.cfg.HTTPAddr
+	streams := s.cfg.UI.MaxStreams
+	if shared {
+		// One listener: each stream holds one of HTTP_MAX_CONNS, which health checks and check-ins
+		// need too (with every connection a stream they waited for as long as the dashboards
+		// stayed open). The streams take at most a quarter of them, and at least one.
+		if most := max(s.httpLims.MaxConns/4, 1); streams > most {
+			s.log.Info("UI_MAX_STREAMS lowered: the ops routes share the public listener (OPS_ADDR = HTTP_ADDR), and the dashboard's streams take at most a quarter of its HTTP_MAX_CONNS",
+				"ui_max_streams", streams, "http_max_conns", s.httpLims.MaxConns, "streams", most)
+			streams = most
+		}
+	}
 	var err error
 	s.ui, err = ports.RegisterUI(s.http, ports.UIConfig{App: s.app,
-		MaxClients: s.cfg.UI.MaxStreams, Heartbeat: s.cfg.UI.Heartbeat,
-		Names: names, SharedPort: s.cfg.OpsAddr == s.cfg.HTTPAddr, Logger: s.log})
+		MaxClients: streams, Heartbeat: s.cfg.UI.Heartbeat,
+		Names: names, SharedPort: shared, Logger: s.log})
 	return err
 }
