@@ -67,6 +67,8 @@ func WriteStatusText(w io.Writer, st query.StatusReport) error {
 			state = "STALLED"
 		case p.Building:
 			state = "rebuilding"
+		case p.BackfillDone:
+			state = "backfilled"
 		case p.Kind == query.KindBackfill:
 			state = "backfilling"
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -67,6 +68,10 @@ type ProjectionStatus struct {
 	Kind       string   `json:"kind"` // live, backfill or group (any other consumer group)
 	Members    []string `json:"members,omitempty"`
 	BackfillTo string   `json:"backfillTo,omitempty"`
+	// BackfillDone: the backfill reached BackfillTo and its version is fed by its live group;
+	// the group waits out PROJECTION_RETIRE_GRACE to be removed. Nothing is left for it to
+	// deliver (Lag 0), and it is never stalled.
+	BackfillDone bool `json:"backfillDone,omitempty"`
 	// Serving is true for the version that answers reads.
 	Serving bool `json:"serving"`
 	// GroupExists is false until a projector has subscribed once.
@@ -127,6 +132,10 @@ func (s *Status) Status(ctx context.Context) (StatusReport, error) {
 		return st, ops.Unavailable(err)
 	}
 	seen := map[string]bool{}
+	onStream := map[string]bool{}
+	for _, g := range info.Groups {
+		onStream[g.Name] = true
+	}
 	for _, g := range info.Groups {
 		name, version := ops.SplitGroup(g.Name)
 		ps := ProjectionStatus{Projection: name, Version: version, Group: g.Name, Kind: KindGroup, GroupExists: true,
@@ -145,12 +154,16 @@ func (s *Status) Status(ctx context.Context) (StatusReport, error) {
 			}
 			slices.Sort(ps.Members)
 		} else if _, m, ok := ops.MemberOf(live, g.Name); ok {
-			ps.Kind, ps.BackfillTo = KindBackfill, m.Join
+			ps.Kind, ps.BackfillTo, ps.BackfillDone = KindBackfill, m.Join, m.Own == ops.BackfillDone
 		}
 		// As /metrics and /ops/projections count it: Redis tells no lag for a group created in
 		// the middle of the stream until it reaches the end, and the status said "unknown" (the
-		// dashboard "?" and "ok") while the metrics counted it (found by a review).
-		if lag, err := ops.GroupLag(ctx, s.b.Stream, info, &g); err == nil {
+		// dashboard "?" and "ok") while the metrics counted it (found by a review). A finished
+		// backfill has nothing left: what came after its join is the live group's.
+		if ps.BackfillDone {
+			var none int64
+			ps.Lag = &none
+		} else if lag, err := ops.GroupLag(ctx, s.b.Stream, info, &g); err == nil {
 			ps.Lag = &lag
 		}
 		for _, c := range g.Consumers {
@@ -167,11 +180,39 @@ func (s *Status) Status(ctx context.Context) (StatusReport, error) {
 		st.Projections = append(st.Projections, ps)
 		seen[name] = true
 	}
-	// Projections this build runs that no group feeds yet (never started).
+	// Live groups the registry has members of, missing on the stream (deleted, or a Redis that
+	// came back without them): listed as the group not created yet, with its members, which a
+	// projector creates again at its next join. (Their projections were listed as their own
+	// groups of version 1, which no projector would create.)
+	for _, name := range slices.Sorted(maps.Keys(live)) {
+		ms := live[name]
+		if onStream[name] || len(ms.Members) == 0 {
+			continue
+		}
+		lag := info.Length // nothing delivered yet
+		ps := ProjectionStatus{Group: name, Kind: KindLive, Consumers: []ConsumerStatus{}, Poisoned: poisoned[""], Lag: &lag}
+		counted := map[string]bool{}
+		for m := range ms.Members {
+			ps.Members = append(ps.Members, m)
+			if n, _, ok := ops.ParseMemberName(m); ok && !counted[n] {
+				counted[n] = true
+				ps.Poisoned += poisoned[n]
+				seen[n] = true
+			}
+		}
+		slices.Sort(ps.Members)
+		st.Projections = append(st.Projections, ps)
+	}
+	// Projections this build runs that no group feeds yet (never started), at the version the
+	// registry serves.
 	for _, n := range s.names {
 		if !seen[n] {
 			lag := info.Length // nothing delivered yet
-			st.Projections = append(st.Projections, ProjectionStatus{Projection: n, Version: 1, Group: ops.MemberName(n, 1),
+			v := 1
+			if vs, err := s.b.Registry.State(ctx, n); err == nil && vs.Serving > 0 {
+				v = vs.Serving
+			}
+			st.Projections = append(st.Projections, ProjectionStatus{Projection: n, Version: v, Group: ops.MemberName(n, v),
 				Kind: KindGroup, Consumers: []ConsumerStatus{}, Poisoned: poisoned[n], Lag: &lag})
 		}
 	}
@@ -189,16 +230,19 @@ func (s *Status) Status(ctx context.Context) (StatusReport, error) {
 		}
 	}
 	if s.stallAfter > 0 {
-		groups := make([]string, len(st.Projections))
+		var groups []string
+		var at []int // the rows judged: a finished backfill has nothing to make progress on
 		for i, p := range st.Projections {
-			groups[i] = p.Group
+			if !p.BackfillDone {
+				groups, at = append(groups, p.Group), append(at, i)
+			}
 		}
 		progress, _, err := s.progress.CheckGroups(ctx, groups)
 		if err != nil {
 			return st, ops.Unavailable(err)
 		}
-		for i, gp := range progress {
-			st.Projections[i].Stalled, st.Projections[i].StallCause = gp.Stalled, gp.StallCause
+		for j, gp := range progress {
+			st.Projections[at[j]].Stalled, st.Projections[at[j]].StallCause = gp.Stalled, gp.StallCause
 		}
 	}
 	slices.SortFunc(st.Projections, func(a, b ProjectionStatus) int {

@@ -292,9 +292,11 @@ type PoisonPage struct {
 
 // ProjectionStatus one consumer group; a live group feeds several projection versions (members)
 type ProjectionStatus struct {
-	BackfillTo *string `json:"backfillTo,omitempty"`
-	Building   *bool   `json:"building,omitempty"`
-	Consumers  []struct {
+	// BackfillDone the backfill reached backfillTo and the version is fed by its live group; the group waits out PROJECTION_RETIRE_GRACE to be removed (lag 0, never stalled)
+	BackfillDone *bool   `json:"backfillDone,omitempty"`
+	BackfillTo   *string `json:"backfillTo,omitempty"`
+	Building     *bool   `json:"building,omitempty"`
+	Consumers    []struct {
 		IdleMs  int64  `json:"idleMs"`
 		Name    string `json:"name"`
 		Pending int64  `json:"pending"`
