@@ -207,8 +207,9 @@ func expect(evs []domain.CheckinRecorded) expectedStats {
 		u := out.users[e.UserID]
 		u.UserID = e.UserID
 		u.NumCheckins++
-		if e.Timestamp > u.LastCheckin || e.Timestamp == u.LastCheckin && e.ID > lastID[e.UserID] {
-			u.LastCheckin, u.LastSeenAt, lastID[e.UserID] = e.Timestamp, e.LocationID, e.ID
+		tie := projection.RecentCheckin{CheckinID: e.ID, LocationID: e.LocationID, StarRating: e.StarRating, Timestamp: e.Timestamp}.Tie()
+		if e.Timestamp > u.LastCheckin || e.Timestamp == u.LastCheckin && tie > lastID[e.UserID] {
+			u.LastCheckin, u.LastSeenAt, lastID[e.UserID] = e.Timestamp, e.LocationID, tie
 		}
 		out.users[e.UserID] = u
 		l := out.locations[e.LocationID]

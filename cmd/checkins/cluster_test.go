@@ -30,6 +30,7 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/projection"
 	"github.com/checkins/checkins/domain"
 )
 
@@ -248,7 +249,7 @@ func wantReadModels(accepted map[string]clusterAnswer) (map[string]map[string]in
 	userCount, locCount := map[int64]int64{}, map[int64]int64{}
 	type latest struct {
 		ts  int64
-		id  string
+		id  string // the tie
 		loc int64
 	}
 	last := map[int64]latest{}
@@ -257,8 +258,10 @@ func wantReadModels(accepted map[string]clusterAnswer) (map[string]map[string]in
 		userCount[c.UserID]++
 		locCount[c.LocationID]++
 		stars[c.LocationID] += c.StarRating
-		if l := last[c.UserID]; c.Timestamp > l.ts || (c.Timestamp == l.ts && c.CheckinID > l.id) {
-			last[c.UserID] = latest{c.Timestamp, c.CheckinID, c.LocationID}
+		// The latest wins; equal timestamps are settled by the greater tie (RecentCheckin.Tie).
+		tie := projection.RecentCheckin{CheckinID: c.CheckinID, LocationID: c.LocationID, StarRating: int(c.StarRating), Timestamp: c.Timestamp}.Tie()
+		if l := last[c.UserID]; c.Timestamp > l.ts || (c.Timestamp == l.ts && tie > l.id) {
+			last[c.UserID] = latest{c.Timestamp, tie, c.LocationID}
 		}
 	}
 	for u, n := range userCount {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/checkins/checkins/adapters"
 	"github.com/checkins/checkins/adapters/redistest"
+	"github.com/checkins/checkins/app/projection"
 )
 
 // inProcessService is a service started by startInProcess.
@@ -353,11 +354,12 @@ func testProjectionsMatchAcceptedCheckins(t *testing.T, subscriber, url string, 
 	for _, c := range acceptedByID {
 		u := users[c.UserID]
 		u.num++
-		// The latest check-in wins; on equal timestamps the greater checkinId (the read model's
-		// deterministic tie-break).
-		if c.Timestamp > u.last || (c.Timestamp == u.last && c.CheckinID > latestID[c.UserID]) {
+		// The latest check-in wins; on equal timestamps the greater tie (the read model's
+		// deterministic tie-break, RecentCheckin.Tie).
+		tie := projection.RecentCheckin{CheckinID: c.CheckinID, LocationID: c.LocationID, StarRating: int(c.StarRating), Timestamp: c.Timestamp}.Tie()
+		if c.Timestamp > u.last || (c.Timestamp == u.last && tie > latestID[c.UserID]) {
 			u.last, u.lastLoc = c.Timestamp, c.LocationID
-			latestID[c.UserID] = c.CheckinID
+			latestID[c.UserID] = tie
 		}
 		users[c.UserID] = u
 		l := locations[c.LocationID]
