@@ -72,6 +72,24 @@ func ParseDayRange(from, to string) (time.Time, time.Time, error) {
 	return f, t, nil
 }
 
+// History is every day a location has check-ins on, with their number: the whole read model
+// of the location, where Get reads a range of days (the bench's verifier compares it).
+func (DailyCheckins) History(ctx context.Context, r Reader, locationID int64) (map[string]int64, error) {
+	h, err := r.HGetAll(ctx, locationSlot(locationID), "daily")
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]int64, len(h))
+	for day, v := range h {
+		n, err := ParseInt(v)
+		if err != nil {
+			return nil, fmt.Errorf("location %d day %s: %w", locationID, day, err)
+		}
+		out[day] = n
+	}
+	return out, nil
+}
+
 // Get reads a location's check-ins for every day from..to (inclusive).
 func (DailyCheckins) Get(ctx context.Context, r Reader, locationID int64, from, to string) (DailyCheckinsView, error) {
 	f, t, err := ParseDayRange(from, to)

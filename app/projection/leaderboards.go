@@ -204,8 +204,35 @@ func (l Leaderboards) TopLocations(ctx context.Context, r Reader, by string, lim
 	if err != nil {
 		return nil, err
 	}
-	out := make([]LeaderboardLocation, 0, len(zs))
-	if len(zs) == 0 {
+	members := make([]string, len(zs))
+	for i, z := range zs {
+		members[i] = z.Member
+	}
+	return l.rows(ctx, r, members)
+}
+
+// Locations is the leaderboards' counts of the locations ids (rank 0: not ranked), whether
+// they are near the top or not (the bench's verifier compares every location's).
+func (l Leaderboards) Locations(ctx context.Context, r Reader, ids []int64) ([]LeaderboardLocation, error) {
+	_, l, err := l.top(ctx, r, lbLocationCheckins, 1) // the layout the version is written in
+	if err != nil {
+		return nil, err
+	}
+	members := make([]string, len(ids))
+	for i, id := range ids {
+		members[i] = strconv.FormatInt(id, 10)
+	}
+	rows, err := l.rows(ctx, r, members)
+	for i := range rows {
+		rows[i].Rank = 0
+	}
+	return rows, err
+}
+
+// rows reads the counts of the locations members, ranked in their order.
+func (l Leaderboards) rows(ctx context.Context, r Reader, members []string) ([]LeaderboardLocation, error) {
+	out := make([]LeaderboardLocation, 0, len(members))
+	if len(members) == 0 {
 		return out, nil
 	}
 	// The counts of the merged top, one read per shard it came from, in one round trip. Before
@@ -213,14 +240,14 @@ func (l Leaderboards) TopLocations(ctx context.Context, r Reader, by string, lim
 	// is its score on the check-ins board, read with its stars in one transaction of the shard,
 	// so a check-in applied meanwhile is in both numbers or in neither.
 	onBoard := l.layout() == LeaderboardsBoardCounts
-	ids := make([]int64, len(zs))
+	ids := make([]int64, len(members))
 	var reads []SlotRead
-	readOf := map[string]int{}    // slot -> its read
-	at := make([][2]int, len(zs)) // row -> its read and the index of its first field there
-	for i, z := range zs {
-		id, err := strconv.ParseInt(z.Member, 10, 64)
+	readOf := map[string]int{}         // slot -> its read
+	at := make([][2]int, len(members)) // row -> its read and the index of its first field there
+	for i, member := range members {
+		id, err := strconv.ParseInt(member, 10, 64)
 		if err != nil {
-			return nil, fmt.Errorf("leaderboard member %q is not a location ID: %w", z.Member, err)
+			return nil, fmt.Errorf("leaderboard member %q is not a location ID: %w", member, err)
 		}
 		ids[i] = id
 		slot := l.slotOf(id)
@@ -235,10 +262,10 @@ func (l Leaderboards) TopLocations(ctx context.Context, r Reader, by string, lim
 		}
 		at[i] = [2]int{n, len(reads[n].Fields)}
 		if onBoard {
-			reads[n].Fields = append(reads[n].Fields, z.Member+":stars")
-			reads[n].Members = append(reads[n].Members, z.Member)
+			reads[n].Fields = append(reads[n].Fields, member+":stars")
+			reads[n].Members = append(reads[n].Members, member)
 		} else {
-			reads[n].Fields = append(reads[n].Fields, z.Member+":n", z.Member+":stars")
+			reads[n].Fields = append(reads[n].Fields, member+":n", member+":stars")
 		}
 	}
 	vals, err := r.ReadSlots(ctx, reads)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -153,45 +154,54 @@ func (p *problems) add(format string, args ...any) {
 	}
 }
 
-// slotRecorder passes reads on and remembers which slots they touched: the entities the checks
-// looked at, for the "no other entity" check.
+// slotRecorder passes reads on and remembers which slots and keys they touched: the entities
+// the checks looked at, and their keys, for the "no other entity, no other key" check.
 type slotRecorder struct {
 	projection.Reader
 	mu    sync.Mutex
 	slots map[string]bool
+	keys  map[string]bool // "<slot>}:<key>", as the key's name ends
 }
 
-func (r *slotRecorder) note(slot string) {
+func (r *slotRecorder) note(slot string, keys ...string) {
 	r.mu.Lock()
 	r.slots[slot] = true
+	if r.keys == nil {
+		r.keys = map[string]bool{}
+	}
+	for _, k := range keys {
+		if k != "" {
+			r.keys[slot+"}:"+k] = true
+		}
+	}
 	r.mu.Unlock()
 }
 
 func (r *slotRecorder) HGetAll(ctx context.Context, slot, key string) (map[string]string, error) {
-	r.note(slot)
+	r.note(slot, key)
 	return r.Reader.HGetAll(ctx, slot, key)
 }
 
 func (r *slotRecorder) HMGet(ctx context.Context, slot, key string, fields ...string) ([]string, error) {
-	r.note(slot)
+	r.note(slot, key)
 	return r.Reader.HMGet(ctx, slot, key, fields...)
 }
 
 func (r *slotRecorder) ZRevRange(ctx context.Context, slot, key string, start, stop int64) ([]projection.Scored, error) {
-	r.note(slot)
+	r.note(slot, key)
 	return r.Reader.ZRevRange(ctx, slot, key, start, stop)
 }
 
 func (r *slotRecorder) ZRevRanges(ctx context.Context, reads []projection.RangeRead) ([][]projection.Scored, error) {
 	for _, rd := range reads {
-		r.note(rd.Slot)
+		r.note(rd.Slot, rd.Key)
 	}
 	return r.Reader.ZRevRanges(ctx, reads)
 }
 
 func (r *slotRecorder) ReadSlots(ctx context.Context, reads []projection.SlotRead) ([]projection.SlotValues, error) {
 	for _, rd := range reads {
-		r.note(rd.Slot)
+		r.note(rd.Slot, rd.Hash, rd.SortedSet)
 	}
 	return r.Reader.ReadSlots(ctx, reads)
 }
@@ -225,7 +235,7 @@ func (b *bencher) verifyReadModels(ctx context.Context, keys adapters.KeySpace, 
 		b.progress("checked the read models of %s against %d check-ins in %.1fs", keys.Prefix, want.distinct(), time.Since(start).Seconds())
 	}()
 	found := map[string]*problems{}
-	seen := map[string]map[string]bool{}
+	seen := map[string]*slotRecorder{}
 	var unchecked []string
 	shipped := b.host.Projections(b.cfg)
 	for _, name := range b.opts.Projections {
@@ -248,7 +258,7 @@ func (b *bencher) verifyReadModels(ctx context.Context, keys adapters.KeySpace, 
 			unchecked = append(unchecked, name)
 			continue
 		}
-		seen[name] = rd.slots
+		seen[name] = rd
 	}
 	if err := ctx.Err(); err != nil {
 		return false, "", err
@@ -261,7 +271,7 @@ func (b *bencher) verifyReadModels(ctx context.Context, keys adapters.KeySpace, 
 	var parts []string
 	for _, name := range b.opts.Projections {
 		for _, s := range extra[name] {
-			found[name].add("unexpected %s entity %s", name, s)
+			found[name].add("unexpected %s %s", name, s)
 		}
 		if pr := found[name]; pr.n > 0 {
 			total += pr.n
@@ -314,7 +324,7 @@ func checkRecent(ctx context.Context, p projection.RecentCheckins, r projection.
 	ids := sortedKeys(want.users)
 	parallel(len(ids), verifyWorkers, func(i int) {
 		id := ids[i]
-		got, err := p.Get(ctx, r, id)
+		got, err := p.All(ctx, r, id) // all the set holds: more than it keeps is a difference too
 		if err != nil {
 			pr.add("recent check-ins of user %d: %v", id, err)
 			return
@@ -367,6 +377,22 @@ func checkDaily(ctx context.Context, p projection.DailyCheckins, r projection.Re
 		}
 		if total != w.num {
 			pr.add("daily check-ins of location %d from %s to %s: %d in all, want %d", id, ranges[0][0], ranges[len(ranges)-1][1], total, w.num)
+		}
+		// Every day the read model holds, the days outside the check-ins' too.
+		all, err := p.History(ctx, r, id)
+		if err != nil {
+			pr.add("daily check-ins of location %d: %v", id, err)
+			return
+		}
+		for _, day := range slices.Sorted(maps.Keys(all)) {
+			if n := all[day]; n != w.daily[day] {
+				pr.add("daily check-ins of location %d on %s: %d, want %d", id, day, n, w.daily[day])
+			}
+		}
+		for day, n := range w.daily {
+			if _, ok := all[day]; !ok {
+				pr.add("daily check-ins of location %d on %s: none, want %d", id, day, n)
+			}
 		}
 	})
 }
@@ -505,18 +531,32 @@ func checkLeaderboards(ctx context.Context, p projection.Leaderboards, r project
 	for id, u := range want.users {
 		byUser[id] = float64(u.num)
 	}
+	// Every location's counts (its stars are what its rating is computed from), not only the top's.
+	ids := sortedKeys(want.locs)
+	got, err := p.Locations(ctx, r, ids)
+	if err != nil {
+		pr.add("leaderboard counts of the locations: %v", err)
+	} else {
+		for i, row := range got {
+			if l := want.locs[ids[i]]; row.NumCheckins != l.num || row.AverageRating != float64(l.stars)/float64(l.num) {
+				pr.add("leaderboard counts of location %d: %d check-ins averaging %g, want %d averaging %g", ids[i],
+					row.NumCheckins, row.AverageRating, l.num, float64(l.stars)/float64(l.num))
+			}
+		}
+	}
 	whole(projection.ByCheckins, byCheckins, true)
 	whole(projection.ByRating, byRating, false) // its score is the scaled average: the order is checked
 	whole(projection.BoardUsers, byUser, true)
 }
 
 // extraSlots lists, per checked projection, the slots that hold read-model keys but were not
-// read by the checks, e.g. a user no check-in mentioned. It walks the keys once; bookkeeping
-// keys (bookkeepingKeyNames) are skipped.
-func (b *bencher) extraSlots(ctx context.Context, keys adapters.KeySpace, want map[string]map[string]bool) (map[string][]string, error) {
+// read by the checks (e.g. a user no check-in mentioned: "entity user:9"), and the keys of the
+// slots read that the checks did not read (one no projection writes: "key {user:1}:stats2").
+// It walks the keys once; bookkeeping keys (bookkeepingKeyNames) are skipped.
+func (b *bencher) extraSlots(ctx context.Context, keys adapters.KeySpace, read map[string]*slotRecorder) (map[string][]string, error) {
 	prefixes := map[string]string{} // projection key prefix -> name
 	versions := adapters.NewProjectionVersions(b.admin, keys)
-	for name := range want {
+	for name := range read {
 		v, err := versions.Current(ctx, name)
 		if err != nil {
 			return nil, err
@@ -534,10 +574,15 @@ func (b *bencher) extraSlots(ctx context.Context, keys adapters.KeySpace, want m
 				if !ok {
 					continue
 				}
-				if i, j := strings.Index(rest, "{"), strings.Index(rest, "}"); i == 0 && j > 0 {
-					if slot := rest[1:j]; !want[name][slot] {
-						extra[name] = append(extra[name], slot)
-					}
+				i, j := strings.Index(rest, "{"), strings.Index(rest, "}")
+				if i != 0 || j < 0 {
+					continue
+				}
+				switch slot, rd := rest[1:j], read[name]; {
+				case !rd.slots[slot]:
+					extra[name] = append(extra[name], "entity "+slot)
+				case !rd.keys[rest[1:]]:
+					extra[name] = append(extra[name], "key "+rest)
 				}
 			}
 		}
