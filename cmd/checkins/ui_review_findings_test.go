@@ -144,7 +144,7 @@ func stalledStreamReader(t *testing.T, reads bool) {
 		require.NoError(t, client.XGroupCreate(ctx, stream, name, "0").Err())
 	}
 	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "OPS_ADDR": "localhost:0",
-		"UI_HEARTBEAT": "200ms", "UI_MAX_STREAMS": "1", "DRAIN_TIMEOUT": "4s"}, Mode{API: true})
+		"UI_HEARTBEAT": "200ms", "UI_MAX_STREAMS": "1", "DRAIN_TIMEOUT": "15s"}, Mode{API: true})
 
 	u, err := url.Parse(svc.ops)
 	require.NoError(t, err)
@@ -174,8 +174,10 @@ func stalledStreamReader(t *testing.T, reads bool) {
 	err = svc.stop(t)
 	took := time.Since(start)
 	t.Logf("the service stopped after %s: %v", took.Round(10*time.Millisecond), err)
+	// Held up, the stop would run into DRAIN_TIMEOUT and fail; the bound is that, not a timing
+	// (a loaded machine took 2.2 s for the control once).
 	assert.NoError(t, err, "the graceful stop drained")
-	assert.Less(t, took, 2*time.Second, "an open dashboard never holds up a graceful stop")
+	assert.Less(t, took, 15*time.Second, "an open dashboard never holds up a graceful stop")
 }
 
 // stalledStreamLetsGo waits until a stream is admitted on ops (UI_MAX_STREAMS=1: the one taken
