@@ -98,6 +98,10 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// The first signal starts the graceful stop; a second one (an operator's second Ctrl-C)
+	// ends the process at once, as the signal's default does: what it holds is delivered again
+	// (taken over after CLAIM_IDLE, or at the next start), and a request in flight gets no answer.
+	context.AfterFunc(ctx, stop)
 	if err := cmd.run(ctx, args, getenv, stdout, stderr); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
