@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -289,8 +290,16 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (_
 		for i, p := range s.proj.projs {
 			names[i] = p.Name()
 		}
+		// PROJECTIONS naming every shipped projection is the default set: the live group is
+		// `live`, which a process without PROJECTIONS feeds too (not a group of its own that
+		// the other's memberships refuse).
+		var shipped []string
+		for _, p := range allProjections(cfg) {
+			shipped = append(shipped, p.Name())
+		}
+		all := len(cfg.Projections) == 0 || sameNames(names, shipped)
 		s.router, err = ports.NewProjectionRouter(ports.ProjectionRouterConfig{
-			Projections: s.proj.projs, LiveGroup: ports.LiveGroupName(names, len(cfg.Projections) == 0),
+			Projections: s.proj.projs, LiveGroup: ports.LiveGroupName(names, all),
 			Backend: adapters.NewProjectorBackend(s.client, s.keys), Applier: applier, BatchSize: cfg.BatchSize,
 			NewSubscriber: adapters.Subscribers{Kind: cfg.Subscriber, Client: subClient, Parts: s.keys.Partitions(),
 				// The stock subscriber closes its client on Close: one client each.
@@ -471,3 +480,11 @@ func (s *Service) close() {
 
 // apiPipelines is how many auto-pipelined round trips the API keeps in flight.
 const apiPipelines = 4
+
+// sameNames says whether a and b hold the same names, in any order.
+func sameNames(a, b []string) bool {
+	x, y := slices.Clone(a), slices.Clone(b)
+	slices.Sort(x)
+	slices.Sort(y)
+	return slices.Equal(x, y)
+}
