@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -201,11 +202,27 @@ func settings() []setting {
 		{"REQUEST_TIMEOUT", "request-timeout", "5s", "longest an HTTP request may take (503 beyond it when Redis does not answer)", dur(func(c *Config) *time.Duration { return &c.RequestTimeout }, time.Millisecond)},
 		{"DRAIN_TIMEOUT", "drain-timeout", "30s", "on SIGTERM/SIGINT: how long in-flight requests and handlers may take to finish (at least 1s)", dur(func(c *Config) *time.Duration { return &c.DrainTimeout }, time.Second)},
 		{"PROJECTIONS", "projections", "", "comma-separated projections to run (default: all)", func(c *Config, v string) error {
+			// Checked here, before anything starts (every command, api's too): a list with a
+			// name this build does not ship, an empty item or a name twice is a mistake, not
+			// the default set.
 			c.Projections = nil
+			if strings.TrimSpace(v) == "" {
+				return nil
+			}
+			var known []string
+			for _, p := range allProjections(Config{}) {
+				known = append(known, p.Name())
+			}
 			for _, p := range strings.Split(v, ",") {
-				if p = strings.TrimSpace(p); p != "" {
-					c.Projections = append(c.Projections, p)
+				switch p = strings.TrimSpace(p); {
+				case p == "":
+					return fmt.Errorf("an empty item in %q: names separated by single commas (empty for all)", v)
+				case !slices.Contains(known, p):
+					return fmt.Errorf("unknown projection %q (known: %s)", p, strings.Join(known, ", "))
+				case slices.Contains(c.Projections, p):
+					return fmt.Errorf("projection %q listed twice", p)
 				}
+				c.Projections = append(c.Projections, p)
 			}
 			return nil
 		}},

@@ -42,3 +42,30 @@ func TestClaimIdleBelowItsFloorIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 100*time.Millisecond, cfg.ClaimIdle)
 }
+
+// TestProjectionsListIsCheckedAtParse: PROJECTIONS="," ran every projection, a name twice failed
+// only after the process had written to Redis ("projection users listed twice", naming no
+// variable), and `api` took unknown names silently. Each is refused at parse, naming PROJECTIONS.
+func TestProjectionsListIsCheckedAtParse(t *testing.T) {
+	t.Parallel()
+	for v, says := range map[string]string{
+		",":                "an empty item",
+		"users,,locations": "an empty item",
+		"users, users":     `projection "users" listed twice`,
+		"users,nope":       `unknown projection "nope"`,
+		"Users":            `unknown projection "Users"`,
+	} {
+		_, err := parseEnv(map[string]string{"PROJECTIONS": v})
+		if assert.Error(t, err, v) {
+			assert.Contains(t, err.Error(), "invalid PROJECTIONS", v)
+			assert.Contains(t, err.Error(), says, v)
+		}
+	}
+	for _, v := range []string{"", " ", "users", " users , locations "} {
+		_, err := parseEnv(map[string]string{"PROJECTIONS": v})
+		assert.NoError(t, err, v)
+	}
+	code, _, stderr := runCLI(t, withTestAuth(map[string]string{"HTTP_ADDR": "127.0.0.1:0", "REDIS_URL": "redis://127.0.0.1:1/0", "PROJECTIONS": "nope"}), "api")
+	assert.Equal(t, 1, code, stderr)
+	assert.Contains(t, stderr, `invalid PROJECTIONS: unknown projection "nope"`)
+}
