@@ -210,10 +210,35 @@ func (h *RebuildProjection) Start(ctx context.Context, name string) (ops.Rebuild
 		return ops.RebuildProgress{}, ops.Unavailable(err)
 	}
 	if !started {
-		rp, _ := ops.ParseRebuildProgress(st.Rebuild)
+		// A start cut short after BeginBuild (Redis out of memory, a crash, the network) left
+		// the build without its group or the record of where it began, and without its
+		// progress: this start completes them (the start lock makes it the only one). Without
+		// the record, a replay of an entry an earlier version parked took where the stream
+		// begins now for where the build began, and once retention had trimmed past it,
+		// counted into the new version an entry its build had counted already.
+		if _, ok, err := h.b.Registry.BuildStart(ctx, name, to); err != nil {
+			return ops.RebuildProgress{}, ops.Unavailable(err)
+		} else if !ok {
+			h.log.Warn("a rebuild's start was cut short: completing it", "projection", name, "from", from, "to", to)
+			return h.beginBuild(ctx, name, from, to)
+		}
+		rp, ok := ops.ParseRebuildProgress(st.Rebuild)
+		if !ok || rp.To != to {
+			rp = ops.RebuildProgress{Projection: name, State: ops.RebuildBuilding, From: from, To: to, StartedAt: h.now().UTC(), Lag: -1}
+			if err := h.saveProgress(ctx, rp); err != nil {
+				return rp, err
+			}
+		}
 		h.log.Info("rebuild already in progress, resuming", "projection", name, "from", from, "to", to)
 		return rp, nil
 	}
+	return h.beginBuild(ctx, name, from, to)
+}
+
+// beginBuild creates the group of version to of name, records where its build begins and saves
+// the rebuild's first progress: what a start does once the registry says to is being built.
+// Each step may run again (a start cut short, completed by the next).
+func (h *RebuildProjection) beginBuild(ctx context.Context, name string, from, to int) (ops.RebuildProgress, error) {
 	// Creating the group here, at "0", makes the build's lag visible at once and pins its start
 	// to the beginning of the stream whichever projector subscribes first. Anything parked from
 	// now on may be this build's: its time is the clock's that stamps parked entries (Redis's,
