@@ -181,6 +181,13 @@ func (l *EventLog) Newest(ctx context.Context, sinceMs int64, limit int) ([]quer
 // partition before the cursor's, took an ID below the cursor and no later page listed it (found
 // by a review). Every later XADD gets an ID above the cap.
 func (l *EventLog) Range(ctx context.Context, fromMs, toMs int64, cursor string, limit int) (query.CheckinPage, error) {
+	// A cursor that is no cursor is refused whatever the range (it was taken, with an empty
+	// page, when the partitions' clock cap left nothing to read).
+	if cursor != "" {
+		if _, err := l.parseCursor(cursor); err != nil {
+			return query.CheckinPage{}, err
+		}
+	}
 	if len(l.streams) > 1 {
 		now, err := l.serverNow(ctx)
 		if err != nil {

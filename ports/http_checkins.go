@@ -154,7 +154,11 @@ func decodeCheckin(r *http.Request) (domain.CheckinInput, error) {
 	}
 	// A header sent empty is refused like any bad key, not taken for no header: its retries
 	// would each have been recorded as a new check-in.
-	if keys := r.Header.Values(HeaderIdempotencyKey); len(keys) > 0 {
+	if keys := r.Header.Values(HeaderIdempotencyKey); len(keys) > 1 {
+		// Which one the client meant is not ours to pick: the first was taken, the others dropped.
+		return domain.CheckinInput{}, apiError(http.StatusBadRequest, domain.CodeInvalid, HeaderIdempotencyKey,
+			fmt.Sprintf("%s header sent %d times: send it once", HeaderIdempotencyKey, len(keys)))
+	} else if len(keys) == 1 {
 		key := keys[0]
 		if err := domain.ValidateCheckinID(key); err != nil {
 			var ve *domain.ValidationError
