@@ -91,7 +91,7 @@ func (b *bencher) PhaseSustained(ctx context.Context) (PhaseResult, error) {
 		m.Stop()
 		return PhaseResult{}, err
 	}
-	backlog, err := b.backlog(ctx, keys)
+	backlog, err := b.backlog(ctx, keys, side.groups, side.onlyGroups)
 	if err != nil {
 		m.Stop()
 		return PhaseResult{}, err
@@ -181,9 +181,11 @@ func (b *bencher) PhaseSustained(ctx context.Context) (PhaseResult, error) {
 	return r, nil
 }
 
-// backlog is what every consumer group on the stream still owes, summed over the partitions:
-// entries not delivered yet (XINFO GROUPS lag, counted when Redis cannot tell) and pending ones.
-func (b *bencher) backlog(ctx context.Context, keys adapters.KeySpace) (BacklogResult, error) {
+// backlog is what the consumer groups the phase waits for still owe, summed over the
+// partitions: entries not delivered yet (XINFO GROUPS lag, counted when Redis cannot tell) and
+// pending ones. With onlyWant, only the groups in want (as waitGroups): a group on a target's
+// stream that nobody reads owed every entry of the load, and was the backlog printed.
+func (b *bencher) backlog(ctx context.Context, keys adapters.KeySpace, want []string, onlyWant bool) (BacklogResult, error) {
 	out := BacklogResult{Groups: map[string]GroupBacklog{}}
 	for _, stream := range keys.Partitions().Streams() {
 		infos, err := b.admin.XInfoGroups(ctx, stream).Result()
@@ -194,6 +196,9 @@ func (b *bencher) backlog(ctx context.Context, keys adapters.KeySpace) (BacklogR
 			return BacklogResult{}, fmt.Errorf("XINFO GROUPS %s: %w", stream, err)
 		}
 		for _, g := range infos {
+			if onlyWant && !slices.Contains(want, g.Name) {
+				continue
+			}
 			lag := g.Lag
 			if lag < 0 {
 				if lag, err = b.countAfter(ctx, stream, g.LastDeliveredID); err != nil {
