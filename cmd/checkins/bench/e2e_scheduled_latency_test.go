@@ -92,8 +92,8 @@ func (s *e2eFakeService) project(ctx context.Context) {
 }
 
 func (s *e2eFakeService) Ready(context.Context) error { return nil }
-func (s *e2eFakeService) Groups() []string           { return nil }
-func (s *e2eFakeService) Close()                     { _ = s.client.Close() }
+func (s *e2eFakeService) Groups() []string            { return nil }
+func (s *e2eFakeService) Close()                      { _ = s.client.Close() }
 
 // TestE2EPostLatencyFromScheduledTime: e2e is an open loop at --rate; a request's POST
 // latency must count from when it was due (t0 + i/rate), or a stall hides behind the requests
