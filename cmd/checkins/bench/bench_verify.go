@@ -531,6 +531,9 @@ func checkLeaderboards(ctx context.Context, p projection.Leaderboards, r project
 	for id, u := range want.users {
 		byUser[id] = float64(u.num)
 	}
+	whole(projection.ByCheckins, byCheckins, true)
+	whole(projection.ByRating, byRating, false) // its score is the scaled average: the order is checked
+	whole(projection.BoardUsers, byUser, true)
 	// Every location's counts (its stars are what its rating is computed from), not only the top's.
 	ids := sortedKeys(want.locs)
 	got, err := p.Locations(ctx, r, ids)
@@ -544,9 +547,6 @@ func checkLeaderboards(ctx context.Context, p projection.Leaderboards, r project
 			}
 		}
 	}
-	whole(projection.ByCheckins, byCheckins, true)
-	whole(projection.ByRating, byRating, false) // its score is the scaled average: the order is checked
-	whole(projection.BoardUsers, byUser, true)
 }
 
 // extraSlots lists, per checked projection, the slots that hold read-model keys but were not
