@@ -140,7 +140,8 @@ func TestOpenAPIGlueKeepsTheParameterErrors(t *testing.T) {
 		assert.Equal(t, tc.field, e.Field, tc.path)
 		assert.Equal(t, tc.message, e.Message, tc.path)
 	}
-	// A repeated query parameter or header is read as before: the first value counts.
+	// A repeated query parameter is read as before: the first value counts. A repeated
+	// Idempotency-Key is refused (which key the client meant is not ours to pick).
 	r := env.do(t, http.MethodGet, "/checkins?limit=2&limit=x", "", nil, nil)
 	assert.Equal(t, http.StatusOK, r.status, "%s", r.body)
 	req, err := http.NewRequest(http.MethodPost, env.url+"/checkins", strings.NewReader(`{"userId":1,"locationId":2,"starRating":3}`))
@@ -153,8 +154,8 @@ func TestOpenAPIGlueKeepsTheParameterErrors(t *testing.T) {
 	defer resp.Body.Close()
 	var out map[string]any
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
-	assert.Equal(t, http.StatusAccepted, resp.StatusCode, "%v", out)
-	assert.Equal(t, "dup-key-1", out["checkinId"])
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "%v", out)
+	assert.Equal(t, map[string]any{"code": "invalid", "field": "Idempotency-Key", "message": "Idempotency-Key header sent 2 times: send it once"}, out["error"])
 }
 
 func TestOpenAPIServedAsJSONAndYAML(t *testing.T) {

@@ -547,6 +547,9 @@ type Forbidden = ErrorBody
 // Internal defines model for Internal.
 type Internal = ErrorBody
 
+// Misdirected defines model for Misdirected.
+type Misdirected = ErrorBody
+
 // NotFound defines model for NotFound.
 type NotFound = ErrorBody
 
@@ -3242,6 +3245,13 @@ type ListCheckinsResponse401Headers struct {
 	XCorrelationID  string
 }
 
+// ListCheckinsResponse421Headers the declared response headers of an HTTP 421 response for ListCheckins
+type ListCheckinsResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // ListCheckinsResponse429Headers the declared response headers of an HTTP 429 response for ListCheckins
 type ListCheckinsResponse429Headers struct {
 	RateLimit       *string
@@ -3273,6 +3283,8 @@ type ListCheckinsResponse struct {
 	JSON400 *BadRequest
 	// JSON401 the response for an HTTP 401 `application/json` response
 	JSON401 *Unauthorized
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -3285,6 +3297,8 @@ type ListCheckinsResponse struct {
 	Headers400 *ListCheckinsResponse400Headers
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *ListCheckinsResponse401Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *ListCheckinsResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *ListCheckinsResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -3306,6 +3320,11 @@ func (r ListCheckinsResponse) GetJSON400() *BadRequest {
 // GetJSON401 returns the response for an HTTP 401 `application/json` response
 func (r ListCheckinsResponse) GetJSON401() *Unauthorized {
 	return r.JSON401
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r ListCheckinsResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -3411,6 +3430,13 @@ type PostCheckinResponse415Headers struct {
 	XCorrelationID  string
 }
 
+// PostCheckinResponse421Headers the declared response headers of an HTTP 421 response for PostCheckin
+type PostCheckinResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // PostCheckinResponse429Headers the declared response headers of an HTTP 429 response for PostCheckin
 type PostCheckinResponse429Headers struct {
 	RateLimit       *string
@@ -3452,6 +3478,8 @@ type PostCheckinResponse struct {
 	JSON413 *PayloadTooLarge
 	// JSON415 the response for an HTTP 415 `application/json` response
 	JSON415 *UnsupportedMediaType
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -3474,6 +3502,8 @@ type PostCheckinResponse struct {
 	Headers413 *PostCheckinResponse413Headers
 	// Headers415 the parsed response headers for an HTTP 415 response
 	Headers415 *PostCheckinResponse415Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *PostCheckinResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *PostCheckinResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -3520,6 +3550,11 @@ func (r PostCheckinResponse) GetJSON413() *PayloadTooLarge {
 // GetJSON415 returns the response for an HTTP 415 `application/json` response
 func (r PostCheckinResponse) GetJSON415() *UnsupportedMediaType {
 	return r.JSON415
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r PostCheckinResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -3588,6 +3623,13 @@ type GetLatestCheckinResponse404Headers struct {
 	XCorrelationID  string
 }
 
+// GetLatestCheckinResponse421Headers the declared response headers of an HTTP 421 response for GetLatestCheckin
+type GetLatestCheckinResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // GetLatestCheckinResponse429Headers the declared response headers of an HTTP 429 response for GetLatestCheckin
 type GetLatestCheckinResponse429Headers struct {
 	RateLimit       *string
@@ -3619,6 +3661,8 @@ type GetLatestCheckinResponse struct {
 	JSON401 *Unauthorized
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *NotFound
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -3631,6 +3675,8 @@ type GetLatestCheckinResponse struct {
 	Headers401 *GetLatestCheckinResponse401Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *GetLatestCheckinResponse404Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *GetLatestCheckinResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetLatestCheckinResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -3652,6 +3698,11 @@ func (r GetLatestCheckinResponse) GetJSON401() *Unauthorized {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r GetLatestCheckinResponse) GetJSON404() *NotFound {
 	return r.JSON404
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r GetLatestCheckinResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -3706,6 +3757,13 @@ type GetDocsResponse200Headers struct {
 	XCorrelationID        string
 }
 
+// GetDocsResponse421Headers the declared response headers of an HTTP 421 response for GetDocs
+type GetDocsResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // GetDocsResponse429Headers the declared response headers of an HTTP 429 response for GetDocs
 type GetDocsResponse429Headers struct {
 	RateLimit       *string
@@ -3717,12 +3775,21 @@ type GetDocsResponse429Headers struct {
 type GetDocsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *GetDocsResponse200Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *GetDocsResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetDocsResponse429Headers
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r GetDocsResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -3773,6 +3840,13 @@ type GetDocsAssetResponse404Headers struct {
 	XCorrelationID  string
 }
 
+// GetDocsAssetResponse421Headers the declared response headers of an HTTP 421 response for GetDocsAsset
+type GetDocsAssetResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // GetDocsAssetResponse429Headers the declared response headers of an HTTP 429 response for GetDocsAsset
 type GetDocsAssetResponse429Headers struct {
 	RateLimit       *string
@@ -3786,12 +3860,16 @@ type GetDocsAssetResponse struct {
 	HTTPResponse *http.Response
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *NotFound
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *GetDocsAssetResponse200Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *GetDocsAssetResponse404Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *GetDocsAssetResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetDocsAssetResponse429Headers
 }
@@ -3799,6 +3877,11 @@ type GetDocsAssetResponse struct {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r GetDocsAssetResponse) GetJSON404() *NotFound {
 	return r.JSON404
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r GetDocsAssetResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -3842,6 +3925,13 @@ type GetHealthzResponse200Headers struct {
 	XCorrelationID  string
 }
 
+// GetHealthzResponse421Headers the declared response headers of an HTTP 421 response for GetHealthz
+type GetHealthzResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // GetHealthzResponse429Headers the declared response headers of an HTTP 429 response for GetHealthz
 type GetHealthzResponse429Headers struct {
 	RateLimit       *string
@@ -3855,10 +3945,14 @@ type GetHealthzResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Health
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *GetHealthzResponse200Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *GetHealthzResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetHealthzResponse429Headers
 }
@@ -3866,6 +3960,11 @@ type GetHealthzResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetHealthzResponse) GetJSON200() *Health {
 	return r.JSON200
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r GetHealthzResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -3924,6 +4023,13 @@ type GetLocationLeaderboardResponse401Headers struct {
 	XCorrelationID  string
 }
 
+// GetLocationLeaderboardResponse421Headers the declared response headers of an HTTP 421 response for GetLocationLeaderboard
+type GetLocationLeaderboardResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // GetLocationLeaderboardResponse429Headers the declared response headers of an HTTP 429 response for GetLocationLeaderboard
 type GetLocationLeaderboardResponse429Headers struct {
 	RateLimit       *string
@@ -3955,6 +4061,8 @@ type GetLocationLeaderboardResponse struct {
 	JSON400 *BadRequest
 	// JSON401 the response for an HTTP 401 `application/json` response
 	JSON401 *Unauthorized
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -3967,6 +4075,8 @@ type GetLocationLeaderboardResponse struct {
 	Headers400 *GetLocationLeaderboardResponse400Headers
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *GetLocationLeaderboardResponse401Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *GetLocationLeaderboardResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetLocationLeaderboardResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -3988,6 +4098,11 @@ func (r GetLocationLeaderboardResponse) GetJSON400() *BadRequest {
 // GetJSON401 returns the response for an HTTP 401 `application/json` response
 func (r GetLocationLeaderboardResponse) GetJSON401() *Unauthorized {
 	return r.JSON401
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r GetLocationLeaderboardResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4056,6 +4171,13 @@ type GetUserLeaderboardResponse401Headers struct {
 	XCorrelationID  string
 }
 
+// GetUserLeaderboardResponse421Headers the declared response headers of an HTTP 421 response for GetUserLeaderboard
+type GetUserLeaderboardResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // GetUserLeaderboardResponse429Headers the declared response headers of an HTTP 429 response for GetUserLeaderboard
 type GetUserLeaderboardResponse429Headers struct {
 	RateLimit       *string
@@ -4087,6 +4209,8 @@ type GetUserLeaderboardResponse struct {
 	JSON400 *BadRequest
 	// JSON401 the response for an HTTP 401 `application/json` response
 	JSON401 *Unauthorized
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4099,6 +4223,8 @@ type GetUserLeaderboardResponse struct {
 	Headers400 *GetUserLeaderboardResponse400Headers
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *GetUserLeaderboardResponse401Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *GetUserLeaderboardResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetUserLeaderboardResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -4120,6 +4246,11 @@ func (r GetUserLeaderboardResponse) GetJSON400() *BadRequest {
 // GetJSON401 returns the response for an HTTP 401 `application/json` response
 func (r GetUserLeaderboardResponse) GetJSON401() *Unauthorized {
 	return r.JSON401
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r GetUserLeaderboardResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4195,6 +4326,13 @@ type GetLocationResponse404Headers struct {
 	XCorrelationID  string
 }
 
+// GetLocationResponse421Headers the declared response headers of an HTTP 421 response for GetLocation
+type GetLocationResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // GetLocationResponse429Headers the declared response headers of an HTTP 429 response for GetLocation
 type GetLocationResponse429Headers struct {
 	RateLimit       *string
@@ -4228,6 +4366,8 @@ type GetLocationResponse struct {
 	JSON401 *Unauthorized
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *NotFound
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4242,6 +4382,8 @@ type GetLocationResponse struct {
 	Headers401 *GetLocationResponse401Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *GetLocationResponse404Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *GetLocationResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetLocationResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -4268,6 +4410,11 @@ func (r GetLocationResponse) GetJSON401() *Unauthorized {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r GetLocationResponse) GetJSON404() *NotFound {
 	return r.JSON404
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r GetLocationResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4343,6 +4490,13 @@ type GetLocationDailyResponse404Headers struct {
 	XCorrelationID  string
 }
 
+// GetLocationDailyResponse421Headers the declared response headers of an HTTP 421 response for GetLocationDaily
+type GetLocationDailyResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // GetLocationDailyResponse429Headers the declared response headers of an HTTP 429 response for GetLocationDaily
 type GetLocationDailyResponse429Headers struct {
 	RateLimit       *string
@@ -4376,6 +4530,8 @@ type GetLocationDailyResponse struct {
 	JSON401 *Unauthorized
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *NotFound
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4390,6 +4546,8 @@ type GetLocationDailyResponse struct {
 	Headers401 *GetLocationDailyResponse401Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *GetLocationDailyResponse404Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *GetLocationDailyResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetLocationDailyResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -4416,6 +4574,11 @@ func (r GetLocationDailyResponse) GetJSON401() *Unauthorized {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r GetLocationDailyResponse) GetJSON404() *NotFound {
 	return r.JSON404
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r GetLocationDailyResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4492,6 +4655,13 @@ type GetMetricsResponse404Headers struct {
 	XCorrelationID  string
 }
 
+// GetMetricsResponse421Headers the declared response headers of an HTTP 421 response for GetMetrics
+type GetMetricsResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // GetMetricsResponse429Headers the declared response headers of an HTTP 429 response for GetMetrics
 type GetMetricsResponse429Headers struct {
 	RateLimit       *string
@@ -4509,6 +4679,8 @@ type GetMetricsResponse struct {
 	JSON403 *Forbidden
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *OpsNotHere
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// Headers200 the parsed response headers for an HTTP 200 response
@@ -4519,6 +4691,8 @@ type GetMetricsResponse struct {
 	Headers403 *GetMetricsResponse403Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *GetMetricsResponse404Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *GetMetricsResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetMetricsResponse429Headers
 }
@@ -4536,6 +4710,11 @@ func (r GetMetricsResponse) GetJSON403() *Forbidden {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r GetMetricsResponse) GetJSON404() *OpsNotHere {
 	return r.JSON404
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r GetMetricsResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4579,6 +4758,13 @@ type GetOpenAPIJSONResponse200Headers struct {
 	XCorrelationID  string
 }
 
+// GetOpenAPIJSONResponse421Headers the declared response headers of an HTTP 421 response for GetOpenAPIJSON
+type GetOpenAPIJSONResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // GetOpenAPIJSONResponse429Headers the declared response headers of an HTTP 429 response for GetOpenAPIJSON
 type GetOpenAPIJSONResponse429Headers struct {
 	RateLimit       *string
@@ -4592,10 +4778,14 @@ type GetOpenAPIJSONResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *map[string]interface{}
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *GetOpenAPIJSONResponse200Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *GetOpenAPIJSONResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetOpenAPIJSONResponse429Headers
 }
@@ -4603,6 +4793,11 @@ type GetOpenAPIJSONResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetOpenAPIJSONResponse) GetJSON200() *map[string]interface{} {
 	return r.JSON200
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r GetOpenAPIJSONResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4646,6 +4841,13 @@ type GetOpenAPIYAMLResponse200Headers struct {
 	XCorrelationID  string
 }
 
+// GetOpenAPIYAMLResponse421Headers the declared response headers of an HTTP 421 response for GetOpenAPIYAML
+type GetOpenAPIYAMLResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // GetOpenAPIYAMLResponse429Headers the declared response headers of an HTTP 429 response for GetOpenAPIYAML
 type GetOpenAPIYAMLResponse429Headers struct {
 	RateLimit       *string
@@ -4659,10 +4861,14 @@ type GetOpenAPIYAMLResponse struct {
 	HTTPResponse *http.Response
 	// YAML200 the response for an HTTP 200 `application/yaml` response
 	YAML200 *string
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *GetOpenAPIYAMLResponse200Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *GetOpenAPIYAMLResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetOpenAPIYAMLResponse429Headers
 }
@@ -4670,6 +4876,11 @@ type GetOpenAPIYAMLResponse struct {
 // GetYAML200 returns the response for an HTTP 200 `application/yaml` response
 func (r GetOpenAPIYAMLResponse) GetYAML200() *string {
 	return r.YAML200
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r GetOpenAPIYAMLResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4743,6 +4954,13 @@ type PurgeOpsPoisonResponse404Headers struct {
 	XCorrelationID  string
 }
 
+// PurgeOpsPoisonResponse421Headers the declared response headers of an HTTP 421 response for PurgeOpsPoison
+type PurgeOpsPoisonResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // PurgeOpsPoisonResponse429Headers the declared response headers of an HTTP 429 response for PurgeOpsPoison
 type PurgeOpsPoisonResponse429Headers struct {
 	RateLimit       *string
@@ -4778,6 +4996,8 @@ type PurgeOpsPoisonResponse struct {
 	JSON403 *Forbidden
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *OpsNotHere
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4794,6 +5014,8 @@ type PurgeOpsPoisonResponse struct {
 	Headers403 *PurgeOpsPoisonResponse403Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *PurgeOpsPoisonResponse404Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *PurgeOpsPoisonResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *PurgeOpsPoisonResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -4825,6 +5047,11 @@ func (r PurgeOpsPoisonResponse) GetJSON403() *Forbidden {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PurgeOpsPoisonResponse) GetJSON404() *OpsNotHere {
 	return r.JSON404
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r PurgeOpsPoisonResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -4908,6 +5135,13 @@ type ListOpsPoisonResponse404Headers struct {
 	XCorrelationID  string
 }
 
+// ListOpsPoisonResponse421Headers the declared response headers of an HTTP 421 response for ListOpsPoison
+type ListOpsPoisonResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // ListOpsPoisonResponse429Headers the declared response headers of an HTTP 429 response for ListOpsPoison
 type ListOpsPoisonResponse429Headers struct {
 	RateLimit       *string
@@ -4943,6 +5177,8 @@ type ListOpsPoisonResponse struct {
 	JSON403 *Forbidden
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *OpsNotHere
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -4959,6 +5195,8 @@ type ListOpsPoisonResponse struct {
 	Headers403 *ListOpsPoisonResponse403Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *ListOpsPoisonResponse404Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *ListOpsPoisonResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *ListOpsPoisonResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -4990,6 +5228,11 @@ func (r ListOpsPoisonResponse) GetJSON403() *Forbidden {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r ListOpsPoisonResponse) GetJSON404() *OpsNotHere {
 	return r.JSON404
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r ListOpsPoisonResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -5073,6 +5316,13 @@ type ReplayOpsPoisonResponse404Headers struct {
 	XCorrelationID  string
 }
 
+// ReplayOpsPoisonResponse421Headers the declared response headers of an HTTP 421 response for ReplayOpsPoison
+type ReplayOpsPoisonResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // ReplayOpsPoisonResponse429Headers the declared response headers of an HTTP 429 response for ReplayOpsPoison
 type ReplayOpsPoisonResponse429Headers struct {
 	RateLimit       *string
@@ -5108,6 +5358,8 @@ type ReplayOpsPoisonResponse struct {
 	JSON403 *Forbidden
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *OpsNotHere
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -5124,6 +5376,8 @@ type ReplayOpsPoisonResponse struct {
 	Headers403 *ReplayOpsPoisonResponse403Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *ReplayOpsPoisonResponse404Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *ReplayOpsPoisonResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *ReplayOpsPoisonResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -5155,6 +5409,11 @@ func (r ReplayOpsPoisonResponse) GetJSON403() *Forbidden {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r ReplayOpsPoisonResponse) GetJSON404() *OpsNotHere {
 	return r.JSON404
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r ReplayOpsPoisonResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -5238,6 +5497,13 @@ type PurgeOpsPoisonEntryResponse404Headers struct {
 	XCorrelationID  string
 }
 
+// PurgeOpsPoisonEntryResponse421Headers the declared response headers of an HTTP 421 response for PurgeOpsPoisonEntry
+type PurgeOpsPoisonEntryResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // PurgeOpsPoisonEntryResponse429Headers the declared response headers of an HTTP 429 response for PurgeOpsPoisonEntry
 type PurgeOpsPoisonEntryResponse429Headers struct {
 	RateLimit       *string
@@ -5271,6 +5537,8 @@ type PurgeOpsPoisonEntryResponse struct {
 	JSON403 *Forbidden
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *NotFound
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -5287,6 +5555,8 @@ type PurgeOpsPoisonEntryResponse struct {
 	Headers403 *PurgeOpsPoisonEntryResponse403Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *PurgeOpsPoisonEntryResponse404Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *PurgeOpsPoisonEntryResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *PurgeOpsPoisonEntryResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -5313,6 +5583,11 @@ func (r PurgeOpsPoisonEntryResponse) GetJSON403() *Forbidden {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r PurgeOpsPoisonEntryResponse) GetJSON404() *NotFound {
 	return r.JSON404
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r PurgeOpsPoisonEntryResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -5396,6 +5671,13 @@ type ShowOpsPoisonResponse404Headers struct {
 	XCorrelationID  string
 }
 
+// ShowOpsPoisonResponse421Headers the declared response headers of an HTTP 421 response for ShowOpsPoison
+type ShowOpsPoisonResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // ShowOpsPoisonResponse429Headers the declared response headers of an HTTP 429 response for ShowOpsPoison
 type ShowOpsPoisonResponse429Headers struct {
 	RateLimit       *string
@@ -5431,6 +5713,8 @@ type ShowOpsPoisonResponse struct {
 	JSON403 *Forbidden
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *NotFound
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -5447,6 +5731,8 @@ type ShowOpsPoisonResponse struct {
 	Headers403 *ShowOpsPoisonResponse403Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *ShowOpsPoisonResponse404Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *ShowOpsPoisonResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *ShowOpsPoisonResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -5478,6 +5764,11 @@ func (r ShowOpsPoisonResponse) GetJSON403() *Forbidden {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r ShowOpsPoisonResponse) GetJSON404() *NotFound {
 	return r.JSON404
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r ShowOpsPoisonResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -5561,6 +5852,13 @@ type ReplayOpsPoisonEntryResponse404Headers struct {
 	XCorrelationID  string
 }
 
+// ReplayOpsPoisonEntryResponse421Headers the declared response headers of an HTTP 421 response for ReplayOpsPoisonEntry
+type ReplayOpsPoisonEntryResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // ReplayOpsPoisonEntryResponse422Headers the declared response headers of an HTTP 422 response for ReplayOpsPoisonEntry
 type ReplayOpsPoisonEntryResponse422Headers struct {
 	RateLimit       *string
@@ -5603,6 +5901,8 @@ type ReplayOpsPoisonEntryResponse struct {
 	JSON403 *Forbidden
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *NotFound
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON422 the response for an HTTP 422 `application/json` response
 	JSON422 *ReplayFailure
 	// JSON429 the response for an HTTP 429 `application/json` response
@@ -5621,6 +5921,8 @@ type ReplayOpsPoisonEntryResponse struct {
 	Headers403 *ReplayOpsPoisonEntryResponse403Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *ReplayOpsPoisonEntryResponse404Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *ReplayOpsPoisonEntryResponse421Headers
 	// Headers422 the parsed response headers for an HTTP 422 response
 	Headers422 *ReplayOpsPoisonEntryResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
@@ -5654,6 +5956,11 @@ func (r ReplayOpsPoisonEntryResponse) GetJSON403() *Forbidden {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r ReplayOpsPoisonEntryResponse) GetJSON404() *NotFound {
 	return r.JSON404
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r ReplayOpsPoisonEntryResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON422 returns the response for an HTTP 422 `application/json` response
@@ -5735,6 +6042,13 @@ type ListOpsProjectionsResponse404Headers struct {
 	XCorrelationID  string
 }
 
+// ListOpsProjectionsResponse421Headers the declared response headers of an HTTP 421 response for ListOpsProjections
+type ListOpsProjectionsResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // ListOpsProjectionsResponse429Headers the declared response headers of an HTTP 429 response for ListOpsProjections
 type ListOpsProjectionsResponse429Headers struct {
 	RateLimit       *string
@@ -5768,6 +6082,8 @@ type ListOpsProjectionsResponse struct {
 	JSON403 *Forbidden
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *OpsNotHere
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -5782,6 +6098,8 @@ type ListOpsProjectionsResponse struct {
 	Headers403 *ListOpsProjectionsResponse403Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *ListOpsProjectionsResponse404Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *ListOpsProjectionsResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *ListOpsProjectionsResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -5808,6 +6126,11 @@ func (r ListOpsProjectionsResponse) GetJSON403() *Forbidden {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r ListOpsProjectionsResponse) GetJSON404() *OpsNotHere {
 	return r.JSON404
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r ListOpsProjectionsResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -5892,6 +6215,13 @@ type RebuildOpsProjectionResponse409Headers struct {
 	XCorrelationID  string
 }
 
+// RebuildOpsProjectionResponse421Headers the declared response headers of an HTTP 421 response for RebuildOpsProjection
+type RebuildOpsProjectionResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // RebuildOpsProjectionResponse429Headers the declared response headers of an HTTP 429 response for RebuildOpsProjection
 type RebuildOpsProjectionResponse429Headers struct {
 	RateLimit       *string
@@ -5927,6 +6257,8 @@ type RebuildOpsProjectionResponse struct {
 	JSON404 *NotFound
 	// JSON409 the response for an HTTP 409 `application/json` response
 	JSON409 *Conflict
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -5943,6 +6275,8 @@ type RebuildOpsProjectionResponse struct {
 	Headers404 *RebuildOpsProjectionResponse404Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *RebuildOpsProjectionResponse409Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *RebuildOpsProjectionResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *RebuildOpsProjectionResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -5974,6 +6308,11 @@ func (r RebuildOpsProjectionResponse) GetJSON404() *NotFound {
 // GetJSON409 returns the response for an HTTP 409 `application/json` response
 func (r RebuildOpsProjectionResponse) GetJSON409() *Conflict {
 	return r.JSON409
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r RebuildOpsProjectionResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -6050,6 +6389,13 @@ type GetOpsStatusResponse404Headers struct {
 	XCorrelationID  string
 }
 
+// GetOpsStatusResponse421Headers the declared response headers of an HTTP 421 response for GetOpsStatus
+type GetOpsStatusResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // GetOpsStatusResponse429Headers the declared response headers of an HTTP 429 response for GetOpsStatus
 type GetOpsStatusResponse429Headers struct {
 	RateLimit       *string
@@ -6083,6 +6429,8 @@ type GetOpsStatusResponse struct {
 	JSON403 *Forbidden
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *OpsNotHere
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -6097,6 +6445,8 @@ type GetOpsStatusResponse struct {
 	Headers403 *GetOpsStatusResponse403Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *GetOpsStatusResponse404Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *GetOpsStatusResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetOpsStatusResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -6123,6 +6473,11 @@ func (r GetOpsStatusResponse) GetJSON403() *Forbidden {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r GetOpsStatusResponse) GetJSON404() *OpsNotHere {
 	return r.JSON404
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r GetOpsStatusResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -6176,6 +6531,13 @@ type GetReadyzResponse200Headers struct {
 	XCorrelationID  string
 }
 
+// GetReadyzResponse421Headers the declared response headers of an HTTP 421 response for GetReadyz
+type GetReadyzResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // GetReadyzResponse429Headers the declared response headers of an HTTP 429 response for GetReadyz
 type GetReadyzResponse429Headers struct {
 	RateLimit       *string
@@ -6196,12 +6558,16 @@ type GetReadyzResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Readiness
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON503 the response for an HTTP 503 `application/json` response
 	JSON503 *Readiness
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *GetReadyzResponse200Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *GetReadyzResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetReadyzResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -6211,6 +6577,11 @@ type GetReadyzResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetReadyzResponse) GetJSON200() *Readiness {
 	return r.JSON200
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r GetReadyzResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -6281,6 +6652,13 @@ type GetUserResponse404Headers struct {
 	XCorrelationID  string
 }
 
+// GetUserResponse421Headers the declared response headers of an HTTP 421 response for GetUser
+type GetUserResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // GetUserResponse429Headers the declared response headers of an HTTP 429 response for GetUser
 type GetUserResponse429Headers struct {
 	RateLimit       *string
@@ -6314,6 +6692,8 @@ type GetUserResponse struct {
 	JSON401 *Unauthorized
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *NotFound
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -6328,6 +6708,8 @@ type GetUserResponse struct {
 	Headers401 *GetUserResponse401Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *GetUserResponse404Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *GetUserResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetUserResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -6354,6 +6736,11 @@ func (r GetUserResponse) GetJSON401() *Unauthorized {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r GetUserResponse) GetJSON404() *NotFound {
 	return r.JSON404
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r GetUserResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -6429,6 +6816,13 @@ type GetUserRecentCheckinsResponse404Headers struct {
 	XCorrelationID  string
 }
 
+// GetUserRecentCheckinsResponse421Headers the declared response headers of an HTTP 421 response for GetUserRecentCheckins
+type GetUserRecentCheckinsResponse421Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	XCorrelationID  string
+}
+
 // GetUserRecentCheckinsResponse429Headers the declared response headers of an HTTP 429 response for GetUserRecentCheckins
 type GetUserRecentCheckinsResponse429Headers struct {
 	RateLimit       *string
@@ -6462,6 +6856,8 @@ type GetUserRecentCheckinsResponse struct {
 	JSON401 *Unauthorized
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *NotFound
+	// JSON421 the response for an HTTP 421 `application/json` response
+	JSON421 *Misdirected
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -6476,6 +6872,8 @@ type GetUserRecentCheckinsResponse struct {
 	Headers401 *GetUserRecentCheckinsResponse401Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *GetUserRecentCheckinsResponse404Headers
+	// Headers421 the parsed response headers for an HTTP 421 response
+	Headers421 *GetUserRecentCheckinsResponse421Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetUserRecentCheckinsResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -6502,6 +6900,11 @@ func (r GetUserRecentCheckinsResponse) GetJSON401() *Unauthorized {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r GetUserRecentCheckinsResponse) GetJSON404() *NotFound {
 	return r.JSON404
+}
+
+// GetJSON421 returns the response for an HTTP 421 `application/json` response
+func (r GetUserRecentCheckinsResponse) GetJSON421() *Misdirected {
+	return r.JSON421
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -6954,6 +7357,13 @@ func ParseListCheckinsResponse(rsp *http.Response) (*ListCheckinsResponse, error
 		}
 		response.JSON401 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7057,6 +7467,30 @@ func ParseListCheckinsResponse(rsp *http.Response) (*ListCheckinsResponse, error
 			headers.XCorrelationID = value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 421:
+		var headers ListCheckinsResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers ListCheckinsResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -7210,6 +7644,13 @@ func ParsePostCheckinResponse(rsp *http.Response) (*PostCheckinResponse, error) 
 			return nil, err
 		}
 		response.JSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -7448,6 +7889,30 @@ func ParsePostCheckinResponse(rsp *http.Response) (*PostCheckinResponse, error) 
 			headers.XCorrelationID = value
 		}
 		response.Headers415 = &headers
+	case rsp.StatusCode == 421:
+		var headers PostCheckinResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers PostCheckinResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -7567,6 +8032,13 @@ func ParseGetLatestCheckinResponse(rsp *http.Response) (*GetLatestCheckinRespons
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7670,6 +8142,30 @@ func ParseGetLatestCheckinResponse(rsp *http.Response) (*GetLatestCheckinRespons
 			headers.XCorrelationID = value
 		}
 		response.Headers404 = &headers
+	case rsp.StatusCode == 421:
+		var headers GetLatestCheckinResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetLatestCheckinResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -7768,6 +8264,13 @@ func ParseGetDocsResponse(rsp *http.Response) (*GetDocsResponse, error) {
 	}
 
 	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7809,6 +8312,30 @@ func ParseGetDocsResponse(rsp *http.Response) (*GetDocsResponse, error) {
 			headers.XCorrelationID = value
 		}
 		response.Headers200 = &headers
+	case rsp.StatusCode == 421:
+		var headers GetDocsResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetDocsResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -7865,6 +8392,13 @@ func ParseGetDocsAssetResponse(rsp *http.Response) (*GetDocsAssetResponse, error
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -7924,6 +8458,30 @@ func ParseGetDocsAssetResponse(rsp *http.Response) (*GetDocsAssetResponse, error
 			headers.XCorrelationID = value
 		}
 		response.Headers404 = &headers
+	case rsp.StatusCode == 421:
+		var headers GetDocsAssetResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetDocsAssetResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -7981,6 +8539,13 @@ func ParseGetHealthzResponse(rsp *http.Response) (*GetHealthzResponse, error) {
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -8015,6 +8580,30 @@ func ParseGetHealthzResponse(rsp *http.Response) (*GetHealthzResponse, error) {
 			headers.XCorrelationID = value
 		}
 		response.Headers200 = &headers
+	case rsp.StatusCode == 421:
+		var headers GetHealthzResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetHealthzResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -8085,6 +8674,13 @@ func ParseGetLocationLeaderboardResponse(rsp *http.Response) (*GetLocationLeader
 			return nil, err
 		}
 		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -8189,6 +8785,30 @@ func ParseGetLocationLeaderboardResponse(rsp *http.Response) (*GetLocationLeader
 			headers.XCorrelationID = value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 421:
+		var headers GetLocationLeaderboardResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetLocationLeaderboardResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -8308,6 +8928,13 @@ func ParseGetUserLeaderboardResponse(rsp *http.Response) (*GetUserLeaderboardRes
 		}
 		response.JSON401 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -8411,6 +9038,30 @@ func ParseGetUserLeaderboardResponse(rsp *http.Response) (*GetUserLeaderboardRes
 			headers.XCorrelationID = value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 421:
+		var headers GetUserLeaderboardResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetUserLeaderboardResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -8536,6 +9187,13 @@ func ParseGetLocationResponse(rsp *http.Response) (*GetLocationResponse, error) 
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -8664,6 +9322,30 @@ func ParseGetLocationResponse(rsp *http.Response) (*GetLocationResponse, error) 
 			headers.XCorrelationID = value
 		}
 		response.Headers404 = &headers
+	case rsp.StatusCode == 421:
+		var headers GetLocationResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetLocationResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -8789,6 +9471,13 @@ func ParseGetLocationDailyResponse(rsp *http.Response) (*GetLocationDailyRespons
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -8917,6 +9606,30 @@ func ParseGetLocationDailyResponse(rsp *http.Response) (*GetLocationDailyRespons
 			headers.XCorrelationID = value
 		}
 		response.Headers404 = &headers
+	case rsp.StatusCode == 421:
+		var headers GetLocationDailyResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetLocationDailyResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -9035,6 +9748,13 @@ func ParseGetMetricsResponse(rsp *http.Response) (*GetMetricsResponse, error) {
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -9156,6 +9876,30 @@ func ParseGetMetricsResponse(rsp *http.Response) (*GetMetricsResponse, error) {
 			headers.XCorrelationID = value
 		}
 		response.Headers404 = &headers
+	case rsp.StatusCode == 421:
+		var headers GetMetricsResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetMetricsResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -9213,6 +9957,13 @@ func ParseGetOpenAPIJSONResponse(rsp *http.Response) (*GetOpenAPIJSONResponse, e
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -9247,6 +9998,30 @@ func ParseGetOpenAPIJSONResponse(rsp *http.Response) (*GetOpenAPIJSONResponse, e
 			headers.XCorrelationID = value
 		}
 		response.Headers200 = &headers
+	case rsp.StatusCode == 421:
+		var headers GetOpenAPIJSONResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetOpenAPIJSONResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -9304,6 +10079,13 @@ func ParseGetOpenAPIYAMLResponse(rsp *http.Response) (*GetOpenAPIYAMLResponse, e
 		}
 		response.YAML200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -9338,6 +10120,30 @@ func ParseGetOpenAPIYAMLResponse(rsp *http.Response) (*GetOpenAPIYAMLResponse, e
 			headers.XCorrelationID = value
 		}
 		response.Headers200 = &headers
+	case rsp.StatusCode == 421:
+		var headers GetOpenAPIYAMLResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetOpenAPIYAMLResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -9422,6 +10228,13 @@ func ParsePurgeOpsPoisonResponse(rsp *http.Response) (*PurgeOpsPoisonResponse, e
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -9581,6 +10394,30 @@ func ParsePurgeOpsPoisonResponse(rsp *http.Response) (*PurgeOpsPoisonResponse, e
 			headers.XCorrelationID = value
 		}
 		response.Headers404 = &headers
+	case rsp.StatusCode == 421:
+		var headers PurgeOpsPoisonResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers PurgeOpsPoisonResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -9713,6 +10550,13 @@ func ParseListOpsPoisonResponse(rsp *http.Response) (*ListOpsPoisonResponse, err
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -9872,6 +10716,30 @@ func ParseListOpsPoisonResponse(rsp *http.Response) (*ListOpsPoisonResponse, err
 			headers.XCorrelationID = value
 		}
 		response.Headers404 = &headers
+	case rsp.StatusCode == 421:
+		var headers ListOpsPoisonResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers ListOpsPoisonResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -10004,6 +10872,13 @@ func ParseReplayOpsPoisonResponse(rsp *http.Response) (*ReplayOpsPoisonResponse,
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -10163,6 +11038,30 @@ func ParseReplayOpsPoisonResponse(rsp *http.Response) (*ReplayOpsPoisonResponse,
 			headers.XCorrelationID = value
 		}
 		response.Headers404 = &headers
+	case rsp.StatusCode == 421:
+		var headers ReplayOpsPoisonResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers ReplayOpsPoisonResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -10291,6 +11190,13 @@ func ParsePurgeOpsPoisonEntryResponse(rsp *http.Response) (*PurgeOpsPoisonEntryR
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -10450,6 +11356,30 @@ func ParsePurgeOpsPoisonEntryResponse(rsp *http.Response) (*PurgeOpsPoisonEntryR
 			headers.XCorrelationID = value
 		}
 		response.Headers404 = &headers
+	case rsp.StatusCode == 421:
+		var headers PurgeOpsPoisonEntryResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers PurgeOpsPoisonEntryResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -10582,6 +11512,13 @@ func ParseShowOpsPoisonResponse(rsp *http.Response) (*ShowOpsPoisonResponse, err
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -10741,6 +11678,30 @@ func ParseShowOpsPoisonResponse(rsp *http.Response) (*ShowOpsPoisonResponse, err
 			headers.XCorrelationID = value
 		}
 		response.Headers404 = &headers
+	case rsp.StatusCode == 421:
+		var headers ShowOpsPoisonResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers ShowOpsPoisonResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -10873,6 +11834,13 @@ func ParseReplayOpsPoisonEntryResponse(rsp *http.Response) (*ReplayOpsPoisonEntr
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
 		var dest ReplayFailure
@@ -11039,6 +12007,30 @@ func ParseReplayOpsPoisonEntryResponse(rsp *http.Response) (*ReplayOpsPoisonEntr
 			headers.XCorrelationID = value
 		}
 		response.Headers404 = &headers
+	case rsp.StatusCode == 421:
+		var headers ReplayOpsPoisonEntryResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 422:
 		var headers ReplayOpsPoisonEntryResponse422Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -11189,6 +12181,13 @@ func ParseListOpsProjectionsResponse(rsp *http.Response) (*ListOpsProjectionsRes
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -11323,6 +12322,30 @@ func ParseListOpsProjectionsResponse(rsp *http.Response) (*ListOpsProjectionsRes
 			headers.XCorrelationID = value
 		}
 		response.Headers404 = &headers
+	case rsp.StatusCode == 421:
+		var headers ListOpsProjectionsResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers ListOpsProjectionsResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -11455,6 +12478,13 @@ func ParseRebuildOpsProjectionResponse(rsp *http.Response) (*RebuildOpsProjectio
 			return nil, err
 		}
 		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -11621,6 +12651,30 @@ func ParseRebuildOpsProjectionResponse(rsp *http.Response) (*RebuildOpsProjectio
 			headers.XCorrelationID = value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 421:
+		var headers RebuildOpsProjectionResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers RebuildOpsProjectionResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -11746,6 +12800,13 @@ func ParseGetOpsStatusResponse(rsp *http.Response) (*GetOpsStatusResponse, error
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -11881,6 +12942,30 @@ func ParseGetOpsStatusResponse(rsp *http.Response) (*GetOpsStatusResponse, error
 			headers.XCorrelationID = value
 		}
 		response.Headers404 = &headers
+	case rsp.StatusCode == 421:
+		var headers GetOpsStatusResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetOpsStatusResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -11986,6 +13071,13 @@ func ParseGetReadyzResponse(rsp *http.Response) (*GetReadyzResponse, error) {
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -12027,6 +13119,30 @@ func ParseGetReadyzResponse(rsp *http.Response) (*GetReadyzResponse, error) {
 			headers.XCorrelationID = value
 		}
 		response.Headers200 = &headers
+	case rsp.StatusCode == 421:
+		var headers GetReadyzResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetReadyzResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -12128,6 +13244,13 @@ func ParseGetUserResponse(rsp *http.Response) (*GetUserResponse, error) {
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -12256,6 +13379,30 @@ func ParseGetUserResponse(rsp *http.Response) (*GetUserResponse, error) {
 			headers.XCorrelationID = value
 		}
 		response.Headers404 = &headers
+	case rsp.StatusCode == 421:
+		var headers GetUserResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetUserResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
@@ -12381,6 +13528,13 @@ func ParseGetUserRecentCheckinsResponse(rsp *http.Response) (*GetUserRecentCheck
 			return nil, err
 		}
 		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 421:
+		var dest Misdirected
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON421 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
@@ -12509,6 +13663,30 @@ func ParseGetUserRecentCheckinsResponse(rsp *http.Response) (*GetUserRecentCheck
 			headers.XCorrelationID = value
 		}
 		response.Headers404 = &headers
+	case rsp.StatusCode == 421:
+		var headers GetUserRecentCheckinsResponse421Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Correlation-ID"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Correlation-ID", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XCorrelationID = value
+		}
+		response.Headers421 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetUserRecentCheckinsResponse429Headers
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {

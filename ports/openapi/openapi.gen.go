@@ -498,6 +498,9 @@ type Forbidden = ErrorBody
 // Internal defines model for Internal.
 type Internal = ErrorBody
 
+// Misdirected defines model for Misdirected.
+type Misdirected = ErrorBody
+
 // NotFound defines model for NotFound.
 type NotFound = ErrorBody
 
