@@ -552,7 +552,7 @@ func (s *HTTPServer) listCheckins(c echo.Context) error {
 		dst  *int64
 	}{{"from", &q.From}, {"to", &q.To}} {
 		if v := c.QueryParam(p.name); v != "" {
-			if *p.dst, err = strconv.ParseInt(v, 10, 64); err != nil {
+			if *p.dst, err = strconv.ParseInt(v, 10, 64); err != nil || !asJSONInteger(v) {
 				return apiError(http.StatusBadRequest, domain.CodeInvalid, p.name, fmt.Sprintf("%s must be milliseconds since the epoch, got %q", p.name, v))
 			}
 		}
@@ -570,6 +570,17 @@ func (s *HTTPServer) listCheckins(c echo.Context) error {
 		out.Checkins[i] = recordedResponse(r)
 	}
 	return c.JSON(http.StatusOK, out)
+}
+
+// asJSONInteger says whether v is an integer as JSON writes one, as the path's ids must be: no
+// "+5", no "05" (strconv takes both, and two spellings of one query made two cache entries and
+// two answers for what a client meant as one).
+func asJSONInteger(v string) bool {
+	v = strings.TrimPrefix(v, "-")
+	if v == "" || v[0] < '0' || v[0] > '9' {
+		return false
+	}
+	return v == "0" || v[0] != '0'
 }
 
 func pathID(c echo.Context, name string) (int64, error) {

@@ -102,7 +102,7 @@ func queryLimit(c echo.Context, def, max int) (int, error) {
 	}
 	n, err := strconv.Atoi(v)
 	switch {
-	case err != nil:
+	case err != nil || !asJSONInteger(v):
 		return 0, &domain.ValidationError{Code: domain.CodeInvalid, Field: "limit", Message: fmt.Sprintf("must be %s, got %q", want, v)}
 	case n < 1 || (max > 0 && n > max):
 		return 0, &domain.ValidationError{Code: domain.CodeOutOfRange, Field: "limit", Message: fmt.Sprintf("must be %s, got %q", want, v)}

@@ -99,3 +99,21 @@ func TestDuplicateIdempotencyKeyRefused(t *testing.T) {
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s", b)
 	assert.Contains(t, string(b), "Idempotency-Key header sent 2 times")
 }
+
+// TestQueryIntegersAsWritten: path ids must be integers as JSON writes them (pathID refuses "+1"
+// and "01"); the query's integers were not held to it: limit=+5, limit=05, from=+5, to=007 were
+// taken. They are refused now, as the ids are.
+func TestQueryIntegersAsWritten(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Open(t)
+	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix}, Mode{API: true, Projections: true})
+	for _, path := range []string{"/users/%2B42", "/users/042", "/checkins?limit=%2B5", "/checkins?limit=05", "/checkins?from=%2B5",
+		"/checkins?to=007", "/leaderboards/users?limit=%2B5", "/leaderboards/locations?limit=010"} {
+		st, b := rawDo(t, http.MethodGet, svc.base+path, nil)
+		assert.Equal(t, http.StatusBadRequest, st, "%s: %s", path, b)
+	}
+	for _, path := range []string{"/checkins?limit=5&from=0&to=10", "/leaderboards/users?limit=10"} {
+		st, b := rawDo(t, http.MethodGet, svc.base+path, nil)
+		assert.Equal(t, http.StatusOK, st, "%s: %s", path, b)
+	}
+}
