@@ -594,7 +594,7 @@ func pathID(c echo.Context, name string) (int64, error) {
 		}
 	}
 	id, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || id < 1 || v[0] == '+' || v[0] == '0' { // the integer as written in JSON: no "+1", no "01"
+	if err != nil || id < 1 || !asJSONInteger(v) { // the integer as written in JSON: no "+1", no "01"
 		return 0, apiError(http.StatusBadRequest, domain.CodeInvalid, name, fmt.Sprintf("%s must be an integer >= 1, got %q", name, v))
 	}
 	return id, nil

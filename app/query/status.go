@@ -141,18 +141,8 @@ func (s *Status) Status(ctx context.Context) (StatusReport, error) {
 		ps := ProjectionStatus{Projection: name, Version: version, Group: g.Name, Kind: KindGroup, GroupExists: true,
 			Consumers: []ConsumerStatus{}, Pending: g.Pending, LastDeliveredID: g.LastDeliveredID, Poisoned: poisoned[name]}
 		if ms, ok := live[g.Name]; ok {
-			// Entries that are not events at all are parked once per group, under no projection.
-			ps.Projection, ps.Version, ps.Kind, ps.Poisoned = "", 0, KindLive, poisoned[""]
-			counted := map[string]bool{}
-			for m := range ms.Members {
-				ps.Members = append(ps.Members, m)
-				if n, _, ok := ops.ParseMemberName(m); ok && !counted[n] {
-					counted[n] = true
-					ps.Poisoned += poisoned[n]
-					seen[n] = true
-				}
-			}
-			slices.Sort(ps.Members)
+			ps.Projection, ps.Version, ps.Kind = "", 0, KindLive
+			addLiveMembers(&ps, ms, poisoned, seen)
 		} else if _, m, ok := ops.MemberOf(live, g.Name); ok {
 			ps.Kind, ps.BackfillTo, ps.BackfillDone = KindBackfill, m.Join, m.Own == ops.BackfillDone
 		}
@@ -190,17 +180,8 @@ func (s *Status) Status(ctx context.Context) (StatusReport, error) {
 			continue
 		}
 		lag := info.Length // nothing delivered yet
-		ps := ProjectionStatus{Group: name, Kind: KindLive, Consumers: []ConsumerStatus{}, Poisoned: poisoned[""], Lag: &lag}
-		counted := map[string]bool{}
-		for m := range ms.Members {
-			ps.Members = append(ps.Members, m)
-			if n, _, ok := ops.ParseMemberName(m); ok && !counted[n] {
-				counted[n] = true
-				ps.Poisoned += poisoned[n]
-				seen[n] = true
-			}
-		}
-		slices.Sort(ps.Members)
+		ps := ProjectionStatus{Group: name, Kind: KindLive, Consumers: []ConsumerStatus{}, Lag: &lag}
+		addLiveMembers(&ps, ms, poisoned, seen)
 		st.Projections = append(st.Projections, ps)
 	}
 	// Projections this build runs that no group feeds yet (never started), at the version the
@@ -252,4 +233,21 @@ func (s *Status) Status(ctx context.Context) (StatusReport, error) {
 		return a.Version - b.Version
 	})
 	return st, nil
+}
+
+// addLiveMembers fills a live group's row with its members and the parked entries of their
+// projections (and those that are no events at all, parked once per group, under no projection),
+// and marks the projections seen.
+func addLiveMembers(ps *ProjectionStatus, ms ops.Membership, poisoned map[string]int64, seen map[string]bool) {
+	ps.Poisoned = poisoned[""]
+	counted := map[string]bool{}
+	for m := range ms.Members {
+		ps.Members = append(ps.Members, m)
+		if n, _, ok := ops.ParseMemberName(m); ok && !counted[n] {
+			counted[n] = true
+			ps.Poisoned += poisoned[n]
+			seen[n] = true
+		}
+	}
+	slices.Sort(ps.Members)
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"os/exec"
 	"strings"
 	"testing"
@@ -21,30 +20,15 @@ func TestDevModeCurlLinesOverTLS(t *testing.T) {
 		t.Skip("no curl")
 	}
 	certFile, keyFile, _ := writeSelfSigned(t)
-	cmd := exec.Command(checkinsBinary(t), "serve")
-	env := map[string]string{"HTTP_ADDR": "127.0.0.1:0", "OPS_ADDR": "127.0.0.1:0", "STATE_DIR": t.TempDir(),
-		"TLS_CERT_FILE": certFile, "TLS_KEY_FILE": keyFile}
-	cmd.Env = cliEnv(env)
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	var logs cliLogLines
-	go func() {
-		logs.scan(bufio.NewScanner(stderr))
-		exited <- cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
+	logs := startBinary(t, map[string]string{"HTTP_ADDR": "127.0.0.1:0", "OPS_ADDR": "127.0.0.1:0", "STATE_DIR": t.TempDir(),
+		"TLS_CERT_FILE": certFile, "TLS_KEY_FILE": keyFile}, "serve")
 	var dev map[string]any
 	require.Eventually(t, func() bool {
 		var ok bool
 		dev, ok = logs.find("dev mode: ready-made tokens")
 		_, listening := logs.find("http listening")
 		return ok && listening
-	}, 30*time.Second, 20*time.Millisecond, "stderr:\n%s", &logs)
+	}, 30*time.Second, 20*time.Millisecond, "stderr:\n%s", logs)
 	time.Sleep(500 * time.Millisecond)
 
 	curl, _ := dev["curl"].(string)
