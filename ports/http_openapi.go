@@ -82,8 +82,16 @@ func (r partRouter) CONNECT(p string, h echo.HandlerFunc, m ...echo.MiddlewareFu
 func (r partRouter) DELETE(p string, h echo.HandlerFunc, m ...echo.MiddlewareFunc) *echo.Route {
 	return r.add(http.MethodDelete, p, h, m)
 }
+
+// GET adds the route for HEAD too, with the same handler and middleware: every resource that
+// answers GET answers HEAD with the same status and headers and no body (RFC 9110, 9.3.2; net/http
+// drops a HEAD response's body), as the contract's description says; Echo does not do it itself.
 func (r partRouter) GET(p string, h echo.HandlerFunc, m ...echo.MiddlewareFunc) *echo.Route {
-	return r.add(http.MethodGet, p, h, m)
+	route := r.add(http.MethodGet, p, h, m)
+	if route != nil {
+		r.add(http.MethodHead, p, h, m)
+	}
+	return route
 }
 func (r partRouter) HEAD(p string, h echo.HandlerFunc, m ...echo.MiddlewareFunc) *echo.Route {
 	return r.add(http.MethodHead, p, h, m)

@@ -33,14 +33,20 @@ func specRoutes(t *testing.T) (public, ops []string) {
 	require.NoError(t, err)
 	for path, item := range doc.Paths.Map() {
 		for method, op := range item.Operations() {
-			r := method + " " + path
-			switch {
-			case path == "/healthz" || path == "/readyz":
-				public, ops = append(public, r), append(ops, r)
-			case contains(op.Tags, "ops"):
-				ops = append(ops, r)
-			default:
-				public = append(public, r)
+			rs := []string{method + " " + path}
+			if method == http.MethodGet {
+				// The spec's description: every GET route answers HEAD too.
+				rs = append(rs, http.MethodHead+" "+path)
+			}
+			for _, r := range rs {
+				switch {
+				case path == "/healthz" || path == "/readyz":
+					public, ops = append(public, r), append(ops, r)
+				case contains(op.Tags, "ops"):
+					ops = append(ops, r)
+				default:
+					public = append(public, r)
+				}
 			}
 		}
 	}
