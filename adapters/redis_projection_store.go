@@ -60,6 +60,15 @@ func (r *ProjectionReader) HMGet(ctx context.Context, slot, key string, fields .
 	return out, nil
 }
 
+// HLen implements projection.Reader.
+func (r *ProjectionReader) HLen(ctx context.Context, slot, key string) (int64, error) {
+	k, err := r.key(ctx, slot, key)
+	if err != nil {
+		return 0, err
+	}
+	return r.client.HLen(ctx, k).Result()
+}
+
 // ZRevRange implements projection.Reader.
 func (r *ProjectionReader) ZRevRange(ctx context.Context, slot, key string, start, stop int64) ([]projection.Scored, error) {
 	k, err := r.key(ctx, slot, key)

@@ -190,4 +190,11 @@ func TestProjectionRoutesAnswerFromTheReadModels(t *testing.T) {
 	assert.Equal(t, int64(4), daily.Total)
 	assert.Equal(t, []projection.DayCount{{Date: "2024-01-31"}, {Date: "2024-02-01", Checkins: 2}, {Date: "2024-02-02"},
 		{Date: "2024-02-03", Checkins: 2}, {Date: "2024-02-04"}}, daily.Days)
+
+	// A location counted before answers zeros for a range without its check-ins; one never
+	// counted is not found, as /users/{id}/checkins and /locations/{id} answer.
+	require.Equal(t, http.StatusOK, a.get(t, "/locations/1/daily?from=2023-01-01&to=2023-01-02", &daily))
+	assert.Equal(t, int64(0), daily.Total)
+	assert.Equal(t, []projection.DayCount{{Date: "2023-01-01"}, {Date: "2023-01-02"}}, daily.Days)
+	assert.Equal(t, http.StatusNotFound, a.get(t, "/locations/999/daily?from=2024-01-31&to=2024-02-04", nil))
 }

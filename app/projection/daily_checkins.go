@@ -113,5 +113,17 @@ func (DailyCheckins) Get(ctx context.Context, r Reader, locationID int64, from, 
 		v.Days[i] = DayCount{Date: day, Checkins: n}
 		v.Total += n
 	}
+	if v.Total == 0 {
+		// None in the range: a location known to the projection answers its zeros, one it never
+		// counted is not found, as /users/{id}/checkins and /locations/{id} answer. Only this
+		// case costs the second read.
+		n, err := r.HLen(ctx, locationSlot(locationID), "daily")
+		if err != nil {
+			return DailyCheckinsView{}, err
+		}
+		if n == 0 {
+			return DailyCheckinsView{}, fmt.Errorf("daily check-ins of location %d: %w", locationID, domain.ErrNotFound)
+		}
+	}
 	return v, nil
 }

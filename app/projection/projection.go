@@ -73,6 +73,7 @@ type Store interface {
 type Reader interface {
 	HGetAll(ctx context.Context, slot, key string) (map[string]string, error)
 	HMGet(ctx context.Context, slot, key string, fields ...string) ([]string, error) // "" for missing
+	HLen(ctx context.Context, slot, key string) (int64, error)                       // 0 for a missing hash
 	// ZRevRange returns members from the highest score down, ranks start..stop inclusive.
 	ZRevRange(ctx context.Context, slot, key string, start, stop int64) ([]Scored, error)
 	// ZRevRanges is ZRevRange of several sorted sets, of any slots, in one round trip (on a

@@ -187,6 +187,11 @@ func (r *slotRecorder) HMGet(ctx context.Context, slot, key string, fields ...st
 	return r.Reader.HMGet(ctx, slot, key, fields...)
 }
 
+func (r *slotRecorder) HLen(ctx context.Context, slot, key string) (int64, error) {
+	r.note(slot, key)
+	return r.Reader.HLen(ctx, slot, key)
+}
+
 func (r *slotRecorder) ZRevRange(ctx context.Context, slot, key string, start, stop int64) ([]projection.Scored, error) {
 	r.note(slot, key)
 	return r.Reader.ZRevRange(ctx, slot, key, start, stop)
