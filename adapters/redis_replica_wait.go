@@ -13,9 +13,10 @@ import (
 	"github.com/checkins/checkins/domain"
 )
 
-// RequireReplicas makes every XADD sent through client count only once n replicas have it: a
-// pipeline holding an XADD gets `WAIT n <timeout>` appended, on the same connection in the same
-// round trip, and when fewer than n replicas confirm within timeout, every XADD of the pipeline
+// RequireReplicas makes every XADD sent through client (fenced ones too: fencedXAddScript) count
+// only once n replicas have it: a pipeline holding an XADD gets `WAIT n <timeout>` appended, on
+// the same connection in the same round trip, and when fewer than n replicas confirm within
+// timeout, every XADD of the pipeline
 // fails with an error wrapping domain.ErrNotReplicated (the entry is on the master, but may be
 // lost with it in a failover). A lone XADD is sent as such a pipeline.
 //
@@ -23,7 +24,7 @@ import (
 // command): go-redis splits a pipeline by node, and WAIT, which names no key, must reach the node
 // that took the XADD, on the connection that carried it.
 func RequireReplicas(client redis.UniversalClient, n int, timeout time.Duration) error {
-	return requireReplicas(client, n, timeout, isXAdd, "RequireReplicas")
+	return requireReplicas(client, n, timeout, addsEntry, "RequireReplicas")
 }
 
 // RequireDeliveryReplicas makes the batched subscriber's deliveries on client count only once n
@@ -66,6 +67,23 @@ type replicaWait struct {
 
 func isXAdd(c redis.Cmder) bool { return strings.EqualFold(c.Name(), "xadd") }
 
+// fenceRefused: c is fencedXAddScript's call, which ran and added nothing (its reply [false]):
+// certainly not on the stream, which a failed WAIT must not turn into "maybe".
+func fenceRefused(c redis.Cmder) bool {
+	if s, ok := c.(sendOnce); ok {
+		c = s.Cmder
+	}
+	cmd, ok := c.(*redis.Cmd)
+	if !ok || !isFencedXAdd(c) {
+		return false
+	}
+	v, ok := cmd.Val().([]any)
+	return ok && len(v) == 1 && v[0] == nil
+}
+
+// addsEntry: c is an XADD, plain or fenced (fencedXAddScript).
+func addsEntry(c redis.Cmder) bool { return isXAdd(c) || isFencedXAdd(c) }
+
 func (h *replicaWait) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h *replicaWait) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -96,7 +114,7 @@ func (h *replicaWait) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 			reason = fmt.Errorf("%w: WAIT %d %d: %w", domain.ErrNotReplicated, h.n, h.timeout.Milliseconds(), werr)
 		}
 		for _, c := range cmds {
-			if h.match(c) && c.Err() == nil {
+			if h.match(c) && c.Err() == nil && !fenceRefused(c) {
 				c.SetErr(reason)
 			}
 		}

@@ -7,6 +7,8 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
@@ -83,6 +85,41 @@ func (p *EventPublisher) PublishCheckinRecorded(ctx context.Context, e domain.Ch
 		return fmt.Errorf("%w: %w", command.ErrNotPublished, err)
 	}
 	return err
+}
+
+// PublishCheckinRecordedBefore implements command.FencedPublisher: through the auto-pipeline's
+// hook, Watermill's XADD runs inside fencedXAddScript, which adds the entry only while the
+// stream's server clock (TIME) reads before deadline. A publisher without an auto-pipeline
+// (NewEventPublisher) publishes without the fence.
+func (p *EventPublisher) PublishCheckinRecordedBefore(ctx context.Context, e domain.CheckinRecorded, correlationID string, deadline time.Time) error {
+	if p.pipeline == nil {
+		return p.PublishCheckinRecorded(ctx, e, correlationID)
+	}
+	x := &xaddScript{script: fencedXAddScript, args: []any{strconv.FormatInt(deadline.UnixMilli(), 10)}}
+	err := p.PublishCheckinRecorded(context.WithValue(ctx, xaddScriptKey{}, x), e, correlationID)
+	if err != nil && x.reply != nil && errors.Is(err, errXAddNotRun) {
+		// The script ran and refused: certainly not on the stream.
+		return fmt.Errorf("%w: %w (deadline %s)", command.ErrNotPublished, command.ErrPublishTooLate, deadline.UTC().Format(time.RFC3339Nano))
+	}
+	return err
+}
+
+// fencedXAddScript runs the XADD of ARGV[2..] on KEYS[1] only while the server's clock is
+// before ARGV[1] (ms since the epoch); its reply is a table whose one element is the entry's ID,
+// or false when it refused. An XADD error is the script's error. Redis replicates the XADD's
+// effect, not the script, so TIME does not make it nondeterministic.
+var fencedXAddScript = redis.NewScript(`
+local t = redis.call('TIME')
+if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) >= tonumber(ARGV[1]) then return {false} end
+local id = redis.pcall('XADD', KEYS[1], unpack(ARGV, 2))
+if type(id) == 'table' and id.err then return id end
+return {id}
+`)
+
+// isFencedXAdd: c is fencedXAddScript's call (an XADD, for INGEST_MIN_REPLICAS's WAIT).
+func isFencedXAdd(c redis.Cmder) bool {
+	a := c.Args()
+	return len(a) > 1 && strings.EqualFold(c.Name(), "evalsha") && a[1] == fencedXAddScript.Hash()
 }
 
 // Close closes the publisher and its client.

@@ -27,6 +27,26 @@ type EventPublisher interface {
 // (it was refused before it was sent).
 var ErrNotPublished = errors.New("event not published")
 
+// FencedPublisher is an EventPublisher that can have the stream refuse an event once the
+// stream's own clock has passed a deadline. The handler gives the deadline of the reservation it
+// publishes for: shortly before another attempt may take that reservation over, so an XADD that
+// reached Redis late (held up in the network, or behind a paused or busy server) cannot add the
+// event after a taker added it too.
+type FencedPublisher interface {
+	// PublishCheckinRecordedBefore is PublishCheckinRecorded, except that the event is not
+	// stored when the stream's clock reads deadline or later as it would be added: the error
+	// then wraps ErrNotPublished and ErrPublishTooLate.
+	PublishCheckinRecordedBefore(ctx context.Context, e domain.CheckinRecorded, correlationID string, deadline time.Time) error
+}
+
+// ErrPublishTooLate is a fenced publish refused: the reservation could be taken over by then.
+var ErrPublishTooLate = errors.New("the stream refused the event: its reservation could be taken over by then")
+
+// fenceMargin is how long before a reservation may be taken over its owner's XADD is refused:
+// the clocks of the taker's process, the owner's and Redis may differ by up to that much
+// together (a quarter of the takeover age when that is shorter).
+const fenceMargin = time.Second
+
 // IdempotencyRecord is what was first accepted under a checkinId.
 type IdempotencyRecord struct {
 	Fingerprint string
@@ -388,7 +408,15 @@ func (h *RecordCheckinHandler) settle(ctx context.Context, rec IdempotencyRecord
 // another attempt, whose answer is a retry's).
 func (h *RecordCheckinHandler) publish(ctx context.Context, rec IdempotencyRecord, correlationID string, tookOver bool) (RecordCheckinResult, error) {
 	ev := domain.CheckinRecorded{Checkin: rec.Checkin, RecordedAt: rec.RecordedAt, Fingerprint: rec.Fingerprint}
-	if err := h.publisher.PublishCheckinRecorded(ctx, ev, correlationID); err != nil {
+	var err error
+	if fp, ok := h.publisher.(FencedPublisher); ok && rec.ReservedAt > 0 {
+		// The XADD runs only while nobody may take this reservation over yet; a taker's
+		// reservation has a later ReservedAt, so its own XADD has a later deadline.
+		err = fp.PublishCheckinRecordedBefore(ctx, ev, correlationID, h.fence(rec))
+	} else {
+		err = h.publisher.PublishCheckinRecorded(ctx, ev, correlationID)
+	}
+	if err != nil {
 		if errors.Is(err, ErrNotPublished) && !tookOver {
 			// Nothing is on the stream: free the checkinId, so waiting requests need not wait
 			// out the takeover age. When the event may be stored, the reservation must stay:
@@ -492,6 +520,12 @@ func (h *RecordCheckinHandler) Close() error {
 	}
 	h.marks.Wait()
 	return nil
+}
+
+// fence is the deadline of rec's XADD by the stream's clock: the takeover age after the
+// reservation, less fenceMargin.
+func (h *RecordCheckinHandler) fence(rec IdempotencyRecord) time.Time {
+	return time.UnixMilli(rec.ReservedAt).Add(h.takeoverAge - min(fenceMargin, h.takeoverAge/4))
 }
 
 func (h *RecordCheckinHandler) newOwner() string {
