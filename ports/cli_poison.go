@@ -151,12 +151,7 @@ func poisonFlagsFit(fs *flag.FlagSet, verb string, all bool) error {
 	if all {
 		takes = append(takes, "projection", "version")
 	}
-	var wrong []string
-	fs.Visit(func(f *flag.Flag) {
-		if slices.Contains(poisonFlagNames, f.Name) && !slices.Contains(takes, f.Name) {
-			wrong = append(wrong, "--"+f.Name)
-		}
-	})
+	wrong := wrongFlags(fs, takes, poisonFlagNames...)
 	if len(wrong) == 0 {
 		return nil
 	}
@@ -165,6 +160,26 @@ func poisonFlagsFit(fs *flag.FlagSet, verb string, all bool) error {
 		why += " without --all (one entry is named by its ID)"
 	}
 	return errors.New(why + "; see `checkins poison --help`")
+}
+
+// wrongFlags are the flags of the command's own (own, not the connection flags) set on the
+// command line that its verb does not take, as "--name".
+func wrongFlags(fs *flag.FlagSet, takes []string, own ...string) []string {
+	var wrong []string
+	fs.Visit(func(f *flag.Flag) {
+		if slices.Contains(own, f.Name) && !slices.Contains(takes, f.Name) {
+			wrong = append(wrong, "--"+f.Name)
+		}
+	})
+	return wrong
+}
+
+// verbFlagsFit refuses a flag of the command's own (own) set for a verb that does not take it.
+func verbFlagsFit(fs *flag.FlagSet, cmd, verb string, takes []string, own ...string) error {
+	if wrong := wrongFlags(fs, takes, own...); len(wrong) > 0 {
+		return fmt.Errorf("%s %s does not take %s; see `checkins %s --help`", cmd, verb, strings.Join(wrong, ", "), cmd)
+	}
+	return nil
 }
 
 // poisonFlagNames are the flags of the poison verbs (the connection flags are everyone's).

@@ -59,12 +59,22 @@ func ProjectionsCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 	fs := newVerbFlags("projections "+verb, projectionsUsage, stderr)
 	asJSON := fs.Bool("json", false, "print JSON")
 	noWait := fs.Bool("no-wait", false, "rebuild: start it and return; projectors carry it out")
+	// A flag set that the verb does not take is refused (verbFlagsFit): ignored, `rebuild
+	// --dry-run` started a real rebuild.
 	dryRun := fs.Bool("dry-run", false, "disband, drop: only check, and say what it would do")
 	s, err := connect("projections "+verb, fs, PermuteArgs(args, boolFlags))
 	if err != nil {
 		return err
 	}
 	defer s.Close()
+	if err := verbFlagsFit(fs, "projections", verb, map[string][]string{
+		"list":    {"json"},
+		"rebuild": {"json", "no-wait"},
+		"disband": {"json", "dry-run"},
+		"drop":    {"json", "dry-run"},
+	}[verb], "json", "no-wait", "dry-run"); err != nil {
+		return err
+	}
 	if verb == "list" {
 		if err := listOnly(s); err != nil {
 			return err
