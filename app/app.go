@@ -125,6 +125,10 @@ type OpsConfig struct {
 	Logger    *slog.Logger
 }
 
+// MinStoppedIdle is the least idle time after which disband and drop take a projector's
+// consumers for stopped, whatever CLAIM_IDLE.
+const MinStoppedIdle = 2 * time.Second
+
 // AddOps adds the operational commands and queries to a.
 func (a *Application) AddOps(cfg OpsConfig) error {
 	c, q := &a.Commands, &a.Queries
@@ -151,10 +155,14 @@ func (a *Application) AddOps(cfg OpsConfig) error {
 	if claimIdle <= 0 {
 		claimIdle = command.DefaultClaimIdle
 	}
-	if c.DisbandLiveGroup, err = command.NewDisbandLiveGroup(cfg.Backend, claimIdle); err != nil {
+	// On a quiet stream a running projector's only sign of life is its checkpoint, every 250ms:
+	// with CLAIM_IDLE below a few of them (it may be 100ms), a disband's or a drop's check passed
+	// between two checkpoints while the projector ran.
+	stoppedIdle := max(claimIdle, MinStoppedIdle)
+	if c.DisbandLiveGroup, err = command.NewDisbandLiveGroup(cfg.Backend, stoppedIdle); err != nil {
 		return err
 	}
-	if c.DropMovedVersion, err = command.NewDropMovedVersion(cfg.Backend, claimIdle); err != nil {
+	if c.DropMovedVersion, err = command.NewDropMovedVersion(cfg.Backend, stoppedIdle); err != nil {
 		return err
 	}
 	if q.Status, err = query.NewStatus(cfg.Backend, cfg.Projections, cfg.StallAfter); err != nil {

@@ -36,7 +36,7 @@ it on. Running it again for a rebuild in progress resumes watching it.
 disband lets projectors run the projections of a live group in other PROJECTIONS sets (processes
 that run the same projections share one consumer group, live or live:<a>,<b>, and a projection
 version is fed by one group at a time). Stop every projector that runs the group first; the
-command refuses while one read from it within CLAIM_IDLE, while entries are pending, or while a
+command refuses while one read from it within CLAIM_IDLE (at least 2s), while entries are pending, or while a
 version still backfills. Each version then gets its own group at the position the live group had
 reached, and catches up from there once a projector with its new PROJECTIONS joins it to its new
 live group. --dry-run only checks.

@@ -70,7 +70,7 @@ func disbandMovesProjections(t *testing.T, partitions int) {
 	assert.Contains(t, stderr, "stop every projector that runs it", "refused while a projector of it runs")
 
 	all.exit(t, syscall.SIGTERM)
-	time.Sleep(1100 * time.Millisecond) // CLAIM_IDLE
+	time.Sleep(2100 * time.Millisecond) // app.MinStoppedIdle (2s), which CLAIM_IDLE (1s) is below
 	code, stdout, stderr := runCLI(t, env(""), "projections", "disband", "live", "--dry-run")
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "live group live can be disbanded: daily_checkins.v1, leaderboards.v1, locations.v1, recent_checkins.v1, users.v1")
@@ -143,13 +143,13 @@ func TestDisbandRefusesWhileAProjectorRunsOnAQuietStream(t *testing.T) {
 	}
 	l.resolve(t, api.base)
 	l.verifyAll(t, rdb.URL, adapters.KeySpace{Prefix: rdb.Prefix})
-	time.Sleep(1500 * time.Millisecond) // quiet for longer than CLAIM_IDLE
+	time.Sleep(2500 * time.Millisecond) // quiet for longer than app.MinStoppedIdle (2s)
 
 	code, _, stderr := runCLI(t, env, "projections", "disband", "live")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "a projector of it recorded its progress")
 	proj.exit(t, syscall.SIGTERM)
-	time.Sleep(1100 * time.Millisecond)
+	time.Sleep(2100 * time.Millisecond) // app.MinStoppedIdle
 	code, stdout, stderr := runCLI(t, env, "projections", "disband", "live")
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "live group live disbanded")
@@ -157,7 +157,7 @@ func TestDisbandRefusesWhileAProjectorRunsOnAQuietStream(t *testing.T) {
 
 // disbandedAfterCheckins: `checkins api` and `checkins project` (every projection: live group
 // live) run on a private Redis, n check-ins of users 1..users at location 3 are posted and
-// projected (every read model checked), project stops (SIGTERM), and once CLAIM_IDLE (1s) has
+// projected (every read model checked), project stops (SIGTERM), and once app.MinStoppedIdle (2s, above CLAIM_IDLE) has
 // passed `checkins projections disband live` runs. It returns the Redis URL, the environment,
 // the keys and the ledger of the check-ins.
 func disbandedAfterCheckins(t *testing.T, prefix string, n, users int) (string, map[string]string, adapters.KeySpace, *ledger) {
@@ -175,7 +175,7 @@ func disbandedAfterCheckins(t *testing.T, prefix string, n, users int) (string, 
 	l.resolve(t, api.base)
 	l.verifyAll(t, rdb.URL, keys)
 	proj.exit(t, syscall.SIGTERM)
-	time.Sleep(1100 * time.Millisecond)
+	time.Sleep(2100 * time.Millisecond) // app.MinStoppedIdle
 	code, _, stderr := runCLI(t, env, "projections", "disband", "live")
 	require.Equal(t, 0, code, stderr)
 	return rdb.URL, env, keys, l
