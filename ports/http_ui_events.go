@@ -211,7 +211,7 @@ func (h *uiHub) latest() (uiSample, bool) {
 // chartData is the uPlot data of the history: times, the ingest rate, and each group's lag.
 type chartData struct {
 	T      []int64             `json:"t"`
-	Rate   []float64           `json:"rate"`
+	Rate   []*float64          `json:"rate"` // null for a sample whose status could not be read
 	Lag    map[string][]*int64 `json:"lag"`
 	Groups []string            `json:"groups"`
 }
@@ -219,7 +219,7 @@ type chartData struct {
 func (h *uiHub) chart() chartData {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	cd := chartData{T: make([]int64, 0, len(h.history)), Rate: make([]float64, 0, len(h.history)), Lag: map[string][]*int64{}}
+	cd := chartData{T: make([]int64, 0, len(h.history)), Rate: make([]*float64, 0, len(h.history)), Lag: map[string][]*int64{}}
 	for _, s := range h.history {
 		for _, g := range s.Groups {
 			if _, ok := cd.Lag[g.Group]; !ok {
@@ -230,7 +230,11 @@ func (h *uiHub) chart() chartData {
 	}
 	for _, s := range h.history {
 		cd.T = append(cd.T, s.At.Unix())
-		cd.Rate = append(cd.Rate, s.Rate)
+		var rate *float64 // a gap, as in the lag chart: an outage is no measured 0 check-ins/s
+		if s.Err == "" {
+			rate = &s.Rate
+		}
+		cd.Rate = append(cd.Rate, rate)
 		for _, name := range cd.Groups {
 			var v *int64
 			for _, g := range s.Groups {

@@ -377,7 +377,7 @@ func TestUIEventStreamOutlivesTimeoutsAndEndsOnShutdown(t *testing.T) {
 	assert.GreaterOrEqual(t, counts[":heartbeat"], 3, "UI_HEARTBEAT=200ms: %v", counts)
 	var cd struct {
 		T      []int64             `json:"t"`
-		Rate   []float64           `json:"rate"`
+		Rate   []*float64          `json:"rate"`
 		Lag    map[string][]*int64 `json:"lag"`
 		Groups []string            `json:"groups"`
 	}

@@ -37,7 +37,7 @@
     if (series.length) { draw("chart-lag", series, data); }
     var last = d.rate.length ? d.rate[d.rate.length - 1] : 0;
     var el = document.getElementById("chart-rate");
-    if (el) { el.dataset.last = String(last); }
+    if (el) { el.dataset.last = last === null ? "" : String(last); }
   }
 
   document.addEventListener("htmx:sseMessage", function (e) {
