@@ -265,11 +265,8 @@ func (u *UI) poisonData(c echo.Context) (poisonView, error) {
 		return v, err
 	}
 	v.Limit = limit
-	if v.Until, err = u.cfg.App.Queries.ListPoisoned.Newest(c.Request().Context()); err != nil {
+	if err := u.poisonBound(c, &v); err != nil {
 		return v, err
-	}
-	if v.Until == "" {
-		v.Until = "0-0" // nothing was shown, so "all" is nothing
 	}
 	list, err := u.cfg.App.Queries.ListPoisoned.List(c.Request().Context(), query.PoisonFilter{Projection: v.Projection, Cursor: v.Cursor, Limit: v.Limit})
 	if err != nil {
@@ -284,6 +281,19 @@ func (u *UI) poisonData(c echo.Context) (poisonView, error) {
 	return v, nil
 }
 
+// poisonBound sets v.Until, where the page's "replay all" and "purge all" stop.
+func (u *UI) poisonBound(c echo.Context, v *poisonView) error {
+	until, err := u.cfg.App.Queries.ListPoisoned.Newest(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	if until == "" {
+		until = "0-0" // nothing was shown, so "all" is nothing
+	}
+	v.Until = until
+	return nil
+}
+
 func (u *UI) poisonPage(c echo.Context) error {
 	v, err := u.poisonData(c)
 	v.Page = u.page(c, "Poison queue", "poison")
@@ -295,6 +305,13 @@ func (u *UI) poisonPage(c echo.Context) error {
 		// The link's own text is never shown back (http_ui_notes.go): the field, and what it
 		// takes, in the server's words.
 		v.Cursor, v.Limit = "", uiPoisonPageSize
+		// The page is the first one of its filter: its live table keeps the filter, and its
+		// bulk forms a bound (without one, "purge all" went up to the newest entry when clicked).
+		// #nosec G203 -- url.Values.Encode escapes every value
+		v.Query, v.FirstQuery = template.URL(v.query("")), template.URL(v.query(""))
+		if err := u.poisonBound(c, &v); err != nil {
+			return err
+		}
 		switch ve.Field {
 		case "cursor":
 			v.Page.Error = "invalid cursor: not a poison entry ID like 1700000000000-0"
@@ -442,9 +459,38 @@ func (u *UI) bulkNote(c echo.Context, n uiNote, err error) (string, uiNote) {
 	case ops.IsClientError(err):
 		return "err", uiNote{Key: "bad-until"}
 	}
-	n.More, n.Outage = true, true
+	n.More = true
+	if errors.Is(err, context.DeadlineExceeded) || c.Request().Context().Err() != nil {
+		// The request's time ran out inside a Redis call: no outage, the rest is for the
+		// next click.
+		return "msg", n
+	}
+	n.Outage = true
 	u.log.WarnContext(c.Request().Context(), "a dashboard bulk action stopped: Redis did not answer", "path", c.Path(), "error", err)
 	return "err", n
+}
+
+// bulkAll runs a bulk action from the head of the queue to its bound, call after call, each
+// continuing where the last one stopped: a call handles at most DefaultHTTPBulkLimit entries,
+// other projections' included, and a page's "all" must not stop behind a thousand of them (each
+// click started over at the head and did the same). It ends when the run is complete, a call
+// fails, or one made no progress (the request's time is running short: a call then stops by
+// itself), and adds up what the calls did.
+func bulkAll(ctx context.Context, r command.BulkRequest, run func(context.Context, command.BulkRequest) (command.BulkResult, error)) (command.BulkResult, error) {
+	var total command.BulkResult
+	for {
+		res, err := run(ctx, r)
+		total.Replayed += res.Replayed
+		total.Gone += res.Gone
+		total.Failed += res.Failed
+		total.NotReplayable += res.NotReplayable
+		total.Purged += res.Purged
+		total.Next, total.Until, total.StoppedBy = res.Next, res.Until, res.StoppedBy
+		if err != nil || res.Next == "" || res.Next == r.After || ctx.Err() != nil {
+			return total, err
+		}
+		r.After, r.Until = res.Next, res.Until
+	}
 }
 
 func (u *UI) replayAll(c echo.Context) error {
@@ -452,7 +498,8 @@ func (u *UI) replayAll(c echo.Context) error {
 	if !ok {
 		return back(c, u.poisonBack(c), "err", uiNote{Key: "unknown-projection"})
 	}
-	res, err := u.cfg.App.Commands.ReplayPoisoned.ReplayAll(c.Request().Context(), command.BulkRequest{Projection: p, Until: c.FormValue("until"), Max: DefaultHTTPBulkLimit})
+	res, err := bulkAll(c.Request().Context(), command.BulkRequest{Projection: p, Until: c.FormValue("until"), Max: DefaultHTTPBulkLimit},
+		u.cfg.App.Commands.ReplayPoisoned.ReplayAll)
 	kind, n := u.bulkNote(c, uiNote{Key: "replayed-all", N: int64(res.Replayed), Failed: int64(res.Failed), Skipped: int64(res.NotReplayable), More: res.Next != ""}, err)
 	if res.Failed+res.NotReplayable > 0 {
 		kind = "err"
@@ -474,7 +521,8 @@ func (u *UI) purgeAll(c echo.Context) error {
 	if strings.TrimSpace(c.FormValue("confirm")) != want {
 		return back(c, u.poisonBack(c), "err", uiNote{Key: "purge-unconfirmed", Name: p})
 	}
-	res, err := u.cfg.App.Commands.PurgePoisoned.PurgeAll(c.Request().Context(), command.BulkRequest{Projection: p, Until: c.FormValue("until"), Max: DefaultHTTPBulkLimit})
+	res, err := bulkAll(c.Request().Context(), command.BulkRequest{Projection: p, Until: c.FormValue("until"), Max: DefaultHTTPBulkLimit},
+		u.cfg.App.Commands.PurgePoisoned.PurgeAll)
 	kind, n := u.bulkNote(c, uiNote{Key: "purged-all", N: res.Purged, More: res.Next != ""}, err)
 	return back(c, u.poisonBack(c), kind, n)
 }

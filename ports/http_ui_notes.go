@@ -57,7 +57,7 @@ func (n uiNote) text() (s string, ok bool) {
 		case n.Outage:
 			s += "; stopped: Redis did not answer (the rest is untouched), replay all again once it does"
 		case n.More:
-			s += fmt.Sprintf("; stopped after %d entries, replay all again for the rest", DefaultHTTPBulkLimit)
+			s += "; stopped when the request's time ran out, replay all again for the rest"
 		}
 		return s, true
 	case "purged-all":
@@ -66,7 +66,7 @@ func (n uiNote) text() (s string, ok bool) {
 		case n.Outage:
 			s += "; stopped: Redis did not answer (the rest is untouched), purge again once it does"
 		case n.More:
-			s += fmt.Sprintf("; stopped after %d, purge again for the rest", DefaultHTTPBulkLimit)
+			s += "; stopped when the request's time ran out, purge again for the rest"
 		}
 		return s, true
 	case "bad-until":
