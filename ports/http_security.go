@@ -1,7 +1,9 @@
 package ports
 
 import (
+	"errors"
 	"fmt"
+	"mime"
 	"net"
 	"net/http"
 	"net/url"
@@ -113,6 +115,16 @@ func limitBody(max int64) echo.MiddlewareFunc {
 			}
 			if r.Body != nil && r.Body != http.NoBody {
 				r.Body = http.MaxBytesReader(c.Response(), r.Body, max)
+				// A form is parsed here, so that one sent without a length (chunked) and cut
+				// is a 413 too: a handler's FormValue hides the parse error, and the login
+				// answered "paste a token" for a form that had one.
+				if mt, _, _ := mime.ParseMediaType(r.Header.Get(echo.HeaderContentType)); mt == echo.MIMEApplicationForm {
+					var tooLarge *http.MaxBytesError
+					if err := r.ParseForm(); errors.As(err, &tooLarge) {
+						return apiError(http.StatusRequestEntityTooLarge, "body_too_large", "",
+							fmt.Sprintf("request body is larger than %d bytes", max))
+					}
+				}
 			}
 			return next(c)
 		}
