@@ -303,7 +303,7 @@ func (f *feed) handle(msg *message.Message) (_ []*message.Message, err error) {
 			return nil, err
 		}
 	}
-	f.observe(units, results, works, outcomes, refs, time.Since(start))
+	f.observe(failure.Failed, works, outcomes, refs, time.Since(start))
 	if len(lost) > 0 {
 		return nil, f.aroundLost(b, lost, &failure, plan)
 	}
@@ -468,13 +468,15 @@ func runHandler(ctx context.Context, p projection.Projection, e domain.Event) (u
 	return projection.Updates(ctx, p, e)
 }
 
-// observe reports the batch's outcomes per projection.
-func (f *feed) observe(units []unit, results []unitResult, works []projection.Work, outcomes []projection.Outcome, refs map[string]memberRef, d time.Duration) {
+// observe reports the batch's outcomes per projection: every failed attempt, whether its
+// handler failed or applying its updates did (a key of another type, say: those were retried and
+// parked without a failed attempt counted), and what was applied.
+func (f *feed) observe(failed []unitFailure, works []projection.Work, outcomes []projection.Outcome, refs map[string]memberRef, d time.Duration) {
 	obs := f.r.cfg.Observer
 	type key struct{ projection, outcome string }
 	counts := map[key]int{}
-	for i, u := range units {
-		if ref, ok := refs[u.member]; ok && results[i].err != nil {
+	for _, uf := range failed {
+		if ref, ok := refs[uf.unit.member]; ok {
 			counts[key{ref.proj.Name(), OutcomeFailed}]++
 		}
 	}
