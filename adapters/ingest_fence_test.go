@@ -126,15 +126,48 @@ func TestFencedXAddWaitsForReplicas(t *testing.T) {
 	pub, err := adapters.NewPipelinedEventPublisher(newClient(), pipe, keys, watermill.NopLogger{})
 	require.NoError(t, err)
 	ev := domain.CheckinRecorded{Checkin: domain.Checkin{ID: "w", UserID: 1, LocationID: 1, StarRating: 1, Timestamp: 1}, RecordedAt: 1}
-	err = pub.PublishCheckinRecordedBefore(context.Background(), ev, "", time.Now().Add(time.Hour))
+	err = pub.PublishCheckinRecordedWithin(context.Background(), ev, "", time.Hour)
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, domain.ErrNotReplicated), "%v", err)
 
-	// And past its deadline the script adds nothing.
-	err = pub.PublishCheckinRecordedBefore(context.Background(), ev, "", time.Now().Add(-time.Second))
+	// And past its deadline the script adds nothing, which the failed WAIT does not make a
+	// maybe: the server holds the XADD for 100ms, and it had a nanosecond.
+	require.NoError(t, redistest.Client(t, srv.URL()).Do(context.Background(), "CLIENT", "PAUSE", "100", "WRITE").Err())
+	err = pub.PublishCheckinRecordedWithin(context.Background(), ev, "", time.Nanosecond)
 	assert.True(t, errors.Is(err, command.ErrPublishTooLate), "%v", err)
 	assert.True(t, errors.Is(err, command.ErrNotPublished), "%v", err)
 	n, err := redistest.Client(t, srv.URL()).XLen(context.Background(), keys.Stream()).Result()
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), n, "the first XADD only (on the master, not replicated)")
+}
+
+// TestFenceIsJudgedOnTheAPIsOwnClock: a reservation's ReservedAt is the API process's
+// clock (h.now), the fence's deadline is judged by the stream server's TIME. An API host whose
+// clock lags the Redis host's by more than the takeover age less the margin (here 5.5s, with the
+// takeover age service.go wires by default: REQUEST_TIMEOUT 5s + 1s) has every check-in of the
+// two-call path refused and answered 503, with no takeover anywhere. Before 4c00901 the XADD did
+// not depend on Redis's clock at all; the README only speaks of "1 s for clock skew".
+func TestFenceIsJudgedOnTheAPIsOwnClock(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Options{})
+	keys := adapters.KeySpace{Prefix: "review4skew"}
+	newClient := func() *redis.Client {
+		c, err := adapters.NewRedisClient(adapters.ClientOptions{URL: srv.URL()})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	pipe := adapters.NewAutoPipeline(newClient(), 64, 2)
+	t.Cleanup(func() { _ = pipe.Close() })
+	pub, err := adapters.NewPipelinedEventPublisher(newClient(), pipe, keys, watermill.NopLogger{})
+	require.NoError(t, err)
+	idem := adapters.NewIdempotencyStore(newClient(), keys, time.Hour).WithAutoPipeline(pipe)
+	lagging := func() time.Time { return time.Now().Add(-5500 * time.Millisecond) }
+	h, err := command.NewRecordCheckinHandler(pub, idem, lagging, uuid.NewString, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	h.WithTakeoverAge(6 * time.Second)
+	t.Cleanup(func() { _ = h.Close() })
+
+	_, err = h.Handle(context.Background(), command.RecordCheckin{Input: input(ptr("skewed-1"), 1, 2, 3, nil)})
+	require.NoError(t, err, "a lone check-in, nobody else holding its checkinId, from an API host 5.5s behind Redis")
 }

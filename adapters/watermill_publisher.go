@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -27,6 +28,7 @@ type EventPublisher struct {
 	pub      *redisstream.Publisher
 	parts    Partitions
 	pipeline *AutoPipeline // the hook its client sends XADDs through (NewPipelinedEventPublisher)
+	clocks   streamClocks  // for the fenced XADD
 }
 
 // NewEventPublisher owns client: Watermill's Publisher.Close closes it, so give it its own.
@@ -87,21 +89,77 @@ func (p *EventPublisher) PublishCheckinRecorded(ctx context.Context, e domain.Ch
 	return err
 }
 
-// PublishCheckinRecordedBefore implements command.FencedPublisher: through the auto-pipeline's
+// PublishCheckinRecordedWithin implements command.FencedPublisher: through the auto-pipeline's
 // hook, Watermill's XADD runs inside fencedXAddScript, which adds the entry only while the
-// stream's server clock (TIME) reads before deadline. A publisher without an auto-pipeline
-// (NewEventPublisher) publishes without the fence.
-func (p *EventPublisher) PublishCheckinRecordedBefore(ctx context.Context, e domain.CheckinRecorded, correlationID string, deadline time.Time) error {
+// stream's server clock (TIME) reads before now + within, now turned into that server's time
+// with the offset measured between the two clocks (streamClocks). A publisher without an
+// auto-pipeline (NewEventPublisher) publishes without the fence.
+func (p *EventPublisher) PublishCheckinRecordedWithin(ctx context.Context, e domain.CheckinRecorded, correlationID string, within time.Duration) error {
 	if p.pipeline == nil {
 		return p.PublishCheckinRecorded(ctx, e, correlationID)
 	}
+	if within <= 0 {
+		return fmt.Errorf("%w: %w (%s late, not sent)", command.ErrNotPublished, command.ErrPublishTooLate, -within)
+	}
+	stream := p.parts.StreamOf(e.UserID)
+	offset := p.clocks.offset(ctx, p.pipeline, stream)
+	deadline := time.Now().Add(within + offset)
 	x := &xaddScript{script: fencedXAddScript, args: []any{strconv.FormatInt(deadline.UnixMilli(), 10)}}
 	err := p.PublishCheckinRecorded(context.WithValue(ctx, xaddScriptKey{}, x), e, correlationID)
 	if err != nil && x.reply != nil && errors.Is(err, errXAddNotRun) {
 		// The script ran and refused: certainly not on the stream.
-		return fmt.Errorf("%w: %w (deadline %s)", command.ErrNotPublished, command.ErrPublishTooLate, deadline.UTC().Format(time.RFC3339Nano))
+		return fmt.Errorf("%w: %w (the stream's deadline %s)", command.ErrNotPublished, command.ErrPublishTooLate, deadline.UTC().Format(time.RFC3339Nano))
 	}
 	return err
+}
+
+// streamClocks is how far each stream's server clock is ahead of this process's (Redis TIME
+// minus the local time halfway through the round trip that read it), measured once a
+// clockRefresh per stream: the fence's deadline is of the server's clock, the takeover age of
+// the processes'. Unmeasured (the read failed), the offset is 0: the clocks are taken to agree.
+type streamClocks struct {
+	mu   sync.Mutex
+	seen map[string]clockOffset
+}
+
+type clockOffset struct {
+	offset time.Duration
+	at     time.Time
+}
+
+const clockRefresh = time.Minute
+
+// timeScript answers its server's TIME; KEYS[1] routes it to the stream's node on a cluster.
+var timeScript = redis.NewScript(`return redis.call('TIME')`)
+
+func (c *streamClocks) offset(ctx context.Context, p *AutoPipeline, stream string) time.Duration {
+	now := time.Now()
+	c.mu.Lock()
+	o, ok := c.seen[stream]
+	c.mu.Unlock()
+	if ok && now.Sub(o.at) < clockRefresh {
+		return o.offset
+	}
+	v, err := p.Run(ctx, timeScript, []string{stream})
+	after := time.Now()
+	t, ok := v.([]any)
+	if err != nil || !ok || len(t) != 2 {
+		return o.offset // the last one measured, or 0
+	}
+	sec, err1 := strconv.ParseInt(fmt.Sprint(t[0]), 10, 64)
+	usec, err2 := strconv.ParseInt(fmt.Sprint(t[1]), 10, 64)
+	if err1 != nil || err2 != nil {
+		return o.offset
+	}
+	server := time.Unix(sec, usec*1000)
+	o = clockOffset{offset: server.Sub(now.Add(after.Sub(now) / 2)), at: after}
+	c.mu.Lock()
+	if c.seen == nil {
+		c.seen = map[string]clockOffset{}
+	}
+	c.seen[stream] = o
+	c.mu.Unlock()
+	return o.offset
 }
 
 // fencedXAddScript runs the XADD of ARGV[2..] on KEYS[1] only while the server's clock is

@@ -27,16 +27,17 @@ type EventPublisher interface {
 // (it was refused before it was sent).
 var ErrNotPublished = errors.New("event not published")
 
-// FencedPublisher is an EventPublisher that can have the stream refuse an event once the
-// stream's own clock has passed a deadline. The handler gives the deadline of the reservation it
-// publishes for: shortly before another attempt may take that reservation over, so an XADD that
-// reached Redis late (held up in the network, or behind a paused or busy server) cannot add the
-// event after a taker added it too.
+// FencedPublisher is an EventPublisher that can have the stream refuse an event that reaches it
+// too late. The handler gives the time left, by its own clock, until shortly before another
+// attempt may take the reservation over, so an XADD that reached Redis late (held up in the
+// network, or behind a paused or busy server) cannot add the event after a taker added it too.
+// A duration, not a time: the publisher turns it into a deadline of the stream's own clock,
+// whatever this process's clock and Redis's say.
 type FencedPublisher interface {
-	// PublishCheckinRecordedBefore is PublishCheckinRecorded, except that the event is not
-	// stored when the stream's clock reads deadline or later as it would be added: the error
-	// then wraps ErrNotPublished and ErrPublishTooLate.
-	PublishCheckinRecordedBefore(ctx context.Context, e domain.CheckinRecorded, correlationID string, deadline time.Time) error
+	// PublishCheckinRecordedWithin is PublishCheckinRecorded, except that the event is not
+	// stored when it would be added more than within from now: the error then wraps
+	// ErrNotPublished and ErrPublishTooLate.
+	PublishCheckinRecordedWithin(ctx context.Context, e domain.CheckinRecorded, correlationID string, within time.Duration) error
 }
 
 // ErrPublishTooLate is a fenced publish refused: the reservation could be taken over by then.
@@ -412,7 +413,7 @@ func (h *RecordCheckinHandler) publish(ctx context.Context, rec IdempotencyRecor
 	if fp, ok := h.publisher.(FencedPublisher); ok && rec.ReservedAt > 0 {
 		// The XADD runs only while nobody may take this reservation over yet; a taker's
 		// reservation has a later ReservedAt, so its own XADD has a later deadline.
-		err = fp.PublishCheckinRecordedBefore(ctx, ev, correlationID, h.fence(rec))
+		err = fp.PublishCheckinRecordedWithin(ctx, ev, correlationID, h.fence(rec).Sub(h.now()))
 	} else {
 		err = h.publisher.PublishCheckinRecorded(ctx, ev, correlationID)
 	}
@@ -522,8 +523,9 @@ func (h *RecordCheckinHandler) Close() error {
 	return nil
 }
 
-// fence is the deadline of rec's XADD by the stream's clock: the takeover age after the
-// reservation, less fenceMargin.
+// fence is the deadline of rec's XADD: the takeover age after the reservation, less
+// fenceMargin, by the clock that set ReservedAt (this process's: a reservation this attempt holds
+// is one it took).
 func (h *RecordCheckinHandler) fence(rec IdempotencyRecord) time.Time {
 	return time.UnixMilli(rec.ReservedAt).Add(h.takeoverAge - min(fenceMargin, h.takeoverAge/4))
 }
