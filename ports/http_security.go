@@ -118,12 +118,16 @@ func limitBody(max int64) echo.MiddlewareFunc {
 				// A form is parsed here, so that one sent without a length (chunked) and cut
 				// is a 413 too: a handler's FormValue hides the parse error, and the login
 				// answered "paste a token" for a form that had one.
-				if mt, _, _ := mime.ParseMediaType(r.Header.Get(echo.HeaderContentType)); mt == echo.MIMEApplicationForm {
-					var tooLarge *http.MaxBytesError
-					if err := r.ParseForm(); errors.As(err, &tooLarge) {
-						return apiError(http.StatusRequestEntityTooLarge, "body_too_large", "",
-							fmt.Sprintf("request body is larger than %d bytes", max))
-					}
+				var err error
+				switch mt, _, _ := mime.ParseMediaType(r.Header.Get(echo.HeaderContentType)); mt {
+				case echo.MIMEApplicationForm:
+					err = r.ParseForm()
+				case echo.MIMEMultipartForm:
+					err = r.ParseMultipartForm(max) // the body is capped at max: all in memory
+				}
+				if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
+					return apiError(http.StatusRequestEntityTooLarge, "body_too_large", "",
+						fmt.Sprintf("request body is larger than %d bytes", max))
 				}
 			}
 			return next(c)

@@ -114,9 +114,9 @@ func RegisterUI(s *HTTPServer, cfg UIConfig) (*UI, error) {
 	// Every state-changing route of the ops listener, these included, refuses what a browser
 	// marks as sent by another site (crossOriginProtection, in NewHTTPServer).
 	g := e.Group("/ui")
-	e.GET("/ui", func(c echo.Context) error { return c.Redirect(http.StatusMovedPermanently, "/ui/") })
+	getHead(e.Add, "/ui", func(c echo.Context) error { return c.Redirect(http.StatusMovedPermanently, "/ui/") })
 	for _, dir := range []string{"static", "vendor"} {
-		g.GET("/"+dir+"/*", func(c echo.Context) error {
+		getHead(g.Add, "/"+dir+"/*", func(c echo.Context) error {
 			name := dir + "/" + strings.TrimPrefix(c.Param("*"), "/")
 			b, err := fs.ReadFile(static, name)
 			if err != nil || !fs.ValidPath(name) {
@@ -130,24 +130,31 @@ func RegisterUI(s *HTTPServer, cfg UIConfig) (*UI, error) {
 			return c.Blob(http.StatusOK, ct, b)
 		})
 	}
-	g.GET("/login", u.loginPage)
+	getHead(g.Add, "/login", u.loginPage)
 	g.POST("/login", u.login)
 	g.POST("/logout", u.logout)
-	g.GET("/", u.overview)
-	g.GET("/events", u.serveEvents)
-	g.GET("/poison", u.poisonPage)
-	g.GET("/poison/table", u.poisonTable)
-	g.GET("/poison/entry/:id", u.poisonEntry)
+	getHead(g.Add, "/", u.overview)
+	g.GET("/events", u.serveEvents) // no HEAD: a stream that never ends
+	getHead(g.Add, "/poison", u.poisonPage)
+	getHead(g.Add, "/poison/table", u.poisonTable)
+	getHead(g.Add, "/poison/entry/:id", u.poisonEntry)
 	g.POST("/poison/entry/:id/replay", u.replayOne)
 	g.POST("/poison/entry/:id/purge", u.purgeOne)
 	g.POST("/poison/replay-all", u.replayAll)
 	g.POST("/poison/purge-all", u.purgeAll)
-	g.GET("/projections", u.projectionsPage)
-	g.GET("/projections/table", u.projectionsTable)
+	getHead(g.Add, "/projections", u.projectionsPage)
+	getHead(g.Add, "/projections/table", u.projectionsTable)
 	g.POST("/projections/:name/rebuild", u.rebuild)
-	g.GET("/explore", u.explore)
-	s.echo.GET("/", u.root)
+	getHead(g.Add, "/explore", u.explore)
+	getHead(s.echo.Add, "/", u.root)
 	return u, nil
+}
+
+// getHead adds a GET route and its HEAD twin through add (Echo's or a group's Add): HEAD
+// wherever GET, as the API's routes (partRouter.GET); net/http drops a HEAD answer's body.
+func getHead(add func(method, path string, h echo.HandlerFunc, m ...echo.MiddlewareFunc) *echo.Route, path string, h echo.HandlerFunc) {
+	add(http.MethodGet, path, h)
+	add(http.MethodHead, path, h)
 }
 
 // Run samples the status every second until ctx ends, then ends every open event stream.
@@ -474,9 +481,16 @@ func (u *UI) bulkNote(c echo.Context, n uiNote, err error) (string, uiNote) {
 // continuing where the last one stopped: a call handles at most DefaultHTTPBulkLimit entries,
 // other projections' included, and a page's "all" must not stop behind a thousand of them (each
 // click started over at the head and did the same). It ends when the run is complete, a call
-// fails, or one made no progress (the request's time is running short: a call then stops by
-// itself), and adds up what the calls did.
+// fails, or one made no progress, and adds up what the calls did. The calls run against a
+// deadline bulkReserve (or a quarter of the request's time, when shorter) before the request's:
+// each call keeps a reserve of its own, but a quarter of what is left each time, so that calls in
+// a row would go on until the request's deadline cut one inside a Redis command.
 func bulkAll(ctx context.Context, r command.BulkRequest, run func(context.Context, command.BulkRequest) (command.BulkResult, error)) (command.BulkResult, error) {
+	if d, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, d.Add(-min(bulkReserve, time.Until(d)/4)))
+		defer cancel()
+	}
 	var total command.BulkResult
 	for {
 		res, err := run(ctx, r)
@@ -492,6 +506,9 @@ func bulkAll(ctx context.Context, r command.BulkRequest, run func(context.Contex
 		r.After, r.Until = res.Next, res.Until
 	}
 }
+
+// bulkReserve is the time a dashboard bulk action keeps for its answer (bulkAll).
+const bulkReserve = 500 * time.Millisecond
 
 func (u *UI) replayAll(c echo.Context) error {
 	p, ok := u.bulkProjection(c)
