@@ -325,7 +325,7 @@ func NewService(ctx context.Context, cfg Config, mode Mode, log *slog.Logger) (_
 					// names once it is done (the registry watcher joins them; /readyz says why
 					// meanwhile).
 					log.Warn("some projections start once the disband, drop or partition migration in progress has finished", "error", err)
-				case !ports.IsTransient(adapters.RedisErrors{}, err) && !errors.Is(err, context.DeadlineExceeded):
+				case !ports.IsTransient(adapters.RedisErrors{}, err) && !errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
 					return nil, err
 				default:
 					// Redis cannot be reached yet: the registry watcher starts the projections
@@ -439,7 +439,9 @@ func (s *Service) Listen() (net.Addr, error) { return s.listener.Addr(), nil }
 // Run serves until ctx ends, then shuts down gracefully within DrainTimeout: stop accepting
 // requests, finish in-flight ones and in-flight handlers, ack what finished.
 func (s *Service) Run(ctx context.Context) error {
-	defer s.close()
+	var stopAt atomic.Int64 // unix ns when ctx ended: what is left of DRAIN_TIMEOUT bounds the closers
+	context.AfterFunc(ctx, func() { stopAt.Store(time.Now().UnixNano()) })
+	defer func() { s.closeWithin(s.closeBudget(stopAt.Load())) }()
 	g, gctx := errgroup.WithContext(ctx)
 	if _, err := s.Listen(); err != nil {
 		return err
@@ -475,6 +477,39 @@ func (s *Service) Run(ctx context.Context) error {
 func (s *Service) close() {
 	for i := len(s.closers) - 1; i >= 0; i-- {
 		_ = s.closers[i]()
+	}
+}
+
+// minCloseBudget is the least time the closers get after a drain that used up DRAIN_TIMEOUT:
+// the queued idempotency marks are a round trip.
+const minCloseBudget = 500 * time.Millisecond
+
+// closeBudget is what is left of DRAIN_TIMEOUT since the stop began at stopNs (0: Run ended by
+// itself, not by a stop: the whole DRAIN_TIMEOUT), and at least minCloseBudget.
+func (s *Service) closeBudget(stopNs int64) time.Duration {
+	left := s.cfg.DrainTimeout
+	if stopNs != 0 {
+		left -= time.Since(time.Unix(0, stopNs))
+	}
+	return max(left, minCloseBudget)
+}
+
+// closeWithin runs the closers, waiting for them at most d: one of them may wait for a round
+// trip to a Redis that stalls (the auto-pipeline's Close waits for its pipelines in flight, which
+// end only at the connection's read timeout), and the stop must stay within DRAIN_TIMEOUT, which
+// an orchestrator's grace period before SIGKILL is set from.
+func (s *Service) closeWithin(d time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.close()
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		s.log.Warn("closing the connections took longer than what was left of DRAIN_TIMEOUT: stopped without waiting for them", "waited", d)
 	}
 }
 

@@ -78,7 +78,9 @@ func (s *Service) initialTargets(ctx context.Context, versions *query.Projection
 		targets, err = versions.Targets(ctx, s.proj.projs)
 	}
 	if err != nil {
-		if ports.IsTransient(adapters.RedisErrors{}, err) || errors.Is(err, context.DeadlineExceeded) {
+		// A stop (SIGTERM) while Redis does not answer yet cancels ctx: Run then ends at once,
+		// with exit 0 as any stop, rather than the start failing with "context canceled".
+		if ports.IsTransient(adapters.RedisErrors{}, err) || errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
 			s.log.Warn("projections registry unreachable: projections start when Redis answers", "error", err)
 			return nil, nil
 		}
