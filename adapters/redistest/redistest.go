@@ -34,6 +34,9 @@ func Open(t testing.TB) Env {
 	if u := os.Getenv("REDIS_URL"); u != "" {
 		return Env{URL: u, Prefix: prefix}
 	}
+	if !Available() {
+		t.Fatalf("redistest: redis-server not found in PATH; install Redis 7 (apt-get install redis-server) or set REDIS_URL")
+	}
 	s := Start(t, Options{})
 	return Env{URL: s.URL(), Prefix: prefix}
 }
@@ -82,7 +85,9 @@ func Available() bool {
 func Start(t testing.TB, opts Options) *Server {
 	t.Helper()
 	if !Available() {
-		t.Fatalf("redistest: redis-server not found in PATH; install Redis 7 (apt-get install redis-server) or set REDIS_URL")
+		// Start is a server of the test's own (to kill, restart or configure it): REDIS_URL
+		// does not stand in for it, as it does for Open.
+		t.Fatalf("redistest: redis-server not found in PATH; this test starts a server of its own (REDIS_URL serves only the tests that share one): install Redis 7 (apt-get install redis-server)")
 	}
 	s := &Server{t: t, port: freePort(t), dir: t.TempDir(), opts: opts}
 	s.start()
