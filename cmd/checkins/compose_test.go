@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -23,7 +24,15 @@ type composeFile struct {
 		Deploy      struct {
 			Replicas int `yaml:"replicas"`
 		} `yaml:"deploy"`
+		Networks any `yaml:"networks"` // a list of names, or a map of name to settings
 	} `yaml:"services"`
+	Networks map[string]struct {
+		IPAM struct {
+			Config []struct {
+				Subnet string `yaml:"subnet"`
+			} `yaml:"config"`
+		} `yaml:"ipam"`
+	} `yaml:"networks"`
 }
 
 func words(v any) string {
@@ -84,6 +93,34 @@ func TestComposeFiles(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 6, nodes, "3 masters + 3 replicas")
+
+	// Each node keeps the others' addresses in its nodes.conf: the addresses must be the same
+	// after a `down` and `up`, so each node has a fixed one on the cluster network, and every
+	// service that talks to the cluster is on that network.
+	cfg := c.Networks["cluster"].IPAM.Config
+	require.Len(t, cfg, 1, "the cluster network has one subnet")
+	subnet := strings.ReplaceAll(cfg[0].Subnet, "${CLUSTER_NET:-172.30.7}", "172.30.7")
+	_, ipnet, err := net.ParseCIDR(subnet)
+	require.NoError(t, err, "%s", cfg[0].Subnet)
+	addrs := map[string]string{}
+	for name, s := range c.Services {
+		if !strings.HasPrefix(name, "redis-") || name == "redis-cluster-init" {
+			continue
+		}
+		m, ok := s.Networks.(map[string]any)
+		require.True(t, ok, "%s has its networks' settings", name)
+		cl, _ := m["cluster"].(map[string]any)
+		a, _ := cl["ipv4_address"].(string)
+		a = strings.ReplaceAll(a, "${CLUSTER_NET:-172.30.7}", "172.30.7")
+		ip := net.ParseIP(a)
+		require.NotNil(t, ip, "%s has a fixed address on the cluster network, got %q", name, a)
+		assert.True(t, ipnet.Contains(ip), "%s's %s is in %s", name, a, subnet)
+		assert.NotContains(t, addrs, a, "%s and %s share an address", name, addrs[a])
+		addrs[a] = name
+	}
+	for _, name := range []string{"redis-cluster-init", "api", "projector"} {
+		assert.Equal(t, "cluster", words(c.Services[name].Networks), "%s is on the cluster network", name)
+	}
 	init := c.Services["redis-cluster-init"]
 	assert.Contains(t, words(init.Command), "redis-cli --cluster create")
 	assert.Contains(t, words(init.Command), "--cluster-replicas 1 --cluster-yes")
