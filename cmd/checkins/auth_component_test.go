@@ -200,14 +200,17 @@ func TestComponentOpsRoutesNeedOpsScope(t *testing.T) {
 		status, h, raw = plainDo(t, method, url, user, "")
 		assert.Equal(t, http.StatusForbidden, status, "%s with a user token: %s", route, raw)
 		assert.Contains(t, h.Get("WWW-Authenticate"), `error="insufficient_scope"`, route)
-		assert.Contains(t, raw, `"code":"insufficient_scope"`, route)
+		readRoute := method == http.MethodGet || method == http.MethodHead // HEAD is a GET without its body
+		if method != http.MethodHead {
+			assert.Contains(t, raw, `"code":"insufficient_scope"`, route)
+		}
 		status, _, raw = plainDo(t, method, url, read, "")
-		if method == http.MethodGet {
+		if readRoute {
 			assert.NotContains(t, []int{http.StatusUnauthorized, http.StatusForbidden}, status, "%s with a read token: %s", route, raw)
 		} else {
 			assert.Equal(t, http.StatusForbidden, status, "%s with a read token: %s", route, raw)
 		}
-		if method == http.MethodGet { // the others would act: replay, purge, rebuild
+		if readRoute { // the others would act: replay, purge, rebuild
 			status, _, raw = plainDo(t, method, url, ops, "")
 			assert.NotContains(t, []int{http.StatusUnauthorized, http.StatusForbidden}, status, "%s with an ops token: %s", route, raw)
 		}

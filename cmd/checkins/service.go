@@ -469,9 +469,35 @@ func (s *Service) Run(ctx context.Context) error {
 		g.Go(func() error { return s.guard.Run(gctx) })
 	}
 	g.Go(func() error { return s.quiesce.Run(gctx) })
-	err := g.Wait()
+	err := s.wait(ctx, g)
 	s.log.Info("stopped", "error", err)
 	return err
+}
+
+// drainSlack is how long past DRAIN_TIMEOUT the stop waits for the loops that bound their own
+// drain by it (the listeners, the router) to report.
+const drainSlack = 100 * time.Millisecond
+
+// wait is g.Wait, except that once ctx ends (the stop) it waits at most DRAIN_TIMEOUT: a loop
+// blocked on a Redis that stalls (the dashboard's sampler writing, the eviction guard reading)
+// would otherwise hold the stop until the connection's read timeout, and an orchestrator's grace
+// period before SIGKILL is set from DRAIN_TIMEOUT.
+func (s *Service) wait(ctx context.Context, g *errgroup.Group) error {
+	done := make(chan error, 1)
+	go func() { done <- g.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	t := time.NewTimer(s.cfg.DrainTimeout + drainSlack)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return fmt.Errorf("stopping took longer than DRAIN_TIMEOUT (%s): %w", s.cfg.DrainTimeout, context.DeadlineExceeded)
+	}
 }
 
 func (s *Service) close() {
@@ -482,7 +508,7 @@ func (s *Service) close() {
 
 // minCloseBudget is the least time the closers get after a drain that used up DRAIN_TIMEOUT:
 // the queued idempotency marks are a round trip.
-const minCloseBudget = 500 * time.Millisecond
+const minCloseBudget = 300 * time.Millisecond
 
 // closeBudget is what is left of DRAIN_TIMEOUT since the stop began at stopNs (0: Run ended by
 // itself, not by a stop: the whole DRAIN_TIMEOUT), and at least minCloseBudget.
