@@ -65,15 +65,9 @@ type UI struct {
 // checks the vendored files against their recorded sha256.
 func UIAssets() fs.FS { return uiFiles }
 
-// RegisterUI adds the dashboard to the ops router, and GET / on the public one. Run samples
-// the status for it until the service stops.
-func RegisterUI(s *HTTPServer, cfg UIConfig) (*UI, error) {
-	q, c := cfg.App.Queries, cfg.App.Commands
-	if q.Status == nil || q.ListPoisoned == nil || q.ProjectionVersions == nil || c.ReplayPoisoned == nil ||
-		c.PurgePoisoned == nil || c.RebuildProjection == nil || cfg.Logger == nil {
-		return nil, errors.New("ports: the dashboard needs the status, poison and projection use cases and a Logger")
-	}
-	tmpl, err := template.New("ui").Funcs(template.FuncMap{
+// parseUITemplates parses the dashboard's templates with their functions.
+func parseUITemplates() (*template.Template, error) {
+	return template.New("ui").Funcs(template.FuncMap{
 		"ts": func(t time.Time) string {
 			if t.IsZero() {
 				return "-"
@@ -101,6 +95,17 @@ func RegisterUI(s *HTTPServer, cfg UIConfig) (*UI, error) {
 		"rate": func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
 		"sub":  func(a, b int64) int64 { return a - b },
 	}).ParseFS(uiFiles, "ui/templates/*.html")
+}
+
+// RegisterUI adds the dashboard to the ops router, and GET / on the public one. Run samples
+// the status for it until the service stops.
+func RegisterUI(s *HTTPServer, cfg UIConfig) (*UI, error) {
+	q, c := cfg.App.Queries, cfg.App.Commands
+	if q.Status == nil || q.ListPoisoned == nil || q.ProjectionVersions == nil || c.ReplayPoisoned == nil ||
+		c.PurgePoisoned == nil || c.RebuildProjection == nil || cfg.Logger == nil {
+		return nil, errors.New("ports: the dashboard needs the status, poison and projection use cases and a Logger")
+	}
+	tmpl, err := parseUITemplates()
 	if err != nil {
 		return nil, fmt.Errorf("ports: dashboard templates: %w", err)
 	}

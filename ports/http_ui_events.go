@@ -39,6 +39,7 @@ type uiSample struct {
 	At           time.Time
 	StreamLength int64
 	Rate         float64 // check-ins per second since the previous sample
+	Rated        bool    // there was a previous good sample: Rate is measured, not 0 for nothing
 	Status       query.StatusReport
 	Groups       []uiGroup
 	Err          string
@@ -52,6 +53,7 @@ type uiGroup struct {
 	Lag      int64 // -1: unknown
 	Pending  int64
 	Rate     float64 // entries per second the group got through
+	Rated    bool    // the previous good sample had this group: Rate is measured
 	State    string  // ok, behind, stalled, rebuilding
 	Poisoned int64
 	Cause    string
@@ -161,7 +163,7 @@ func deriveSample(now time.Time, st query.StatusReport, prev *uiSample) uiSample
 			added = float64(max(st.StreamLength-prev.StreamLength, 0))
 		}
 		if dt > 0 {
-			s.Rate = added / dt
+			s.Rate, s.Rated = added/dt, true
 		}
 		for _, g := range prev.Groups {
 			prevLag[g.Group] = g.Lag
@@ -182,7 +184,7 @@ func deriveSample(now time.Time, st query.StatusReport, prev *uiSample) uiSample
 		}
 		if pl, ok := prevLag[p.Group]; ok && dt > 0 && g.Lag >= 0 && pl >= 0 {
 			// What arrived, plus what the backlog shrank by, went through the group.
-			g.Rate = max((added+float64(pl-g.Lag))/dt, 0)
+			g.Rate, g.Rated = max((added+float64(pl-g.Lag))/dt, 0), true
 		}
 		switch {
 		case p.Stalled:
@@ -230,8 +232,9 @@ func (h *uiHub) chart() chartData {
 	}
 	for _, s := range h.history {
 		cd.T = append(cd.T, s.At.Unix())
-		var rate *float64 // a gap, as in the lag chart: an outage is no measured 0 check-ins/s
-		if s.Err == "" {
+		var rate *float64 // a gap, as in the lag chart: an outage, or the first sample after one (or
+		// after the start), has no measured rate, and is no 0 check-ins/s
+		if s.Err == "" && s.Rated {
 			rate = &s.Rate
 		}
 		cd.Rate = append(cd.Rate, rate)
