@@ -38,5 +38,7 @@ func TestDrainTimeoutBoundsTheStopWhileRedisStalls(t *testing.T) {
 	code := p.exit(t, syscall.SIGTERM)
 	took := time.Since(start)
 	t.Logf("exit %d after %s", code, took)
-	assert.Less(t, took, 2*time.Second, "the stop takes DRAIN_TIMEOUT (1s), plus a little; stderr:\n%s", p.logs)
+	// Unbounded it took about 3.2s (the connection's read timeout of 3s); bounded, 1s and what
+	// the closers get (at least 300ms): 2.5s leaves a loaded machine room.
+	assert.Less(t, took, 2500*time.Millisecond, "the stop takes DRAIN_TIMEOUT (1s), plus a little; stderr:\n%s", p.logs)
 }
