@@ -202,7 +202,7 @@ func (s *HTTPServer) requestContext(next echo.HandlerFunc) echo.HandlerFunc {
 			id = uuid.NewString()
 		}
 		c.Response().Header().Set(HeaderCorrelationID, id)
-		ctx := context.WithValue(r.Context(), ctxKeyCorrelation{}, id)
+		ctx := WithCorrelationID(r.Context(), id)
 		if r.URL.Path != uiPathEvents { // the dashboard's event stream lasts as long as the page is open
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, s.cfg.RequestTimeout)

@@ -17,6 +17,8 @@ import (
 	"syscall"
 
 	"github.com/google/uuid"
+
+	"github.com/checkins/checkins/ports"
 )
 
 // usage lists every command from the registry, so the help can never miss one.
@@ -112,8 +114,10 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	return 0
 }
 
+// newLogger logs JSON lines at level and up; a line logged with a request's context carries its
+// correlation ID.
 func newLogger(w io.Writer, level slog.Level) *slog.Logger {
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+	return slog.New(ports.CorrelationLogHandler(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})))
 }
 
 func serviceCommand(name string, mode Mode) func(context.Context, []string, func(string) string, io.Writer, io.Writer) error {
