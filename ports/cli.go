@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -144,4 +145,31 @@ func newVerbFlags(name, usage string, stderr io.Writer) *flag.FlagSet {
 		fs.PrintDefaults()
 	}
 	return fs
+}
+
+// DecimalInt defines an integer flag read in base 10 only, as JSON writes integers: the flag
+// package's Int reads "010" as 8 and "0x10" as 16, so `token --user 010` minted a token for user
+// 8 and `partitions migrate --to 010` moved the stream to 8 partitions.
+func DecimalInt[T int | int64](fs *flag.FlagSet, name string, def T, usage string) *T {
+	v := def
+	fs.Var(decimalFlag[T]{&v}, name, usage)
+	return &v
+}
+
+type decimalFlag[T int | int64] struct{ v *T }
+
+func (d decimalFlag[T]) String() string {
+	if d.v == nil {
+		return "0"
+	}
+	return strconv.FormatInt(int64(*d.v), 10)
+}
+
+func (d decimalFlag[T]) Set(s string) error {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || !asJSONInteger(s) || int64(T(n)) != n {
+		return fmt.Errorf("must be a decimal integer (no leading zero, sign or base prefix), got %q", s)
+	}
+	*d.v = T(n)
+	return nil
 }

@@ -34,10 +34,10 @@ func PartitionsCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 		return err
 	}
 	fs := newVerbFlags("partitions "+verb, partitionsUsage, stderr)
-	to := fs.Int("to", 0, "the number of partitions to move the stream to (required)")
+	to := DecimalInt(fs, "to", 0, "the number of partitions to move the stream to (required)")
 	wait := fs.Duration("wait", 2*time.Minute, "how long to wait for pending entries to be acknowledged")
 	force := fs.Bool("force", false, "go on with entries still pending after --wait: they are delivered again on the new partitions (the dedupe markers catch what was applied)")
-	batch := fs.Int("batch", 1000, "entries per read and per write round trip")
+	batch := DecimalInt(fs, "batch", 1000, "entries per read and per write round trip")
 	batchPause := fs.Duration("batch-pause", 0, "wait this long after each copied batch (spares a busy Redis)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	s, err := connect("partitions "+verb, fs, PermuteArgs(args, boolFlags))

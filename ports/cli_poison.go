@@ -40,8 +40,8 @@ func PoisonCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 	asJSON := fs.Bool("json", false, "print JSON")
 	all := fs.Bool("all", false, "every entry (replay, purge)")
 	projection := fs.String("projection", "", "only entries of this projection")
-	version := fs.Int("version", 0, "with --all --projection: only entries that version of it parked")
-	limit := fs.Int("limit", query.DefaultPoisonListLimit, "entries per page (list)")
+	version := DecimalInt(fs, "version", 0, "with --all --projection: only entries that version of it parked")
+	limit := DecimalInt(fs, "limit", query.DefaultPoisonListLimit, "entries per page (list)")
 	cursor := fs.String("cursor", "", "continue a list after this entry ID")
 	s, err := connect("poison "+verb, fs, PermuteArgs(args, boolFlags))
 	if err != nil {

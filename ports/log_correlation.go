@@ -19,12 +19,16 @@ func WithCorrelationID(ctx context.Context, id string) context.Context {
 // cases log while handling a request (a reservation taken over, a mark that failed, a bulk
 // action cut short) can be found with the request's access log line and the client's
 // X-Correlation-ID, as the projectors' lines are.
-func CorrelationLogHandler(h slog.Handler) slog.Handler { return correlationHandler{h} }
+// Under a Logger.WithGroup the ID goes into the group, as every attribute of the line does.
+func CorrelationLogHandler(h slog.Handler) slog.Handler { return correlationHandler{Handler: h} }
 
-type correlationHandler struct{ slog.Handler }
+type correlationHandler struct {
+	slog.Handler
+	bound bool // a Logger.With bound the ID already: every line carries it
+}
 
 func (h correlationHandler) Handle(ctx context.Context, r slog.Record) error {
-	if id := CorrelationID(ctx); id != "" {
+	if id := CorrelationID(ctx); id != "" && !h.bound {
 		has := false
 		r.Attrs(func(a slog.Attr) bool {
 			has = a.Key == LogAttrCorrelationID
@@ -39,9 +43,13 @@ func (h correlationHandler) Handle(ctx context.Context, r slog.Record) error {
 }
 
 func (h correlationHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return correlationHandler{h.Handler.WithAttrs(attrs)}
+	bound := h.bound
+	for _, a := range attrs {
+		bound = bound || a.Key == LogAttrCorrelationID
+	}
+	return correlationHandler{Handler: h.Handler.WithAttrs(attrs), bound: bound}
 }
 
 func (h correlationHandler) WithGroup(name string) slog.Handler {
-	return correlationHandler{h.Handler.WithGroup(name)}
+	return correlationHandler{Handler: h.Handler.WithGroup(name), bound: h.bound}
 }

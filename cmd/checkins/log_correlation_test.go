@@ -27,9 +27,10 @@ func TestLogLinesCarryTheRequestsCorrelationID(t *testing.T) {
 	log.With("component", "api").WarnContext(ctx, "could not mark check-in as published")
 	log.InfoContext(ctx, "http request", ports.LogAttrCorrelationID, "req-7")
 	log.InfoContext(context.Background(), "no request")
+	log.With(ports.LogAttrCorrelationID, "req-7").InfoContext(ctx, "bound with With") // once, not twice
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	require.Len(t, lines, 4)
-	for i, want := range []string{"req-7", "req-7", "req-7", ""} {
+	require.Len(t, lines, 5)
+	for i, want := range []string{"req-7", "req-7", "req-7", "", "req-7"} {
 		var m map[string]any
 		require.NoError(t, json.Unmarshal([]byte(lines[i]), &m), lines[i])
 		got, _ := m[ports.LogAttrCorrelationID].(string)

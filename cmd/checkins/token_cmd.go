@@ -39,7 +39,7 @@ func tokenCommands() map[string]subcommand {
 func tokenCommand(_ context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("checkins token", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	user := fs.Int64("user", 0, "the user id the token speaks for (its subject), an integer >= 1")
+	user := ports.DecimalInt(fs, "user", int64(0), "the user id the token speaks for (its subject), an integer >= 1")
 	var scopes []string
 	fs.Func("scope", fmt.Sprintf("a scope to grant, repeatable or space/comma-separated: %s", strings.Join(ports.KnownScopes, ", ")), func(v string) error {
 		for _, s := range strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' }) {
