@@ -124,6 +124,10 @@ func TestComposeFiles(t *testing.T) {
 	init := c.Services["redis-cluster-init"]
 	assert.Contains(t, words(init.Command), "redis-cli --cluster create")
 	assert.Contains(t, words(init.Command), "--cluster-replicas 1 --cluster-yes")
+	// With cluster-require-full-coverage no, a node says cluster_state:ok while a master is gone:
+	// the init waits for every slot served, and no read of a stalled node holds it.
+	assert.Contains(t, words(init.Command), "cluster_slots_ok:16384")
+	assert.Contains(t, words(init.Command), "timeout 3 redis-cli")
 	for _, name := range []string{"api", "projector"} {
 		s, ok := c.Services[name]
 		require.True(t, ok, "service %s", name)
