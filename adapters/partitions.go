@@ -205,9 +205,23 @@ func EnsurePartitions(ctx context.Context, client redis.UniversalClient, keys Ke
 // partition count than p is recorded. A single server with one stream uses it, so that its keys
 // stay exactly those of a service without partitions (a new keyspace's <prefix>:meta holds only
 // the idempotency records' format and the API's longest REQUEST_TIMEOUT).
+//
+// With no count recorded, a plain <prefix>:events stream counts as 1 partition, as for
+// EnsurePartitions (a single server with one stream records nothing): the ops verbs with another
+// STREAM_PARTITIONS than the service's read empty partitions there and reported "0 entries".
 func CheckPartitions(ctx context.Context, client redis.UniversalClient, keys KeySpace, p int) error {
 	cur, err := client.HGet(ctx, keys.Meta(), metaPartitions).Result()
 	if errors.Is(err, redis.Nil) {
+		if p == 1 {
+			return nil
+		}
+		n, xerr := client.Exists(ctx, keys.Stream()).Result()
+		if xerr != nil {
+			return fmt.Errorf("read the event stream's partitions: %w", xerr)
+		}
+		if n > 0 {
+			return &PartitionMismatchError{Prefix: keys.Prefix, Recorded: 1, Configured: p}
+		}
 		return nil
 	}
 	if err != nil {
