@@ -21,10 +21,10 @@ import (
 	"github.com/checkins/checkins/ports"
 )
 
-// TestBulkBannerSaysWhyItStopped: "Purge all" stops before DefaultHTTPBulkLimit entries
-// when the request's time (REQUEST_TIMEOUT) runs short, and the dashboard's banner then says
-// "purged 250 entries; stopped after 1000, purge again for the rest": the 1000 is the limit,
-// not what the run went through (the note carries only "more", not why it stopped).
+// TestBulkBannerSaysWhyItStopped: "Purge all" stops when the request's time (REQUEST_TIMEOUT)
+// runs short, and the dashboard's banner said "purged 250 entries; stopped after 1000, purge
+// again for the rest": the 1000 is a call's limit, not what the run went through or why it
+// stopped. It now says the time ran out.
 func TestBulkBannerSaysWhyItStopped(t *testing.T) {
 	t.Parallel()
 	rdb := redistest.Open(t)
@@ -41,7 +41,7 @@ func TestBulkBannerSaysWhyItStopped(t *testing.T) {
 	svc := startInProcess(t, map[string]string{"REDIS_URL": rdb.URL, "KEY_PREFIX": rdb.Prefix, "OPS_ADDR": "localhost:0",
 		"REQUEST_TIMEOUT": "4ms"}, Mode{API: true})
 	auth := map[string]string{"Authorization": "Bearer " + testToken(1, ports.ScopeOps)}
-	for attempt := range 5 {
+	for attempt := range 10 {
 		before, err := client.XLen(ctx, keys.PoisonStream()).Result()
 		require.NoError(t, err)
 		resp, body := uiDo(t, uiReq{method: http.MethodPost, url: svc.ops + "/ui/poison/purge-all", header: auth,
@@ -51,10 +51,11 @@ func TestBulkBannerSaysWhyItStopped(t *testing.T) {
 		require.NoError(t, err)
 		after, err := client.XLen(ctx, keys.PoisonStream()).Result()
 		require.NoError(t, err)
-		_, page := uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + loc.String(), header: auth})
+		pr, page := uiDo(t, uiReq{method: http.MethodGet, url: svc.ops + loc.String(), header: auth})
 		n, _ := strconv.Atoi(loc.Query().Get("n"))
 		t.Logf("attempt %d: %d purged (%d -> %d), redirect %s", attempt+1, n, before, after, loc.RawQuery)
-		if loc.Query().Get("outage") == "1" || before-after >= int64(ports.DefaultHTTPBulkLimit) {
+		// The page itself has the same 4ms: on a loaded machine it may not render in time.
+		if loc.Query().Get("outage") == "1" || before-after >= int64(ports.DefaultHTTPBulkLimit) || pr.StatusCode != http.StatusOK {
 			time.Sleep(50 * time.Millisecond)
 			continue // the deadline fell inside a Redis call, or the run got through its 1000
 		}
