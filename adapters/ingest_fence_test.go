@@ -37,12 +37,7 @@ func TestLateXAddOfATakenOverReservationIsRefused(t *testing.T) {
 	stream := redistest.Start(t, redistest.Options{})
 	admin := redistest.Client(t, stream.URL())
 	keys := adapters.KeySpace{Prefix: "fence"}
-	newClient := func(url string) *redis.Client {
-		c, err := adapters.NewRedisClient(adapters.ClientOptions{URL: url})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
+	newClient := func(url string) *redis.Client { return serviceClient(t, url, 0) }
 	streamPipe := adapters.NewAutoPipeline(newClient(stream.URL()), 64, 2)
 	t.Cleanup(func() { _ = streamPipe.Close() })
 	pub, err := adapters.NewPipelinedEventPublisher(newClient(stream.URL()), streamPipe, keys, watermill.NopLogger{})
@@ -113,12 +108,7 @@ func TestFencedXAddWaitsForReplicas(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	keys := adapters.KeySpace{Prefix: "fencewait"}
-	newClient := func() *redis.Client {
-		c, err := adapters.NewRedisClient(adapters.ClientOptions{URL: srv.URL()})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
+	newClient := func() *redis.Client { return serviceClient(t, srv.URL(), 0) }
 	pipeClient := newClient()
 	require.NoError(t, adapters.RequireReplicas(pipeClient, 1, 50*time.Millisecond))
 	pipe := adapters.NewAutoPipeline(pipeClient, 64, 2)
@@ -151,12 +141,7 @@ func TestFenceIsJudgedOnTheAPIsOwnClock(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	keys := adapters.KeySpace{Prefix: "review4skew"}
-	newClient := func() *redis.Client {
-		c, err := adapters.NewRedisClient(adapters.ClientOptions{URL: srv.URL()})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
+	newClient := func() *redis.Client { return serviceClient(t, srv.URL(), 0) }
 	pipe := adapters.NewAutoPipeline(newClient(), 64, 2)
 	t.Cleanup(func() { _ = pipe.Close() })
 	pub, err := adapters.NewPipelinedEventPublisher(newClient(), pipe, keys, watermill.NopLogger{})

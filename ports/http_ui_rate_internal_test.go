@@ -22,18 +22,14 @@ import (
 // now the growth of entries-added.
 func TestDashboardRateSurvivesRetention(t *testing.T) {
 	t.Parallel()
-	env := redistest.Open(t)
-	c := redistest.Client(t, env.URL)
+	c, keys, status := dashboardStatus(t)
 	ctx := context.Background()
-	keys := adapters.KeySpace{Prefix: env.Prefix}
 	add := func(n int) {
 		for range n {
 			require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: map[string]any{"k": "v"}}).Err())
 		}
 	}
 	add(1000)
-	status, err := query.NewStatus(adapters.NewOpsBackend(c, keys), nil, 0)
-	require.NoError(t, err)
 	t0 := time.Now()
 	st1, err := status.Status(ctx)
 	require.NoError(t, err)
@@ -52,13 +48,9 @@ func TestDashboardRateSurvivesRetention(t *testing.T) {
 // the chart drew a 0 there; both now show no figure (the chart a gap), then the measured one.
 func TestDashboardFirstSampleHasNoRate(t *testing.T) {
 	t.Parallel()
-	env := redistest.Open(t)
-	c := redistest.Client(t, env.URL)
+	c, keys, status := dashboardStatus(t)
 	ctx := context.Background()
-	keys := adapters.KeySpace{Prefix: env.Prefix}
 	require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: map[string]any{"k": "v"}}).Err())
-	status, err := query.NewStatus(adapters.NewOpsBackend(c, keys), nil, 0)
-	require.NoError(t, err)
 	st, err := status.Status(ctx)
 	require.NoError(t, err)
 	t0 := time.Now()
@@ -79,4 +71,15 @@ func TestDashboardFirstSampleHasNoRate(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, tmpl.ExecuteTemplate(&page, "overview_live", map[string]any{"Sample": h.history[3]}))
 	assert.Contains(t, page.String(), `id="ingest-rate">-<`, "the overview shows no made-up 0.0")
+}
+
+// dashboardStatus is a keyspace on a real Redis and the status query the dashboard samples.
+func dashboardStatus(t *testing.T) (*redis.Client, adapters.KeySpace, *query.Status) {
+	t.Helper()
+	env := redistest.Open(t)
+	c := redistest.Client(t, env.URL)
+	keys := adapters.KeySpace{Prefix: env.Prefix}
+	status, err := query.NewStatus(adapters.NewOpsBackend(c, keys), nil, 0)
+	require.NoError(t, err)
+	return c, keys, status
 }
